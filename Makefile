@@ -1,0 +1,33 @@
+# Two entry points: `make run` (the default PPO demo) and `make test` (the CPU test suite).
+# Both install what they need into .venv/ first; re-running setup with nothing changed takes seconds.
+PY := .venv/bin/python
+STAMP := .venv/.installed
+
+.PHONY: setup run test test-all examples clean
+
+setup: $(STAMP)
+
+$(PY):
+	python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+
+# torch first, pinned: here it resolves to the CPU wheel on local disk; a bare `torch` would pull a CUDA build.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: setup
+	$(PY) main.py $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q -m 'not slow and not gpu' $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest -q -m '' $(PYTEST_ARGS)
+
+examples: setup
+	for f in examples/*.py; do $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf .venv *.egg-info

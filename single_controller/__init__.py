@@ -1,0 +1,5 @@
+"""The single controller: one driver process drives groups of worker processes through Ray."""
+
+from single_controller.protocol import DataProto, DataProtoFuture
+
+__all__ = ["DataProto", "DataProtoFuture"]

@@ -1,0 +1,3 @@
+from single_controller.base.worker import Worker
+
+__all__ = ["Worker"]

@@ -1,0 +1,31 @@
+"""Shared fixtures: one real local Ray cluster for the whole test session."""
+
+import os
+import sys
+
+import pytest
+import ray
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests skip cleanly when CUDA is absent (or has too few devices, via gpu(n))."""
+    n_cuda = torch.cuda.device_count()
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        need = marker.kwargs.get("n", 1)
+        if n_cuda < need:
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA device(s), found {n_cuda}"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster with plenty of logical CPUs (worker threads are capped separately)."""
+    if not ray.is_initialized():
+        # Worker processes must import the test modules that define worker classes.
+        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "TOKENIZERS_PARALLELISM": "false"}
+        ray.init(num_cpus=32, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
+    yield
+    ray.shutdown()
