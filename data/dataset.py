@@ -1,0 +1,153 @@
+"""Prompt dataset and dataloader for RL: parquet/jsonl rows in verl's layout -> left-padded prompt batches."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Sequence
+
+import datasets
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt")
+
+
+def _load_file(path: str, prompt_key: str) -> datasets.Dataset:
+    """One parquet or jsonl file as a ``datasets.Dataset``, checking that it has the prompt column."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file not found: {path}")
+    suffix = os.path.splitext(path)[1].lower()
+    builder = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}.get(suffix)
+    if builder is None:
+        raise ValueError(f"unsupported data file type {suffix!r} ({path}); use .parquet or .jsonl")
+    table = datasets.load_dataset(builder, data_files=path, split="train")
+    if prompt_key not in table.column_names:
+        raise ValueError(
+            f"prompt key {prompt_key!r} not found in {path}; its columns are {table.column_names}. "
+            "Set data.prompt_key to one of them."
+        )
+    return table
+
+
+class RLHFDataset(Dataset):
+    """Prompts tokenised once at construction; rows longer than ``max_prompt_length`` tokens are dropped.
+
+    A prompt is either a string (tokenised as is) or a list of chat messages (``{"role", "content"}``), which
+    go through the tokenizer's chat template with the generation prompt when it has one, else are joined.
+    """
+
+    def __init__(
+        self,
+        files: str | Sequence[str],
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_key: str = "prompt",
+        max_prompt_length: int = 16,
+        filter_overlong_prompts: bool = True,
+    ) -> None:
+        self.files = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+        if not self.files:
+            raise ValueError("no data files given")
+        self.tokenizer = tokenizer
+        self.prompt_key = prompt_key
+        self.max_prompt_length = max_prompt_length
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad_id is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token to pad prompts with")
+        self.pad_token_id = int(pad_id)
+
+        table = datasets.concatenate_datasets([_load_file(f, prompt_key) for f in self.files])
+        rows = [self._make_row(record) for record in table]
+        keep = [row for row in rows if len(row["input_ids"]) <= max_prompt_length]
+        self.num_filtered = len(rows) - len(keep)
+        if self.num_filtered and not filter_overlong_prompts:
+            raise ValueError(
+                f"{self.num_filtered} of {len(rows)} prompts are longer than max_prompt_length={max_prompt_length} "
+                "tokens; raise data.max_prompt_length or set data.filter_overlong_prompts=true"
+            )
+        if not keep:
+            raise ValueError(
+                f"all {len(rows)} prompts in {self.files} are longer than max_prompt_length={max_prompt_length} tokens"
+            )
+        if self.num_filtered:
+            logger.warning(
+                "filtered %d of %d prompts longer than max_prompt_length=%d tokens (%s)",
+                self.num_filtered, len(rows), max_prompt_length, self.files,
+            )
+        self.rows = keep
+
+    def _prompt_text(self, prompt: Any) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        messages = list(prompt)
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return "\n".join(message["content"] for message in messages)
+
+    def _make_row(self, record: dict[str, Any]) -> dict[str, Any]:
+        raw_prompt = record[self.prompt_key]
+        # The chat template already holds any special tokens, and plain prompts are taken as is.
+        input_ids = self.tokenizer(self._prompt_text(raw_prompt), add_special_tokens=False)["input_ids"]
+        return {
+            "input_ids": input_ids,
+            "raw_prompt": raw_prompt,
+            "data_source": record.get("data_source"),
+            "reward_model": record.get("reward_model") or {},
+            "extra_info": record.get("extra_info") or {},
+        }
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.rows[index]
+
+    def collate_fn(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Left-pad prompts to ``max_prompt_length``.
+
+        Returns tensors ``input_ids``, ``attention_mask``, ``position_ids`` of shape (B, max_prompt_length),
+        with position_ids = clamp(cumsum(mask) - 1, min=0) so that each prompt starts at position 0, and
+        numpy object arrays (B,) for ``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt``.
+        """
+        width = self.max_prompt_length
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids = row["input_ids"]
+            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids):] = 1
+        batch: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        }
+        for key in NON_TENSOR_KEYS:
+            column = np.empty(len(rows), dtype=object)
+            column[:] = [row[key] for row in rows]  # slice-assign keeps dicts/lists as objects
+            batch[key] = column
+        return batch
+
+
+def make_dataloader(
+    dataset: RLHFDataset, batch_size: int, shuffle: bool = True, seed: int = 1, drop_last: bool = True
+) -> DataLoader:
+    """A single-process DataLoader whose shuffling comes from one seeded generator.
+
+    The generator is ``loader.sampler.generator``; saving its ``get_state()`` with a checkpoint and restoring
+    it reproduces the order of the following epochs.
+    """
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=dataset.collate_fn,
+        drop_last=drop_last,
+        num_workers=0,
+    )

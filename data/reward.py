@@ -1,0 +1,87 @@
+"""Rule-based reward: decode each response, score it, put the score on its last valid token."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from data.tasks import default_compute_score
+from single_controller import DataProto
+
+ComputeScore = Callable[..., "float | dict[str, Any]"]
+
+
+class RewardManager:
+    """Turns a rollout batch into token-level scores (verl's "naive" reward manager).
+
+    For row i with n valid response tokens, ``reward_tensor[i, n - 1] = compute_score(...)`` and 0 elsewhere.
+    The response is decoded without special tokens; ``extra_info["stopped_by_eos"]`` tells the score whether
+    the last valid token was an eos (True) or generation hit the length limit (False).
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        compute_score: ComputeScore | None = None,
+        reward_fn_key: str = "data_source",
+        eos_token_id: int | list[int] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+        eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+        self.eos_token_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
+
+    def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        """Score a batch.
+
+        Reads ``batch["responses"]`` (B, R), ``batch["response_mask"]`` (B, R) and the non-tensors
+        ``reward_fn_key``, ``reward_model`` (with ``ground_truth``) and ``extra_info``.
+        Returns ``reward_tensor`` (B, R) float32 and extra per-row lists: ``score`` plus any other keys a
+        ``compute_score`` returning a dict gives.
+        """
+        responses = data.batch["responses"]
+        lengths = data.batch["response_mask"].sum(-1).tolist()
+        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
+        extras: dict[str, list[Any]] = defaultdict(list)
+        sources = data.non_tensor_batch[self.reward_fn_key]
+        reward_models = data.non_tensor_batch["reward_model"]
+        extra_infos = data.non_tensor_batch.get("extra_info")
+        for i, length in enumerate(lengths):
+            ids = responses[i, : int(length)].tolist()
+            extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
+            extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
+            result = self.compute_score(
+                data_source=sources[i],
+                solution_str=self.tokenizer.decode(ids, skip_special_tokens=True),
+                ground_truth=reward_models[i]["ground_truth"],
+                extra_info=extra_info,
+            )
+            score = float(result["score"]) if isinstance(result, dict) else float(result)
+            if isinstance(result, dict):
+                for key, value in result.items():
+                    if key != "score":
+                        extras[key].append(value)
+            extras["score"].append(score)
+            if ids:  # an empty response has no token to carry its score
+                reward_tensor[i, len(ids) - 1] = score
+        return reward_tensor, dict(extras)
+
+
+def load_custom_compute_score(path: str, name: str = "compute_score") -> ComputeScore:
+    """Import ``name`` from the python file at ``path`` (``custom_reward_function.path/name``)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"custom reward file not found: {path!r} (looking for function {name!r})")
+    spec = importlib.util.spec_from_file_location(f"custom_reward_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    function = getattr(module, name, None)
+    if not callable(function):
+        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise AttributeError(f"custom reward file {path!r} has no function {name!r}; callables in it: {found}")
+    return function

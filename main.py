@@ -1,0 +1,144 @@
+"""ColoRL entry point: ``python main.py [key=value ...]`` trains with PPO/GRPO (by default on the built-in demo).
+
+The configuration is Hydra's: ``conf/ppo_trainer.yaml`` on top of the schema in ``trainer/config.py``, e.g.
+``python main.py data.train_batch_size=32 algorithm.adv_estimator=gae trainer.logger='[console,wandb]'``.
+A config mistake prints one line (``colorl: config error: ...``) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, NoReturn
+
+import hydra
+from omegaconf import DictConfig
+
+from trainer.config import ConfigError, load_config, num_workers, resolve_device, validate_config
+
+
+def run_ppo(cfg: DictConfig) -> None:
+    """Train from a composed config (Hydra's, or ``load_config``'s): data, tokenizer, reward, Ray, trainer."""
+    # Deferred: these take seconds to import, and a config mistake should be reported at once.
+    import ray
+    from transformers import AutoTokenizer
+
+    from data.reward import RewardManager
+    from trainer.ppo_trainer import RayPPOTrainer
+
+    cfg.trainer.device = resolve_device(cfg)
+    n_workers = num_workers(cfg)
+    validate_config(cfg, n_workers)
+    _fill_paths(cfg)
+    model = cfg.actor_rollout_ref.model
+    tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer)
+    started_ray = _init_ray(cfg, n_workers)
+    try:
+        trainer = RayPPOTrainer(
+            config=cfg,
+            tokenizer=tokenizer,
+            train_dataloader=train_dataloader,
+            val_dataloader=val_dataloader,
+            reward_fn=RewardManager(tokenizer, compute_score=None, reward_fn_key=cfg.data.reward_fn_key),
+            val_reward_fn=RewardManager(tokenizer, compute_score=None, reward_fn_key=cfg.data.reward_fn_key),
+            n_workers=n_workers,
+        )
+        trainer.init_workers()
+        trainer.fit()
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _fill_paths(cfg: DictConfig) -> None:
+    """Point null model/data paths at the built-in demo assets (built once, then reused from the cache)."""
+    from data.builtin import prepare_builtin
+
+    model, data, builtin = cfg.actor_rollout_ref.model, cfg.data, cfg.builtin
+    if model.path is None or data.train_files is None:
+        assets = prepare_builtin(
+            cache_dir=os.path.abspath(builtin.cache_dir),  # absolute: Ray workers load the model from it too
+            task=builtin.task,
+            num_train=builtin.num_train,
+            num_val=builtin.num_val,
+            sft_warmup_steps=builtin.sft_warmup_steps,
+            hidden_size=builtin.hidden_size,
+            num_layers=builtin.num_layers,
+            seed=cfg.trainer.seed,
+        )
+        if model.path is None:
+            model.path = assets["model_path"]
+        if data.train_files is None:
+            data.train_files = assets["train_files"]
+            data.val_files = data.val_files or assets["val_files"]
+    if cfg.critic.model.path is None:
+        cfg.critic.model.path = model.path
+
+
+def _build_dataloaders(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """(train, val) loaders; val is None without data.val_files and holds the whole set when val_batch_size is null."""
+    from data.dataset import RLHFDataset, make_dataloader
+
+    data = cfg.data
+
+    def dataset(files: Any) -> RLHFDataset:
+        return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts)
+
+    train = dataset(data.train_files)
+    train_dataloader = make_dataloader(
+        train, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=data.dataloader_drop_last
+    )
+    if len(train_dataloader) == 0:
+        raise ConfigError(f"data.train_batch_size={data.train_batch_size}: larger than the {len(train)} training "
+                          "prompts (with data.dataloader_drop_last=true no batch is left)")
+    if data.val_files is None:
+        return train_dataloader, None
+    val = dataset(data.val_files)
+    val_dataloader = make_dataloader(val, data.val_batch_size or len(val), shuffle=False, drop_last=False)
+    return train_dataloader, val_dataloader
+
+
+def _init_ray(cfg: DictConfig, n_workers: int) -> bool:
+    """Start a local Ray cluster, or join ray_init.address / RAY_ADDRESS; False when Ray was already running."""
+    import ray
+
+    if ray.is_initialized():  # the caller (a test, a notebook) owns Ray and will shut it down
+        return False
+    address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)  # an existing cluster brings its own resources
+    else:
+        # On CPU every worker holds one CPU slot, plus one for the driver's tasks; Ray counts the cores on GPU.
+        cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
+        ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default)
+    return True
+
+
+def _exit_config_error(exc: ConfigError) -> NoReturn:
+    print(f"colorl: config error: {exc}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _check_overrides(args: list[str]) -> None:
+    """Compose the command line once before Hydra does, so that an unknown key or a wrong type reads like every
+    other config error instead of Hydra's own report. Hydra's flags (--help, --cfg, -m) are left to Hydra."""
+    if any(arg.startswith("-") for arg in args):
+        return
+    try:
+        load_config(args)
+    except ConfigError as exc:
+        _exit_config_error(exc)
+
+
+@hydra.main(config_path="conf", config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        run_ppo(cfg)
+    except ConfigError as exc:
+        _exit_config_error(exc)
+
+
+if __name__ == "__main__":
+    _check_overrides(sys.argv[1:])
+    main()

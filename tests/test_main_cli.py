@@ -1,0 +1,31 @@
+"""``python main.py`` with a bad config: one line on stderr, exit status 2, no traceback, no Ray or model work."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["data.foo=1"], ["unknown config key 'data.foo'"]),
+        (["data.train_batch_size=7", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=1"],
+         ["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "2 workers"]),
+    ],
+)
+def test_config_error_exits_with_one_line(tmp_path, args, expected):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+    result = subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("colorl: config error: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    for part in expected:
+        assert part in result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written in the working directory

@@ -1,0 +1,142 @@
+"""The config schema: defaults, overrides, and one-line errors that name the key and the value."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from trainer.config import (
+    ConfigError,
+    DataConfig,
+    PPOConfig,
+    load_config,
+    num_workers,
+    resolve_device,
+    to_dataclass,
+    uses_critic,
+    validate_config,
+)
+
+
+def test_defaults_are_the_schema_defaults():
+    cfg = load_config([])
+    schema = OmegaConf.structured(PPOConfig)
+    assert OmegaConf.to_container(cfg) == OmegaConf.to_container(schema)  # the YAML adds no hidden defaults
+    assert cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length
+    assert cfg.critic.rollout_n == cfg.actor_rollout_ref.rollout.n
+    assert cfg.trainer.default_local_dir == "outputs/colorl/reverse_demo"
+    assert cfg.trainer.logger == ["console", "file"]
+    assert not uses_critic(cfg)  # grpo needs no critic
+    assert num_workers(cfg) == cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+
+
+def test_overrides_apply_and_interpolations_follow():
+    cfg = load_config([
+        "data.max_prompt_length=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "critic.ppo_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.actor.optim.lr=3e-4",
+        "algorithm.adv_estimator=gae",
+        "trainer.logger=[console,wandb]",
+        "data.train_files=[a.parquet,b.parquet]",
+    ])
+    assert cfg.actor_rollout_ref.rollout.prompt_length == 32
+    assert cfg.critic.ppo_mini_batch_size == 8
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-4)
+    assert list(cfg.data.train_files) == ["a.parquet", "b.parquet"]
+    assert uses_critic(cfg)
+    typed = to_dataclass(cfg)
+    assert isinstance(typed, PPOConfig) and typed.trainer.logger == ["console", "wandb"]
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # unknown keys, also forced in with "+"
+        (["data.foo=1"], ["unknown config key 'data.foo'", "train_batch_size"]),
+        (["+data.foo=1"], ["unknown config key 'data.foo'"]),
+        (["foo=1"], ["unknown config key 'foo'", "trainer"]),
+        # wrong types
+        (["data.train_batch_size=abc"], ["data.train_batch_size='abc'", "expected int"]),
+        (["actor_rollout_ref.actor.optim.betas=[0.9,x]"], ["actor_rollout_ref.actor.optim.betas[1]='x'", "float"]),
+        # enums
+        (["actor_rollout_ref.actor.loss_agg_mode=mean"],
+         ["actor_rollout_ref.actor.loss_agg_mode='mean'", "token-mean"]),
+        (["actor_rollout_ref.actor.kl_loss_type=k9"], ["actor_rollout_ref.actor.kl_loss_type='k9'", "low_var_kl"]),
+        (["algorithm.kl_penalty=k9"], ["algorithm.kl_penalty='k9'"]),
+        (["algorithm.kl_ctrl.type=pid"], ["algorithm.kl_ctrl.type='pid'", "adaptive"]),
+        (["algorithm.adv_estimator=ppo2"], ["algorithm.adv_estimator='ppo2'", "gae", "grpo"]),
+        (["trainer.device=gpu"], ["trainer.device='gpu'", "auto"]),
+        (["trainer.logger=[console,tensorboard]"], ["trainer.logger=", "tensorboard", "wandb"]),
+        # ranges
+        (["data.train_batch_size=0"], ["data.train_batch_size=0: must be a positive integer"]),
+        (["critic.optim.lr=-1"], ["critic.optim.lr=-1"]),
+        (["actor_rollout_ref.rollout.val_kwargs.top_p=0"], ["actor_rollout_ref.rollout.val_kwargs.top_p=0"]),
+        (["algorithm.gamma=1.5"], ["algorithm.gamma=1.5"]),
+    ],
+)
+def test_bad_values_name_key_and_value(overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    for part in expected:
+        assert part in message
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=2"],
+         ["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "2 workers"]),
+        (["data.train_batch_size=8"], ["actor_rollout_ref.actor.ppo_mini_batch_size=16", "data.train_batch_size=8"]),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=3", "data.train_batch_size=6", "actor_rollout_ref.rollout.n=3"],
+         ["actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=3", "2 workers"]),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=24"],
+         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=24", "64"]),
+        (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=48"],
+         ["critic.ppo_micro_batch_size_per_gpu=48"]),
+        (["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
+         ["actor_rollout_ref.rollout.n=1", "grpo"]),
+        (["algorithm.adv_estimator=gae", "critic.enable=false"], ["critic.enable=false", "gae"]),
+    ],
+)
+def test_impossible_batch_arithmetic_is_rejected(overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    for part in expected:
+        assert part in str(info.value)
+
+
+def test_consistent_batches_pass_for_several_worker_counts():
+    typed = to_dataclass(load_config(["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+                                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                                      "actor_rollout_ref.rollout.n=4"]))
+    for n_workers in (1, 2, 3, 6):  # 6·4 = 24 sequences per mini-batch -> 24, 12, 8, 4 per worker
+        validate_config(typed, n_workers)
+    with pytest.raises(ConfigError, match="5 workers"):
+        validate_config(typed, 5)
+
+
+def test_critic_enabled_without_use_warns_but_passes():
+    with pytest.warns(UserWarning, match="critic.enable=true"):
+        cfg = load_config(["critic.enable=true"])
+    assert uses_critic(cfg)
+
+
+def test_component_errors_without_hydra():
+    with pytest.raises(ConfigError, match=r"^train_batch_size=0: must be a positive integer$"):
+        DataConfig(train_batch_size=0)
+    cfg = OmegaConf.structured(PPOConfig)
+    cfg.actor_rollout_ref.actor.optim.weight_decay = -0.1
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.optim\.weight_decay=-0\.1"):
+        to_dataclass(cfg)
+
+
+def test_resolve_device():
+    assert resolve_device(load_config(["trainer.device=cpu"])) == "cpu"
+    auto = resolve_device(load_config([]))
+    assert auto == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="trainer.device=cpu"):
+            resolve_device(load_config(["trainer.device=cuda"]))

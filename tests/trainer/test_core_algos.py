@@ -1,0 +1,445 @@
+"""Hand-worked examples and plain-Python loop references for trainer.core_algos."""
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+from trainer import core_algos as ca
+
+torch.set_num_threads(1)
+SEEDS = range(5)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _random_batch(seed: int, bs: int = 12, length: int = 7):
+    """Random rewards/values with a right-padded mask and uid groups of mixed sizes (including singletons)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, length + 1, (bs,), generator=gen)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
+    rewards = torch.randn(bs, length, generator=gen) * mask
+    values = torch.randn(bs, length, generator=gen)
+    group_sizes, left = [], bs
+    while left:
+        group_sizes.append(min(left, int(torch.randint(1, 5, (1,), generator=gen))))
+        left -= group_sizes[-1]
+    uids = [f"uid{g}" for g, size in enumerate(group_sizes) for _ in range(size)]
+    order = torch.randperm(bs, generator=gen).tolist()
+    index = np.array([uids[i] for i in order], dtype=object)
+    return rewards, values, mask, index
+
+
+def _row_len(mask_row) -> int:
+    return int(mask_row.sum())
+
+
+def _whiten_ref(rows: list[list[float]]) -> list[list[float]]:
+    flat = [x for row in rows for x in row]
+    mean = sum(flat) / len(flat)
+    var = sum((x - mean) ** 2 for x in flat) / (len(flat) - 1)
+    return [[(x - mean) / math.sqrt(var + 1e-8) for x in row] for row in rows]
+
+
+def _pad(rows: list[list[float]], length: int) -> torch.Tensor:
+    return torch.tensor([row + [0.0] * (length - len(row)) for row in rows])
+
+
+def _group_lists(scores, index):
+    groups = defaultdict(list)
+    for s, uid in zip(scores, index):
+        groups[uid].append(s)
+    return groups
+
+
+def _close(actual, expected, mask=None):
+    if mask is not None:
+        actual, expected = actual * mask, expected * mask
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------- masked stats
+
+
+def test_masked_stats_hand_values():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert ca.masked_sum(x, m).item() == 6.0
+    _close(ca.masked_sum(x, m, dim=-1), torch.tensor([3.0, 3.0]))
+    assert ca.masked_mean(x, m).item() == pytest.approx(2.0)
+    _close(ca.masked_mean(x, m, dim=-1), torch.tensor([1.5, 3.0]))
+    assert ca.masked_var(x, m).item() == pytest.approx(1.0)  # {1,2,3}: unbiased var 1
+    assert ca.masked_var(x, m, unbiased=False).item() == pytest.approx(2 / 3)
+    assert ca.masked_mean(x, torch.zeros_like(m)).item() == 0.0  # all masked: 0, not NaN
+
+
+def test_masked_var_needs_two_elements():
+    with pytest.raises(ValueError, match="at least 2"):
+        ca.masked_var(torch.ones(1, 3), torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+def test_masked_whiten_moments():
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)) * 3 + 5
+    m = (torch.rand(4, 6, generator=torch.Generator().manual_seed(1)) > 0.3).float()
+    w = ca.masked_whiten(x, m)
+    assert ca.masked_mean(w, m).item() == pytest.approx(0.0, abs=1e-5)
+    assert ca.masked_var(w, m).item() == pytest.approx(1.0, abs=1e-4)
+    kept = ca.masked_whiten(x, m, shift_mean=False)
+    assert ca.masked_mean(kept, m).item() == pytest.approx(ca.masked_mean(x, m).item(), abs=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------- GAE
+
+
+def test_gae_gamma_lambda_one_is_reward_to_go_minus_value():
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.5, 2.0, 0.0, 0.0]])
+    values = torch.tensor([[0.1, 0.2, 0.3, 9.0], [1.0, -1.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    adv, ret = ca.compute_gae_advantage_return(rewards, values, mask, gamma=1.0, lam=1.0)
+    reward_to_go = torch.tensor([[1.0, 1.0, 1.0, 0.0], [2.5, 2.0, 0.0, 0.0]])
+    _close(ret, reward_to_go, mask)
+    _close(adv, ca.masked_whiten(reward_to_go - values, mask) * mask)
+    assert torch.all(adv[mask == 0] == 0)
+
+
+def test_gae_carries_through_masked_positions():
+    rewards, values = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[0.1, 0.2, 0.3]])
+    # The same row with a masked hole (arbitrary reward/value) in position 1.
+    holed_r, holed_v = torch.tensor([[1.0, 5.0, 2.0, 3.0]]), torch.tensor([[0.1, 7.0, 0.2, 0.3]])
+    holed_m = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    _, ret = ca.compute_gae_advantage_return(rewards, values, torch.ones(1, 3), gamma=0.9, lam=0.8)
+    _, holed_ret = ca.compute_gae_advantage_return(holed_r, holed_v, holed_m, gamma=0.9, lam=0.8)
+    _close(holed_ret[:, [0, 2, 3]], ret)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gae_matches_loop_reference(seed):
+    rewards, values, mask, _ = _random_batch(seed)
+    gamma, lam = 0.9 + 0.02 * seed, 0.8 + 0.03 * seed
+    raw, ret = [], []
+    for i in range(len(rewards)):
+        n, r, v = _row_len(mask[i]), rewards[i].tolist(), values[i].tolist()
+        a_row, next_v, last = [0.0] * n, 0.0, 0.0
+        for t in reversed(range(n)):
+            last = r[t] + gamma * next_v - v[t] + gamma * lam * last
+            a_row[t], next_v = last, v[t]
+        raw.append(a_row)
+        ret.append([a + v[t] for t, a in enumerate(a_row)])
+    adv, returns = ca.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+    _close(returns, _pad(ret, mask.shape[1]), mask)
+    _close(adv, _pad(_whiten_ref(raw), mask.shape[1]))
+
+
+# ------------------------------------------------------------------------------------ outcome estimators
+
+
+def test_grpo_hand_groups():
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [2.0, 0.0], [1.0, 1.0], [5.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    index = np.array(["a", "a", "b", "b", "c"], dtype=object)
+    adv, ret = ca.compute_grpo_outcome_advantage(rewards, mask, index)
+    # a: scores {1, 0}, mean .5, std sqrt(.5); b: equal scores give 0; c: singleton, mean 0 std 1.
+    half = 0.5 / (math.sqrt(0.5) + 1e-6)
+    _close(adv[:, 0], torch.tensor([half, -half, 0.0, 0.0, 5.0 / (1 + 1e-6)]))
+    assert adv[1, 1] == 0 and torch.equal(adv, ret)
+    dr_adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
+    _close(dr_adv[:, 0], torch.tensor([0.5, -0.5, 0.0, 0.0, 5.0]))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("norm", [True, False])
+def test_grpo_matches_loop_reference(seed, norm):
+    rewards, _, mask, index = _random_batch(seed)
+    scores = rewards.sum(-1).tolist()
+    groups = _group_lists(scores, index)
+    expected = []
+    for s, uid in zip(scores, index):
+        g = groups[uid]
+        mean = sum(g) / len(g) if len(g) > 1 else 0.0
+        std = math.sqrt(sum((x - mean) ** 2 for x in g) / (len(g) - 1)) if len(g) > 1 else 1.0
+        expected.append((s - mean) / (std + 1e-6) if norm else s - mean)
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    _close(adv, torch.tensor(expected)[:, None] * mask)
+
+
+def test_rloo_hand_groups():
+    rewards = torch.tensor([[1.0], [2.0], [3.0], [7.0]])
+    index = np.array(["g", "g", "g", "solo"], dtype=object)
+    adv, _ = ca.compute_rloo_outcome_advantage(rewards, torch.ones(4, 1), index)
+    _close(adv[:, 0], torch.tensor([1 - 2.5, 2 - 2.0, 3 - 1.5, 0.0]))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rloo_matches_loop_reference(seed):
+    rewards, _, mask, index = _random_batch(seed)
+    scores = rewards.sum(-1).tolist()
+    groups = _group_lists(scores, index)
+    expected = []
+    for s, uid in zip(scores, index):
+        others = len(groups[uid]) - 1
+        expected.append(s - (sum(groups[uid]) - s) / others if others else 0.0)
+    adv, ret = ca.compute_rloo_outcome_advantage(rewards, mask, index)
+    _close(adv, torch.tensor(expected)[:, None] * mask)
+    assert torch.equal(adv, ret)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_reinforce_plus_plus_matches_loop_reference(seed):
+    rewards, _, mask, _ = _random_batch(seed)
+    gamma = 0.95
+    rows = []
+    for i in range(len(rewards)):
+        n, r, running = _row_len(mask[i]), rewards[i].tolist(), 0.0
+        row = [0.0] * n
+        for t in reversed(range(n)):
+            running = r[t] + gamma * running
+            row[t] = running
+        rows.append(row)
+    adv, ret = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma)
+    _close(ret, _pad(rows, mask.shape[1]))
+    _close(adv, _pad(_whiten_ref(rows), mask.shape[1]))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_reinforce_plus_plus_baseline_matches_loop_reference(seed):
+    rewards, _, mask, index = _random_batch(seed)
+    scores = rewards.sum(-1).tolist()
+    groups = _group_lists(scores, index)
+    rows = []
+    for i, (s, uid) in enumerate(zip(scores, index)):
+        mean = sum(groups[uid]) / len(groups[uid]) if len(groups[uid]) > 1 else 0.0
+        rows.append([s - mean] * _row_len(mask[i]))
+    adv, _ = ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, index)
+    _close(adv, _pad(_whiten_ref(rows), mask.shape[1]))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_remax_matches_loop_reference(seed):
+    rewards, _, mask, _ = _random_batch(seed)
+    baselines = torch.randn(len(rewards), generator=torch.Generator().manual_seed(seed))
+    ret_rows, adv_rows = [], []
+    for i in range(len(rewards)):
+        n, r = _row_len(mask[i]), rewards[i].tolist()
+        ret_rows.append([sum(r[t:n]) for t in range(n)])
+        adv_rows.append([g - baselines[i].item() for g in ret_rows[-1]])
+    adv, ret = ca.compute_remax_outcome_advantage(rewards, baselines, mask)
+    _close(ret, _pad(ret_rows, mask.shape[1]))
+    _close(adv, _pad(adv_rows, mask.shape[1]))
+
+
+# ----------------------------------------------------------------------------------------------- registry
+
+
+def _call(name, rewards, values, mask, index):
+    return ca.compute_advantage(
+        name,
+        token_level_rewards=rewards,
+        response_mask=mask,
+        values=values,
+        index=index,
+        reward_baselines=values[:, 0],
+        gamma=0.9,
+        lam=0.95,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(ca.ADV_ESTIMATORS))
+def test_compute_advantage_dispatch_and_zero_padding(name):
+    rewards, values, mask, index = _random_batch(3)
+    adv, ret = _call(name, rewards, values, mask, index)
+    assert adv.shape == ret.shape == rewards.shape
+    assert torch.all(adv[mask == 0] == 0)
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+
+
+def test_compute_advantage_forwards_options():
+    rewards, values, mask, index = _random_batch(4)
+    gae = _call("gae", rewards, values, mask, index)
+    direct = ca.compute_gae_advantage_return(rewards, values, mask, gamma=0.9, lam=0.95)
+    _close(gae[0], direct[0])
+    _close(gae[1], direct[1])
+    dr = ca.compute_advantage(
+        "grpo", token_level_rewards=rewards, response_mask=mask, index=index, norm_adv_by_std_in_grpo=False
+    )
+    _close(dr[0], ca.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)[0])
+
+
+def test_unknown_estimator_lists_valid_names():
+    with pytest.raises(ValueError, match="grpo") as err:
+        ca.compute_advantage("ppo2", token_level_rewards=torch.zeros(1, 1), response_mask=torch.ones(1, 1))
+    assert all(name in str(err.value) for name in ca.ADV_ESTIMATORS)
+    with pytest.raises(ValueError, match="rloo"):
+        ca.validate_adv_estimator("nope")
+    with pytest.raises(ValueError):
+        ca.estimator_needs_critic("nope")
+
+
+@pytest.mark.parametrize(
+    ("name", "missing"), [("gae", "values"), ("grpo", "index"), ("rloo", "index"), ("remax", "reward_baselines")]
+)
+def test_missing_input_is_named(name, missing):
+    with pytest.raises(ValueError, match=missing):
+        ca.compute_advantage(name, token_level_rewards=torch.zeros(2, 3), response_mask=torch.ones(2, 3))
+
+
+def test_estimator_needs_critic():
+    assert [n for n in ca.ADV_ESTIMATORS if ca.estimator_needs_critic(n)] == ["gae"]
+
+
+# ------------------------------------------------------------------------------------------------- losses
+
+
+def test_agg_loss_modes_on_2x3():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    expected = {
+        "token-mean": 10 / 4,  # (1+2+3+4) / 4 tokens
+        "seq-mean-token-sum": (6 + 4) / 2,
+        "seq-mean-token-mean": (2 + 4) / 2,
+        "seq-mean-token-sum-norm": 10 / 3,  # Σ / response_length
+    }
+    assert set(expected) == set(ca.LOSS_AGG_MODES)
+    for mode, value in expected.items():
+        assert ca.agg_loss(loss, mask, mode).item() == pytest.approx(value)
+    with pytest.raises(ValueError, match="seq-mean-token-mean"):
+        ca.agg_loss(loss, mask, "token-sum")
+
+
+def test_policy_loss_dual_clip_cases():
+    # One token per case: (advantage, ratio) -> per-token loss.
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0]])
+    ratio = torch.tensor([[1.6, 0.5, 5.0, 0.5, 2.0]])
+    old = torch.zeros_like(ratio)
+    logp = ratio.log().requires_grad_()
+    mask = torch.ones_like(ratio)
+    loss, metrics = ca.compute_policy_loss(old, logp, adv, mask, loss_agg_mode="seq-mean-token-sum")
+    # A>0 ratio 1.6: clipped to 1.2 -> -1.2; A>0 ratio .5: unclipped -> -.5; A<0 ratio 5: max(5, 1.2)=5, dual
+    # clip -> 3; A<0 ratio .5: clipped to .8 -> .8; A<0 ratio 2: max(2, 1.2)=2 < 3 -> 2.
+    assert loss.item() == pytest.approx(-1.2 - 0.5 + 3.0 + 0.8 + 2.0)
+    loss.backward()
+    # Clipped and dual-clipped tokens carry no gradient; the others get −A·ratio.
+    _close(logp.grad, torch.tensor([[0.0, -0.5, 0.0, 0.0, 2.0]]))
+    assert metrics["actor/pg_clipfrac"].item() == pytest.approx(2 / 5)
+    assert metrics["actor/pg_clipfrac_lower"].item() == pytest.approx(1 / 5)
+    assert metrics["actor/ppo_kl"].item() == pytest.approx(-ratio.log().mean().item())
+    assert metrics["actor/pg_loss"].item() == pytest.approx(loss.item()) and not metrics["actor/pg_loss"].requires_grad
+
+
+def test_policy_loss_ignores_masked_tokens_and_bad_args():
+    old = torch.zeros(1, 3)
+    logp = torch.tensor([[0.1, -0.1, 50.0]])  # the padded token's huge ratio must not matter
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, _ = ca.compute_policy_loss(old, logp, torch.ones(1, 3), mask)
+    assert loss.item() == pytest.approx(-(math.exp(0.1) + math.exp(-0.1)) / 2)
+    with pytest.raises(ValueError, match="vanilla"):
+        ca.compute_policy_loss(old, logp, torch.ones(1, 3), mask, loss_mode="cispo")
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        ca.compute_policy_loss(old, logp, torch.ones(1, 3), mask, clip_ratio_c=1.0)
+
+
+def test_gspo_uses_sequence_ratio_and_its_gradient():
+    gen = torch.Generator().manual_seed(0)
+    old = torch.randn(2, 4, generator=gen) * 0.05
+    logp = (old + torch.randn(2, 4, generator=gen) * 0.05).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0] * 4, [-0.5] * 4]) * mask
+    loss, _ = ca.compute_policy_loss(
+        old, logp, adv, mask, 0.3, 0.3, loss_agg_mode="seq-mean-token-mean", loss_mode="gspo"
+    )
+    (grad,) = torch.autograd.grad(loss, logp)
+    # Unclipped (ratios within 1 ± 0.3), GSPO equals the sequence objective −mean_i A_i·exp(mean_t(logp − old)).
+    logp_ref = logp.detach().clone().requires_grad_()
+    seq_ratio = torch.exp(ca.masked_mean(logp_ref - old, mask, dim=-1))
+    reference = -(adv[:, 0] * seq_ratio).mean()
+    (grad_ref,) = torch.autograd.grad(reference, logp_ref)
+    assert loss.item() == pytest.approx(reference.item(), abs=1e-6)
+    _close(grad, grad_ref)
+    assert torch.all(grad[mask == 0] == 0)
+
+
+def test_value_loss_clipping():
+    values = torch.zeros(1, 3)
+    vpreds = torch.tensor([[1.0, 0.2, 7.0]])
+    returns = torch.tensor([[1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, metrics = ca.compute_value_loss(vpreds, returns, values, mask, cliprange_value=0.5)
+    # token 0: unclipped 0, clipped (0.5 − 1)² = .25 -> .25 (clipped wins); token 1: both .04.
+    assert loss.item() == pytest.approx(0.5 * (0.25 + 0.04) / 2)
+    assert metrics["critic/vf_clipfrac"].item() == pytest.approx(0.5)
+    assert metrics["critic/vpred_mean"].item() == pytest.approx(0.6)
+    assert metrics["critic/vf_loss"].item() == pytest.approx(loss.item())
+
+
+# ------------------------------------------------------------------------------------------ log-probs & KL
+
+
+def test_entropy_from_logits():
+    assert ca.entropy_from_logits(torch.zeros(2, 8)).tolist() == pytest.approx([math.log(8)] * 2)
+    logits = torch.randn(3, 5, 11, generator=torch.Generator().manual_seed(0))
+    probs = torch.softmax(logits, -1)
+    _close(ca.entropy_from_logits(logits), -(probs * probs.log()).sum(-1))
+    peaked = torch.tensor([[1e4, 0.0, -1e4]])  # naive p·log p would give NaN here
+    assert ca.entropy_from_logits(peaked).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_logprobs_from_logits_matches_log_softmax():
+    logits = torch.randn(2, 5, 13, generator=torch.Generator().manual_seed(1)) * 4
+    labels = torch.randint(0, 13, (2, 5), generator=torch.Generator().manual_seed(2))
+    expected = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+    _close(ca.logprobs_from_logits(logits, labels), expected)
+
+
+def test_kl_penalty_hand_values():
+    logp, ref = torch.tensor([-1.0, 0.0, -100.0]), torch.tensor([-2.0, -100.0, 0.0])
+    assert ca.kl_penalty(logp, ref, "kl")[0].item() == pytest.approx(1.0)
+    assert torch.equal(ca.kl_penalty(logp, ref, "k1"), ca.kl_penalty(logp, ref, "kl"))
+    assert ca.kl_penalty(-logp, -ref, "abs")[0].item() == pytest.approx(1.0)
+    assert ca.kl_penalty(logp, ref, "mse")[0].item() == pytest.approx(0.5)
+    assert torch.equal(ca.kl_penalty(logp, ref, "k2"), ca.kl_penalty(logp, ref, "mse"))
+    k3 = ca.kl_penalty(logp, ref, "low_var_kl")
+    assert k3[0].item() == pytest.approx(math.exp(-1))  # e^{-1} − (−1) − 1
+    assert k3[1:].tolist() == [10.0, 10.0]  # both extremes hit the ±20 input / 10 output clamps
+    assert torch.equal(ca.kl_penalty(logp, ref, "k3"), k3)
+
+
+def test_kl_penalty_rejects_full_and_unknown():
+    x = torch.zeros(2)
+    with pytest.raises(ValueError, match="full vocabulary distributions"):
+        ca.kl_penalty(x, x, "full")
+    with pytest.raises(ValueError, match="low_var_kl") as err:
+        ca.kl_penalty(x, x, "k4")
+    assert all(name in str(err.value) for name in ca.KL_PENALTY_TYPES)
+
+
+def test_kl_controllers():
+    fixed = ca.get_kl_controller("fixed", kl_coef=0.1)
+    fixed.update(current_kl=5.0, n_steps=8)
+    assert fixed.value == 0.1
+    up = ca.get_kl_controller("adaptive", kl_coef=0.1, target_kl=0.1, horizon=100)
+    up.update(current_kl=1.0, n_steps=10)  # error clipped to +0.2
+    assert up.value == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
+    down = ca.AdaptiveKLController(0.1, target_kl=0.1, horizon=100)
+    down.update(current_kl=0.09, n_steps=10)  # error −0.1
+    assert down.value == pytest.approx(0.1 * (1 - 0.1 * 10 / 100))
+    restored = ca.AdaptiveKLController(0.5, target_kl=0.1, horizon=100)
+    restored.load_state_dict(up.state_dict())
+    assert restored.value == up.value
+    with pytest.raises(ValueError, match="horizon"):
+        ca.AdaptiveKLController(0.1, target_kl=0.1, horizon=0)
+    with pytest.raises(ValueError, match="adaptive"):
+        ca.get_kl_controller("pid", kl_coef=0.1)
+
+
+def test_apply_kl_penalty():
+    scores = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    old = torch.tensor([[0.2, 0.4, 9.0], [0.0, 0.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    ctrl = ca.AdaptiveKLController(0.5, target_kl=0.01, horizon=10)
+    rewards, metrics = ca.apply_kl_penalty(scores, old, torch.zeros_like(old), mask, ctrl, "kl")
+    _close(rewards, torch.tensor([[-0.1, -0.2, 1.0], [0.0, 2.0, 0.0]]))
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx((0.3 + 0.0) / 2)
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.5
+    assert ctrl.value == pytest.approx(0.5 * (1 + 0.2 * 2 / 10))  # KL above target -> β grows

@@ -1,0 +1,93 @@
+"""The PPO actor on a plain (single-process) model: log-probs, the update, and its guard rails."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.workers.helpers import actor_config, make_update_batch
+from trainer.core_algos import entropy_from_logits
+from workers.actor import DataParallelPPOActor
+from workers.fsdp_workers import per_rank_mini_batch_size
+from workers.optim import build_optimizer
+
+P, R = 6, 5
+
+
+def _actor(model_dir, **cfg):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    config = actor_config(**cfg)
+    return DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
+
+
+def _params(module):
+    return {k: v.detach().clone() for k, v in module.named_parameters()}
+
+
+def test_log_probs_match_a_direct_full_model_computation(tiny_model_dir):
+    actor = _actor(tiny_model_dir)
+    data = make_update_batch(6, P, R)
+    b = data.batch
+    with torch.no_grad():
+        logits = actor.module(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                              position_ids=b["position_ids"]).logits
+        logits = logits[:, P - 1 : -1] / 0.7  # position t predicts token t+1
+        direct = torch.log_softmax(logits, -1).gather(-1, b["responses"][..., None]).squeeze(-1)
+        log_probs, entropy = actor.forward_log_prob(
+            b["input_ids"], b["attention_mask"], b["position_ids"], R, temperature=0.7, calculate_entropy=True
+        )
+    torch.testing.assert_close(log_probs, direct, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, entropy_from_logits(logits), rtol=1e-5, atol=1e-5)
+    # micro-batching (4 + 2 rows) gives the same numbers
+    chunked, chunked_entropy = actor.compute_log_prob(data, micro_batch_size=4, temperature=0.7, calculate_entropy=True)
+    torch.testing.assert_close(chunked, direct, rtol=1e-5, atol=1e-5)
+    assert chunked_entropy.shape == (6, R)
+
+
+@pytest.mark.parametrize("use_kl_loss", [False, True])
+def test_update_changes_weights_and_reports_finite_metrics(tiny_model_dir, use_kl_loss):
+    actor = _actor(tiny_model_dir, use_kl_loss=use_kl_loss, entropy_coeff=0.01, ppo_epochs=2)
+    before = _params(actor.module)
+    metrics = actor.update_policy(make_update_batch(8, P, R))
+    after = _params(actor.module)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    expected = {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy",
+                "actor/grad_norm", "actor/lr"} | ({"actor/kl_loss"} if use_kl_loss else set())
+    assert expected <= set(metrics)
+    assert len(metrics["actor/grad_norm"]) == 2 * 2  # 2 epochs × 8/4 mini-batches
+    assert len(metrics["actor/pg_loss"]) == 2 * 4  # ... × 4/2 micro-batches
+    assert all(math.isfinite(v) for values in metrics.values() for v in values)
+    assert 0 < metrics["actor/pg_clipfrac"][0] < 1  # old_log_probs are off-policy, so some tokens clip
+
+
+def test_positive_advantage_raises_the_response_log_prob(tiny_model_dir):
+    actor = _actor(tiny_model_dir, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8)
+    data = make_update_batch(8, P, R)
+    mask = data.batch["response_mask"].float()
+    before, _ = actor.compute_log_prob(data, micro_batch_size=8)
+    data.batch["old_log_probs"] = before
+    data.batch["advantages"] = mask.clone()
+    actor.update_policy(data)
+    after, _ = actor.compute_log_prob(data, micro_batch_size=8)
+    assert ((after - before) * mask).sum() > 0
+
+
+def test_non_finite_gradient_skips_the_step(tiny_model_dir):
+    actor = _actor(tiny_model_dir, ppo_mini_batch_size=8)
+    data = make_update_batch(8, P, R)
+    data.batch["advantages"] = torch.full_like(data.batch["advantages"], float("nan"))
+    before = _params(actor.module)
+    metrics = actor.update_policy(data)
+    assert not math.isfinite(metrics["actor/grad_norm"][0])
+    assert all(torch.equal(before[k], v) for k, v in _params(actor.module).items())
+    assert all(p.grad is None for p in actor.module.parameters())
+
+
+def test_per_rank_mini_batch_arithmetic():
+    assert per_rank_mini_batch_size("actor_rollout_ref.actor", 16, 8, 2, 16) == 64
+    with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu \(48\)"):
+        per_rank_mini_batch_size("actor_rollout_ref.actor", 16, 8, 2, 48)
+    with pytest.raises(ValueError, match=r"ppo_mini_batch_size \(3\) × rollout n \(1\) = 3"):
+        per_rank_mini_batch_size("critic", 3, 1, 2, 1)

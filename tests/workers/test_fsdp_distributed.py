@@ -1,0 +1,125 @@
+"""FSDP2 over two real gloo ranks (spawned once for the module): sharded == unsharded, and no hangs.
+
+Each rank runs every scenario in ``_rank_main`` and saves what it saw; the tests below assert on that.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor.debug import CommDebugMode
+from transformers import AutoModelForCausalLM
+
+from tests.workers.helpers import PAD, VOCAB, actor_config, free_port, init_gloo, make_prompts, make_update_batch
+from workers import fsdp
+from workers.actor import DataParallelPPOActor
+from workers.optim import build_optimizer
+from workers.rollout import generate_sequences
+
+WORLD = 2
+P, R = 6, 5
+ROWS = 8  # global update batch: 4 rows per rank, mini-batch 4, micro-batch 2
+
+
+def _comm_count(fn) -> int:
+    with CommDebugMode() as comm:
+        fn()
+    return comm.get_total_counts()
+
+
+def _gathered_forwards(model, rank: int) -> dict:
+    """Ranks run a different number of forwards inside gathered_params: none of them may communicate."""
+    ids, mask, pos = make_prompts(2, P)
+    forward = lambda: model(input_ids=ids, attention_mask=mask, position_ids=pos)  # noqa: E731
+    with torch.no_grad():
+        sharded_forward = _comm_count(forward)
+        with fsdp.gathered_params(model):
+            inside = [_comm_count(forward) for _ in range(rank + 2)]
+        after = _comm_count(forward)
+    return {"sharded_forward": sharded_forward, "inside": inside, "after": after}
+
+
+def _uneven_rollout(model, plain, rank: int) -> dict:
+    """Rank 0 ends every row at the first token, rank 1 decodes all R steps; then both must still agree."""
+    ids, mask, pos = make_prompts(4, P, seed=rank)
+    eos = list(range(VOCAB)) if rank == 0 else None
+    kwargs = dict(response_length=R, eos_token_id=eos, pad_token_id=PAD, do_sample=False)
+    with fsdp.gathered_params(model):
+        out = generate_sequences(model, ids, mask, pos, **kwargs)
+    flag = torch.tensor([rank + 1.0])
+    dist.all_reduce(flag)  # would mismatch with a stray all-gather if decoding had communicated
+    expected = generate_sequences(plain, ids, mask, pos, **kwargs)
+    return {
+        "lengths": out["response_mask"].sum(-1).tolist(),
+        "matches_unsharded": torch.equal(out["responses"], expected["responses"]),
+        "all_reduce": flag.item(),
+    }
+
+
+def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+    init_gloo(rank, WORLD, port)
+    plain = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model = fsdp.apply_fsdp(AutoModelForCausalLM.from_pretrained(model_dir))
+    result = {"gathered": _gathered_forwards(model, rank), "rollout": _uneven_rollout(model, plain, rank)}
+
+    full = fsdp.full_state_dict(model)  # rank 0 only
+    result["full_state_dict_equal"] = rank != 0 or all(torch.equal(full[k], v) for k, v in plain.state_dict().items())
+
+    data = make_update_batch(ROWS, P, R)[rank * ROWS // WORLD : (rank + 1) * ROWS // WORLD]
+    config = actor_config()
+    actor = DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
+    b = data.batch
+    with torch.no_grad():
+        sharded_lp, _ = actor.forward_log_prob(b["input_ids"], b["attention_mask"], b["position_ids"], R)
+        plain_lp, _ = DataParallelPPOActor(plain, None, None, config).forward_log_prob(
+            b["input_ids"], b["attention_mask"], b["position_ids"], R
+        )
+    result["log_prob_max_diff"] = (sharded_lp - plain_lp).abs().max().item()
+    result["metrics"] = actor.update_policy(data)
+    result["updated"] = fsdp.full_state_dict(model, rank0_only=False)
+    torch.save(result, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tiny_model_dir, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("fsdp_ranks")
+    mp.spawn(_rank_main, args=(free_port(), tiny_model_dir, str(out_dir)), nprocs=WORLD, join=True)
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.mark.timeout(300)
+def test_gathered_params_forwards_do_not_communicate(results):
+    for r in results:
+        assert r["gathered"]["sharded_forward"] > 0  # the counter does see FSDP's all-gathers
+        assert r["gathered"]["inside"] == [0] * len(r["gathered"]["inside"])
+        assert r["gathered"]["after"] > 0  # resharded on exit
+
+
+def test_ranks_stopping_at_different_steps_do_not_hang(results):
+    assert results[0]["rollout"]["lengths"] == [1] * 4
+    assert results[1]["rollout"]["lengths"] == [R] * 4
+    for r in results:
+        assert r["rollout"]["all_reduce"] == 3.0
+        assert r["rollout"]["matches_unsharded"]
+
+
+def test_full_state_dict_and_log_probs_match_the_unsharded_model(results):
+    assert all(r["full_state_dict_equal"] for r in results)
+    assert all(r["log_prob_max_diff"] < 1e-5 for r in results)
+
+
+def test_two_rank_update_equals_one_process_update_on_the_global_batch(results, tiny_model_dir):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = actor_config(ppo_mini_batch_size=ROWS)  # one process: the whole global mini-batch
+    actor = DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
+    actor.update_policy(make_update_batch(ROWS, P, R))
+    expected = model.state_dict()
+    for r in results:
+        assert set(r["updated"]) == set(expected)
+        for name, value in r["updated"].items():
+            torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert results[0]["metrics"]["actor/grad_norm"] == pytest.approx(results[1]["metrics"]["actor/grad_norm"])
+    assert any(not torch.equal(v, AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()[k])
+               for k, v in results[0]["updated"].items())

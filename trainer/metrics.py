@@ -1,0 +1,131 @@
+"""Per-step training metrics computed on the driver from a batch's tensors (a Mapping[str, Tensor]).
+
+Names follow verl's ``metric_utils`` so dashboards compare like for like. All results are Python floats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Phases whose cost scales with every token of prompt + response (gen scales with response tokens only).
+_ALL_TOKEN_PHASES = ("ref", "values", "adv", "update_critic", "update_actor", "old_log_prob")
+
+
+def _stats(prefix: str, values: Tensor) -> dict[str, Tensor]:
+    """{prefix/mean, prefix/max, prefix/min} of a 1-D tensor; NaN when it is empty (e.g. no valid tokens)."""
+    if values.numel() == 0:
+        nan = torch.tensor(float("nan"))
+        return {f"{prefix}/mean": nan, f"{prefix}/max": nan, f"{prefix}/min": nan}
+    values = values.float()
+    return {f"{prefix}/mean": values.mean(), f"{prefix}/max": values.max(), f"{prefix}/min": values.min()}
+
+
+def _length_stats(prefix: str, lengths: Tensor, max_length: int) -> dict[str, Tensor]:
+    """Length stats plus clip_ratio = fraction of sequences that hit ``max_length`` (truncated)."""
+    return {**_stats(prefix, lengths), f"{prefix}/clip_ratio": (lengths == max_length).float().mean()}
+
+
+def _explained_var(returns: Tensor, values: Tensor) -> Tensor:
+    """1 − Var(R − V)/Var(R) over valid tokens: 1 is a perfect critic, 0 no better than a constant."""
+    if returns.numel() < 2:
+        return torch.tensor(float("nan"))
+    return 1.0 - torch.var(returns - values) / (torch.var(returns) + 1e-5)
+
+
+def compute_data_metrics(batch: Mapping[str, Tensor], use_critic: bool) -> dict[str, float]:
+    """Score, reward, advantage, return (and value) statistics plus prompt/response lengths.
+
+    Needs token_level_scores, token_level_rewards, advantages, returns, response_mask (bs, R), attention_mask
+    (bs, P + R), responses (bs, R), and values (bs, R) when ``use_critic``. Token-level quantities are taken over
+    valid response tokens; score and rewards are per-sequence sums.
+    """
+    response_length = batch["responses"].shape[-1]
+    response_mask = batch["response_mask"].bool()
+    prompt_mask = batch["attention_mask"][:, :-response_length].bool()
+    valid_returns = batch["returns"][response_mask]
+
+    metrics = {
+        **_stats("critic/score", batch["token_level_scores"].sum(-1)),
+        **_stats("critic/rewards", batch["token_level_rewards"].sum(-1)),
+        **_stats("critic/advantages", batch["advantages"][response_mask]),
+        **_stats("critic/returns", valid_returns),
+    }
+    if use_critic:
+        valid_values = batch["values"][response_mask]
+        metrics |= _stats("critic/values", valid_values)
+        metrics["critic/vf_explained_var"] = _explained_var(valid_returns.float(), valid_values.float())
+    metrics |= _length_stats("response_length", response_mask.sum(-1).float(), response_length)
+    metrics |= _length_stats("prompt_length", prompt_mask.sum(-1).float(), prompt_mask.shape[-1])
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def compute_timing_metrics(batch: Mapping[str, Tensor], timing_raw: Mapping[str, float]) -> dict[str, float]:
+    """timing_s/<name> for every timer, and timing_per_token_ms/<name> for the phases that process tokens.
+
+    gen is normalised by response tokens; ref, values, adv, update_critic, update_actor and old_log_prob by all
+    (prompt + response) tokens.
+    """
+    n_response_tokens = max(int(batch["response_mask"].sum()), 1)
+    n_all_tokens = max(int(batch["attention_mask"].sum()), 1)
+    tokens_per_phase = {"gen": n_response_tokens, **{name: n_all_tokens for name in _ALL_TOKEN_PHASES}}
+    metrics = {f"timing_s/{name}": float(seconds) for name, seconds in timing_raw.items()}
+    for name, n_tokens in tokens_per_phase.items():
+        if name in timing_raw:
+            metrics[f"timing_per_token_ms/{name}"] = timing_raw[name] * 1000.0 / n_tokens
+    return metrics
+
+
+def compute_throughput_metrics(
+    batch: Mapping[str, Tensor], timing_raw: Mapping[str, float], n_workers: int
+) -> dict[str, float]:
+    """perf/total_num_tokens, perf/time_per_step (= timing_raw["step"]) and perf/throughput (tokens/s per worker)."""
+    total_tokens = int(batch["attention_mask"].sum())
+    step_time = float(timing_raw["step"])
+    return {
+        "perf/total_num_tokens": float(total_tokens),
+        "perf/time_per_step": step_time,
+        "perf/throughput": total_tokens / (step_time * n_workers),
+    }
+
+
+def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Mean of each list (e.g. one entry per micro-batch or worker); scalars pass through as floats."""
+    return {
+        name: statistics.fmean(float(v) for v in value) if isinstance(value, (list, tuple)) else float(value)
+        for name, value in metrics.items()
+    }
+
+
+class Timer:
+    """Context manager measuring wall-clock seconds into ``.elapsed`` with time.perf_counter."""
+
+    elapsed: float = 0.0
+
+    def __enter__(self) -> Timer:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.elapsed = time.perf_counter() - self._start
+
+
+@contextmanager
+def timed(name: str, timing_raw: dict[str, float]) -> Iterator[Timer]:
+    """``with timed("gen", timing_raw): ...`` adds the block's seconds to timing_raw[name].
+
+    Adds rather than overwrites, so a phase timed twice in one step sums; use a fresh dict per step.
+    The time is recorded even when the block raises.
+    """
+    timer = Timer()
+    try:
+        with timer:
+            yield timer
+    finally:
+        timing_raw[name] = timing_raw.get(name, 0.0) + timer.elapsed

@@ -1,0 +1,219 @@
+"""The PPO driver: one process that writes the RL dataflow as plain calls on worker groups.
+
+Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
+the reference policy and the critic (colocation). The driver only moves ``DataProto`` batches between
+them and computes advantages, which are cheap tensor maths over the whole batch.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from single_controller import DataProto
+from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from trainer import core_algos
+from trainer.config import uses_critic
+from trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, reduce_metrics, timed
+from trainer.tracking import Tracking
+from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+# What each worker call needs from the batch: sending only these keeps Ray transfers small.
+GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
+FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+ACTOR_UPDATE_KEYS = FORWARD_KEYS + ["old_log_probs", "advantages"]
+CRITIC_UPDATE_KEYS = FORWARD_KEYS + ["values", "returns"]
+
+RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
+
+
+class RayPPOTrainer:
+    """PPO / GRPO over colocated FSDP workers. ``fit`` is the algorithm; ``init_workers`` the placement."""
+
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer: Any,
+        train_dataloader: Any,
+        val_dataloader: Any,
+        reward_fn: RewardFn,
+        val_reward_fn: RewardFn,
+        n_workers: int,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.train_dataloader = train_dataloader
+        self.val_dataloader = val_dataloader
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.n_workers = n_workers
+        algo = config.algorithm
+        self.use_critic = uses_critic(config)
+        self.use_reference_policy = bool(config.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward)
+        self.kl_ctrl_in_reward = core_algos.get_kl_controller(
+            algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon
+        )
+        steps_per_epoch = len(train_dataloader)
+        self.total_training_steps = config.trainer.total_training_steps or steps_per_epoch * config.trainer.total_epochs
+        self.global_step = 0
+
+    # ------------------------------------------------------------------ placement
+    def init_workers(self) -> None:
+        """Start one WorkerDict per device holding every role, then build the models (actor last)."""
+        cfg = self.config
+        trainer = cfg.trainer
+        pool = RayResourcePool(
+            [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
+        )
+        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout")}
+        if self.use_reference_policy:
+            roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="ref")
+        if self.use_critic:
+            roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic)
+        self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles))
+        views = self.fused_wg.spawn(prefix_set=roles.keys())
+        self.actor_rollout_wg = views["actor_rollout"]
+        self.ref_wg = views.get("ref")
+        self.critic_wg = views.get("critic")
+        for wg in (self.critic_wg, self.ref_wg, self.actor_rollout_wg):
+            if wg is not None:
+                wg.init_model(self.total_training_steps)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, float]:
+        """Train for ``total_training_steps``; returns the last step's metrics."""
+        cfg = self.config.trainer
+        logger = Tracking(
+            project_name=cfg.project_name,
+            experiment_name=cfg.experiment_name,
+            backends=list(cfg.logger),
+            config=OmegaConf.to_container(self.config, resolve=True),
+            local_dir=cfg.default_local_dir,
+            total_steps=self.total_training_steps,
+        )
+        self.logger = logger
+        start = time.monotonic()
+        last: dict[str, float] = {}
+        try:
+            if self.val_dataloader is not None and cfg.val_before_train:
+                logger.log(self.validate(), step=self.global_step)
+            while self.global_step < self.total_training_steps:
+                for batch_dict in self.train_dataloader:
+                    self.global_step += 1
+                    last = self.train_step(DataProto.from_single_dict(batch_dict))
+                    done = self.global_step >= self.total_training_steps
+                    out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
+                    if self.val_dataloader is not None and (
+                        done or out_of_time or (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0)
+                    ):
+                        last.update(self.validate())
+                    logger.log(last, step=self.global_step)
+                    if done or out_of_time:
+                        return last
+        finally:
+            logger.finish()
+        return last
+
+    def train_step(self, batch: DataProto) -> dict[str, float]:
+        """One PPO iteration on a batch of prompts: each phase one line, each timed."""
+        timing: dict[str, float] = {}
+        metrics: dict[str, Any] = {}
+        n = self.config.actor_rollout_ref.rollout.n
+        with timed("step", timing):
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            batch = batch.repeat(n, interleave=True)
+            with timed("gen", timing):
+                batch = self._generate(batch, metrics)
+            with timed("reward", timing):
+                batch.batch["token_level_scores"], _ = self.reward_fn(batch)
+            with timed("old_log_prob", timing):
+                batch.union(self._old_log_prob(batch, metrics))
+            if self.use_reference_policy:
+                with timed("ref", timing):
+                    batch.union(self.ref_wg.compute_ref_log_prob(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])))
+            if self.use_critic:
+                with timed("values", timing):
+                    batch.union(self.critic_wg.compute_values(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])))
+            with timed("adv", timing):
+                self._compute_advantage(batch, metrics)
+            if self.use_critic:
+                with timed("update_critic", timing):
+                    metrics.update(self._update(self.critic_wg.update_critic, batch, CRITIC_UPDATE_KEYS))
+            with timed("update_actor", timing):
+                metrics.update(self._update(self.actor_rollout_wg.update_actor, batch, self._actor_update_keys()))
+        metrics.update(compute_data_metrics(batch.batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch.batch, timing))
+        metrics.update(compute_throughput_metrics(batch.batch, timing, self.n_workers))
+        metrics["training/global_step"] = self.global_step
+        return {k: float(v) for k, v in metrics.items()}
+
+    # ------------------------------------------------------------------ phases
+    def _generate(self, batch: DataProto, metrics: dict, meta_info: dict | None = None) -> DataProto:
+        """Replace the prompt tensors by prompt+response ones from the rollout workers."""
+        prompts = batch.pop(batch_keys=GEN_KEYS)
+        prompts.meta_info.update(meta_info or {})
+        out = self.actor_rollout_wg.generate_sequences(prompts)
+        metrics.update(reduce_metrics(out.meta_info.pop("metrics", {})))
+        return batch.union(out)
+
+    def _old_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
+        out = self.actor_rollout_wg.compute_log_prob(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[]))
+        entropys = out.batch.pop("entropys")
+        mask = batch.batch["response_mask"]
+        agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
+        metrics["actor/entropy"] = core_algos.agg_loss(entropys, mask, agg_mode).item()
+        return out
+
+    def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
+        """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns."""
+        algo = self.config.algorithm
+        tensors = batch.batch
+        mask = tensors["response_mask"]
+        if self.use_reference_policy:
+            kl = core_algos.kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty)
+            metrics["actor/ref_kl"] = core_algos.masked_mean(kl, mask).item()
+        if algo.use_kl_in_reward:
+            tensors["token_level_rewards"], kl_metrics = core_algos.apply_kl_penalty(
+                tensors["token_level_scores"], tensors["old_log_probs"], tensors["ref_log_prob"], mask,
+                self.kl_ctrl_in_reward, algo.kl_penalty,
+            )
+            metrics.update(kl_metrics)
+        else:
+            tensors["token_level_rewards"] = tensors["token_level_scores"]
+        tensors["advantages"], tensors["returns"] = core_algos.compute_advantage(
+            algo.adv_estimator,
+            token_level_rewards=tensors["token_level_rewards"],
+            response_mask=mask,
+            values=tensors.get("values"),
+            index=batch.non_tensor_batch["uid"],
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+        )
+
+    def _actor_update_keys(self) -> list[str]:
+        return ACTOR_UPDATE_KEYS + (["ref_log_prob"] if self.config.actor_rollout_ref.actor.use_kl_loss else [])
+
+    @staticmethod
+    def _update(method: Callable[[DataProto], DataProto], batch: DataProto, keys: list[str]) -> dict[str, float]:
+        out = method(batch.select(batch_keys=keys, non_tensor_batch_keys=[]))
+        return reduce_metrics(out.meta_info["metrics"])
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source."""
+        val_kwargs = OmegaConf.to_container(self.config.actor_rollout_ref.rollout.val_kwargs)
+        n = int(val_kwargs.pop("n"))
+        scores: dict[str, list[float]] = {}
+        for batch_dict in self.val_dataloader:
+            batch = DataProto.from_single_dict(batch_dict).repeat(n, interleave=True)
+            batch = self._generate(batch, {}, meta_info=val_kwargs)
+            reward, _ = self.val_reward_fn(batch)
+            for source, score in zip(batch.non_tensor_batch["data_source"], reward.sum(-1).tolist()):
+                scores.setdefault(str(source), []).append(score)
+        return {f"val-core/{source}/reward/mean@{n}": float(np.mean(values)) for source, values in scores.items()}

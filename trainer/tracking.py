@@ -1,0 +1,163 @@
+"""Experiment tracking: one ``log(metrics, step)`` call fans out to the configured backends.
+
+Backends (``trainer.logger``):
+- ``console``: a tqdm bar over the training steps plus one compact line per step;
+- ``wandb``: a W&B run under ``<local_dir>/wandb``, offline unless ``WANDB_MODE`` says otherwise;
+- ``file``: ``<local_dir>/metrics.jsonl``, one JSON object per step with a ``step`` key (appended, so a resumed
+  run continues the same file).
+``finish()`` also draws ``<local_dir>/reward_curve.png``: training score and validation reward against step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from trainer.config import LOGGER_BACKENDS, ConfigError
+
+TRAIN_SCORE = "critic/score/mean"
+VAL_REWARD = re.compile(r"val-core/(.+)/reward/mean@1")  # group 1: the data source
+# (metric, label) pairs shown on the console line when present
+CONSOLE_METRICS = (
+    (TRAIN_SCORE, "score"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/entropy", "entropy"),
+    ("actor/kl_loss", "kl_loss"),
+    ("critic/vf_loss", "vf_loss"),
+    ("response_length/mean", "resp_len"),
+)
+
+
+class Tracking:
+    """Fan-out logger; ``wandb_run_id`` is kept so that a resumed run can append to the same W&B run."""
+
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        backends: list[str],
+        config: dict[str, Any],
+        local_dir: str,
+        total_steps: int | None = None,
+        resume_id: str | None = None,
+    ) -> None:
+        unknown = [b for b in backends if b not in LOGGER_BACKENDS]
+        if unknown:
+            raise ConfigError(f"trainer.logger: unknown backend(s) {unknown}; valid: {', '.join(LOGGER_BACKENDS)}")
+        self.local_dir = Path(local_dir)
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.local_dir / "metrics.jsonl"
+        self.plot_path = self.local_dir / "reward_curve.png"
+        self._history: list[dict[str, Any]] = []  # this run's plotted values, for the plot when there is no file
+        self._bar = tqdm(total=total_steps, desc=experiment_name, unit="step") if "console" in backends else None
+        self._file = open(self.metrics_path, "a", encoding="utf-8") if "file" in backends else None
+        self._wandb_run = None
+        self.wandb_run_id: str | None = None
+        if "wandb" in backends:
+            self._wandb_run = self._init_wandb(project_name, experiment_name, config, resume_id)
+            self.wandb_run_id = self._wandb_run.id
+        self._finished = False
+
+    def _init_wandb(self, project: str, name: str, config: dict[str, Any], resume_id: str | None) -> Any:
+        import wandb  # imported only when asked for: it is slow to import and starts a service process
+
+        return wandb.init(
+            project=project,
+            name=name,
+            config=config,
+            dir=str(self.local_dir),  # wandb adds its own "wandb/" below this
+            mode=os.environ.get("WANDB_MODE", "offline"),  # runs must not need the network unless asked to
+            id=resume_id,
+            resume="allow" if resume_id else None,
+        )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Record ``metrics`` (name -> number) for ``step`` in every backend."""
+        values = {k: _plain(v) for k, v in metrics.items()}
+        record = {"step": step, **values}
+        self._history.append({k: v for k, v in record.items() if k == "step" or _is_plotted(k)})
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()  # a crashed or killed run keeps every finished step
+        if self._wandb_run is not None:
+            self._wandb_run.log(values, step=step)
+        if self._bar is not None:
+            self._bar.update(max(0, step - self._bar.n))
+            self._bar.write(_console_line(record))
+
+    def finish(self) -> None:
+        """Close every backend and write the reward plot; calling it twice is harmless."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._file is not None:
+            self._file.close()
+        if self._bar is not None:
+            self._bar.close()
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+        # metrics.jsonl also holds the steps of earlier (resumed) runs, so it plots the whole curve
+        records = read_metrics(self.metrics_path) if self._file is not None else self._history
+        plot_reward_curve(records, self.plot_path)
+
+
+def _plain(value: Any) -> Any:
+    """Numbers as Python scalars (tensors and numpy scalars via ``.item()``) so json and wandb accept them."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _console_line(record: dict[str, Any]) -> str:
+    parts = [f"step {record['step']}"]
+    parts += [f"{label} {record[key]:.4g}" for key, label in CONSOLE_METRICS if _is_number(record.get(key))]
+    parts += [f"val[{match[1]}] {value:.4g}" for key, value in record.items()
+              if (match := VAL_REWARD.fullmatch(key)) and _is_number(value)]
+    if _is_number(record.get("timing_s/step")):
+        parts.append(f"{record['timing_s/step']:.2f}s/step")
+    return " | ".join(parts)
+
+
+def _is_plotted(key: str) -> bool:
+    return key == TRAIN_SCORE or VAL_REWARD.fullmatch(key) is not None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file, in the order they were logged."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_reward_curve(records: list[dict[str, Any]], path: str | os.PathLike) -> bool:
+    """Plot training score and every validation reward@1 against step; False (no file) when none was logged.
+
+    A step logged twice (a run resumed from an earlier checkpoint) keeps its latest value.
+    """
+    curves: dict[str, dict[int, float]] = {}
+    for record in records:
+        for key, value in record.items():
+            if _is_plotted(key) and _is_number(value) and math.isfinite(value):
+                curves.setdefault(key, {})[record["step"]] = value
+    if not curves:
+        return False
+    fig = Figure(figsize=(7, 4), layout="tight")  # a bare Figure renders with Agg; pyplot's global state not needed
+    ax = fig.subplots()
+    for key, points in sorted(curves.items()):
+        steps = sorted(points)
+        label = "train score" if key == TRAIN_SCORE else f"val reward@1 ({VAL_REWARD.fullmatch(key)[1]})"
+        ax.plot(steps, [points[s] for s in steps], marker="o" if len(steps) < 30 else None, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=100)
+    return True

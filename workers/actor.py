@@ -1,0 +1,171 @@
+"""The PPO actor on one data-parallel rank: log-probs of responses and the clipped policy-gradient update.
+
+Works on any ``nn.Module`` causal LM: an FSDP2-sharded one (gradients are then averaged over ranks by the
+reduce-scatter in backward) or a plain one (a world of one process).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from single_controller import DataProto
+from trainer.core_algos import agg_loss, compute_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
+from workers.common import minibatch_update, model_device, split_batch, to_float_metrics
+
+LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+UPDATE_KEYS = (*LOG_PROB_KEYS, "response_mask", "old_log_probs", "advantages")
+
+
+def response_logits(
+    module: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+) -> Tensor:
+    """fp32 logits / temperature (B, R, V) at the positions that predict each response token (-R-1 .. -2).
+
+    Only the last R+1 positions go through the LM head (``logits_to_keep``), which matters for large vocabularies.
+    """
+    logits = module(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=response_length + 1,
+    ).logits
+    return logits[:, :-1].float() / temperature
+
+
+class DataParallelPPOActor:
+    """Computes log-probs and runs PPO updates for ``module`` on this rank's share of the batch.
+
+    Args:
+        module: the policy (sharded with ``workers.fsdp.apply_fsdp`` or plain).
+        optimizer / lr_scheduler: None for a frozen reference policy.
+        config: the ``actor_rollout_ref.actor`` config.
+        mini_batch_size: samples per optimizer step on this rank (the worker computes it from the global
+            ``ppo_mini_batch_size``·n / world size); None means ``config.ppo_mini_batch_size`` as is.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        config: Any,
+        mini_batch_size: int | None = None,
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.config = config
+        self.mini_batch_size = mini_batch_size
+
+    def forward_log_prob(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        response_length: int,
+        temperature: float = 1.0,
+        calculate_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """log π(response token) (B, R) and optionally the entropy (B, R) of the temperature-scaled policy.
+
+        The response is the last ``response_length`` tokens of ``input_ids``; sampling used the same temperature.
+        """
+        logits = response_logits(self.module, input_ids, attention_mask, position_ids, response_length, temperature)
+        log_probs = logprobs_from_logits(logits, input_ids[:, -response_length:])
+        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def compute_log_prob(
+        self, data: DataProto, micro_batch_size: int, temperature: float = 1.0, calculate_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (B, R) of ``data.batch["responses"]`` and entropies (B, R) or None, in micro-batches, on CPU."""
+        self.module.eval()
+        tensors = {k: data.batch[k] for k in LOG_PROB_KEYS}
+        response_length = tensors["responses"].shape[-1]
+        device = model_device(self.module)
+        log_probs, entropys = [], []
+        for micro in split_batch(tensors, micro_batch_size):
+            micro = {k: v.to(device) for k, v in micro.items()}
+            lp, ent = self.forward_log_prob(
+                micro["input_ids"],
+                micro["attention_mask"],
+                micro["position_ids"],
+                response_length,
+                temperature,
+                calculate_entropy,
+            )
+            log_probs.append(lp.cpu())
+            if ent is not None:
+                entropys.append(ent.cpu())
+        return torch.cat(log_probs), torch.cat(entropys) if calculate_entropy else None
+
+    def _micro_loss(self, micro: dict[str, Tensor], temperature: float) -> tuple[Tensor, dict[str, Tensor]]:
+        """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref)."""
+        cfg = self.config
+        response_length = micro["responses"].shape[-1]
+        mask = micro["response_mask"].to(torch.float32)
+        logits = response_logits(
+            self.module, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length, temperature
+        )
+        log_prob = logprobs_from_logits(logits, micro["responses"])
+        pg_loss, metrics = compute_policy_loss(
+            old_log_prob=micro["old_log_probs"],
+            log_prob=log_prob,
+            advantages=micro["advantages"],
+            response_mask=mask,
+            clip_ratio_low=cfg.clip_ratio if cfg.clip_ratio_low is None else cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio if cfg.clip_ratio_high is None else cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            loss_agg_mode=cfg.loss_agg_mode,
+            loss_mode=getattr(cfg, "loss_mode", "vanilla"),
+        )
+        # the entropy is always logged, but keeps its (B, R, V) graph only when it is part of the loss
+        with torch.set_grad_enabled(cfg.entropy_coeff != 0):
+            entropy = agg_loss(entropy_from_logits(logits), mask, cfg.loss_agg_mode)
+        loss = pg_loss - cfg.entropy_coeff * entropy
+        metrics["actor/entropy"] = entropy.detach()
+        if cfg.use_kl_loss:
+            kl_loss = agg_loss(kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type), mask, cfg.loss_agg_mode)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss.detach()
+            metrics["actor/kl_coef"] = torch.tensor(float(cfg.kl_loss_coef))
+        return loss, metrics
+
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """PPO update on this rank's rows: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch.
+
+        Needs batch keys input_ids, attention_mask, position_ids, responses, response_mask, old_log_probs,
+        advantages (+ ref_log_prob with ``use_kl_loss``); ``meta_info["temperature"]`` (default 1) must be the
+        sampling temperature. The LR scheduler steps once per call, i.e. once per training step (as verl does),
+        so warm-up is counted in training steps. Returns metric name -> list of floats.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("update_policy needs an optimizer; this actor was built as a frozen reference")
+        cfg = self.config
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        keys = UPDATE_KEYS + (("ref_log_prob",) if cfg.use_kl_loss else ())
+        metrics = minibatch_update(
+            self.module,
+            self.optimizer,
+            {k: data.batch[k] for k in keys},
+            lambda micro: self._micro_loss(micro, temperature),
+            mini_batch_size=self.mini_batch_size or cfg.ppo_mini_batch_size,
+            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+            epochs=cfg.ppo_epochs,
+            shuffle=cfg.shuffle,
+            grad_clip=cfg.grad_clip,
+            prefix="actor",
+        )
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return to_float_metrics(metrics)

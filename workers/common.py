@@ -1,0 +1,84 @@
+"""Pieces shared by the actor and the critic: micro-batching and the mini-batch update loop."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from workers.fsdp import clip_grad_norm_
+
+# micro-batch (on the model's device) -> (loss before accumulation scaling, metrics as scalar tensors)
+LossFn = Callable[[dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
+
+
+def split_batch(tensors: dict[str, Tensor], size: int) -> list[dict[str, Tensor]]:
+    """Split equal-length tensors along dim 0 into chunks of ``size`` rows (the last chunk may be shorter)."""
+    if size <= 0:
+        raise ValueError(f"micro/mini-batch size must be positive, got {size}")
+    n = next(iter(tensors.values())).shape[0]
+    return [{k: v[i : i + size] for k, v in tensors.items()} for i in range(0, n, size)]
+
+
+def to_float_metrics(metrics: dict[str, list]) -> dict[str, list[float]]:
+    """Lists of scalar tensors (or floats) -> lists of floats, with one device-to-host copy per metric."""
+    out = {}
+    for key, values in metrics.items():
+        if all(isinstance(v, Tensor) for v in values):
+            out[key] = torch.stack([v.detach().float() for v in values]).cpu().tolist()
+        else:
+            out[key] = [float(v) for v in values]
+    return out
+
+
+def model_device(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def minibatch_update(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tensors: dict[str, Tensor],
+    loss_fn: LossFn,
+    *,
+    mini_batch_size: int,
+    micro_batch_size: int,
+    epochs: int,
+    shuffle: bool,
+    grad_clip: float,
+    prefix: str,
+) -> dict[str, list]:
+    """``epochs`` passes over mini-batches; one optimizer step per mini-batch, accumulated over micro-batches.
+
+    Each micro-batch loss is scaled by len(micro)/len(mini), so the accumulated gradient is the mini-batch
+    mean of per-micro-batch losses (and, under FSDP, the mean over ranks too). A mini-batch whose clipped
+    gradient norm is not finite is skipped (its gradients dropped). Metrics: the loss_fn's, once per
+    micro-batch, plus ``{prefix}/grad_norm`` and ``{prefix}/lr`` once per mini-batch.
+    """
+    metrics: dict[str, list] = defaultdict(list)
+    device = model_device(module)
+    module.train()
+    for epoch in range(epochs):
+        if shuffle:  # seeded by the epoch, so a run is reproducible
+            n = next(iter(tensors.values())).shape[0]
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
+            epoch_tensors = {k: v[perm] for k, v in tensors.items()}
+        else:
+            epoch_tensors = tensors
+        for mini in split_batch(epoch_tensors, mini_batch_size):
+            mini_len = next(iter(mini.values())).shape[0]
+            for micro in split_batch(mini, micro_batch_size):
+                micro = {k: v.to(device) for k, v in micro.items()}
+                loss, micro_metrics = loss_fn(micro)
+                (loss * (next(iter(micro.values())).shape[0] / mini_len)).backward()
+                for key, value in micro_metrics.items():
+                    metrics[key].append(value)
+            grad_norm = clip_grad_norm_(module, grad_clip)
+            if torch.isfinite(grad_norm):
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            metrics[f"{prefix}/grad_norm"].append(grad_norm.detach())
+            metrics[f"{prefix}/lr"].append(optimizer.param_groups[0]["lr"])
+    return metrics

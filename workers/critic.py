@@ -1,0 +1,131 @@
+"""The PPO critic on one data-parallel rank: a causal-LM backbone with a scalar value head.
+
+The value model is ``AutoModelForTokenClassification(num_labels=1)`` loaded from a causal-LM checkpoint: the
+backbone weights are shared with the policy checkpoint, the head (``score``) is new and starts at zero, so
+the first values are 0 and the first updates move the head before they move the backbone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForTokenClassification
+
+from single_controller import DataProto
+from trainer.core_algos import compute_value_loss
+from workers.common import minibatch_update, model_device, split_batch, to_float_metrics
+
+VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+UPDATE_KEYS = (*VALUE_KEYS, "response_mask", "values", "returns")
+HEAD_PREFIXES = ("score.", "classifier.")  # token-classification head names in HF models
+
+
+def load_value_model(path: str, trust_remote_code: bool = False) -> nn.Module:
+    """fp32 value model from an HF checkpoint; a freshly created head is zero-initialised (values start at 0)."""
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # values must not differ between compute_values and update_critic
+    model, info = AutoModelForTokenClassification.from_pretrained(
+        path,
+        config=config,
+        dtype=torch.float32,
+        trust_remote_code=trust_remote_code,
+        output_loading_info=True,
+    )
+    # a checkpoint that already holds a trained head (a saved critic) keeps it
+    missing = set(info["missing_keys"])
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in missing and name.startswith(HEAD_PREFIXES):
+                param.zero_()
+    return model
+
+
+def response_values(
+    module: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, response_length: int
+) -> Tensor:
+    """Values (B, R) at the positions that predict each response token, i.e. the states before each action."""
+    out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.logits[:, -response_length - 1 : -1, 0].float()
+
+
+class DataParallelPPOCritic:
+    """Value estimates and clipped value-loss updates for ``module`` on this rank's share of the batch.
+
+    ``config`` is the ``critic`` config; ``mini_batch_size`` is samples per optimizer step on this rank
+    (None: ``config.ppo_mini_batch_size`` as is).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        config: Any,
+        mini_batch_size: int | None = None,
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.config = config
+        self.mini_batch_size = mini_batch_size
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> Tensor:
+        """Values (B, R) on CPU, zero outside ``response_mask`` (micro-batches of forward_micro_batch_size_per_gpu)."""
+        self.module.eval()
+        tensors = {k: data.batch[k] for k in VALUE_KEYS}
+        response_length = tensors["responses"].shape[-1]
+        device = model_device(self.module)
+        values = []
+        for micro in split_batch(tensors, self.config.forward_micro_batch_size_per_gpu):
+            micro = {k: v.to(device) for k, v in micro.items()}
+            v = response_values(
+                self.module, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length
+            )
+            values.append(v.cpu())
+        mask = _response_mask(data, response_length)
+        return torch.cat(values) * mask
+
+    def _micro_loss(self, micro: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        response_length = micro["responses"].shape[-1]
+        vpreds = response_values(
+            self.module, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length
+        )
+        return compute_value_loss(
+            vpreds=vpreds,
+            returns=micro["returns"],
+            values=micro["values"],
+            response_mask=micro["response_mask"].to(torch.float32),
+            cliprange_value=self.config.cliprange_value,
+            loss_agg_mode=self.config.loss_agg_mode,
+        )
+
+    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
+        """Value-loss update: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch; LR scheduler once
+        per call. Needs input_ids, attention_mask, position_ids, responses, response_mask, values, returns.
+        Metrics: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm, critic/lr."""
+        cfg = self.config
+        metrics = minibatch_update(
+            self.module,
+            self.optimizer,
+            {k: data.batch[k] for k in UPDATE_KEYS},
+            self._micro_loss,
+            mini_batch_size=self.mini_batch_size or cfg.ppo_mini_batch_size,
+            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+            epochs=cfg.ppo_epochs,
+            shuffle=cfg.shuffle,
+            grad_clip=cfg.grad_clip,
+            prefix="critic",
+        )
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return to_float_metrics(metrics)
+
+
+def _response_mask(data: DataProto, response_length: int) -> Tensor:
+    if "response_mask" in data.batch:
+        return data.batch["response_mask"].to(torch.float32)
+    return data.batch["attention_mask"][:, -response_length:].to(torch.float32)

@@ -1,0 +1,210 @@
+"""Everything FSDP2 in ColoRL: sharding, gathering for generation, grad clipping, offload, full state dicts.
+
+This is the only module that imports ``fully_shard``; the actor, critic and rollout code take a plain
+``nn.Module`` and work the same whether it is sharded or not (a world of one process needs no FSDP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+# Where apply_fsdp records each sharded module's own reshard_after_forward, so gathered_params can restore it.
+_RESHARD_ATTR = "_colorl_reshard_after_forward"
+
+
+def default_mixed_precision(device: torch.device) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(param_dtype, reduce_dtype): bf16 compute with fp32 gradient reduction on CUDA, plain fp32 elsewhere."""
+    if device.type == "cuda":
+        return torch.bfloat16, torch.float32
+    return None, None
+
+
+def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
+    """The transformer-block classes named by the HF ``model._no_split_modules`` (e.g. ``LlamaDecoderLayer``)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    classes = {type(m) for m in model.modules() if type(m).__name__ in names}
+    return tuple(classes)
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh | None = None,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
+    """Shard ``model`` in place with FSDP2: each transformer block, then the root (torchtitan's ``apply_fsdp``).
+
+    ``mesh`` defaults to a 1-D mesh over the whole default process group on the model's device type.
+    The root keeps its parameters gathered after forward: backward needs them at once, so freeing them
+    would only cost a second all-gather.
+    """
+    if mesh is None:
+        device_type = next(model.parameters()).device.type
+        mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    blocks = [m for m in model.modules() if isinstance(m, block_classes(model))]
+    if not blocks:
+        raise ValueError(
+            f"found no transformer blocks to shard in {type(model).__name__}: "
+            f"_no_split_modules={getattr(model, '_no_split_modules', None)}"
+        )
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+        setattr(block, _RESHARD_ATTR, reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+    setattr(model, _RESHARD_ATTR, False)
+    return model
+
+
+def fsdp_modules(model: nn.Module) -> list[FSDPModule]:
+    """Every FSDP-sharded submodule of ``model`` (empty for a plain module)."""
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+@contextmanager
+def gathered_params(model: nn.Module) -> Iterator[nn.Module]:
+    """Unshard every FSDP group once on entry and reshard on exit; forwards inside run without collectives.
+
+    Token-by-token decoding calls forward once per token; without this each call would all-gather every
+    block, and ranks that stop decoding at different steps would then wait on each other forever. Entry and
+    Entry all-gathers each group once (so all ranks must enter together); exit only frees memory.
+    A plain (unsharded) module passes through unchanged.
+    """
+    modules = fsdp_modules(model)
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+    for m in modules:
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m in modules:
+            m.set_reshard_after_forward(getattr(m, _RESHARD_ATTR, True), recurse=False)
+            m.reshard()
+
+
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> Tensor:
+    """Clip gradients to a global L2 norm of ``max_norm``; returns the pre-clip norm as a plain scalar tensor.
+
+    With FSDP the gradients are sharded DTensors and the norm is all-reduced, so every rank sees the same
+    value (and makes the same skip-or-step decision for a non-finite norm).
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return norm
+
+
+def _reshard_all(model: nn.Module) -> None:
+    # The root keeps gathered parameters after a no-grad forward; free them before moving shards around.
+    for m in fsdp_modules(model):
+        m.reshard()
+
+
+def offload_fsdp_params(model: nn.Module) -> None:
+    """Move the (sharded) parameters and gradients to CPU between phases; no-op when already on CPU."""
+    if next(model.parameters()).device.type == "cpu":
+        return
+    _reshard_all(model)
+    model.to("cpu")
+    torch.cuda.empty_cache()
+
+
+def load_fsdp_params(model: nn.Module, device: torch.device) -> None:
+    """Bring parameters back to ``device`` after ``offload_fsdp_params``; no-op on CPU."""
+    if device.type == "cpu":
+        return
+    model.to(device)
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[dict, str, Tensor]]:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, Tensor) and value.dim() > 0:
+                yield state, key, value
+
+
+def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Move optimizer state (Adam moments) to CPU; no-op when it already lives there."""
+    moved = False
+    for state, key, value in _optimizer_tensors(optimizer):
+        if value.device.type != "cpu":
+            state[key] = value.to("cpu", non_blocking=True)
+            moved = True
+    if moved:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move optimizer state back to ``device``; no-op on CPU."""
+    if device.type == "cpu":
+        return
+    for state, key, value in _optimizer_tensors(optimizer):
+        state[key] = value.to(device, non_blocking=True)
+
+
+@contextmanager
+def onloaded(
+    module: nn.Module,
+    device: torch.device,
+    optimizer: torch.optim.Optimizer | None = None,
+    offload_params: bool = False,
+    offload_optimizer_state: bool = False,
+) -> Iterator[None]:
+    """Bring offloaded parameters (and optimizer state) to ``device`` for one phase, offload them after.
+
+    With both flags off (the default, and always the case on CPU) this does nothing.
+    """
+    if offload_params:
+        load_fsdp_params(module, device)
+    if offload_optimizer_state and optimizer is not None:
+        load_optimizer(optimizer, device)
+    try:
+        yield
+    finally:
+        if offload_params:
+            offload_fsdp_params(module)
+        if offload_optimizer_state and optimizer is not None:
+            offload_optimizer(optimizer)
+
+
+def full_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str, Tensor]:
+    """The unsharded state dict as CPU tensors (a collective: every rank must call it).
+
+    With ``rank0_only`` the other ranks get ``{}``, which saves one full copy of the weights per rank.
+    """
+    if not is_fsdp(model):
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+    state = get_model_state_dict(model, options=options)
+    return {k: v.cpu() for k, v in state.items()}
+
+
+def load_full_state_dict(model: nn.Module, state_dict: dict[str, Tensor], broadcast_from_rank0: bool = False) -> None:
+    """Load a full (unsharded) state dict into a sharded model; with ``broadcast_from_rank0`` only rank 0
+    needs to hold it. A collective for FSDP models."""
+    if not is_fsdp(model):
+        model.load_state_dict(state_dict)
+        return
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=broadcast_from_rank0)
+    set_model_state_dict(model, state_dict, options=options)

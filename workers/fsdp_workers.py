@@ -1,0 +1,287 @@
+"""Ray-side role workers: the actor/rollout/reference worker and the critic worker, on FSDP2.
+
+Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed
+method runs on every rank with that rank's chunk of the batch. Methods return only the keys they add, as
+CPU tensors, so little data travels back to the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from single_controller import DataProto
+from single_controller.base import Worker
+from single_controller.base.decorator import Dispatch, register
+from workers import fsdp
+from workers.actor import DataParallelPPOActor
+from workers.critic import DataParallelPPOCritic, load_value_model
+from workers.optim import build_lr_scheduler, build_optimizer
+from workers.rollout import generate_sequences
+
+ROLES = ("actor_rollout", "ref", "actor_rollout_ref")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
+
+
+def per_rank_mini_batch_size(
+    prefix: str, mini_batch_size: int, rollout_n: int, world_size: int, micro_batch_size: int
+) -> int:
+    """Samples per optimizer step on one rank = mini_batch_size·n / world_size; must be a multiple of micro.
+
+    ``prefix`` names the config section in the error messages (e.g. ``actor_rollout_ref.actor``).
+    """
+    samples = mini_batch_size * rollout_n
+    if samples % world_size:
+        raise ValueError(
+            f"{prefix}.ppo_mini_batch_size ({mini_batch_size}) × rollout n ({rollout_n}) = {samples} samples "
+            f"must be divisible by the number of workers ({world_size})"
+        )
+    per_rank = samples // world_size
+    if micro_batch_size <= 0 or per_rank % micro_batch_size:
+        raise ValueError(
+            f"{prefix}: the per-worker mini-batch ppo_mini_batch_size·n/world_size = "
+            f"{mini_batch_size}·{rollout_n}/{world_size} = {per_rank} must be a multiple of "
+            f"{prefix}.ppo_micro_batch_size_per_gpu ({micro_batch_size})"
+        )
+    return per_rank
+
+
+def _seed(config: Any) -> int:
+    seed = getattr(config, "seed", None)
+    return 1 if seed is None else int(seed)
+
+
+def _setup_process(worker: Worker, seed: int) -> None:
+    """CPU threads (workers × threads ≤ cores), per-rank seed, and the torch.distributed world."""
+    if worker.device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // worker.local_world_size))
+    torch.manual_seed(seed + worker.rank)
+    worker.init_process_group()
+
+
+def _shard(worker: Worker, model: nn.Module, fsdp_config: Any) -> nn.Module:
+    """Move ``model`` to the worker's device and shard it over all ranks (bf16 compute on CUDA)."""
+    model.to(worker.device)
+    mesh = init_device_mesh(worker.device.type, (worker.world_size,))
+    param_dtype, reduce_dtype = fsdp.default_mixed_precision(worker.device)
+    return fsdp.apply_fsdp(
+        model,
+        mesh=mesh,
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
+        reshard_after_forward=bool(getattr(fsdp_config, "reshard_after_forward", True)),
+    )
+
+
+def _load_causal_lm(model_config: Any) -> nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(
+        model_config.path, dtype=torch.float32, trust_remote_code=bool(model_config.trust_remote_code)
+    )
+    if model_config.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _proto(tensors: dict[str, torch.Tensor], meta_info: dict | None = None) -> DataProto:
+    return DataProto.from_dict({k: v.detach().cpu() for k, v in tensors.items()}, meta_info=meta_info)
+
+
+class ActorRolloutRefWorker(Worker):
+    """The policy in its three roles: rollout (sampling), actor (PPO update) and/or frozen reference.
+
+    ``config`` is the ``actor_rollout_ref`` section; ``role`` is one of ``ROLES``. Rollout runs on the actor's
+    own FSDP module (no second copy of the weights); ``ref`` holds a separate frozen copy.
+    """
+
+    def __init__(self, config: Any, role: str) -> None:
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; valid: {list(ROLES)}")
+        self.config = config
+        self.role = role
+        self._is_actor = role in ("actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        if self._is_actor:  # fail at construction, before any model is loaded
+            actor = config.actor
+            self.mini_batch_size = per_rank_mini_batch_size(
+                "actor_rollout_ref.actor",
+                actor.ppo_mini_batch_size,
+                config.rollout.n,
+                self.world_size,
+                actor.ppo_micro_batch_size_per_gpu,
+            )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_training_steps: int = 0) -> None:
+        """Load tokenizer and model(s), shard them, build optimizer and LR schedule (actor role only)."""
+        _setup_process(self, _seed(self.config))
+        cfg = self.config
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        if self._is_actor:
+            module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
+            optimizer = build_optimizer(module, cfg.actor.optim)
+            scheduler = build_lr_scheduler(optimizer, cfg.actor.optim, total_training_steps)
+            self.actor = DataParallelPPOActor(module, optimizer, scheduler, cfg.actor, self.mini_batch_size)
+            self.generation_config = getattr(module, "generation_config", None)
+            self._offload_actor(module, optimizer)
+        if self._is_ref:
+            ref_module = _load_causal_lm(cfg.model).requires_grad_(False).eval()
+            ref_module = _shard(self, ref_module, cfg.ref.fsdp_config)
+            self.ref_policy = DataParallelPPOActor(ref_module, None, None, cfg.actor)
+            if cfg.ref.fsdp_config.param_offload:
+                fsdp.offload_fsdp_params(ref_module)
+
+    def _offload_actor(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if self.config.actor.fsdp_config.param_offload:
+            fsdp.offload_fsdp_params(module)
+        if self.config.actor.fsdp_config.optimizer_offload:
+            fsdp.offload_optimizer(optimizer)
+
+    def _actor_onloaded(self, with_optimizer: bool = False):
+        fsdp_cfg = self.config.actor.fsdp_config
+        return fsdp.onloaded(
+            self.actor.module,
+            self.device,
+            self.actor.optimizer,
+            offload_params=bool(fsdp_cfg.param_offload),
+            offload_optimizer_state=bool(fsdp_cfg.optimizer_offload) and with_optimizer,
+        )
+
+    def _eos_token_ids(self) -> list[int]:
+        """EOS ids from the generation config (may list several, e.g. Llama-3 chat) and the tokenizer."""
+        ids = set()
+        gen_eos = getattr(self.generation_config, "eos_token_id", None)
+        ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return sorted(ids)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample one response per prompt row (the driver repeats prompts n times beforehand).
+
+        Sampling settings come from ``config.rollout``; ``prompts.meta_info`` may override temperature, top_p,
+        top_k and do_sample (validation passes ``val_kwargs``). Returns prompts, responses, input_ids,
+        attention_mask, position_ids and response_mask.
+        """
+        if not self._is_actor:
+            raise RuntimeError(f"generate_sequences needs the actor; this worker's role is {self.role!r}")
+        rollout = self.config.rollout
+        sampling = {k: prompts.meta_info.get(k, getattr(rollout, k)) for k in SAMPLING_KEYS}
+        pad_id = self.tokenizer.pad_token_id
+        eos_ids = self._eos_token_ids()
+        start = time.perf_counter()
+        with self._actor_onloaded(), fsdp.gathered_params(self.actor.module) as module:
+            module.eval()
+            out = generate_sequences(
+                module,
+                prompts.batch["input_ids"],
+                prompts.batch["attention_mask"],
+                prompts.batch["position_ids"],
+                response_length=int(rollout.response_length),
+                eos_token_id=eos_ids,
+                pad_token_id=pad_id if pad_id is not None else eos_ids[0],
+                **sampling,
+            )
+        metrics = {"timing_s/worker_gen": time.perf_counter() - start}
+        return _proto(out, meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` and ``entropys`` (B, R) of the responses under the current policy."""
+        rollout = self.config.rollout
+        with self._actor_onloaded():
+            log_probs, entropys = self.actor.compute_log_prob(
+                data,
+                micro_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
+                temperature=rollout.temperature,
+                calculate_entropy=True,
+            )
+        return _proto({"old_log_probs": log_probs, "entropys": entropys})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` (B, R) of the responses under the frozen reference policy."""
+        if not self._is_ref:
+            raise RuntimeError(f"compute_ref_log_prob needs the reference model; this worker's role is {self.role!r}")
+        offload = bool(self.config.ref.fsdp_config.param_offload)
+        with fsdp.onloaded(self.ref_policy.module, self.device, offload_params=offload):
+            log_probs, _ = self.ref_policy.compute_log_prob(
+                data,
+                micro_batch_size=self.config.ref.log_prob_micro_batch_size_per_gpu,
+                temperature=self.config.rollout.temperature,
+            )
+        return _proto({"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update on this rank's rows; returns ``meta_info["metrics"]`` (name -> list of floats)."""
+        if not self._is_actor:
+            raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
+        data = dataclasses.replace(data, meta_info={**data.meta_info, "temperature": self.config.rollout.temperature})
+        start = time.perf_counter()
+        with self._actor_onloaded(with_optimizer=True):
+            metrics = self.actor.update_policy(data)
+        metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]
+        return DataProto(meta_info={"metrics": metrics})
+
+
+class CriticWorker(Worker):
+    """The value model. ``config`` is the ``critic`` section (``config.model.path`` resolved by the trainer)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.mini_batch_size = per_rank_mini_batch_size(
+            "critic", config.ppo_mini_batch_size, config.rollout_n, self.world_size, config.ppo_micro_batch_size_per_gpu
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_training_steps: int = 0) -> None:
+        """Load the value model (zero-initialised head), shard it, build optimizer and LR schedule."""
+        cfg = self.config
+        _setup_process(self, _seed(cfg))
+        model = load_value_model(cfg.model.path, trust_remote_code=bool(getattr(cfg.model, "trust_remote_code", False)))
+        if cfg.model.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        module = _shard(self, model, cfg.fsdp_config)
+        optimizer = build_optimizer(module, cfg.optim)
+        scheduler = build_lr_scheduler(optimizer, cfg.optim, total_training_steps)
+        self.critic = DataParallelPPOCritic(module, optimizer, scheduler, cfg, self.mini_batch_size)
+        if cfg.fsdp_config.param_offload:
+            fsdp.offload_fsdp_params(module)
+        if cfg.fsdp_config.optimizer_offload:
+            fsdp.offload_optimizer(optimizer)
+
+    def _critic_onloaded(self, with_optimizer: bool = False):
+        fsdp_cfg = self.config.fsdp_config
+        return fsdp.onloaded(
+            self.critic.module,
+            self.device,
+            self.critic.optimizer,
+            offload_params=bool(fsdp_cfg.param_offload),
+            offload_optimizer_state=bool(fsdp_cfg.optimizer_offload) and with_optimizer,
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` (B, R): V(s) before each response token, zero outside the response mask."""
+        with self._critic_onloaded():
+            values = self.critic.compute_values(data)
+        return _proto({"values": values})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """One value-loss update on this rank's rows; returns ``meta_info["metrics"]``."""
+        start = time.perf_counter()
+        with self._critic_onloaded(with_optimizer=True):
+            metrics = self.critic.update_critic(data)
+        metrics["timing_s/worker_update_critic"] = [time.perf_counter() - start]
+        return DataProto(meta_info={"metrics": metrics})

@@ -1,0 +1,127 @@
+"""Rollout: sample responses from the actor's own model with a KV cache (no second copy of the weights).
+
+A hand-written decode loop over ``past_key_values`` instead of ``model.generate``: it is short, it is faster
+for small models, and it has no hidden collectives, so under FSDP (inside ``gathered_params``) ranks that
+finish decoding at different steps never wait on each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float = 1.0) -> Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf. logits (B, V) -> (B, V).
+
+    top_k <= 0 or None disables top-k; top_p >= 1 disables nucleus filtering. The most likely token always
+    survives, so no row is left without a candidate.
+    """
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1) smallest logit kept
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens ranked above it already cover top_p of the mass
+        drop_sorted = (probs.cumsum(dim=-1) - probs) > top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next_token(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = -1,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Next token ids (B,) from last-position logits (B, V); greedy when ``do_sample`` is off or temperature is 0."""
+    logits = logits.float()
+    if not do_sample or temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def _eos_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor:
+    ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+@torch.no_grad()
+def generate_sequences(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    *,
+    response_length: int,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = -1,
+    do_sample: bool = True,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
+    """Sample up to ``response_length`` tokens per left-padded prompt (B, P); each row stops at its EOS.
+
+    Returns, on the model's device:
+      prompts (B, P); responses (B, R) right-padded with ``pad_token_id``; input_ids = [prompts, responses]
+      (B, P+R); attention_mask (B, P+R) and response_mask (B, R), 1 on generated tokens up to and including
+      EOS; position_ids (B, P+R) continuing from each prompt's last position. ``eos_token_id=None`` never stops.
+    """
+    device = next(model.parameters()).device
+    input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
+    batch_size = input_ids.shape[0]
+    eos = _eos_tensor(eos_token_id, device)
+    responses = torch.full((batch_size, response_length), pad_token_id, dtype=input_ids.dtype, device=device)
+    response_mask = torch.zeros((batch_size, response_length), dtype=attention_mask.dtype, device=device)
+    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, do_sample=do_sample, generator=generator)
+
+    cache = DynamicCache(config=getattr(model, "config", None))
+    step_mask, step_pos = attention_mask, position_ids[:, -1:]
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=step_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    for t in range(response_length):
+        token = sample_next_token(logits, **sampling)
+        token = torch.where(finished, pad_token_id, token)
+        responses[:, t] = token
+        response_mask[:, t] = (~finished).to(response_mask.dtype)
+        finished |= torch.isin(token, eos)
+        if t == response_length - 1 or bool(finished.all()):
+            break
+        # finished rows keep decoding (batched) but their tokens are overwritten with pad above
+        step_mask = torch.cat([step_mask, torch.ones_like(step_mask[:, :1])], dim=-1)
+        step_pos = step_pos + 1
+        logits = model(
+            input_ids=token.unsqueeze(-1),
+            attention_mask=step_mask,
+            position_ids=step_pos,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+
+    offsets = torch.arange(1, response_length + 1, device=device, dtype=position_ids.dtype)
+    response_positions = position_ids[:, -1:] + offsets  # (B, R)
+    return {
+        "prompts": input_ids,
+        "responses": responses,
+        "input_ids": torch.cat([input_ids, responses], dim=-1),
+        "attention_mask": torch.cat([attention_mask, response_mask], dim=-1),
+        "position_ids": torch.cat([position_ids, response_positions], dim=-1),
+        "response_mask": response_mask,
+    }
