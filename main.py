@@ -17,10 +17,9 @@ from omegaconf import DictConfig
 from trainer.config import ConfigError, load_config, num_workers, resolve_device, validate_config
 
 
-def run_ppo(cfg: DictConfig) -> None:
-    """Train from a composed config (Hydra's, or ``load_config``'s): data, tokenizer, reward, Ray, trainer."""
+def build_trainer(cfg: DictConfig) -> Any:
+    """Validate ``cfg``, prepare model/data (the built-in demo when paths are null) and build the trainer."""
     # Deferred: these take seconds to import, and a config mistake should be reported at once.
-    import ray
     from transformers import AutoTokenizer
 
     from data.reward import RewardManager
@@ -33,19 +32,26 @@ def run_ppo(cfg: DictConfig) -> None:
     model = cfg.actor_rollout_ref.model
     tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer)
-    started_ray = _init_ray(cfg, n_workers)
+    return RayPPOTrainer(
+        config=cfg,
+        tokenizer=tokenizer,
+        train_dataloader=train_dataloader,
+        val_dataloader=val_dataloader,
+        reward_fn=RewardManager(tokenizer, compute_score=None, reward_fn_key=cfg.data.reward_fn_key),
+        val_reward_fn=RewardManager(tokenizer, compute_score=None, reward_fn_key=cfg.data.reward_fn_key),
+        n_workers=n_workers,
+    )
+
+
+def run_ppo(cfg: DictConfig) -> dict[str, float]:
+    """Train from a composed config (Hydra's, or ``load_config``'s); returns the last step's metrics."""
+    import ray
+
+    trainer = build_trainer(cfg)
+    started_ray = _init_ray(cfg, trainer.n_workers)
     try:
-        trainer = RayPPOTrainer(
-            config=cfg,
-            tokenizer=tokenizer,
-            train_dataloader=train_dataloader,
-            val_dataloader=val_dataloader,
-            reward_fn=RewardManager(tokenizer, compute_score=None, reward_fn_key=cfg.data.reward_fn_key),
-            val_reward_fn=RewardManager(tokenizer, compute_score=None, reward_fn_key=cfg.data.reward_fn_key),
-            n_workers=n_workers,
-        )
         trainer.init_workers()
-        trainer.fit()
+        return trainer.fit()
     finally:
         if started_ray:
             ray.shutdown()

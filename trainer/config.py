@@ -510,7 +510,7 @@ def validate_config(cfg: DictConfig | PPOConfig, n_workers: int) -> None:
 def _check_mini_batches(
     prefix: str, role: ActorConfig | CriticConfig, n: tuple[str, int], train_batch_size: int, n_workers: int
 ) -> None:
-    """mini | train_batch_size;  per-worker mini = mini·n / n_workers ∈ ℕ;  micro | per-worker mini."""
+    """mini | train_batch_size;  per-worker mini = mini·n / n_workers ∈ ℕ;  min(micro, it) | per-worker mini."""
     (n_key, n_value), mini, micro = n, role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
     mini_text = f"{prefix}.ppo_mini_batch_size={mini}"
     if train_batch_size % mini:
@@ -519,7 +519,7 @@ def _check_mini_batches(
     if remainder:
         raise ConfigError(f"{mini_text} × {n_key}={n_value} = {mini * n_value} sequences per mini-batch cannot be "
                           f"split evenly across {n_workers} workers")
-    if per_worker % micro:
+    if per_worker % min(micro, per_worker):  # a micro-batch larger than the mini-batch is the mini-batch
         raise ConfigError(f"{prefix}.ppo_micro_batch_size_per_gpu={micro}: must divide the {per_worker} sequences "
                           f"of each worker's mini-batch ({mini_text} × {n_key}={n_value} / {n_workers} workers)")
 

@@ -44,7 +44,8 @@ def per_rank_mini_batch_size(
             f"must be divisible by the number of workers ({world_size})"
         )
     per_rank = samples // world_size
-    if micro_batch_size <= 0 or per_rank % micro_batch_size:
+    # a micro-batch larger than the mini-batch is the whole mini-batch in one pass
+    if micro_batch_size <= 0 or per_rank % min(micro_batch_size, per_rank):
         raise ValueError(
             f"{prefix}: the per-worker mini-batch ppo_mini_batch_size·n/world_size = "
             f"{mini_batch_size}·{rollout_n}/{world_size} = {per_rank} must be a multiple of "

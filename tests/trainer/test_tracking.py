@@ -1,12 +1,12 @@
 """Tracking backends: console line, metrics.jsonl, an offline W&B run read back from its file, the reward plot."""
 
 import json
-import struct
 
 import numpy as np
 import pytest
 import torch
 
+from tests.wandb_offline import history, run_file, wandb_records
 from trainer.tracking import Tracking, plot_reward_curve, read_metrics
 
 VAL_KEY = "val-core/colorl/reverse/reward/mean@1"
@@ -65,26 +65,6 @@ def test_plot_keeps_the_latest_value_of_a_repeated_step(tmp_path):
     assert _is_png(path)
 
 
-def _wandb_records(run_file):
-    """Parse a ``.wandb`` file: a leveldb-style log (32 KiB blocks, 7-byte chunk headers) of protobuf Records."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, block, pos, chunk, records = run_file.read_bytes(), 32768, 7, b"", []  # 7: the ':W&B' file header
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk += data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST chunk: a record is complete
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(chunk)
-            records.append(record)
-            chunk = b""
-    return records
-
-
 def test_wandb_backend_writes_an_offline_run_under_local_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)  # default must be offline
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -93,12 +73,10 @@ def test_wandb_backend_writes_an_offline_run_under_local_dir(tmp_path, monkeypat
     _log_steps(tracker, range(1, 3))
     tracker.finish()
 
-    (run_file,) = (tmp_path / "wandb").glob(f"offline-run-*-{tracker.wandb_run_id}/run-*.wandb")
-    records = _wandb_records(run_file)
-    history = [{item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
-    assert [(h["_step"], h["critic/score/mean"]) for h in history] == [(1, pytest.approx(0.1)), (2, pytest.approx(0.2))]
-    assert history[-1][VAL_KEY] == pytest.approx(0.4)
+    records = wandb_records(run_file(tmp_path, tracker.wandb_run_id))
+    rows = history(records)
+    assert [(h["_step"], h["critic/score/mean"]) for h in rows] == [(1, pytest.approx(0.1)), (2, pytest.approx(0.2))]
+    assert rows[-1][VAL_KEY] == pytest.approx(0.4)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.run_id == tracker.wandb_run_id
     assert any(item.key == "data" and "train_batch_size" in item.value_json for item in run.config.update)
