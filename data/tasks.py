@@ -86,15 +86,19 @@ def make_splits(
     return train, val
 
 
-def eos_score(solution_str: str, ground_truth: str, stopped_by_eos: bool = True, exact_weight: float = 0.0) -> float:
+def partial_score(solution_str: str, ground_truth: str, stopped_by_eos: bool = True, exact_weight: float = 0.0) -> float:
     """Partial credit against ``ground_truth + <eos>``, optionally mixed with exact match.
 
-    partial = (#{i : solution[i] == answer[i]} + [stopped right after len(answer) chars]) / (len(answer) + 1)
+    partial = (#{i : solution[i] == answer[i]} + [stopped right after len(answer) chars])
+              / (max(len(solution), len(answer)) + 1)
     score   = (1 - exact_weight) * partial + exact_weight * [solution == answer and stopped]
+
+    Dividing by the longer length makes extra characters cost as much as wrong ones. Without that, a policy
+    that never stops loses only the eos slot, and RL drifts into never emitting eos (the "eos collapse").
     """
     matches = sum(a == b for a, b in zip(solution_str, ground_truth))
     stopped_right = stopped_by_eos and len(solution_str) == len(ground_truth)
-    partial = (matches + stopped_right) / (len(ground_truth) + 1)
+    partial = (matches + stopped_right) / (max(len(solution_str), len(ground_truth)) + 1)
     exact = float(stopped_right and solution_str == ground_truth)
     return (1.0 - exact_weight) * partial + exact_weight * exact
 
@@ -104,7 +108,7 @@ def compute_score(
 ) -> float:
     """Reward of one response to a built-in task (see the module docstring for ``stopped_by_eos``)."""
     stopped = True if extra_info is None else bool(extra_info.get("stopped_by_eos", True))
-    return eos_score(solution_str, ground_truth, stopped)
+    return partial_score(solution_str, ground_truth, stopped)
 
 
 def default_compute_score(

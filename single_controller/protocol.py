@@ -399,9 +399,11 @@ class DataProtoFuture:
     keep: int | None = None  # trim to this many rows after concatenation (undo dispatch padding)
     part: tuple[int, int] | None = None  # (index, of) chunk to take after concatenation
 
-    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+    def chunk(self, chunks: int) -> list:
+        """One piece per rank. When rank i needs exactly result i, the piece is that ObjectRef itself:
+        Ray then resolves it before the task starts, so the worker never blocks waiting for it."""
         if self.keep is None and self.part is None and len(self.futures) == chunks:
-            return [DataProtoFuture([ref]) for ref in self.futures]  # rank i needs only result i
+            return list(self.futures)
         return [DataProtoFuture(self.futures, self.keep, (i, chunks)) for i in range(chunks)]
 
     def get(self) -> DataProto:

@@ -115,7 +115,12 @@ class DataParallelPPOActor:
         response_length = micro["responses"].shape[-1]
         mask = micro["response_mask"].to(torch.float32)
         logits = response_logits(
-            self.module, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length, temperature
+            self.module,
+            micro["input_ids"],
+            micro["attention_mask"],
+            micro["position_ids"],
+            response_length,
+            temperature,
         )
         log_prob = logprobs_from_logits(logits, micro["responses"])
         pg_loss, metrics = compute_policy_loss(

@@ -84,7 +84,7 @@ def gathered_params(model: nn.Module) -> Iterator[nn.Module]:
     """Unshard every FSDP group once on entry and reshard on exit; forwards inside run without collectives.
 
     Token-by-token decoding calls forward once per token; without this each call would all-gather every
-    block, and ranks that stop decoding at different steps would then wait on each other forever. Entry and
+    block, and ranks that stop decoding at different steps would then wait on each other forever.
     Entry all-gathers each group once (so all ranks must enter together); exit only frees memory.
     A plain (unsharded) module passes through unchanged.
     """
@@ -206,5 +206,6 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, Tensor], broadc
     if not is_fsdp(model):
         model.load_state_dict(state_dict)
         return
+    _reshard_all(model)  # a gathered copy left by an earlier forward would otherwise go stale
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=broadcast_from_rank0)
     set_model_state_dict(model, state_dict, options=options)

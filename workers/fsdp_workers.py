@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from single_controller import DataProto
@@ -69,12 +68,10 @@ def _setup_process(worker: Worker, seed: int) -> None:
 
 def _shard(worker: Worker, model: nn.Module, fsdp_config: Any) -> nn.Module:
     """Move ``model`` to the worker's device and shard it over all ranks (bf16 compute on CUDA)."""
-    model.to(worker.device)
-    mesh = init_device_mesh(worker.device.type, (worker.world_size,))
+    model.to(worker.device)  # the default mesh then spans all ranks on this device type
     param_dtype, reduce_dtype = fsdp.default_mixed_precision(worker.device)
     return fsdp.apply_fsdp(
         model,
-        mesh=mesh,
         param_dtype=param_dtype,
         reduce_dtype=reduce_dtype,
         reshard_after_forward=bool(getattr(fsdp_config, "reshard_after_forward", True)),
@@ -86,7 +83,7 @@ def _load_causal_lm(model_config: Any) -> nn.Module:
         model_config.path, dtype=torch.float32, trust_remote_code=bool(model_config.trust_remote_code)
     )
     if model_config.enable_gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 
@@ -251,7 +248,7 @@ class CriticWorker(Worker):
         _setup_process(self, _seed(cfg))
         model = load_value_model(cfg.model.path, trust_remote_code=bool(getattr(cfg.model, "trust_remote_code", False)))
         if cfg.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         module = _shard(self, model, cfg.fsdp_config)
         optimizer = build_optimizer(module, cfg.optim)
         scheduler = build_lr_scheduler(optimizer, cfg.optim, total_training_steps)

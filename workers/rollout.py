@@ -88,14 +88,7 @@ def generate_sequences(
 
     cache = DynamicCache(config=getattr(model, "config", None))
     step_mask, step_pos = attention_mask, position_ids[:, -1:]
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=step_mask,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
+    logits = _last_logits(model, input_ids, step_mask, position_ids, cache)  # prefill
     for t in range(response_length):
         token = sample_next_token(logits, **sampling)
         token = torch.where(finished, pad_token_id, token)
@@ -107,21 +100,35 @@ def generate_sequences(
         # finished rows keep decoding (batched) but their tokens are overwritten with pad above
         step_mask = torch.cat([step_mask, torch.ones_like(step_mask[:, :1])], dim=-1)
         step_pos = step_pos + 1
-        logits = model(
-            input_ids=token.unsqueeze(-1),
-            attention_mask=step_mask,
-            position_ids=step_pos,
-            past_key_values=cache,
-            use_cache=True,
-        ).logits[:, -1]
+        logits = _last_logits(model, token.unsqueeze(-1), step_mask, step_pos, cache)
+    return _rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
 
-    offsets = torch.arange(1, response_length + 1, device=device, dtype=position_ids.dtype)
-    response_positions = position_ids[:, -1:] + offsets  # (B, R)
+
+def _last_logits(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: DynamicCache
+) -> Tensor:
+    """Logits (B, V) at the last position, extending ``cache``; the LM head runs on that position only."""
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1]
+
+
+def _rollout_batch(
+    prompts: Tensor, prompt_mask: Tensor, prompt_positions: Tensor, responses: Tensor, response_mask: Tensor
+) -> dict[str, Tensor]:
+    """Join prompts (B, P) and responses (B, R) into the rollout batch; response positions continue the prompt's."""
+    offsets = torch.arange(1, responses.shape[1] + 1, device=responses.device, dtype=prompt_positions.dtype)
     return {
-        "prompts": input_ids,
+        "prompts": prompts,
         "responses": responses,
-        "input_ids": torch.cat([input_ids, responses], dim=-1),
-        "attention_mask": torch.cat([attention_mask, response_mask], dim=-1),
-        "position_ids": torch.cat([position_ids, response_positions], dim=-1),
+        "input_ids": torch.cat([prompts, responses], dim=-1),
+        "attention_mask": torch.cat([prompt_mask, response_mask], dim=-1),
+        "position_ids": torch.cat([prompt_positions, prompt_positions[:, -1:] + offsets], dim=-1),
         "response_mask": response_mask,
     }

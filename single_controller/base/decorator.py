@@ -127,6 +127,66 @@ def proto_pad_size(world_size: int, args: tuple, kwargs: dict) -> int:
     return (-sizes.pop()) % world_size
 
 
+def _megatron_ranks(worker_group) -> tuple[list, int]:
+    """Per-rank ``(tp_rank, dp_rank, pp_rank)`` (recorded by a tensor-parallel group at start-up) and dp_size."""
+    info = getattr(worker_group, "_megatron_rank_info", None)
+    if info is None:
+        raise TypeError(
+            f"Dispatch.MEGATRON_COMPUTE(_PROTO) needs a worker group that knows its ranks' tp/dp/pp ranks "
+            f"(single_controller.ray.megatron.TensorParallelRayWorkerGroup); {type(worker_group).__name__} does not"
+        )
+    return info, 1 + max(rank.dp_rank for rank in info)
+
+
+def _put_once(value):
+    """Store ``value`` in Ray's object store once for all the ranks that receive it (Ray resolves the ref)."""
+    import ray
+
+    if isinstance(value, (ray.ObjectRef, DataProtoFuture)) or not ray.is_initialized():
+        return value
+    return ray.put(value)
+
+
+def _spread_by_dp(info: list, args: tuple, kwargs: dict, split: Callable[[Any], list]) -> tuple[tuple, dict]:
+    """``split(arg)`` gives one item per dp rank; every rank (any tp/pp rank) gets the item of its dp rank."""
+
+    def spread(value) -> list:
+        items = [_put_once(item) for item in split(value)]
+        return [items[rank.dp_rank] for rank in info]
+
+    return _per_rank(len(info), args, kwargs, spread)
+
+
+def dispatch_megatron_compute(worker_group, *args, **kwargs):
+    info, dp_size = _megatron_ranks(worker_group)
+
+    def check(value) -> list:
+        if not isinstance(value, (list, tuple)) or len(value) != dp_size:
+            got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
+            raise ValueError(f"Dispatch.MEGATRON_COMPUTE needs every argument to be a list of length dp_size={dp_size}, got {got}")
+        return list(value)
+
+    return _spread_by_dp(info, args, kwargs, check)
+
+
+def collect_megatron_compute(worker_group, outputs):
+    """Outputs of tp rank 0 of the last pipeline stage, one per dp rank, in dp order."""
+    info, dp_size = _megatron_ranks(worker_group)
+    last_stage = max(rank.pp_rank for rank in info)
+    by_dp = {rank.dp_rank: out for rank, out in zip(info, outputs, strict=True) if rank.tp_rank == 0 and rank.pp_rank == last_stage}
+    return [by_dp[dp] for dp in range(dp_size)]
+
+
+def dispatch_megatron_compute_data_proto(worker_group, *args, **kwargs):
+    info, dp_size = _megatron_ranks(worker_group)
+    pad = proto_pad_size(dp_size, args, kwargs)
+    return _spread_by_dp(info, args, kwargs, lambda value: _chunk_proto(value, dp_size, pad))
+
+
+def collect_megatron_compute_data_proto(worker_group, outputs):
+    return collect_dp_compute_data_proto(worker_group, collect_megatron_compute(worker_group, outputs))
+
+
 DISPATCH_MODE_FNS: dict[Dispatch, dict[str, Callable]] = {
     Dispatch.ONE_TO_ALL: {"dispatch_fn": dispatch_one_to_all, "collect_fn": collect_all_to_all},
     Dispatch.ALL_TO_ALL: {"dispatch_fn": dispatch_all_to_all, "collect_fn": collect_all_to_all},
@@ -137,10 +197,17 @@ DISPATCH_MODE_FNS: dict[Dispatch, dict[str, Callable]] = {
         "collect_fn": collect_dp_compute_data_proto,
     },
     Dispatch.DP_COMPUTE_METRIC: {"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": collect_dp_compute},
+    Dispatch.MEGATRON_COMPUTE: {"dispatch_fn": dispatch_megatron_compute, "collect_fn": collect_megatron_compute},
+    Dispatch.MEGATRON_COMPUTE_PROTO: {
+        "dispatch_fn": dispatch_megatron_compute_data_proto,
+        "collect_fn": collect_megatron_compute_data_proto,
+    },
 }
 
-# Modes whose DataProto arguments are padded to the world size and whose result is trimmed back.
-PADDED_MODES = (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
+# Modes that pad their DataProto arguments and whose result the group trims back. DP modes pad to a
+# multiple of world_size, MEGATRON_COMPUTE_PROTO to one of dp_size: dp_size divides world_size, so
+# whenever the latter pads the group's world-size check sees padding too and trims.
+PADDED_MODES = (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, Dispatch.MEGATRON_COMPUTE_PROTO)
 
 
 def get_dispatch_fns(dispatch_mode: Dispatch | dict) -> dict[str, Callable]:

@@ -33,8 +33,8 @@ def test_score_sits_on_the_last_valid_token(char_tokenizer):
     assert reward.shape == (3, 6) and reward.dtype == torch.float32
     assert reward[0].tolist() == pytest.approx([0, 0, 0, 0, 1.0, 0])
     assert reward[1].tolist() == pytest.approx([0, 0, 2 / 5, 0, 0, 0])
-    assert reward[2].tolist() == pytest.approx([0, 0, 0, 0, 0, 4 / 5])
-    assert extra["score"] == pytest.approx([1.0, 2 / 5, 4 / 5])
+    assert reward[2].tolist() == pytest.approx([0, 0, 0, 0, 0, 4 / 7])
+    assert extra["score"] == pytest.approx([1.0, 2 / 5, 4 / 7])
 
 
 def test_custom_score_gets_decoded_text_and_stop_flag(char_tokenizer):

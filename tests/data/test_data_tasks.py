@@ -2,7 +2,7 @@
 
 import pytest
 
-from data.tasks import compute_score, default_compute_score, eos_score, make_splits
+from data.tasks import compute_score, default_compute_score, partial_score, make_splits
 
 
 def test_splits_are_deterministic_held_out_and_in_verl_layout():
@@ -29,17 +29,18 @@ def test_copy_task_answer_is_the_digits():
         ("5746", False, 4 / 5),  # all digits, but cut by the length limit
         ("5740", True, 4 / 5),  # one wrong digit, eos in place
         ("57", True, 2 / 5),  # stopped too early: no eos credit
-        ("574612", False, 4 / 5),  # too long
+        ("57461", True, 4 / 6),  # one extra character
+        ("574612", False, 4 / 7),  # too long: extra characters count against it
         ("", True, 0.0),
     ],
 )
-def test_eos_score_hand_examples(solution, stopped, expected):
-    assert eos_score(solution, "5746", stopped) == pytest.approx(expected)
+def test_partial_score_hand_examples(solution, stopped, expected):
+    assert partial_score(solution, "5746", stopped) == pytest.approx(expected)
 
 
 def test_exact_weight_mixes_in_exact_match():
-    assert eos_score("5740", "5746", True, exact_weight=0.5) == pytest.approx(0.5 * 4 / 5)
-    assert eos_score("5746", "5746", True, exact_weight=0.5) == pytest.approx(1.0)
+    assert partial_score("5740", "5746", True, exact_weight=0.5) == pytest.approx(0.5 * 4 / 5)
+    assert partial_score("5746", "5746", True, exact_weight=0.5) == pytest.approx(1.0)
 
 
 def test_compute_score_reads_the_stop_flag():

@@ -25,14 +25,14 @@ CRITIC_REQUIRED = ["critic/values/mean", "critic/vf_explained_var", "critic/vf_l
 VAL_KEY = "val-core/colorl/reverse/reward/mean@1"
 
 
-def tiny_config(tmp_path, estimator: str, logger: str = "[file]"):
+def tiny_config(tmp_path, estimator: str, logger: str = "[file]", device: str = "cpu", n_workers: int = 2):
     return load_config([
         f"builtin.cache_dir={tmp_path.parent / 'assets'}", "builtin.hidden_size=32", "builtin.num_train=64",
         "builtin.num_val=6", "builtin.sft_warmup_steps=2",
-        "data.train_batch_size=4", "data.max_response_length=6",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        f"data.train_batch_size={max(4, n_workers)}", "data.max_response_length=6",
+        "actor_rollout_ref.rollout.n=2", f"actor_rollout_ref.actor.ppo_mini_batch_size={max(4, n_workers)}",
         "actor_rollout_ref.actor.use_kl_loss=true", f"algorithm.adv_estimator={estimator}",
-        "trainer.n_gpus_per_node=2", "trainer.device=cpu", "trainer.total_training_steps=2", "trainer.test_freq=1",
+        f"trainer.n_gpus_per_node={n_workers}", f"trainer.device={device}", "trainer.total_training_steps=2", "trainer.test_freq=1",
         f"trainer.default_local_dir={tmp_path}", f"trainer.logger={logger}",
     ])
 
@@ -115,4 +115,12 @@ def test_grpo_runs_without_critic(ray_cluster, tmp_path):
     last = trainer.fit()
     assert all(k in last for k in REQUIRED) and all(math.isfinite(v) for v in last.values())
     assert not any(k.startswith("critic/v") for k in last)
-    ray.get([])  # the session cluster stays up for the other tests
+
+
+@pytest.mark.parametrize("n_gpus", [pytest.param(n, marks=pytest.mark.gpu(n=n)) for n in (2, 4, 8)])
+def test_gae_on_gpus(ray_cluster, tmp_path, n_gpus):
+    trainer = build_trainer(tiny_config(tmp_path, "gae", device="cuda", n_workers=n_gpus))
+    trainer.init_workers()
+    last = trainer.fit()
+    assert all(k in last for k in REQUIRED + CRITIC_REQUIRED) and all(math.isfinite(v) for v in last.values())
+    assert abs(read_jsonl(tmp_path / "metrics.jsonl")[1]["actor/ref_kl"]) < 1e-3  # bf16 compute on GPU

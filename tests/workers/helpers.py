@@ -40,9 +40,8 @@ def build_tiny_checkpoint(path: Path, hidden: int = 32, layers: int = 2, seed: i
     LlamaForCausalLM(config).save_pretrained(path)
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(TOKENS)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>").save_pretrained(
-        path
-    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    tokenizer.save_pretrained(path)
     return str(path)
 
 

@@ -77,6 +77,10 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     result["log_prob_max_diff"] = (sharded_lp - plain_lp).abs().max().item()
     result["metrics"] = actor.update_policy(data)
     result["updated"] = fsdp.full_state_dict(model, rank0_only=False)
+    # load the original weights back, from rank 0's copy only
+    fsdp.load_full_state_dict(model, plain.state_dict() if rank == 0 else {}, broadcast_from_rank0=True)
+    reloaded = fsdp.full_state_dict(model, rank0_only=False)
+    result["reload_equal"] = all(torch.equal(reloaded[k], v) for k, v in plain.state_dict().items())
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -105,7 +109,7 @@ def test_ranks_stopping_at_different_steps_do_not_hang(results):
 
 
 def test_full_state_dict_and_log_probs_match_the_unsharded_model(results):
-    assert all(r["full_state_dict_equal"] for r in results)
+    assert all(r["full_state_dict_equal"] and r["reload_equal"] for r in results)
     assert all(r["log_prob_max_diff"] < 1e-5 for r in results)
 
 
