@@ -35,5 +35,11 @@ def history(records: list) -> list[dict]:
 
 
 def run_file(local_dir: Path, run_id: str) -> Path:
-    (path,) = (Path(local_dir) / "wandb").glob(f"offline-run-*-{run_id}/run-*.wandb")
+    (path,) = run_files(local_dir, run_id)
     return path
+
+
+def run_files(local_dir: Path, run_id: str) -> list[Path]:
+    """Every offline segment of a run, oldest first: each resumed process writes its own, with the same id
+    (``wandb sync`` appends them to one run)."""
+    return sorted((Path(local_dir) / "wandb").glob(f"offline-run-*-{run_id}/run-*.wandb"))

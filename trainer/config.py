@@ -33,6 +33,7 @@ from trainer.core_algos import (
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 KL_CTRL_TYPES = ("fixed", "adaptive")
+RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGER_BACKENDS = ("console", "wandb", "file")
 
@@ -347,8 +348,12 @@ class TrainerConfig:
     val_before_train: bool = True
     default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     seed: int = 1
-    deterministic: bool = False
+    deterministic: bool = False  # deterministic kernels + RNG restored on resume: bitwise-repeatable runs on CPU
     max_wall_time_s: Optional[float] = None  # stop cleanly after this many seconds
+    resume_mode: str = "auto"  # auto: latest complete checkpoint in default_local_dir | disable | resume_path
+    resume_from_path: Optional[str] = None  # a global_step_N directory (resume_mode=resume_path)
+    max_actor_ckpt_to_keep: Optional[int] = None  # null keeps every checkpoint
+    max_critic_ckpt_to_keep: Optional[int] = None
 
     def __post_init__(self) -> None:
         _one_of(self, "device", DEVICES)
@@ -357,6 +362,11 @@ class TrainerConfig:
         _check(self, ["logger"], lambda v: all(b in LOGGER_BACKENDS for b in v),
                f"backends must be among {', '.join(LOGGER_BACKENDS)}")
         _check(self, ["max_wall_time_s"], lambda v: v is None or (_is_number(v) and v > 0), "must be null or > 0")
+        _one_of(self, "resume_mode", RESUME_MODES)
+        _optional_positive_int(self, "max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep")
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ConfigError.invalid("resume_from_path", self.resume_from_path,
+                                      "must name a checkpoint directory when resume_mode=resume_path")
 
 
 @dataclass

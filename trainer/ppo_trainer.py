@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable
+from itertools import islice
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -18,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from trainer import core_algos
+from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.config import uses_critic
 from trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, reduce_metrics, timed
 from trainer.tracking import Tracking
@@ -61,6 +64,12 @@ class RayPPOTrainer:
         steps_per_epoch = len(train_dataloader)
         self.total_training_steps = config.trainer.total_training_steps or steps_per_epoch * config.trainer.total_epochs
         self.global_step = 0
+        # data position, saved with checkpoints: epoch, batches taken in it, sampler RNG at its start
+        self.epoch, self.batch_in_epoch, self._epoch_start_rng = 0, 0, None
+        self.wandb_run_id: str | None = None
+        self.checkpoints = CheckpointManager(
+            config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep
+        )
 
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
@@ -82,42 +91,106 @@ class RayPPOTrainer:
         self.critic_wg = views.get("critic")
         for wg in (self.critic_wg, self.ref_wg, self.actor_rollout_wg):
             if wg is not None:
-                wg.init_model(self.total_training_steps)
+                wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
-        """Train for ``total_training_steps``; returns the last step's metrics."""
+        """Train (or resume) up to ``total_training_steps``; returns the last step's metrics."""
         cfg = self.config.trainer
-        logger = Tracking(
+        resumed = self.load_checkpoint()
+        self.logger = Tracking(
             project_name=cfg.project_name,
             experiment_name=cfg.experiment_name,
             backends=list(cfg.logger),
             config=OmegaConf.to_container(self.config, resolve=True),
             local_dir=cfg.default_local_dir,
             total_steps=self.total_training_steps,
+            resume_id=self.wandb_run_id,
         )
-        self.logger = logger
-        start = time.monotonic()
-        last: dict[str, float] = {}
+        self.wandb_run_id = self.logger.wandb_run_id
+        start, last = time.monotonic(), {}
         try:
-            if self.val_dataloader is not None and cfg.val_before_train:
-                logger.log(self.validate(), step=self.global_step)
+            if self.val_dataloader is not None and cfg.val_before_train and not resumed:
+                self.logger.log(self.validate(), step=self.global_step)
+            batches = self._batches()
             while self.global_step < self.total_training_steps:
-                for batch_dict in self.train_dataloader:
-                    self.global_step += 1
-                    last = self.train_step(DataProto.from_single_dict(batch_dict))
-                    done = self.global_step >= self.total_training_steps
-                    out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
-                    if self.val_dataloader is not None and (
-                        done or out_of_time or (cfg.test_freq > 0 and self.global_step % cfg.test_freq == 0)
-                    ):
-                        last.update(self.validate())
-                    logger.log(last, step=self.global_step)
-                    if done or out_of_time:
-                        return last
+                self.global_step += 1
+                last = self.train_step(DataProto.from_single_dict(next(batches)))
+                done = self.global_step >= self.total_training_steps
+                out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
+                if self.val_dataloader is not None and (done or out_of_time or _every(cfg.test_freq, self.global_step)):
+                    last.update(self.validate())
+                if done or out_of_time or _every(cfg.save_freq, self.global_step):
+                    saving: dict[str, float] = {}
+                    with timed("save_checkpoint", saving):
+                        self.save_checkpoint()
+                    last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
+                self.logger.log(last, step=self.global_step)
+                if out_of_time:
+                    break
         finally:
-            logger.finish()
+            self.logger.finish()
         return last
+
+    def _batches(self) -> Iterator[dict]:
+        """Training batches across epochs, keeping the data position that checkpoints save."""
+        generator = getattr(self.train_dataloader.sampler, "generator", None)
+        while True:
+            if generator is not None:  # the sampler draws the epoch's order from this generator
+                if self._epoch_start_rng is None:
+                    self._epoch_start_rng = generator.get_state()
+                else:
+                    generator.set_state(self._epoch_start_rng)
+            for batch_dict in islice(self.train_dataloader, self.batch_in_epoch, None):
+                self.batch_in_epoch += 1
+                yield batch_dict
+            self.epoch, self.batch_in_epoch, self._epoch_start_rng = self.epoch + 1, 0, None
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path:
+        """Write the workers' and the driver's state for this step; the previous checkpoint stays intact on failure."""
+        staging = self.checkpoints.staging_dir(self.global_step)
+        try:
+            self.actor_rollout_wg.save_checkpoint(str(staging / "actor"))
+            if self.critic_wg is not None:
+                self.critic_wg.save_checkpoint(str(staging / "critic"))
+            return self.checkpoints.commit(staging, self.global_step, self._driver_state())
+        except OSError as exc:
+            self.checkpoints.abandon(staging)
+            previous = self.checkpoints.find("auto")
+            raise CheckpointError(
+                f"saving the checkpoint of step {self.global_step} failed ({exc}); "
+                f"the previous checkpoint is intact: {previous or 'none yet'}"
+            ) from exc
+
+    def _driver_state(self) -> dict[str, Any]:
+        return {
+            "global_step": self.global_step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "epoch_start_rng": self._epoch_start_rng,
+            "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
+            "wandb_run_id": self.wandb_run_id,
+        }
+
+    def load_checkpoint(self) -> bool:
+        """Resume as ``trainer.resume_mode`` says; True when a checkpoint was loaded."""
+        cfg = self.config.trainer
+        path = self.checkpoints.find(cfg.resume_mode, cfg.resume_from_path)
+        if path is None:
+            return False
+        self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
+        if self.critic_wg is not None:
+            if not (path / "critic").exists():
+                raise CheckpointError(f"{path} has no critic/ to resume the critic from (saved by a run without one?)")
+            self.critic_wg.load_checkpoint(str(path / "critic"))
+        state = load_driver_state(path)
+        self.global_step, self.epoch, self.batch_in_epoch = state["global_step"], state["epoch"], state["batch_in_epoch"]
+        self._epoch_start_rng = state["epoch_start_rng"]
+        self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
+        self.wandb_run_id = state["wandb_run_id"]
+        print(f"[colorl] resumed from {path} (step {self.global_step})", flush=True)
+        return True
 
     def train_step(self, batch: DataProto) -> dict[str, float]:
         """One PPO iteration on a batch of prompts: each phase one line, each timed."""
@@ -217,3 +290,7 @@ class RayPPOTrainer:
             for source, score in zip(batch.non_tensor_batch["data_source"], reward.sum(-1).tolist()):
                 scores.setdefault(str(source), []).append(score)
         return {f"val-core/{source}/reward/mean@{n}": float(np.mean(values)) for source, values in scores.items()}
+
+
+def _every(freq: int, step: int) -> bool:
+    return freq > 0 and step % freq == 0

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
-from workers import fsdp
+from workers import checkpoint, fsdp
 from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
@@ -53,16 +53,13 @@ def per_rank_mini_batch_size(
     return per_rank
 
 
-def _seed(config: Any) -> int:
-    seed = getattr(config, "seed", None)
-    return 1 if seed is None else int(seed)
-
-
-def _setup_process(worker: Worker, seed: int) -> None:
-    """CPU threads (workers × threads ≤ cores), per-rank seed, and the torch.distributed world."""
+def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
+    """CPU threads (workers × threads ≤ cores), per-rank seed, determinism, and the torch.distributed world."""
     if worker.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // worker.local_world_size))
     torch.manual_seed(seed + worker.rank)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     worker.init_process_group()
 
 
@@ -117,9 +114,9 @@ class ActorRolloutRefWorker(Worker):
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self, total_training_steps: int = 0) -> None:
+    def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
         """Load tokenizer and model(s), shard them, build optimizer and LR schedule (actor role only)."""
-        _setup_process(self, _seed(self.config))
+        _setup_process(self, seed, deterministic)
         cfg = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         if self._is_actor:
@@ -231,6 +228,19 @@ class ActorRolloutRefWorker(Worker):
         return DataProto(meta_info={"metrics": metrics})
 
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Write the actor under ``path``: an HF model directory plus optimizer, scheduler and RNG state."""
+        with self._actor_onloaded(with_optimizer=True):
+            checkpoint.save_role(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler, self.tokenizer)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what ``save_checkpoint`` wrote (from any world size)."""
+        with self._actor_onloaded(with_optimizer=True):
+            checkpoint.load_role(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+
+
 class CriticWorker(Worker):
     """The value model. ``config`` is the ``critic`` section (``config.model.path`` resolved by the trainer)."""
 
@@ -242,10 +252,11 @@ class CriticWorker(Worker):
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self, total_training_steps: int = 0) -> None:
+    def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
         """Load the value model (zero-initialised head), shard it, build optimizer and LR schedule."""
         cfg = self.config
-        _setup_process(self, _seed(cfg))
+        _setup_process(self, seed, deterministic)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         model = load_value_model(cfg.model.path, trust_remote_code=bool(getattr(cfg.model, "trust_remote_code", False)))
         if cfg.model.enable_gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -283,3 +294,15 @@ class CriticWorker(Worker):
             metrics = self.critic.update_critic(data)
         metrics["timing_s/worker_update_critic"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Write the value model under ``path`` (HF directory + optimizer, scheduler, RNG state)."""
+        with self._critic_onloaded(with_optimizer=True):
+            checkpoint.save_role(path, self.critic.module, self.critic.optimizer, self.critic.lr_scheduler, self.tokenizer)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what ``save_checkpoint`` wrote (from any world size)."""
+        with self._critic_onloaded(with_optimizer=True):
+            checkpoint.load_role(path, self.critic.module, self.critic.optimizer, self.critic.lr_scheduler)

@@ -1,0 +1,114 @@
+"""Checkpoints on CPU: exact resume, elastic resume, wandb continuity, HF export, corrupted/partial checkpoints."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from main import build_trainer
+from tests.e2e.test_ppo_e2e import read_jsonl
+from tests.wandb_offline import history, run_files, wandb_records
+from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager
+from trainer.config import load_config
+from trainer.export import export
+
+# metrics that are pure functions of the computation (not of wall time)
+COMPARED = ["critic/score/mean", "actor/pg_loss", "actor/ppo_kl", "actor/grad_norm", "actor/entropy", "response_length/mean"]
+
+
+def config(tmp_path, steps: int, n_workers: int = 2, *extra: str):
+    return load_config([
+        f"builtin.cache_dir={tmp_path.parent / 'assets'}", "builtin.hidden_size=32", "builtin.num_train=16",
+        "builtin.num_val=4", "builtin.sft_warmup_steps=2",
+        "data.train_batch_size=4", "data.max_response_length=5", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "algorithm.adv_estimator=grpo",
+        f"trainer.n_gpus_per_node={n_workers}", "trainer.device=cpu", f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=3", "trainer.deterministic=true",
+        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[file,wandb]", *extra,
+    ])
+
+
+def run(cfg):
+    trainer = build_trainer(cfg)
+    trainer.init_workers()
+    trainer.fit()
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def straight_and_resumed(ray_cluster, tmp_path_factory):
+    """6 steps in one go; and 3 steps, stop, resume, 3 more (6 steps > 4 batches: crosses an epoch)."""
+    straight_dir, resumed_dir = tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("resumed")
+    run(config(straight_dir, 6))
+    first = run(config(resumed_dir, 3))
+    second = run(config(resumed_dir, 6))
+    return straight_dir, resumed_dir, first, second
+
+
+def test_resume_gives_identical_metrics(straight_and_resumed):
+    straight_dir, resumed_dir, _, _ = straight_and_resumed
+    straight = {r["step"]: r for r in read_jsonl(straight_dir / "metrics.jsonl")}
+    resumed = {r["step"]: r for r in read_jsonl(resumed_dir / "metrics.jsonl")}
+    assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
+    for step in (4, 5, 6):
+        assert {k: resumed[step][k] for k in COMPARED} == {k: straight[step][k] for k in COMPARED}, step
+
+
+def test_resumed_run_appends_to_the_same_wandb_run(straight_and_resumed):
+    _, resumed_dir, first, second = straight_and_resumed
+    assert first.wandb_run_id == second.wandb_run_id
+    segments = run_files(resumed_dir, second.wandb_run_id)
+    assert len(segments) == 2
+    assert [row["_step"] for path in segments for row in history(wandb_records(path))] == [1, 2, 3, 4, 5, 6]
+
+
+def test_checkpoints_are_complete_and_pointed_to(straight_and_resumed):
+    _, resumed_dir, _, _ = straight_and_resumed
+    assert (resumed_dir / "latest_checkpointed_iteration.txt").read_text() == "6"
+    assert json.loads((resumed_dir / "global_step_3" / COMPLETE).read_text())["step"] == 3
+    assert not list(resumed_dir.glob(".global_step_*"))  # no staging directory left behind
+
+
+def test_export_loads_and_generates(straight_and_resumed, tmp_path):
+    _, resumed_dir, _, _ = straight_and_resumed
+    out = export(str(resumed_dir), str(tmp_path / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("r123>", return_tensors="pt").input_ids
+    generated = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert generated.shape[1] > ids.shape[1]
+
+
+def test_elastic_resume_with_one_worker(straight_and_resumed, tmp_path):
+    _, resumed_dir, _, _ = straight_and_resumed
+    shutil.copytree(resumed_dir / "global_step_6", tmp_path / "global_step_6")
+    trainer = run(config(tmp_path, 7, 1, "trainer.logger=[file]"))
+    assert trainer.global_step == 7 and [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [7]
+    saved = AutoModelForCausalLM.from_pretrained(resumed_dir / "global_step_6" / "actor").state_dict()
+    now = AutoModelForCausalLM.from_pretrained(tmp_path / "global_step_7" / "actor").state_dict()
+    assert any(not torch.equal(saved[k], now[k]) for k in saved)  # it trained on from the loaded weights
+
+
+def test_corrupted_latest_falls_back_to_previous(straight_and_resumed, tmp_path):
+    _, resumed_dir, _, _ = straight_and_resumed
+    for step in (3, 6):
+        shutil.copytree(resumed_dir / f"global_step_{step}", tmp_path / f"global_step_{step}")
+    weights = next((tmp_path / "global_step_6" / "actor").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated, as by a crash or a bad disk
+    manager = CheckpointManager(str(tmp_path))
+    with pytest.warns(UserWarning, match="corrupted"):
+        assert manager.find("auto") == tmp_path / "global_step_3"
+    with pytest.raises(CheckpointError, match="corrupted"):
+        manager.find("resume_path", str(tmp_path / "global_step_6"))
+
+
+def test_interrupted_save_is_ignored(straight_and_resumed, tmp_path):
+    _, resumed_dir, _, _ = straight_and_resumed
+    shutil.copytree(resumed_dir / "global_step_3", tmp_path / "global_step_3")
+    shutil.copytree(resumed_dir / "global_step_6", tmp_path / "global_step_9")  # renamed in place, marker lost
+    (tmp_path / "global_step_9" / COMPLETE).unlink()
+    (tmp_path / ".global_step_12.staging").mkdir()  # a save killed half way
+    with pytest.warns(UserWarning, match="no COMPLETE marker"):
+        assert CheckpointManager(str(tmp_path)).find("auto") == tmp_path / "global_step_3"
