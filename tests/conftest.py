@@ -29,3 +29,16 @@ def ray_cluster():
         ray.init(num_cpus=32, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_placement_groups():
+    """Return each test module's placement groups (and the actors in them) to the shared session cluster."""
+    yield
+    if not ray.is_initialized():
+        return
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    for pg_id, info in ray.util.placement_group_table().items():
+        if info["state"] != "REMOVED":
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(pg_id)))
