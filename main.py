@@ -8,13 +8,14 @@ A config mistake prints one line (``colorl: config error: ...``) and exits with 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from typing import Any, NoReturn
 
 import hydra
 from omegaconf import DictConfig
 
-from trainer.config import ConfigError, load_config, num_workers, resolve_device, validate_config
+from trainer.config import ConfigError, load_config, num_workers, resolve_device, uses_critic, validate_config
 
 
 def build_trainer(cfg: DictConfig) -> Any:
@@ -30,6 +31,9 @@ def build_trainer(cfg: DictConfig) -> Any:
     validate_config(cfg, n_workers)
     _fill_paths(cfg)
     model = cfg.actor_rollout_ref.model
+    _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
+    if uses_critic(cfg) and cfg.critic.model.path != model.path:
+        _check_model("critic.model.path", cfg.critic.model.path, model.trust_remote_code, causal_lm=False)
     tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer)
     return RayPPOTrainer(
@@ -47,11 +51,12 @@ def run_ppo(cfg: DictConfig) -> dict[str, float]:
     """Train from a composed config (Hydra's, or ``load_config``'s); returns the last step's metrics."""
     import ray
 
+    from trainer.restarts import fit_with_restarts
+
     trainer = build_trainer(cfg)
     started_ray = _init_ray(cfg, trainer.n_workers)
     try:
-        trainer.init_workers()
-        return trainer.fit()
+        return fit_with_restarts(trainer, lambda: build_trainer(cfg), cfg.trainer.max_restarts)
     finally:
         if started_ray:
             ray.shutdown()
@@ -82,16 +87,40 @@ def _fill_paths(cfg: DictConfig) -> None:
         cfg.critic.model.path = model.path
 
 
+def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) -> None:
+    """Fail before Ray starts when ``path`` is not a model directory (or, for the actor, not a causal LM)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if not os.path.isdir(path) and (os.path.isabs(path) or path.startswith(".") or path.count("/") != 1):
+        raise ConfigError.invalid(key, path, "no such directory; expected a Hugging Face model directory "
+                                  "(config.json, weights, tokenizer) or null for the built-in demo model")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError.invalid(key, path, f"not a loadable model ({str(exc).splitlines()[0]})") from None
+    auto_map = getattr(config, "auto_map", None) or {}
+    is_causal_lm = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in auto_map
+    if causal_lm and not is_causal_lm:
+        raise ConfigError.invalid(key, path, f"a {config.model_type!r} model is not a causal LM; the policy needs one "
+                                  "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)")
+
+
 def _build_dataloaders(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     """(train, val) loaders; val is None without data.val_files and holds the whole set when val_batch_size is null."""
     from data.dataset import RLHFDataset, make_dataloader
 
     data = cfg.data
 
-    def dataset(files: Any) -> RLHFDataset:
-        return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts)
+    def dataset(key: str) -> RLHFDataset:
+        files = data[key]
+        try:
+            return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts)
+        except (FileNotFoundError, ValueError) as exc:  # a missing file or column, every prompt too long
+            shown = files if isinstance(files, str) else list(files)
+            raise ConfigError.invalid(f"data.{key}", shown, str(exc)) from None
 
-    train = dataset(data.train_files)
+    train = dataset("train_files")
     train_dataloader = make_dataloader(
         train, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=data.dataloader_drop_last
     )
@@ -100,7 +129,7 @@ def _build_dataloaders(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
                           "prompts (with data.dataloader_drop_last=true no batch is left)")
     if data.val_files is None:
         return train_dataloader, None
-    val = dataset(data.val_files)
+    val = dataset("val_files")
     val_dataloader = make_dataloader(val, data.val_batch_size or len(val), shuffle=False, drop_last=False)
     return train_dataloader, val_dataloader
 
@@ -113,12 +142,32 @@ def _init_ray(cfg: DictConfig, n_workers: int) -> bool:
         return False
     address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address)  # an existing cluster brings its own resources
+        _join_ray(address, "ray_init.address" if cfg.ray_init.address else "RAY_ADDRESS")
     else:
         # On CPU every worker holds one CPU slot, plus one for the driver's tasks; Ray counts the cores on GPU.
         cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
         ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default)
     return True
+
+
+def _join_ray(address: str, key: str) -> None:
+    """Attach to the running cluster at ``address``, failing in seconds with what to check."""
+    import ray
+
+    host, _, port = address.rpartition(":")
+    if "://" not in address and port.isdigit():  # Ray itself retries an address where nothing listens for minutes
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            raise ConfigError(f"{key}={address!r}: no Ray cluster answers there ({exc}); start one with "
+                              "`ray start --head` or fix the address") from None
+    try:
+        ray.init(address=address)  # an existing cluster brings its own resources
+    except (ConnectionError, RuntimeError) as exc:
+        raise ConfigError(
+            f"{key}={address!r}: cannot join that Ray cluster ({str(exc).splitlines()[0]}). Clusters started by "
+            "`ray start` check a token: set RAY_AUTH_MODE=token, with the head's ~/.ray/auth_token (or RAY_AUTH_TOKEN)"
+        ) from None
 
 
 def _exit_config_error(exc: ConfigError) -> NoReturn:
@@ -139,10 +188,15 @@ def _check_overrides(args: list[str]) -> None:
 
 @hydra.main(config_path="conf", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from single_controller.ray.health import WorkerDiedError  # deferred: imports Ray
+
     try:
         run_ppo(cfg)
     except ConfigError as exc:
         _exit_config_error(exc)
+    except WorkerDiedError as exc:  # the workers are already torn down; say which one died, not where we were
+        print(f"colorl: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from trainer.core_algos import (
     ADV_ESTIMATORS,
     KL_PENALTY_TYPES,
     LOSS_AGG_MODES,
+    POLICY_LOSS_MODES,
     estimator_needs_critic,
     validate_adv_estimator,
 )
@@ -192,6 +193,14 @@ class RefFSDPConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # vanilla: token-level dual-clip PPO | gspo: sequence-level ratio (GSPO)
+
+    def __post_init__(self) -> None:
+        _one_of(self, "loss_mode", POLICY_LOSS_MODES)
+
+
+@dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 16  # prompts (global); the worker multiplies by rollout.n, divides by world size
@@ -208,6 +217,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
     loss_agg_mode: str = "token-mean"
+    policy_loss: PolicyLossConfig = field(default_factory=lambda: PolicyLossConfig())
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
@@ -354,6 +364,8 @@ class TrainerConfig:
     resume_from_path: Optional[str] = None  # a global_step_N directory (resume_mode=resume_path)
     max_actor_ckpt_to_keep: Optional[int] = None  # null keeps every checkpoint
     max_critic_ckpt_to_keep: Optional[int] = None
+    phase_timeout_s: Optional[float] = 1800.0  # a phase running longer is a hang: dump stacks, exit 3; null: off
+    max_restarts: int = 0  # times a dead worker's group is rebuilt and resumed from the last checkpoint
 
     def __post_init__(self) -> None:
         _one_of(self, "device", DEVICES)
@@ -362,6 +374,9 @@ class TrainerConfig:
         _check(self, ["logger"], lambda v: all(b in LOGGER_BACKENDS for b in v),
                f"backends must be among {', '.join(LOGGER_BACKENDS)}")
         _check(self, ["max_wall_time_s"], lambda v: v is None or (_is_number(v) and v > 0), "must be null or > 0")
+        _check(self, ["phase_timeout_s"], lambda v: v is None or (_is_number(v) and v > 0),
+               "must be null (no watchdog) or > 0 seconds")
+        _check(self, ["max_restarts"], lambda v: _is_int(v) and v >= 0, "must be a non-negative integer")
         _one_of(self, "resume_mode", RESUME_MODES)
         _optional_positive_int(self, "max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep")
         if self.resume_mode == "resume_path" and not self.resume_from_path:

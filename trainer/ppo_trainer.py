@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -19,11 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer import core_algos
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.config import uses_critic
 from trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, reduce_metrics, timed
 from trainer.tracking import Tracking
+from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 # What each worker call needs from the batch: sending only these keeps Ray transfers small.
@@ -69,6 +72,11 @@ class RayPPOTrainer:
         self.wandb_run_id: str | None = None
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep
+        )
+        self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
+            {}, config.trainer.phase_timeout_s,
+            dump_fn=lambda: stall_report(self.fused_wg.processes),
+            teardown_fn=lambda: shutdown_worker_group(self.fused_wg),
         )
 
     # ------------------------------------------------------------------ placement
@@ -122,7 +130,7 @@ class RayPPOTrainer:
                     last.update(self.validate())
                 if done or out_of_time or _every(cfg.save_freq, self.global_step):
                     saving: dict[str, float] = {}
-                    with timed("save_checkpoint", saving):
+                    with self._phase("save_checkpoint", saving):
                         self.save_checkpoint()
                     last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
                 self.logger.log(last, step=self.global_step)
@@ -200,24 +208,24 @@ class RayPPOTrainer:
         with timed("step", timing):
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
             batch = batch.repeat(n, interleave=True)
-            with timed("gen", timing):
+            with self._phase("gen", timing):
                 batch = self._generate(batch, metrics)
-            with timed("reward", timing):
+            with self._phase("reward", timing):
                 batch.batch["token_level_scores"], _ = self.reward_fn(batch)
-            with timed("old_log_prob", timing):
+            with self._phase("old_log_prob", timing):
                 batch.union(self._old_log_prob(batch, metrics))
             if self.use_reference_policy:
-                with timed("ref", timing):
+                with self._phase("ref", timing):
                     batch.union(self.ref_wg.compute_ref_log_prob(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])))
             if self.use_critic:
-                with timed("values", timing):
+                with self._phase("values", timing):
                     batch.union(self.critic_wg.compute_values(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])))
-            with timed("adv", timing):
+            with self._phase("adv", timing):
                 self._compute_advantage(batch, metrics)
             if self.use_critic:
-                with timed("update_critic", timing):
+                with self._phase("update_critic", timing):
                     metrics.update(self._update(self.critic_wg.update_critic, batch, CRITIC_UPDATE_KEYS))
-            with timed("update_actor", timing):
+            with self._phase("update_actor", timing):
                 metrics.update(self._update(self.actor_rollout_wg.update_actor, batch, self._actor_update_keys()))
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch.batch, timing))
@@ -226,6 +234,12 @@ class RayPPOTrainer:
         return {k: float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ phases
+    @contextmanager
+    def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
+        """``timed(name, timing)`` under the hang watchdog's deadline for the phase."""
+        with self.watchdog.phase(name), timed(name, timing):
+            yield
+
     def _generate(self, batch: DataProto, metrics: dict, meta_info: dict | None = None) -> DataProto:
         """Replace the prompt tensors by prompt+response ones from the rollout workers."""
         prompts = batch.pop(batch_keys=GEN_KEYS)
@@ -285,7 +299,8 @@ class RayPPOTrainer:
         scores: dict[str, list[float]] = {}
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict).repeat(n, interleave=True)
-            batch = self._generate(batch, {}, meta_info=val_kwargs)
+            with self.watchdog.phase("validate"):
+                batch = self._generate(batch, {}, meta_info=val_kwargs)
             reward, _ = self.val_reward_fn(batch)
             for source, score in zip(batch.non_tensor_batch["data_source"], reward.sum(-1).tolist()):
                 scores.setdefault(str(source), []).append(score)

@@ -132,7 +132,7 @@ class DataParallelPPOActor:
             clip_ratio_high=cfg.clip_ratio if cfg.clip_ratio_high is None else cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c,
             loss_agg_mode=cfg.loss_agg_mode,
-            loss_mode=getattr(cfg, "loss_mode", "vanilla"),
+            loss_mode=cfg.policy_loss.loss_mode,
         )
         # the entropy is always logged, but keeps its (B, R, V) graph only when it is part of the loss
         with torch.set_grad_enabled(cfg.entropy_coeff != 0):

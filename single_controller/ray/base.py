@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from single_controller.base.worker import Worker
 from single_controller.base.decorator import MAGIC_ATTR, PADDED_MODES, Execute, get_dispatch_fns, proto_pad_size
 from single_controller.protocol import DataProto, DataProtoFuture
+from single_controller.ray.health import describe_processes, get_alive
 
 __all__ = [
     "ResourceUnavailableError",
@@ -180,6 +181,7 @@ class RayWorkerGroup:
         self.resource_pool = resource_pool
         self.ray_cls_with_init = ray_cls_with_init
         self._workers = self._start_workers(start_timeout_s)
+        self.processes = describe_processes(self._workers)  # pid and node per rank, for error reports
         self._bind_worker_methods(ray_cls_with_init.user_cls)
 
     @property
@@ -246,8 +248,10 @@ class RayWorkerGroup:
         return bound
 
     def _group_method(self, method_name: str, public_name: str, attrs: dict):
-        """dispatch -> execute on the ranks -> (ray.get) -> collect -> undo padding."""
+        """dispatch -> execute on the ranks -> (get, failing fast on a dead worker) -> collect -> undo padding."""
         fns = get_dispatch_fns(attrs["dispatch_mode"])
+        role = method_name[: -len(public_name) - 1] or self.ray_cls_with_init.user_cls.__name__
+        call = f"{role}.{public_name}"  # e.g. actor_rollout.update_actor, for error reports
         execute = self.execute_rank_zero_async if attrs["execute_mode"] is Execute.RANK_ZERO else self.execute_all_async
         padded = attrs["dispatch_mode"] in PADDED_MODES
 
@@ -257,7 +261,7 @@ class RayWorkerGroup:
             args, kwargs = fns["dispatch_fn"](self, *args, **kwargs)
             outputs = execute(method_name, *args, **kwargs)
             if attrs["blocking"]:
-                outputs = ray.get(outputs)
+                outputs = get_alive(outputs, call, self.processes)
             result = fns["collect_fn"](self, outputs)
             return _trim(result, keep=rows) if pad else result
 

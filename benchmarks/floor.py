@@ -1,0 +1,227 @@
+"""The compute floor of one PPO / GRPO step: the same work in one plain process, without Ray or FSDP.
+
+    python -m benchmarks.floor [--algo grpo|ppo] [--hidden 128 --layers 2] [--prompts 16 --n 8]
+                               [--response-length 8] [--threads N] [--steps 20 --warmup 3] [--device cpu|cuda]
+
+Same model (the same HF dir as ``benchmarks.step``), same batches (the trainer's dataloader, repeated n
+times), same code: ``workers.rollout.generate_sequences`` on the plain module, the actor's
+``compute_log_prob`` (old; ref with ``--kl``), the critic's ``compute_values`` (ppo), and the actor's (and
+critic's) ``update_*``: forward + backward + grad clip + AdamW, one optimizer step over the whole batch.
+Rewards and advantages come from the trainer's reward function and ``core_algos.compute_advantage``.
+
+Prints JSON: the median of each phase (reward and adv too, though the floors leave them out), and the
+sums gen+train (what a trainer that skips the extra forwards pays) and gen+fwd+train (with old/ref log-prob
+and value forwards). On CUDA the phases run under
+bf16 autocast, as the FSDP workers compute in bf16 there.
+
+Threads: the default (all cores in one process) matches the trainer's workers × threads. On a machine that
+other busy processes share, OpenMP threads spin while they wait on a descheduled sibling and a 2-thread run
+can be 10-20x slower than a 1-thread one: compare figures taken at low load (``machine.loadavg``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common import (
+    add_batch_args,
+    add_model_args,
+    cycle,
+    emit,
+    load_bench_config,
+    machine,
+    medians,
+    stdout_to_stderr,
+    sync,
+)
+from single_controller import DataProto
+from trainer.core_algos import compute_advantage
+from workers.actor import DataParallelPPOActor
+from workers.critic import DataParallelPPOCritic, load_value_model
+from workers.optim import build_optimizer
+from workers.rollout import generate_sequences
+
+RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
+FORWARD_PHASES = ("old_log_prob", "ref", "values")
+TRAIN_PHASES = ("update_actor", "update_critic")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    add_batch_args(parser)
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (CPU)")
+    return parser.parse_args(argv)
+
+
+def compute_context(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA (the workers' FSDP mixed precision), plain fp32 on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Floor:
+    """The models of one step (policy, optional reference and critic) as plain modules on one device."""
+
+    def __init__(self, cfg: Any, device: torch.device, reward_fn: RewardFn) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        arr = cfg.actor_rollout_ref
+        self.cfg, self.device, self.rollout, self.reward_fn = cfg, device, arr.rollout, reward_fn
+        self.sequences = cfg.data.train_batch_size * arr.rollout.n
+        self.tokenizer = AutoTokenizer.from_pretrained(arr.model.path)
+        policy = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
+        self.n_params = sum(p.numel() for p in policy.parameters())
+        self.eos_ids = self._eos_token_ids(policy)
+        optimizer = build_optimizer(policy, arr.actor.optim)
+        self.actor = DataParallelPPOActor(policy, optimizer, None, arr.actor, self.sequences)
+        self.ref = None
+        if arr.actor.use_kl_loss:
+            ref = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
+            self.ref = DataParallelPPOActor(ref.requires_grad_(False).eval(), None, None, arr.actor)
+        self.critic = None
+        if cfg.algorithm.adv_estimator == "gae":
+            value_model = load_value_model(cfg.critic.model.path).to(device)
+            optimizer = build_optimizer(value_model, cfg.critic.optim)
+            self.critic = DataParallelPPOCritic(value_model, optimizer, None, cfg.critic, self.sequences)
+
+    def _eos_token_ids(self, model: torch.nn.Module) -> list[int]:
+        """EOS ids as the rollout worker takes them: generation config and tokenizer."""
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids = set([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return sorted(ids)
+
+    def step(self, prompts: DataProto) -> dict[str, float]:
+        """One step's work on ``prompts`` (repeated n times, with ``uid`` per prompt); seconds per phase.
+
+        Rewards and advantages are the trainer's (its reward function, ``core_algos.compute_advantage``), so
+        the policy learns as in ``benchmarks.step`` and response lengths evolve alike.
+        """
+        timing: dict[str, float] = {}
+        timer = _phase_timer(timing, self.device)
+        rollout, micro = self.rollout, self.sequences
+        with timer("gen"):
+            data = self._generate(prompts)
+        tensors = data.batch
+        with timer("reward"):
+            scores, _ = self.reward_fn(data)
+        with timer("old_log_prob"):
+            tensors["old_log_probs"], _ = self.actor.compute_log_prob(data, micro, rollout.temperature, True)
+        if self.ref is not None:
+            with timer("ref"):
+                tensors["ref_log_prob"], _ = self.ref.compute_log_prob(data, micro, rollout.temperature)
+        if self.critic is not None:
+            with timer("values"):
+                tensors["values"] = self.critic.compute_values(data)
+        algo = self.cfg.algorithm
+        with timer("adv"):
+            tensors["advantages"], tensors["returns"] = compute_advantage(
+                algo.adv_estimator, token_level_rewards=scores, response_mask=tensors["response_mask"],
+                values=tensors.get("values"), index=data.non_tensor_batch["uid"], gamma=algo.gamma, lam=algo.lam,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            )
+        if self.critic is not None:
+            with timer("update_critic"):
+                self.critic.update_critic(data)
+        data.meta_info["temperature"] = rollout.temperature
+        with timer("update_actor"):
+            self.actor.update_policy(data)
+        timing["response_tokens"] = float(tensors["response_mask"].sum())
+        return timing
+
+    def _generate(self, prompts: DataProto) -> DataProto:
+        """Sample responses with the rollout settings; the prompts' non-tensor fields (reward inputs) carry over."""
+        rollout = self.rollout
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.actor.module.eval()
+        out = generate_sequences(
+            self.actor.module, *(prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")),
+            response_length=int(rollout.response_length), eos_token_id=self.eos_ids, pad_token_id=pad,
+            temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, do_sample=rollout.do_sample,
+        )
+        return DataProto.from_dict({k: v.cpu() for k, v in out.items()}, non_tensors=dict(prompts.non_tensor_batch))
+
+
+def _phase_timer(timing: dict[str, float], device: torch.device) -> Callable[[str], contextlib.AbstractContextManager]:
+    """``with timer("gen"): ...`` records the block's seconds (GPU work included) in ``timing``."""
+
+    @contextlib.contextmanager
+    def timer(name: str) -> Iterator[None]:
+        sync(device)
+        start = time.perf_counter()
+        with compute_context(device):
+            yield
+        sync(device)
+        timing[name] = time.perf_counter() - start
+
+    return timer
+
+
+def summarize(rows: list[dict[str, float]]) -> dict[str, Any]:
+    """Phase medians and the floors: gen+train and gen+fwd+train (per step, then the median)."""
+    gen_train = [r["gen"] + sum(r.get(p, 0.0) for p in TRAIN_PHASES) for r in rows]
+    gen_fwd_train = [g + sum(r.get(p, 0.0) for p in FORWARD_PHASES) for g, r in zip(gen_train, rows)]
+    tokens = [r["response_tokens"] for r in rows]
+    phases = medians([{k: v for k, v in r.items() if k != "response_tokens"} for r in rows])
+
+    def rate(seconds: list[float]) -> float:
+        return round(statistics.median(t / s for t, s in zip(tokens, seconds)), 1)
+
+    return {
+        "timing_s": phases,
+        "gen_plus_train_s": round(statistics.median(gen_train), 4),
+        "gen_fwd_train_s": round(statistics.median(gen_fwd_train), 4),
+        "response_tokens_per_s_gen_train": rate(gen_train),
+        "response_tokens_per_s_gen_fwd_train": rate(gen_fwd_train),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    from main import build_trainer
+
+    args = parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory(prefix="colorl-bench-floor-") as local_dir:
+        cfg = load_bench_config(args, 1, local_dir)
+        with stdout_to_stderr():
+            trainer = build_trainer(cfg)  # builds/loads the assets and the dataloader; starts no workers
+        floor = Floor(cfg, device, trainer.reward_fn)
+        batches = cycle(trainer.train_dataloader)
+        rows = []
+        for i in range(args.warmup + args.steps):
+            batch = DataProto.from_single_dict(next(batches))
+            batch.non_tensor_batch["uid"] = np.array([f"{i}-{j}" for j in range(len(batch))], dtype=object)
+            timing = floor.step(batch.repeat(args.n, interleave=True))
+            if i >= args.warmup:
+                rows.append(timing)
+    sequences = args.prompts * args.n
+    emit({
+        "benchmark": "floor", "algo": args.algo, "kl": args.kl, "hidden": args.hidden, "layers": args.layers,
+        "n_params": floor.n_params, "model_path": cfg.actor_rollout_ref.model.path, "prompts": args.prompts,
+        "n": args.n, "prompt_length": args.prompt_length, "response_length": args.response_length,
+        "steps": args.steps, "warmup": args.warmup,
+        "threads": torch.get_num_threads() if args.device == "cpu" else None,
+        **summarize(rows),
+        "response_length_mean": round(statistics.median(r["response_tokens"] for r in rows) / sequences, 3),
+        "machine": machine(args.device),
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Peak memory per worker: FSDP over 2 ranks against one unsharded process, doing the same actor work.
+
+    python -m benchmarks.memory [--hidden 512 --layers 8] [--prompts 16 --n 8] [--response-length 8]
+                                [--world 2] [--updates 2] [--device cpu|cuda]
+
+Each configuration runs in fresh processes (spawned, so one's memory never counts for another): load the
+policy, shard it with ``workers.fsdp.apply_fsdp`` (FSDP run only), build AdamW, then on the rank's share of a
+batch of prompts·n random sequences: a log-prob forward (``DataParallelPPOActor.compute_log_prob``) and
+``--updates`` update steps (forward + backward + clip + AdamW; the optimizer state appears at the first).
+
+Per rank (from the kernel's VmRSS / VmHWM): RSS after imports, after the model is set up, the exact peak
+during the compute (the peak mark is reset before it), the lifetime peak (which includes loading the full
+checkpoint before sharding), RSS at the end, and the compute peak above the RSS after imports (the part
+the model, its gradients and optimizer state and the activations account for; torch alone is ~300 MB).
+On CUDA also ``torch.cuda.max_memory_allocated``. Prints JSON with both runs and the ratios FSDP rank /
+unsharded (max over ranks). The ranks each take 1/world of the batch, as the trainer's workers do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from benchmarks.common import add_model_args, default_device, emit, machine, stdout_to_stderr
+
+MB = 2**20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    parser.set_defaults(hidden=512, layers=8, sft_warmup_steps=0)  # big enough for the sharding to show
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--prompt-length", type=int, default=8)
+    parser.add_argument("--response-length", type=int, default=8)
+    parser.add_argument("--world", type=int, default=2, help="FSDP ranks")
+    parser.add_argument("--updates", type=int, default=2, help="update steps after the log-prob forward")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=default_device())
+    parser.add_argument("--seed", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def rss_mb() -> float:
+    """This process's resident set size now."""
+    return _status_kb("VmRSS") / 1024
+
+
+def peak_rss_mb() -> float:
+    """The highest RSS since the process started or since the last ``reset_peak_rss`` (the kernel's VmHWM)."""
+    return _status_kb("VmHWM") / 1024
+
+
+def reset_peak_rss() -> None:
+    """Restart the kernel's peak-RSS mark at the current RSS (Linux >= 4.0: ``echo 5 > /proc/self/clear_refs``).
+
+    Exact, unlike sampling; and unlike ``ru_maxrss``, which a spawned child inherits from its parent.
+    """
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} (benchmarks.memory needs Linux)")
+
+
+def random_batch(rows: int, args: dict[str, Any], seed: int) -> Any:
+    """A PPO batch (``rows`` sequences): random prompt and response tokens, random advantages."""
+    from single_controller import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    p, r, vocab = args["prompt_length"], args["response_length"], args["vocab_size"]
+    input_ids = torch.randint(0, vocab, (rows, p + r), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    return DataProto.from_dict({
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": attention_mask.cumsum(-1) - 1,
+        "responses": input_ids[:, p:],
+        "response_mask": attention_mask[:, p:],
+        "advantages": torch.randn(rows, r, generator=g),
+    })
+
+
+def _setup(rank: int, world: int, args: dict[str, Any]) -> torch.device:
+    """Threads, device and (for world > 1) the process group: gloo on CPU, nccl on CUDA."""
+    import torch.distributed as dist
+
+    cuda = args["device"] == "cuda"
+    device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, args["threads"] // world))
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args["port"]), RANK=str(rank), WORLD_SIZE=str(world))
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timedelta(minutes=10))
+    return device
+
+
+def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> None:
+    """One rank: set up the actor (sharded when world > 1), then a log-prob forward and the update steps."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.config import ActorConfig
+    from workers import fsdp
+    from workers.actor import DataParallelPPOActor
+    from workers.optim import build_optimizer
+
+    device = _setup(rank, world, args)
+    rss_imported = rss_mb()
+    model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32).to(device)
+    if world > 1:
+        fsdp.apply_fsdp(model, *fsdp.default_mixed_precision(device))
+    rows = args["sequences"] // world
+    config = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows)
+    actor = DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config, rows)
+    data = random_batch(rows, args, seed=args["seed"] + rank)
+    peak_setup, rss_setup = peak_rss_mb(), rss_mb()
+    reset_peak_rss()
+    data.batch["old_log_probs"], _ = actor.compute_log_prob(data, rows)
+    for _ in range(args["updates"]):
+        actor.update_policy(data)
+    result = {
+        "rank": rank,
+        "rss_imported_mb": rss_imported,
+        "rss_setup_mb": rss_setup,
+        "peak_rss_compute_mb": peak_rss_mb(),
+        "peak_rss_lifetime_mb": max(peak_setup, peak_rss_mb()),
+        "rss_end_mb": rss_mb(),
+    }
+    # what the model, its optimizer state and the compute add on top of the imported libraries
+    result["peak_compute_above_imports_mb"] = result["peak_rss_compute_mb"] - rss_imported
+    if device.type == "cuda":
+        result["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated(device) / MB
+    results.put({k: round(v, 1) if isinstance(v, float) else v for k, v in result.items()})
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def run_world(world: int, args: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run ``world`` fresh rank processes (world 1: one plain process, no FSDP); their results by rank."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        args = {**args, "port": sock.getsockname()[1]}
+    procs = [ctx.Process(target=_rank_main, args=(rank, world, args, results)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    rows = []
+    try:
+        while len(rows) < world:
+            try:
+                rows.append(results.get(timeout=5))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError(f"a rank of the world-{world} run failed (its traceback is above)")
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def _ratios(fsdp_ranks: list[dict[str, Any]], plain: dict[str, Any]) -> dict[str, float]:
+    """Max over FSDP ranks / unsharded, for each memory figure."""
+    keys = [k for k in plain if k.endswith("_mb")]
+    return {k.removesuffix("_mb"): round(max(r[k] for r in fsdp_ranks) / plain[k], 3) for k in keys if plain[k]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from transformers import AutoConfig
+
+    from data.builtin import prepare_builtin
+
+    args = parse_args(argv)
+    if args.device == "cuda" and torch.cuda.device_count() < args.world:
+        raise SystemExit(f"benchmarks.memory: --world {args.world} needs {args.world} GPUs, "
+                         f"{torch.cuda.device_count()} visible")
+    if args.model_path:
+        model_path = os.path.abspath(args.model_path)
+    else:
+        with stdout_to_stderr():
+            model_path = prepare_builtin(
+                cache_dir=os.path.abspath(args.cache_dir), task=args.task, sft_warmup_steps=args.sft_warmup_steps,
+                hidden_size=args.hidden, num_layers=args.layers, seed=args.seed,
+            )["model_path"]
+    model_config = AutoConfig.from_pretrained(model_path)
+    shared = {
+        "model_path": model_path, "vocab_size": model_config.vocab_size, "device": args.device,
+        "sequences": args.prompts * args.n, "prompt_length": args.prompt_length,
+        "response_length": args.response_length, "updates": args.updates, "seed": args.seed,
+        "threads": os.cpu_count() or 1,
+    }
+    sharded = run_world(args.world, shared)
+    plain = run_world(1, shared)[0]
+    emit({
+        "benchmark": "memory", "hidden": args.hidden, "layers": args.layers, "model_path": model_path,
+        "n_params": _n_params(model_config), "sequences": shared["sequences"],
+        "tokens_per_sequence": args.prompt_length + args.response_length, "updates": args.updates,
+        f"fsdp_{args.world}_ranks": sharded, "unsharded": plain,
+        "ratio_fsdp_rank_over_unsharded": _ratios(sharded, plain),
+        "machine": machine(args.device),
+    })
+
+
+def _n_params(model_config: Any) -> int:
+    """Parameters of the model, counted on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    return sum(p.numel() for p in model.parameters())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""PPO / GRPO step throughput of the real trainer: Ray driver, colocated FSDP workers, every phase timed.
+
+    python -m benchmarks.step [--algo grpo|ppo] [--hidden 128 --layers 2] [--prompts 16 --n 8]
+                              [--response-length 8] [--workers 2] [--steps 20 --warmup 3] [--device cpu|cuda]
+
+Builds the trainer exactly as ``main.py`` does (``main.build_trainer``), starts Ray, then calls
+``trainer.train_step`` on training batches: ``--warmup`` unmeasured steps, then ``--steps`` measured ones.
+Prints JSON: medians of ``timing_s/step`` and of every phase (``timing_s/*``: driver-side wall time of each
+phase, including dispatch; ``worker_*``: time inside the workers), s/step, and response tokens/s
+(= mean response length × prompts·n / step time, per step, then the median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.common import (
+    add_batch_args,
+    add_model_args,
+    cycle,
+    emit,
+    load_bench_config,
+    machine,
+    medians,
+    stdout_to_stderr,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    add_batch_args(parser)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (GPUs on CUDA)")
+    return parser.parse_args(argv)
+
+
+def start_ray(workers: int, device: str) -> None:
+    """A local Ray cluster: one CPU slot per worker plus the driver's on CPU; Ray counts the GPUs on CUDA."""
+    import ray
+
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+    num_cpus = workers + 1 if device == "cpu" else None
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env)
+
+
+def run_steps(trainer: Any, warmup: int, steps: int) -> list[dict[str, float]]:
+    """Metrics of the ``steps`` measured train steps (after ``warmup`` unmeasured ones)."""
+    from single_controller import DataProto
+
+    batches = cycle(trainer.train_dataloader)
+    measured = []
+    for i in range(warmup + steps):
+        trainer.global_step += 1
+        metrics = trainer.train_step(DataProto.from_single_dict(next(batches)))
+        if i >= warmup:
+            measured.append(metrics)
+    return measured
+
+
+def summarize(measured: list[dict[str, float]], sequences: int, n_workers: int) -> dict[str, Any]:
+    """Medians of step time, phase times and throughput over the measured steps."""
+    step_s = [m["timing_s/step"] for m in measured]
+    tokens = [m["response_length/mean"] * sequences for m in measured]
+    timings = medians([{k: v for k, v in m.items() if k.startswith("timing_s/")} for m in measured])
+    return {
+        "s_per_step": round(statistics.median(step_s), 4),
+        "s_per_step_all": [round(s, 4) for s in step_s],
+        "response_tokens_per_s": round(statistics.median(t / s for t, s in zip(tokens, step_s)), 1),
+        "response_length_mean": round(statistics.median(m["response_length/mean"] for m in measured), 3),
+        "perf_throughput_tokens_per_s_per_worker": round(statistics.median(m["perf/throughput"] for m in measured), 1),
+        "timing_s": {k.removeprefix("timing_s/"): v for k, v in timings.items()},
+        "score_mean": round(statistics.median(m["critic/score/mean"] for m in measured), 4),
+        "workers": n_workers,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    import ray
+
+    from main import build_trainer
+
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="colorl-bench-step-") as local_dir:
+        cfg = load_bench_config(args, args.workers, local_dir)
+        with stdout_to_stderr():
+            trainer = build_trainer(cfg)
+        start_ray(args.workers, args.device)
+        try:
+            start = time.perf_counter()
+            with stdout_to_stderr():
+                trainer.init_workers()
+            init_s = time.perf_counter() - start
+            measured = run_steps(trainer, args.warmup, args.steps)
+        finally:
+            ray.shutdown()
+    emit({
+        "benchmark": "step",
+        "algo": args.algo,
+        "kl": args.kl,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "model_path": cfg.actor_rollout_ref.model.path,
+        "prompts": args.prompts,
+        "n": args.n,
+        "prompt_length": args.prompt_length,
+        "response_length": args.response_length,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "init_workers_s": round(init_s, 2),
+        **summarize(measured, args.prompts * args.n, args.workers),
+        "machine": machine(args.device),
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The benchmark scripts run end to end at tiny sizes and print one JSON object with the documented keys."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--hidden", "32", "--layers", "1", "--sft-warmup-steps", "0", "--prompts", "2", "--n", "2",
+        "--prompt-length", "8", "--response-length", "4", "--device", "cpu"]
+R = 4  # --response-length
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("bench-assets"))
+
+
+def run_benchmark(name: str, *args: str, timeout: float = 240) -> dict:
+    """``python -m benchmarks.<name> args``: its stdout must be exactly one JSON object."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    out = json.loads(lines[0])
+    assert out["benchmark"] == name
+    assert out["machine"]["device"] == "cpu" and len(out["machine"]["loadavg"]) == 3
+    return out
+
+
+def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
+    out = run_benchmark("floor", *TINY, "--algo", "ppo", "--kl", "--steps", "2", "--warmup", "1", "--threads", "1",
+                        "--cache-dir", cache_dir)
+    phases = out["timing_s"]
+    assert set(phases) == {"gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor"}
+    assert all(t >= 0 for t in phases.values())
+    assert all(phases[p] > 0 for p in ("gen", "old_log_prob", "update_actor"))
+    assert 0 < out["gen_plus_train_s"] < out["gen_fwd_train_s"]
+    assert out["response_tokens_per_s_gen_train"] > out["response_tokens_per_s_gen_fwd_train"] > 0
+    assert 1 <= out["response_length_mean"] <= R
+    assert out["n_params"] > 0 and out["threads"] == 1
+
+
+def test_step_reports_trainer_phases_and_throughput(cache_dir):
+    out = run_benchmark("step", *TINY, "--algo", "ppo", "--kl", "--workers", "1", "--steps", "1", "--warmup", "0",
+                        "--cache-dir", cache_dir)
+    phases = out["timing_s"]
+    for phase in ("step", "gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
+                  "worker_gen", "worker_update_actor"):
+        assert phases[phase] >= 0, phase
+    assert out["s_per_step"] == phases["step"] > phases["gen"] > 0
+    assert len(out["s_per_step_all"]) == 1 and out["workers"] == 1
+    assert 1 <= out["response_length_mean"] <= R
+    expected = out["response_length_mean"] * 2 * 2 / out["s_per_step"]
+    assert out["response_tokens_per_s"] == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.slow
+def test_memory_compares_fsdp_ranks_with_one_process(cache_dir):
+    out = run_benchmark("memory", "--hidden", "32", "--layers", "2", "--prompts", "2", "--n", "2", "--device", "cpu",
+                        "--cache-dir", cache_dir)
+    ranks, plain = out["fsdp_2_ranks"], out["unsharded"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for row in [*ranks, plain]:
+        assert 0 < row["rss_imported_mb"] <= row["peak_rss_compute_mb"] <= row["peak_rss_lifetime_mb"]
+    assert set(out["ratio_fsdp_rank_over_unsharded"]) >= {"peak_rss_compute", "peak_compute_above_imports"}
+
+
+@pytest.mark.slow
+def test_trl_baseline_runs_in_its_own_venv(cache_dir):
+    """Installs TRL into benchmarks/.trl-venv on first use (minutes), then runs two GRPO steps."""
+    out = run_benchmark("trl", *TINY, "--steps", "2", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir,
+                        timeout=1800)
+    assert out["versions"]["trl"] == "1.16.0"
+    assert len(out["s_per_step_all"]) == 2 and out["s_per_step"] > 0 and out["gen_s"] > 0
+    assert 1 <= out["completion_length_mean"] <= R

@@ -1,0 +1,54 @@
+"""A worker SIGKILLed or hung in the middle of ``update_actor``, in a real run of ``main.py`` (a child process).
+
+Each run: the tiny GRPO demo on 2 CPU workers, a checkpoint every step, the fault on rank 1 at step 2.
+"""
+
+import json
+
+import pytest
+
+from tests.reliability.conftest import REPO, run_child, tiny_overrides
+from trainer.checkpoint import check_checkpoint
+from trainer.watchdog import EXIT_HUNG
+
+FAULT_RUN = str(REPO / "tests" / "reliability" / "fault_run.py")
+
+
+def logged_steps(run_dir) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_dead_worker_is_reported_and_everything_torn_down(tmp_path, assets):
+    run = run_child([FAULT_RUN, "kill", "1", "2", *tiny_overrides(tmp_path, assets)], cwd=tmp_path)
+    assert run.returncode == 1, run.stderr[-3000:]
+    message = [line for line in run.stderr.splitlines() if line.startswith("colorl: ")]
+    assert len(message) == 1 and "worker rank 1 of 2 died during actor_rollout.update_actor: pid " in message[0]
+    assert "on node " in message[0] and "Traceback" not in run.stderr
+    assert run.survivors() == []
+    check_checkpoint(tmp_path / "global_step_1")  # the step before the death is kept
+
+
+@pytest.mark.slow  # two worker start-ups: ~90 s on 2 loaded cores
+def test_dead_worker_is_replaced_and_the_run_completes(tmp_path, assets):
+    overrides = [*tiny_overrides(tmp_path, assets), "trainer.max_restarts=1"]
+    run = run_child([FAULT_RUN, "kill", "1", "2", *overrides], cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "restart 1 of 1 (trainer.max_restarts)" in run.stderr
+    assert f"resumed from {tmp_path / 'global_step_1'} (step 1)" in run.stdout
+    assert logged_steps(tmp_path) == [1, 2]  # step 2, cut short by the death, computed once more and only it
+    check_checkpoint(tmp_path / "global_step_2")
+    assert run.survivors() == []
+
+
+def test_hang_dumps_every_stack_and_exits_with_the_checkpoint_intact(tmp_path, assets):
+    overrides = [*tiny_overrides(tmp_path, assets), "trainer.phase_timeout_s=20"]
+    run = run_child([FAULT_RUN, "hang", "1", "2", *overrides], cwd=tmp_path)
+    assert run.returncode == EXIT_HUNG, run.stderr[-3000:]
+    assert "colorl: hang: phase 'update_actor' passed its 20 s deadline" in run.stderr
+    assert "waiting on actor_rollout.update_actor at rank(s) [" in run.stderr
+    rank0, rank1 = run.stderr.split("--- rank 0")[1].split("--- rank 1")
+    assert "fault_run.py" in rank1 and "fault_run.py" not in rank0  # the hung rank's own frame
+    assert "--- driver (main thread) ---" in run.stderr
+    check_checkpoint(tmp_path / "global_step_1")
+    assert logged_steps(tmp_path) == [1]
+    assert run.survivors() == []

@@ -1,0 +1,41 @@
+"""Survive a dead worker inside one job: tear its group down, rebuild it, resume from the last checkpoint."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from single_controller.ray.health import WorkerDiedError, shutdown_worker_group
+
+
+def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: int) -> dict[str, float]:
+    """``trainer.init_workers(); trainer.fit()``, restarted up to ``max_restarts`` times after a dead worker.
+
+    A restart kills what is left of the worker group, then builds a fresh trainer with ``rebuild()`` (fresh
+    driver state) from the same config, switched to ``trainer.resume_mode=auto``: its ``fit`` resumes from the
+    run's latest complete checkpoint, so at most the steps since that checkpoint are computed again. However
+    the run ends, the workers are killed before this returns or raises: no process outlives it.
+    """
+    restarts = 0
+    while True:
+        try:
+            trainer.init_workers()
+            return trainer.fit()
+        except WorkerDiedError as exc:
+            if restarts >= max_restarts:
+                raise
+            restarts += 1
+            print(f"colorl: {exc}\ncolorl: restart {restarts} of {max_restarts} (trainer.max_restarts): rebuilding "
+                  "the workers and resuming from the last checkpoint", file=sys.stderr, flush=True)
+        finally:
+            _shutdown_workers(trainer)
+        # this run's own latest checkpoint, whatever the first start resumed from (or did not)
+        trainer.config.trainer.resume_mode = "auto"
+        trainer = rebuild()
+
+
+def _shutdown_workers(trainer: Any) -> None:
+    worker_group = getattr(trainer, "fused_wg", None)  # absent when init_workers failed before placing it
+    if worker_group is not None:
+        shutdown_worker_group(worker_group)
