@@ -188,13 +188,17 @@ def _check_overrides(args: list[str]) -> None:
 
 @hydra.main(config_path="conf", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
-    from single_controller.ray.health import WorkerDiedError  # deferred: imports Ray
+    from data.reward import RewardError  # deferred: these import Ray and torch
+    from single_controller.ray.health import WorkerDiedError
+    from trainer.checkpoint import CheckpointError
+    from trainer.ppo_trainer import NonFiniteLossError
 
     try:
         run_ppo(cfg)
     except ConfigError as exc:
         _exit_config_error(exc)
-    except WorkerDiedError as exc:  # the workers are already torn down; say which one died, not where we were
+    # the run is over and the workers are torn down: say what went wrong, not where the driver was
+    except (WorkerDiedError, NonFiniteLossError, CheckpointError, RewardError) as exc:
         print(f"colorl: {exc}", file=sys.stderr)
         sys.exit(1)
 

@@ -364,6 +364,7 @@ class TrainerConfig:
     resume_from_path: Optional[str] = None  # a global_step_N directory (resume_mode=resume_path)
     max_actor_ckpt_to_keep: Optional[int] = None  # null keeps every checkpoint
     max_critic_ckpt_to_keep: Optional[int] = None
+    max_nonfinite_steps: int = 5  # abort after this many steps in a row whose loss/gradients were NaN/inf
     phase_timeout_s: Optional[float] = 1800.0  # a phase running longer is a hang: dump stacks, exit 3; null: off
     max_restarts: int = 0  # times a dead worker's group is rebuilt and resumed from the last checkpoint
 
@@ -379,6 +380,7 @@ class TrainerConfig:
         _check(self, ["max_restarts"], lambda v: _is_int(v) and v >= 0, "must be a non-negative integer")
         _one_of(self, "resume_mode", RESUME_MODES)
         _optional_positive_int(self, "max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep")
+        _positive_int(self, "max_nonfinite_steps")
         if self.resume_mode == "resume_path" and not self.resume_from_path:
             raise ConfigError.invalid("resume_from_path", self.resume_from_path,
                                       "must name a checkpoint directory when resume_mode=resume_path")

@@ -35,6 +35,10 @@ FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "res
 ACTOR_UPDATE_KEYS = FORWARD_KEYS + ["old_log_probs", "advantages"]
 CRITIC_UPDATE_KEYS = FORWARD_KEYS + ["values", "returns"]
 
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps with NaN/inf losses or gradients."""
+
+
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 
 
@@ -70,6 +74,7 @@ class RayPPOTrainer:
         # data position, saved with checkpoints: epoch, batches taken in it, sampler RNG at its start
         self.epoch, self.batch_in_epoch, self._epoch_start_rng = 0, 0, None
         self.wandb_run_id: str | None = None
+        self.nonfinite_streak = self.nonfinite_total = 0
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep
         )
@@ -124,6 +129,7 @@ class RayPPOTrainer:
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
                 last = self.train_step(DataProto.from_single_dict(next(batches)))
+                self._check_finite(last)
                 done = self.global_step >= self.total_training_steps
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
                 if self.val_dataloader is not None and (done or out_of_time or _every(cfg.test_freq, self.global_step)):
@@ -139,6 +145,21 @@ class RayPPOTrainer:
         finally:
             self.logger.finish()
         return last
+
+    def _check_finite(self, metrics: dict[str, float]) -> None:
+        """Count steps whose updates were skipped for NaN/inf; abort after ``max_nonfinite_steps`` in a row."""
+        skipped = any(metrics.get(f"{role}/nonfinite_skipped", 0.0) > 0 for role in ("actor", "critic"))
+        skipped = skipped or not all(np.isfinite(v) for k, v in metrics.items() if k.endswith("_loss"))
+        self.nonfinite_total += skipped
+        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
+        metrics["training/nonfinite_steps"] = float(self.nonfinite_total)
+        limit = self.config.trainer.max_nonfinite_steps
+        if self.nonfinite_streak >= limit:
+            raise NonFiniteLossError(
+                f"{limit} steps in a row (up to step {self.global_step}) had NaN/inf losses or gradients and were "
+                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.find('auto') or 'none yet'}. "
+                "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
+            )
 
     def _batches(self) -> Iterator[dict]:
         """Training batches across epochs, keeping the data position that checkpoints save."""
@@ -207,6 +228,9 @@ class RayPPOTrainer:
         n = self.config.actor_rollout_ref.rollout.n
         with timed("step", timing):
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            if self.config.algorithm.adv_estimator == "remax":  # ReMax's baseline: the greedy answer's reward
+                with self._phase("gen_max", timing):
+                    batch.batch["reward_baselines"] = self._greedy_reward(batch)
             batch = batch.repeat(n, interleave=True)
             with self._phase("gen", timing):
                 batch = self._generate(batch, metrics)
@@ -248,6 +272,13 @@ class RayPPOTrainer:
         metrics.update(reduce_metrics(out.meta_info.pop("metrics", {})))
         return batch.union(out)
 
+    def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
+        """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
+        greedy = dict(OmegaConf.to_container(self.config.actor_rollout_ref.rollout.val_kwargs))
+        greedy.pop("n")
+        out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
+        return self.reward_fn(out)[0].sum(-1)
+
     def _old_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
         out = self.actor_rollout_wg.compute_log_prob(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[]))
         entropys = out.batch.pop("entropys")
@@ -278,6 +309,7 @@ class RayPPOTrainer:
             response_mask=mask,
             values=tensors.get("values"),
             index=batch.non_tensor_batch["uid"],
+            reward_baselines=tensors.get("reward_baselines"),
             gamma=algo.gamma,
             lam=algo.lam,
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,

@@ -55,7 +55,8 @@ def minibatch_update(
     Each micro-batch loss is scaled by len(micro)/len(mini), so the accumulated gradient is the mini-batch
     mean of per-micro-batch losses (and, under FSDP, the mean over ranks too). A mini-batch whose clipped
     gradient norm is not finite is skipped (its gradients dropped). Metrics: the loss_fn's, once per
-    micro-batch, plus ``{prefix}/grad_norm`` and ``{prefix}/lr`` once per mini-batch.
+    micro-batch, plus ``{prefix}/grad_norm``, ``{prefix}/lr`` and ``{prefix}/nonfinite_skipped`` (1 for a skipped mini-batch)
+    once per mini-batch.
     """
     metrics: dict[str, list] = defaultdict(list)
     device = model_device(module)
@@ -76,9 +77,11 @@ def minibatch_update(
                 for key, value in micro_metrics.items():
                     metrics[key].append(value)
             grad_norm = clip_grad_norm_(module, grad_clip)
-            if torch.isfinite(grad_norm):
+            finite = bool(torch.isfinite(grad_norm))
+            if finite:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             metrics[f"{prefix}/grad_norm"].append(grad_norm.detach())
+            metrics[f"{prefix}/nonfinite_skipped"].append(0.0 if finite else 1.0)
             metrics[f"{prefix}/lr"].append(optimizer.param_groups[0]["lr"])
     return metrics

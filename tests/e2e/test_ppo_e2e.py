@@ -124,3 +124,15 @@ def test_gae_on_gpus(ray_cluster, tmp_path, n_gpus):
     last = trainer.fit()
     assert all(k in last for k in REQUIRED + CRITIC_REQUIRED) and all(math.isfinite(v) for v in last.values())
     assert abs(read_jsonl(tmp_path / "metrics.jsonl")[1]["actor/ref_kl"]) < 1e-3  # bf16 compute on GPU
+
+
+def test_remax_with_gspo_loss(ray_cluster, tmp_path):
+    """ReMax generates its greedy baseline in the same step; GSPO's sequence-level ratio trains."""
+    cfg = tiny_config(tmp_path, "remax")
+    cfg.actor_rollout_ref.actor.policy_loss.loss_mode = "gspo"
+    cfg.actor_rollout_ref.actor.kl_loss_type = "k2"
+    trainer = build_trainer(cfg)
+    trainer.init_workers()
+    last = trainer.fit()
+    assert "timing_s/gen_max" in last and all(math.isfinite(v) for v in last.values())
+    assert last["training/nonfinite_steps"] == 0
