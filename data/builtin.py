@@ -149,10 +149,10 @@ def _build(target: Path, settings: dict[str, Any]) -> None:
 
 def prepare_builtin(
     cache_dir: str | os.PathLike,
-    task: str = "reverse",
+    task: str = "copy",
     num_train: int = 2000,
     num_val: int = 128,
-    sft_warmup_steps: int = 20,
+    sft_warmup_steps: int = 15,
     hidden_size: int = 128,
     num_layers: int = 2,
     seed: int = 1,

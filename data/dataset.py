@@ -70,8 +70,10 @@ class RLHFDataset(Dataset):
                 "tokens; raise data.max_prompt_length or set data.filter_overlong_prompts=true"
             )
         if not keep:
+            shortest = min(len(row["input_ids"]) for row in rows)
             raise ValueError(
-                f"all {len(rows)} prompts in {self.files} are longer than max_prompt_length={max_prompt_length} tokens"
+                f"all {len(rows)} prompts in {self.files} are longer than max_prompt_length={max_prompt_length} "
+                f"tokens (the shortest has {shortest}); raise data.max_prompt_length"
             )
         if self.num_filtered:
             logger.warning(

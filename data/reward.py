@@ -16,6 +16,10 @@ from single_controller import DataProto
 ComputeScore = Callable[..., "float | dict[str, Any]"]
 
 
+class RewardError(ValueError):
+    """A reward function failed on a response; the message names the function, the row and the response."""
+
+
 class RewardManager:
     """Turns a rollout batch into token-level scores (verl's "naive" reward manager).
 
@@ -56,12 +60,15 @@ class RewardManager:
             ids = responses[i, : int(length)].tolist()
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
-            result = self.compute_score(
-                data_source=sources[i],
-                solution_str=self.tokenizer.decode(ids, skip_special_tokens=True),
-                ground_truth=reward_models[i]["ground_truth"],
-                extra_info=extra_info,
-            )
+            solution = self.tokenizer.decode(ids, skip_special_tokens=True)
+            try:
+                result = self.compute_score(data_source=sources[i], solution_str=solution,
+                                            ground_truth=reward_models[i]["ground_truth"], extra_info=extra_info)
+            except Exception as exc:  # name the function and the row: the traceback points into user code
+                raise RewardError(
+                    f"reward function {getattr(self.compute_score, '__name__', self.compute_score)!r} raised "
+                    f"{type(exc).__name__}: {exc} (row {i}, data_source={sources[i]!r}, response={solution!r})"
+                ) from exc
             score = float(result["score"]) if isinstance(result, dict) else float(result)
             if isinstance(result, dict):
                 for key, value in result.items():

@@ -143,11 +143,11 @@ class DataConfig:
 class BuiltinConfig:
     """The offline demo task, used when data.train_files / actor_rollout_ref.model.path are null."""
 
-    task: str = "reverse"
+    task: str = "copy"
     num_train: int = 2000
     num_val: int = 128
     cache_dir: str = ".cache/colorl"  # tokenizer + tiny model + parquet, written once
-    sft_warmup_steps: int = 20  # supervised warm-up before RL teaches the answer format; 0 disables
+    sft_warmup_steps: int = 15  # supervised warm-up before RL teaches the answer format; 0 disables
     hidden_size: int = 128
     num_layers: int = 2
 
@@ -352,7 +352,7 @@ class TrainerConfig:
     total_training_steps: Optional[int] = None  # null -> total_epochs × batches per epoch
     logger: List[str] = field(default_factory=lambda: ["console", "file"])
     project_name: str = "colorl"
-    experiment_name: str = "reverse_demo"
+    experiment_name: str = "copy_demo"
     test_freq: int = 10  # <= 0 disables periodic validation
     save_freq: int = -1  # <= 0 disables periodic checkpoints
     val_before_train: bool = True

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from data.reward import RewardManager, load_custom_compute_score
+from data.tasks import EXACT_WEIGHT
 from single_controller import DataProto
 
 
@@ -30,11 +31,12 @@ def test_score_sits_on_the_last_valid_token(char_tokenizer):
     # "$" stands for the eos token; row 2 hits the length limit without eos.
     data = _batch(char_tokenizer, ["5746$", "57$", "574612"], ["5746", "5746", "5746"])
     reward, extra = RewardManager(char_tokenizer)(data)
+    partial = 1 - EXACT_WEIGHT  # neither row 1 nor row 2 is exact, so they get the partial share only
     assert reward.shape == (3, 6) and reward.dtype == torch.float32
     assert reward[0].tolist() == pytest.approx([0, 0, 0, 0, 1.0, 0])
-    assert reward[1].tolist() == pytest.approx([0, 0, 2 / 5, 0, 0, 0])
-    assert reward[2].tolist() == pytest.approx([0, 0, 0, 0, 0, 4 / 7])
-    assert extra["score"] == pytest.approx([1.0, 2 / 5, 4 / 7])
+    assert reward[1].tolist() == pytest.approx([0, 0, partial * 2 / 5, 0, 0, 0])
+    assert reward[2].tolist() == pytest.approx([0, 0, 0, 0, 0, partial * 4 / 7])
+    assert extra["score"] == pytest.approx([1.0, partial * 2 / 5, partial * 4 / 7])
 
 
 def test_custom_score_gets_decoded_text_and_stop_flag(char_tokenizer):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from data.tasks import compute_score, default_compute_score, partial_score, make_splits
+from data.tasks import EXACT_WEIGHT, compute_score, default_compute_score, partial_score, make_splits
 
 
 def test_splits_are_deterministic_held_out_and_in_verl_layout():
@@ -44,8 +44,11 @@ def test_exact_weight_mixes_in_exact_match():
 
 
 def test_compute_score_reads_the_stop_flag():
+    w = EXACT_WEIGHT
     assert compute_score("colorl/reverse", "5746", "5746") == 1.0
-    assert compute_score("colorl/reverse", "5746", "5746", {"stopped_by_eos": False}) == pytest.approx(0.8)
+    assert compute_score("colorl/reverse", "5746", "5746", {"stopped_by_eos": True}) == 1.0
+    # cut by the length limit: no eos credit and not exact
+    assert compute_score("colorl/reverse", "5746", "5746", {"stopped_by_eos": False}) == pytest.approx((1 - w) * 0.8)
 
 
 def test_default_compute_score_names_unknown_source():

@@ -22,7 +22,7 @@ REQUIRED = [
 ]
 CRITIC_REQUIRED = ["critic/values/mean", "critic/vf_explained_var", "critic/vf_loss", "critic/vf_clipfrac",
                    "critic/grad_norm", "timing_s/values", "timing_s/update_critic"]
-VAL_KEY = "val-core/colorl/reverse/reward/mean@1"
+VAL_KEY = "val-core/colorl/copy/reward/mean@1"
 
 
 def tiny_config(tmp_path, estimator: str, logger: str = "[file]", device: str = "cpu", n_workers: int = 2):
