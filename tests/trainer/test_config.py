@@ -22,7 +22,7 @@ def test_defaults_are_the_schema_defaults():
     schema = OmegaConf.structured(PPOConfig)
     # the YAML holds only the demo recipe's presets on top of the schema
     presets = {"actor_rollout_ref.actor.optim.lr": 3e-4, "critic.optim.lr": 1e-3,
-               "trainer.total_training_steps": 500, "trainer.test_freq": 20}
+               "trainer.total_training_steps": 700, "trainer.test_freq": 20}
     for key, value in presets.items():
         OmegaConf.update(schema, key, value)
     assert OmegaConf.to_container(cfg) == OmegaConf.to_container(schema)
