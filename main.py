@@ -29,6 +29,7 @@ def build_trainer(cfg: DictConfig) -> Any:
     cfg.trainer.device = resolve_device(cfg)
     n_workers = num_workers(cfg)
     validate_config(cfg, n_workers)
+    compute_score = _load_compute_score(cfg)
     _fill_paths(cfg)
     model = cfg.actor_rollout_ref.model
     _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
@@ -41,8 +42,8 @@ def build_trainer(cfg: DictConfig) -> Any:
         tokenizer=tokenizer,
         train_dataloader=train_dataloader,
         val_dataloader=val_dataloader,
-        reward_fn=RewardManager(tokenizer, compute_score=None, reward_fn_key=cfg.data.reward_fn_key),
-        val_reward_fn=RewardManager(tokenizer, compute_score=None, reward_fn_key=cfg.data.reward_fn_key),
+        reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
+        val_reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
         n_workers=n_workers,
     )
 
@@ -60,6 +61,26 @@ def run_ppo(cfg: DictConfig) -> dict[str, float]:
     finally:
         if started_ray:
             ray.shutdown()
+
+
+def _load_compute_score(cfg: DictConfig) -> Any:
+    """The user's ``custom_reward_function.path/name``, or None for the built-in rewards (by data source)."""
+    from data.reward import load_custom_compute_score
+
+    custom = cfg.custom_reward_function
+    if custom.path is None:
+        return None
+    try:
+        return load_custom_compute_score(custom.path, custom.name)
+    except FileNotFoundError:
+        raise ConfigError.invalid("custom_reward_function.path", custom.path,
+                                  "no such file; expected a Python file defining the reward function") from None
+    except AttributeError as exc:
+        raise ConfigError.invalid("custom_reward_function.name", custom.name, str(exc)) from None
+    except Exception as exc:  # the user's module failed to import: report it as the config mistake it is
+        first_line = (str(exc).splitlines() or [""])[0]
+        raise ConfigError.invalid("custom_reward_function.path", custom.path,
+                                  f"importing it raised {type(exc).__name__}: {first_line}") from None
 
 
 def _fill_paths(cfg: DictConfig) -> None:
@@ -177,11 +198,21 @@ def _exit_config_error(exc: ConfigError) -> NoReturn:
 
 def _check_overrides(args: list[str]) -> None:
     """Compose the command line once before Hydra does, so that an unknown key or a wrong type reads like every
-    other config error instead of Hydra's own report. Hydra's flags (--help, --cfg, -m) are left to Hydra."""
-    if any(arg.startswith("-") for arg in args):
+    other config error instead of Hydra's own report. ``--config-name``/``-cn NAME`` picks the preset; Hydra's
+    other flags (--help, --cfg, -m) are left to Hydra."""
+    config_name, overrides = "ppo_trainer", []
+    rest = iter(args)
+    for arg in rest:
+        if arg in ("--config-name", "-cn"):
+            config_name = next(rest, config_name)
+        elif arg.startswith("--config-name="):
+            config_name = arg.partition("=")[2]
+        else:
+            overrides.append(arg)
+    if any(arg.startswith("-") for arg in overrides):
         return
     try:
-        load_config(args)
+        load_config(overrides, config_name=config_name)
     except ConfigError as exc:
         _exit_config_error(exc)
 

@@ -60,8 +60,9 @@ class RLHFDataset(Dataset):
             raise ValueError("the tokenizer has neither a pad nor an eos token to pad prompts with")
         self.pad_token_id = int(pad_id)
 
-        table = datasets.concatenate_datasets([_load_file(f, prompt_key) for f in self.files])
-        rows = [self._make_row(record) for record in table]
+        # Files are chained row by row, not concatenated as tables: files of different data sources may hold
+        # different columns (GSM8K's chat prompt and extra_info beside a plain-string task).
+        rows = [self._make_row(record) for path in self.files for record in _load_file(path, prompt_key)]
         keep = [row for row in rows if len(row["input_ids"]) <= max_prompt_length]
         self.num_filtered = len(rows) - len(keep)
         if self.num_filtered and not filter_overlong_prompts:

@@ -10,6 +10,9 @@ How the reward learns that generation stopped: the reward manager decodes the va
 special tokens (as verl's naive reward manager does, so verl-style ``compute_score`` functions work unchanged)
 and adds ``extra_info["stopped_by_eos"]``: True when the last valid token was the tokenizer's eos. A call
 without the flag (e.g. by hand) treats ``solution_str`` as a finished answer.
+
+``default_compute_score`` is the reward manager's default: it picks the reward by ``data_source`` among the
+built-in tasks and the public data sets of ``data/rewards/`` (GSM8K).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from data.rewards import gsm8k
 
 DATA_SOURCE_PREFIX = "colorl/"
 # Half of the built-in reward is exact match: partial credit alone lets RL settle on "mostly right" answers
@@ -117,14 +122,22 @@ def compute_score(
     return partial_score(solution_str, ground_truth, stopped, EXACT_WEIGHT)
 
 
+def reward_functions() -> dict[str, Callable[..., float]]:
+    """Every data source with a rule-based reward -> its ``compute_score(data_source, solution_str, ground_truth,
+    extra_info)``: the built-in tasks and GSM8K. This is the one table ``default_compute_score`` dispatches on."""
+    functions: dict[str, Callable[..., float]] = {task.data_source: compute_score for task in TASKS.values()}
+    functions[gsm8k.DATA_SOURCE] = gsm8k.compute_score_by_source
+    return functions
+
+
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
     """Dispatch on ``data_source`` to the matching rule-based reward."""
-    known = sorted(task.data_source for task in TASKS.values())
-    if data_source not in known:
+    functions = reward_functions()
+    if data_source not in functions:
         raise ValueError(
-            f"no reward function for data_source {data_source!r}; known data sources: {known}. "
+            f"no reward function for data_source {data_source!r}; known data sources: {sorted(functions)}. "
             "Pass a custom one with custom_reward_function.path/name."
         )
-    return compute_score(data_source, solution_str, ground_truth, extra_info)
+    return functions[data_source](data_source, solution_str, ground_truth, extra_info)

@@ -53,8 +53,8 @@ def test_compute_score_reads_the_stop_flag():
 
 def test_default_compute_score_names_unknown_source():
     assert default_compute_score("colorl/copy", "604", "604") == 1.0
-    with pytest.raises(ValueError, match=r"openai/gsm8k.*colorl/copy.*colorl/reverse"):
-        default_compute_score("openai/gsm8k", "1", "1")
+    with pytest.raises(ValueError, match=r"nobody/knows.*colorl/copy.*colorl/reverse"):
+        default_compute_score("nobody/knows", "1", "1")
 
 
 def test_too_many_prompts_is_an_error():

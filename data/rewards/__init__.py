@@ -1,0 +1,1 @@
+"""Rule-based reward functions for public data sets (dispatched by ``data_source`` in ``data.tasks``)."""
