@@ -72,12 +72,14 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep = {"actor": max_actor_ckpt_to_keep, "critic": max_critic_ckpt_to_keep}
 
-    def staging_dir(self, step: int) -> Path:
-        """A fresh hidden directory for the workers and the driver to write step ``step`` into."""
-        staging = self.root / f".{PREFIX}{step}.staging"
-        shutil.rmtree(staging, ignore_errors=True)
+    def staging_path(self, step: int) -> Path:
+        """The hidden directory that step ``step`` is written into before it is committed."""
+        return self.root / f".{PREFIX}{step}.staging"
+
+    @staticmethod
+    def make_staging(staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)  # left over from a save that was killed
         staging.mkdir(parents=True)
-        return staging
 
     def commit(self, staging: Path, step: int, driver_state: dict[str, Any]) -> Path:
         """Seal ``staging`` (driver state, size manifest), move it into place, point ``latest`` at it, prune."""

@@ -27,7 +27,7 @@ from trainer.config import uses_critic
 from trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, reduce_metrics, timed
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
-from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
 # What each worker call needs from the batch: sending only these keeps Ray transfers small.
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -97,12 +97,15 @@ class RayPPOTrainer:
             roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="ref")
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic)
+        if cfg.reward_model.enable:
+            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
         self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles))
         views = self.fused_wg.spawn(prefix_set=roles.keys())
         self.actor_rollout_wg = views["actor_rollout"]
         self.ref_wg = views.get("ref")
         self.critic_wg = views.get("critic")
-        for wg in (self.critic_wg, self.ref_wg, self.actor_rollout_wg):
+        self.rm_wg = views.get("rm")
+        for wg in (self.critic_wg, self.ref_wg, self.rm_wg, self.actor_rollout_wg):
             if wg is not None:
                 wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
@@ -178,17 +181,18 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         """Write the workers' and the driver's state for this step; the previous checkpoint stays intact on failure."""
-        staging = self.checkpoints.staging_dir(self.global_step)
+        staging = self.checkpoints.staging_path(self.global_step)
         try:
+            self.checkpoints.make_staging(staging)
             self.actor_rollout_wg.save_checkpoint(str(staging / "actor"))
             if self.critic_wg is not None:
                 self.critic_wg.save_checkpoint(str(staging / "critic"))
             return self.checkpoints.commit(staging, self.global_step, self._driver_state())
-        except OSError as exc:
+        except OSError as exc:  # a worker's OSError reaches us as a RayTaskError that is also an OSError
             self.checkpoints.abandon(staging)
             previous = self.checkpoints.find("auto")
             raise CheckpointError(
-                f"saving the checkpoint of step {self.global_step} failed ({exc}); "
+                f"saving the checkpoint of step {self.global_step} failed ({getattr(exc, 'cause', exc)}); "
                 f"the previous checkpoint is intact: {previous or 'none yet'}"
             ) from exc
 
@@ -208,11 +212,14 @@ class RayPPOTrainer:
         path = self.checkpoints.find(cfg.resume_mode, cfg.resume_from_path)
         if path is None:
             return False
-        self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
-        if self.critic_wg is not None:
-            if not (path / "critic").exists():
-                raise CheckpointError(f"{path} has no critic/ to resume the critic from (saved by a run without one?)")
-            self.critic_wg.load_checkpoint(str(path / "critic"))
+        if self.critic_wg is not None and not (path / "critic").exists():
+            raise CheckpointError(f"{path} has no critic/ to resume the critic from (saved by a run without one?)")
+        try:
+            self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
+            if self.critic_wg is not None:
+                self.critic_wg.load_checkpoint(str(path / "critic"))
+        except (ValueError, FileNotFoundError) as exc:  # raised in a worker: a different model, missing files
+            raise CheckpointError(f"cannot resume from {path}: {getattr(exc, 'cause', exc)}") from exc
         state = load_driver_state(path)
         self.global_step, self.epoch, self.batch_in_epoch = state["global_step"], state["epoch"], state["batch_in_epoch"]
         self._epoch_start_rng = state["epoch_start_rng"]
@@ -235,7 +242,11 @@ class RayPPOTrainer:
             with self._phase("gen", timing):
                 batch = self._generate(batch, metrics)
             with self._phase("reward", timing):
-                batch.batch["token_level_scores"], _ = self.reward_fn(batch)
+                scores, _ = self.reward_fn(batch)
+                if self.rm_wg is not None:  # the learned score, on the last response token, adds to the rule's
+                    rm_input = batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])
+                    scores = scores + self.rm_wg.compute_rm_score(rm_input).batch["rm_scores"]
+                batch.batch["token_level_scores"] = scores
             with self._phase("old_log_prob", timing):
                 batch.union(self._old_log_prob(batch, metrics))
             if self.use_reference_policy:

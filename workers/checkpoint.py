@@ -53,15 +53,23 @@ def save_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     model_state = fsdp.full_state_dict(module)
     optim_state = fsdp.full_optimizer_state_dict(module, optimizer)
     out = Path(path)
+    error = None
     if _rank() == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        # save_pretrained with an explicit state dict drops tied duplicates (lm_head = embed_tokens)
-        module.save_pretrained(out, state_dict=model_state, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-        torch.save(optim_state, out / "optimizer.pt")
-        torch.save({"lr_scheduler": scheduler.state_dict(), "world_size": _world_size()}, out / "extra.pt")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            # save_pretrained with an explicit state dict drops tied duplicates (lm_head = embed_tokens)
+            module.save_pretrained(out, state_dict=model_state, safe_serialization=True)
+            tokenizer.save_pretrained(out)
+            torch.save(optim_state, out / "optimizer.pt")
+            torch.save({"lr_scheduler": scheduler.state_dict(), "world_size": _world_size()}, out / "extra.pt")
+        except OSError as exc:  # e.g. a full disk: every rank must learn it, or they would wait for rank 0
+            error = f"{type(exc).__name__}: {exc}"
     if dist.is_initialized():
-        dist.barrier()  # the directory exists before the other ranks write into it
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)  # also orders rank 0's mkdir before the others' writes
+        error = shared[0]
+    if error is not None:
+        raise OSError(f"rank 0 could not write the checkpoint to {out}: {error}")
     torch.save(rng_state(), out / f"rng_rank{_rank()}.pt")
 
 

@@ -1,6 +1,8 @@
 """Checkpoints on CPU: exact resume, elastic resume, wandb continuity, HF export, corrupted/partial checkpoints."""
 
+import contextlib
 import json
+import subprocess
 import shutil
 
 import pytest
@@ -112,3 +114,42 @@ def test_interrupted_save_is_ignored(straight_and_resumed, tmp_path):
     (tmp_path / ".global_step_12.staging").mkdir()  # a save killed half way
     with pytest.warns(UserWarning, match="no COMPLETE marker"):
         assert CheckpointManager(str(tmp_path)).find("auto") == tmp_path / "global_step_3"
+
+
+def test_resume_with_a_different_model_is_a_clear_error(straight_and_resumed, tmp_path):
+    _, resumed_dir, _, _ = straight_and_resumed
+    cfg = config(tmp_path, 7, 2, "builtin.hidden_size=48", "trainer.resume_mode=resume_path",
+                 f"trainer.resume_from_path={resumed_dir / 'global_step_6'}", "trainer.logger=[file]")
+    trainer = build_trainer(cfg)
+    trainer.init_workers()
+    with pytest.raises(CheckpointError, match="does not fit this model"):
+        trainer.fit()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs: big enough for one tiny checkpoint, easy to fill up."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_keeps_the_previous_checkpoint(ray_cluster, tmp_path, small_disk):
+    trainer = build_trainer(config(small_disk, 1, 2, "trainer.logger=[]", "trainer.save_freq=1",
+                                   f"builtin.cache_dir={tmp_path / 'assets'}"))
+    trainer.init_workers()
+    trainer.fit()
+    with open(small_disk / "filler", "wb") as filler:  # fill the disk to the last byte
+        with contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+    trainer.global_step = 2
+    with pytest.raises(CheckpointError, match=r"step 2 failed.*intact: .*global_step_1"):
+        trainer.save_checkpoint()
+    (small_disk / "filler").unlink()
+    assert CheckpointManager(str(small_disk)).find("auto") == small_disk / "global_step_1"
+    assert not list(small_disk.glob(".global_step_*"))
