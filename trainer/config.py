@@ -161,6 +161,7 @@ class ModelConfig:
     path: Optional[str] = None  # HF model dir; null -> the built-in tiny model
     enable_gradient_checkpointing: bool = False
     trust_remote_code: bool = False
+    use_remove_padding: bool = False  # log-prob and update forwards on packed rows (no pad tokens computed)
 
 
 @dataclass
@@ -205,6 +206,8 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 16  # prompts (global); the worker multiplies by rollout.n, divides by world size
     ppo_micro_batch_size_per_gpu: int = 64  # sequences per forward/backward on one worker
+    use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu
+    ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
     ppo_epochs: int = 1
     shuffle: bool = False
     clip_ratio: float = 0.2
@@ -221,7 +224,8 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs")
+        _positive_int(self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs",
+                      "ppo_max_token_len_per_gpu")
         _positive(self, "clip_ratio", "grad_clip")
         _check(self, ["clip_ratio_low", "clip_ratio_high"], lambda v: v is None or (_is_number(v) and v > 0),
                "must be null (use clip_ratio) or > 0")
@@ -256,20 +260,26 @@ class RolloutConfig:
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
     response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
     log_prob_micro_batch_size_per_gpu: int = 128
+    # relative (".." = actor_rollout_ref), so the sub-tree a worker gets resolves without the root
+    log_prob_use_dynamic_bsz: bool = "${..actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = "${..actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
     def __post_init__(self) -> None:
         _check_sampling(self)
-        _positive_int(self, "n", "prompt_length", "response_length", "log_prob_micro_batch_size_per_gpu")
+        _positive_int(self, "n", "prompt_length", "response_length", "log_prob_micro_batch_size_per_gpu",
+                      "log_prob_max_token_len_per_gpu")
 
 
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 128
+    log_prob_use_dynamic_bsz: bool = "${..actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = "${..actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
 
     def __post_init__(self) -> None:
-        _positive_int(self, "log_prob_micro_batch_size_per_gpu")
+        _positive_int(self, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
 
 
 @dataclass
@@ -284,6 +294,7 @@ class ActorRolloutRefConfig:
 class CriticModelConfig:
     path: Optional[str] = None  # null -> actor_rollout_ref.model.path
     enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = False  # value and update forwards on packed rows
 
 
 @dataclass
@@ -294,6 +305,9 @@ class CriticConfig:
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
     ppo_micro_batch_size_per_gpu: int = 64
     forward_micro_batch_size_per_gpu: int = 128
+    use_dynamic_bsz: bool = False  # micro-batches by token budget (the two *_max_token_len_per_gpu below)
+    ppo_max_token_len_per_gpu: int = 32768  # no vocabulary logits, so twice the actor's budget fits
+    forward_max_token_len_per_gpu: int = "${.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
     ppo_epochs: int = 1
     shuffle: bool = False
     cliprange_value: float = 0.5
@@ -304,9 +318,35 @@ class CriticConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu",
-                      "forward_micro_batch_size_per_gpu", "ppo_epochs", "rollout_n")
+                      "forward_micro_batch_size_per_gpu", "ppo_epochs", "rollout_n",
+                      "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")
         _positive(self, "cliprange_value", "grad_clip")
         _one_of(self, "loss_agg_mode", LOSS_AGG_MODES)
+
+
+@dataclass
+class RewardModelPathConfig:
+    path: Optional[str] = None  # an HF sequence-classification checkpoint (one score per sequence)
+
+
+@dataclass
+class RewardModelConfig:
+    """A learned reward model, colocated with the other roles; its score is added to the rule-based reward.
+
+    It reads the policy's token ids as they are, so it must share the policy's tokenizer (a different RM
+    tokenizer is not supported yet).
+    """
+
+    enable: bool = False
+    model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
+    micro_batch_size_per_gpu: int = 16
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "micro_batch_size_per_gpu")
+        if self.enable and not self.model.path:
+            raise ConfigError.invalid("model.path", self.model.path,
+                                      "must name a sequence-classification checkpoint when reward_model.enable=true")
 
 
 @dataclass
@@ -396,14 +436,32 @@ class RayInitConfig:
 
 
 @dataclass
+class CustomRewardFunctionConfig:
+    """A user's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` in a Python file.
+
+    A null path keeps the built-in rule-based rewards, picked by each row's data source.
+    """
+
+    path: Optional[str] = None
+    name: str = "compute_score"
+
+    def __post_init__(self) -> None:
+        _check(self, ["path"], lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+               "must be null (built-in rewards) or the path of a Python file")
+        _check(self, ["name"], lambda v: isinstance(v, str) and v.isidentifier(), "must be a Python function name")
+
+
+@dataclass
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     builtin: BuiltinConfig = field(default_factory=BuiltinConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
 
 
 ConfigStore.instance().store(name="ppo_config_schema", node=PPOConfig)
@@ -441,12 +499,13 @@ def _build(cls: type, node: DictConfig, path: str) -> Any:
         raise (exc.under(path) if path else exc) from None
 
 
-def load_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose ``conf/ppo_trainer.yaml`` with Hydra-style ``overrides`` (``["data.train_batch_size=8"]``) and
-    validate it (components and batch arithmetic for ``num_workers(cfg)`` workers)."""
+def load_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer") -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` (a preset such as ``qwen2_5_0_5b_gsm8k``) with Hydra-style ``overrides``
+    (``["data.train_batch_size=8"]``) and validate it (components and batch arithmetic for ``num_workers(cfg)``
+    workers)."""
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            cfg = compose(config_name="ppo_trainer", overrides=list(overrides))
+            cfg = compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc) from exc
     validate_config(cfg, num_workers(cfg))
@@ -546,7 +605,7 @@ def _check_mini_batches(
     if remainder:
         raise ConfigError(f"{mini_text} × {n_key}={n_value} = {mini * n_value} sequences per mini-batch cannot be "
                           f"split evenly across {n_workers} workers")
-    if per_worker % min(micro, per_worker):  # a micro-batch larger than the mini-batch is the mini-batch
+    if not role.use_dynamic_bsz and per_worker % min(micro, per_worker):  # a larger micro-batch is the mini-batch
         raise ConfigError(f"{prefix}.ppo_micro_batch_size_per_gpu={micro}: must divide the {per_worker} sequences "
                           f"of each worker's mini-batch ({mini_text} × {n_key}={n_value} / {n_workers} workers)")
 

@@ -6,6 +6,7 @@ reduce-scatter in backward) or a plain one (a world of one process).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,7 +14,8 @@ from torch import Tensor, nn
 
 from single_controller import DataProto
 from trainer.core_algos import agg_loss, compute_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
-from workers.common import minibatch_update, model_device, split_batch, to_float_metrics
+from workers.common import micro_batches, minibatch_update, model_device, to_float_metrics
+from workers.packing import pack_batch, restore_order
 
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_KEYS = (*LOG_PROB_KEYS, "response_mask", "old_log_probs", "advantages")
@@ -41,15 +43,41 @@ def response_logits(
     return logits[:, :-1].float() / temperature
 
 
+def response_token_logits(
+    module: nn.Module, micro: dict[str, Tensor], response_length: int, temperature: float, remove_padding: bool
+) -> tuple[Tensor, Tensor, Callable[[Tensor], Tensor]]:
+    """(logits (..., V) fp32 / temperature, the response tokens they predict (...), unpack: (...) -> (B, R)).
+
+    Padded: (B, R, V), unpack is the identity. Remove-padding: only the K valid response tokens, (K, V), from
+    one packed row; unpack scatters per-token values back to (B, R) with zeros elsewhere.
+    """
+    input_ids = micro["input_ids"]
+    if not remove_padding:
+        logits = response_logits(
+            module, input_ids, micro["attention_mask"], micro["position_ids"], response_length, temperature
+        )
+        return logits, input_ids[:, -response_length:], lambda values: values
+    packed = pack_batch(input_ids, micro["attention_mask"], response_length)
+    logits = module(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        use_cache=False,
+        logits_to_keep=packed.predictors,
+    ).logits[0]
+    return logits.float() / temperature, packed.labels, packed.unpack
+
+
 class DataParallelPPOActor:
     """Computes log-probs and runs PPO updates for ``module`` on this rank's share of the batch.
 
     Args:
         module: the policy (sharded with ``workers.fsdp.apply_fsdp`` or plain).
         optimizer / lr_scheduler: None for a frozen reference policy.
-        config: the ``actor_rollout_ref.actor`` config.
+        config: the ``actor_rollout_ref.actor`` config (``use_dynamic_bsz`` / ``ppo_max_token_len_per_gpu``
+            set the update's micro-batches).
         mini_batch_size: samples per optimizer step on this rank (the worker computes it from the global
             ``ppo_mini_batch_size``·n / world size); None means ``config.ppo_mini_batch_size`` as is.
+        use_remove_padding: run every forward on packed rows (``actor_rollout_ref.model.use_remove_padding``).
     """
 
     def __init__(
@@ -59,12 +87,14 @@ class DataParallelPPOActor:
         lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None,
         config: Any,
         mini_batch_size: int | None = None,
+        use_remove_padding: bool = False,
     ) -> None:
         self.module = module
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.config = config
         self.mini_batch_size = mini_batch_size
+        self.use_remove_padding = use_remove_padding
 
     def forward_log_prob(
         self,
@@ -78,24 +108,37 @@ class DataParallelPPOActor:
         """log π(response token) (B, R) and optionally the entropy (B, R) of the temperature-scaled policy.
 
         The response is the last ``response_length`` tokens of ``input_ids``; sampling used the same temperature.
+        With remove-padding, positions without a valid response token are 0.
         """
-        logits = response_logits(self.module, input_ids, attention_mask, position_ids, response_length, temperature)
-        log_probs = logprobs_from_logits(logits, input_ids[:, -response_length:])
-        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        micro = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        logits, labels, unpack = response_token_logits(
+            self.module, micro, response_length, temperature, self.use_remove_padding
+        )
+        log_probs = unpack(logprobs_from_logits(logits, labels))
+        entropy = unpack(entropy_from_logits(logits)) if calculate_entropy else None
         return log_probs, entropy
 
     @torch.no_grad()
     def compute_log_prob(
-        self, data: DataProto, micro_batch_size: int, temperature: float = 1.0, calculate_entropy: bool = False
+        self,
+        data: DataProto,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        calculate_entropy: bool = False,
+        max_token_len: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs (B, R) of ``data.batch["responses"]`` and entropies (B, R) or None, in micro-batches, on CPU."""
+        """Log-probs (B, R) of ``data.batch["responses"]`` and entropies (B, R) or None, on CPU, in row order.
+
+        Micro-batches of ``micro_batch_size`` rows, or of at most ``max_token_len`` valid tokens when it is set.
+        """
         self.module.eval()
         tensors = {k: data.batch[k] for k in LOG_PROB_KEYS}
         response_length = tensors["responses"].shape[-1]
         device = model_device(self.module)
         log_probs, entropys = [], []
-        for micro in split_batch(tensors, micro_batch_size):
-            micro = {k: v.to(device) for k, v in micro.items()}
+        indices = micro_batches(self.module, tensors, micro_batch_size, max_token_len)
+        for index in indices:
+            micro = {k: v[index].to(device) for k, v in tensors.items()}
             lp, ent = self.forward_log_prob(
                 micro["input_ids"],
                 micro["attention_mask"],
@@ -107,22 +150,18 @@ class DataParallelPPOActor:
             log_probs.append(lp.cpu())
             if ent is not None:
                 entropys.append(ent.cpu())
-        return torch.cat(log_probs), torch.cat(entropys) if calculate_entropy else None
+        entropy = restore_order(entropys, indices) if calculate_entropy else None
+        return restore_order(log_probs, indices), entropy
 
     def _micro_loss(self, micro: dict[str, Tensor], temperature: float) -> tuple[Tensor, dict[str, Tensor]]:
         """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref)."""
         cfg = self.config
         response_length = micro["responses"].shape[-1]
         mask = micro["response_mask"].to(torch.float32)
-        logits = response_logits(
-            self.module,
-            micro["input_ids"],
-            micro["attention_mask"],
-            micro["position_ids"],
-            response_length,
-            temperature,
+        logits, labels, unpack = response_token_logits(
+            self.module, micro, response_length, temperature, self.use_remove_padding
         )
-        log_prob = logprobs_from_logits(logits, micro["responses"])
+        log_prob = unpack(logprobs_from_logits(logits, labels))
         pg_loss, metrics = compute_policy_loss(
             old_log_prob=micro["old_log_probs"],
             log_prob=log_prob,
@@ -136,7 +175,7 @@ class DataParallelPPOActor:
         )
         # the entropy is always logged, but keeps its (B, R, V) graph only when it is part of the loss
         with torch.set_grad_enabled(cfg.entropy_coeff != 0):
-            entropy = agg_loss(entropy_from_logits(logits), mask, cfg.loss_agg_mode)
+            entropy = agg_loss(unpack(entropy_from_logits(logits)), mask, cfg.loss_agg_mode)
         loss = pg_loss - cfg.entropy_coeff * entropy
         metrics["actor/entropy"] = entropy.detach()
         if cfg.use_kl_loss:
@@ -170,6 +209,8 @@ class DataParallelPPOActor:
             shuffle=cfg.shuffle,
             grad_clip=cfg.grad_clip,
             prefix="actor",
+            loss_agg_mode=cfg.loss_agg_mode,
+            max_token_len=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
         )
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()

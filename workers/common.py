@@ -8,7 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from workers.fsdp import clip_grad_norm_
+from workers.fsdp import clip_grad_norm_, is_fsdp
+from workers.packing import loss_weight, micro_batch_indices, mini_batch_totals
 
 # micro-batch (on the model's device) -> (loss before accumulation scaling, metrics as scalar tensors)
 LossFn = Callable[[dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
@@ -37,6 +38,18 @@ def model_device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
+def _sync_device(module: nn.Module) -> torch.device | None:
+    """Where the ranks of a sharded module exchange batch sizes; None for a plain module (nothing to agree on)."""
+    return model_device(module) if is_fsdp(module) else None
+
+
+def micro_batches(
+    module: nn.Module, tensors: dict[str, Tensor], micro_batch_size: int, max_token_len: int | None = None
+) -> list[Tensor]:
+    """Row indices of each micro-batch (see ``packing.micro_batch_indices``); FSDP ranks agree on their number."""
+    return micro_batch_indices(tensors["attention_mask"], micro_batch_size, max_token_len, _sync_device(module))
+
+
 def minibatch_update(
     module: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -49,11 +62,15 @@ def minibatch_update(
     shuffle: bool,
     grad_clip: float,
     prefix: str,
+    loss_agg_mode: str,
+    max_token_len: int | None = None,
 ) -> dict[str, list]:
     """``epochs`` passes over mini-batches; one optimizer step per mini-batch, accumulated over micro-batches.
 
-    Each micro-batch loss is scaled by len(micro)/len(mini), so the accumulated gradient is the mini-batch
-    mean of per-micro-batch losses (and, under FSDP, the mean over ranks too). A mini-batch whose clipped
+    Micro-batches hold ``micro_batch_size`` rows, or (``max_token_len`` set: dynamic batch size) as many rows
+    as fit that many valid tokens. Each micro-batch loss is scaled by its share of the mini-batch over all
+    ranks (``packing.loss_weight`` for ``loss_agg_mode``), so the accumulated, FSDP-averaged gradient is that
+    of the whole global mini-batch's loss however it was split. A mini-batch whose clipped
     gradient norm is not finite is skipped (its gradients dropped). Metrics: the loss_fn's, once per
     micro-batch, plus ``{prefix}/grad_norm``, ``{prefix}/lr`` and ``{prefix}/nonfinite_skipped`` (1 for a skipped mini-batch)
     once per mini-batch.
@@ -69,11 +86,12 @@ def minibatch_update(
         else:
             epoch_tensors = tensors
         for mini in split_batch(epoch_tensors, mini_batch_size):
-            mini_len = next(iter(mini.values())).shape[0]
-            for micro in split_batch(mini, micro_batch_size):
-                micro = {k: v.to(device) for k, v in micro.items()}
+            totals = mini_batch_totals(mini["response_mask"], _sync_device(module))
+            for index in micro_batches(module, mini, micro_batch_size, max_token_len):
+                weight = loss_weight(mini["response_mask"][index], totals, loss_agg_mode)
+                micro = {k: v[index].to(device) for k, v in mini.items()}
                 loss, micro_metrics = loss_fn(micro)
-                (loss * (next(iter(micro.values())).shape[0] / mini_len)).backward()
+                (loss * weight).backward()
                 for key, value in micro_metrics.items():
                     metrics[key].append(value)
             grad_norm = clip_grad_norm_(module, grad_clip)

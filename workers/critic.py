@@ -15,7 +15,8 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from single_controller import DataProto
 from trainer.core_algos import compute_value_loss
-from workers.common import minibatch_update, model_device, split_batch, to_float_metrics
+from workers.common import micro_batches, minibatch_update, model_device, to_float_metrics
+from workers.packing import pack_batch, restore_order
 
 VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_KEYS = (*VALUE_KEYS, "response_mask", "values", "returns")
@@ -44,9 +45,22 @@ def load_value_model(path: str, trust_remote_code: bool = False) -> nn.Module:
 
 
 def response_values(
-    module: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, response_length: int
+    module: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    response_length: int,
+    remove_padding: bool = False,
 ) -> Tensor:
-    """Values (B, R) at the positions that predict each response token, i.e. the states before each action."""
+    """Values (B, R) at the positions that predict each response token, i.e. the states before each action.
+
+    With ``remove_padding`` the valid tokens run as one packed row and positions without a valid response
+    token are 0.
+    """
+    if remove_padding:
+        packed = pack_batch(input_ids, attention_mask, response_length)
+        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        return packed.unpack(out.logits[0, packed.predictors, 0].float())
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.logits[:, -response_length - 1 : -1, 0].float()
 
@@ -54,8 +68,9 @@ def response_values(
 class DataParallelPPOCritic:
     """Value estimates and clipped value-loss updates for ``module`` on this rank's share of the batch.
 
-    ``config`` is the ``critic`` config; ``mini_batch_size`` is samples per optimizer step on this rank
-    (None: ``config.ppo_mini_batch_size`` as is).
+    ``config`` is the ``critic`` config (``model.use_remove_padding``, ``use_dynamic_bsz`` with
+    ``forward_max_token_len_per_gpu`` / ``ppo_max_token_len_per_gpu``); ``mini_batch_size`` is samples per
+    optimizer step on this rank (None: ``config.ppo_mini_batch_size`` as is).
     """
 
     def __init__(
@@ -71,31 +86,41 @@ class DataParallelPPOCritic:
         self.lr_scheduler = lr_scheduler
         self.config = config
         self.mini_batch_size = mini_batch_size
+        self.remove_padding = bool(config.model.use_remove_padding)
+
+    def _values(self, micro: dict[str, Tensor], response_length: int) -> Tensor:
+        return response_values(
+            self.module,
+            micro["input_ids"],
+            micro["attention_mask"],
+            micro["position_ids"],
+            response_length,
+            self.remove_padding,
+        )
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> Tensor:
-        """Values (B, R) on CPU, zero outside ``response_mask`` (micro-batches of forward_micro_batch_size_per_gpu)."""
+        """Values (B, R) on CPU, zero outside ``response_mask``, in row order.
+
+        Micro-batches of forward_micro_batch_size_per_gpu rows, or with ``use_dynamic_bsz`` of at most
+        forward_max_token_len_per_gpu valid tokens.
+        """
+        cfg = self.config
         self.module.eval()
         tensors = {k: data.batch[k] for k in VALUE_KEYS}
         response_length = tensors["responses"].shape[-1]
         device = model_device(self.module)
+        max_token_len = cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        indices = micro_batches(self.module, tensors, cfg.forward_micro_batch_size_per_gpu, max_token_len)
         values = []
-        for micro in split_batch(tensors, self.config.forward_micro_batch_size_per_gpu):
-            micro = {k: v.to(device) for k, v in micro.items()}
-            v = response_values(
-                self.module, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length
-            )
-            values.append(v.cpu())
-        mask = _response_mask(data, response_length)
-        return torch.cat(values) * mask
+        for index in indices:
+            micro = {k: v[index].to(device) for k, v in tensors.items()}
+            values.append(self._values(micro, response_length).cpu())
+        return restore_order(values, indices) * _response_mask(data, response_length)
 
     def _micro_loss(self, micro: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        response_length = micro["responses"].shape[-1]
-        vpreds = response_values(
-            self.module, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length
-        )
         return compute_value_loss(
-            vpreds=vpreds,
+            vpreds=self._values(micro, micro["responses"].shape[-1]),
             returns=micro["returns"],
             values=micro["values"],
             response_mask=micro["response_mask"].to(torch.float32),
@@ -119,6 +144,8 @@ class DataParallelPPOCritic:
             shuffle=cfg.shuffle,
             grad_clip=cfg.grad_clip,
             prefix="critic",
+            loss_agg_mode=cfg.loss_agg_mode,
+            max_token_len=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
         )
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()

@@ -1,4 +1,4 @@
-"""Ray-side role workers: the actor/rollout/reference worker and the critic worker, on FSDP2.
+"""Ray-side role workers: the actor/rollout/reference worker, the critic and the reward model, on FSDP2.
 
 Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed
 method runs on every rank with that rank's chunk of the batch. Methods return only the keys they add, as
@@ -23,6 +23,7 @@ from workers import checkpoint, fsdp
 from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
+from workers.reward_model import compute_rm_scores, load_reward_model
 from workers.rollout import generate_sequences
 
 ROLES = ("actor_rollout", "ref", "actor_rollout_ref")
@@ -30,11 +31,12 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
 
 
 def per_rank_mini_batch_size(
-    prefix: str, mini_batch_size: int, rollout_n: int, world_size: int, micro_batch_size: int
+    prefix: str, mini_batch_size: int, rollout_n: int, world_size: int, micro_batch_size: int | None
 ) -> int:
     """Samples per optimizer step on one rank = mini_batch_size·n / world_size; must be a multiple of micro.
 
-    ``prefix`` names the config section in the error messages (e.g. ``actor_rollout_ref.actor``).
+    ``prefix`` names the config section in the error messages (e.g. ``actor_rollout_ref.actor``);
+    ``micro_batch_size`` None (dynamic batch size: micro-batches by token budget) skips the multiple check.
     """
     samples = mini_batch_size * rollout_n
     if samples % world_size:
@@ -43,6 +45,8 @@ def per_rank_mini_batch_size(
             f"must be divisible by the number of workers ({world_size})"
         )
     per_rank = samples // world_size
+    if micro_batch_size is None:
+        return per_rank
     # a micro-batch larger than the mini-batch is the whole mini-batch in one pass
     if micro_batch_size <= 0 or per_rank % min(micro_batch_size, per_rank):
         raise ValueError(
@@ -110,7 +114,7 @@ class ActorRolloutRefWorker(Worker):
                 actor.ppo_mini_batch_size,
                 config.rollout.n,
                 self.world_size,
-                actor.ppo_micro_batch_size_per_gpu,
+                None if actor.use_dynamic_bsz else actor.ppo_micro_batch_size_per_gpu,
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -119,17 +123,20 @@ class ActorRolloutRefWorker(Worker):
         _setup_process(self, seed, deterministic)
         cfg = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        remove_padding = bool(cfg.model.use_remove_padding)
         if self._is_actor:
             module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
             optimizer = build_optimizer(module, cfg.actor.optim)
             scheduler = build_lr_scheduler(optimizer, cfg.actor.optim, total_training_steps)
-            self.actor = DataParallelPPOActor(module, optimizer, scheduler, cfg.actor, self.mini_batch_size)
+            self.actor = DataParallelPPOActor(
+                module, optimizer, scheduler, cfg.actor, self.mini_batch_size, use_remove_padding=remove_padding
+            )
             self.generation_config = getattr(module, "generation_config", None)
             self._offload_actor(module, optimizer)
         if self._is_ref:
             ref_module = _load_causal_lm(cfg.model).requires_grad_(False).eval()
             ref_module = _shard(self, ref_module, cfg.ref.fsdp_config)
-            self.ref_policy = DataParallelPPOActor(ref_module, None, None, cfg.actor)
+            self.ref_policy = DataParallelPPOActor(ref_module, None, None, cfg.actor, use_remove_padding=remove_padding)
             if cfg.ref.fsdp_config.param_offload:
                 fsdp.offload_fsdp_params(ref_module)
 
@@ -198,6 +205,7 @@ class ActorRolloutRefWorker(Worker):
                 micro_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
                 temperature=rollout.temperature,
                 calculate_entropy=True,
+                max_token_len=rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
             )
         return _proto({"old_log_probs": log_probs, "entropys": entropys})
 
@@ -206,12 +214,13 @@ class ActorRolloutRefWorker(Worker):
         """``ref_log_prob`` (B, R) of the responses under the frozen reference policy."""
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob needs the reference model; this worker's role is {self.role!r}")
-        offload = bool(self.config.ref.fsdp_config.param_offload)
-        with fsdp.onloaded(self.ref_policy.module, self.device, offload_params=offload):
+        ref = self.config.ref
+        with fsdp.onloaded(self.ref_policy.module, self.device, offload_params=bool(ref.fsdp_config.param_offload)):
             log_probs, _ = self.ref_policy.compute_log_prob(
                 data,
-                micro_batch_size=self.config.ref.log_prob_micro_batch_size_per_gpu,
+                micro_batch_size=ref.log_prob_micro_batch_size_per_gpu,
                 temperature=self.config.rollout.temperature,
+                max_token_len=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None,
             )
         return _proto({"ref_log_prob": log_probs})
 
@@ -247,8 +256,9 @@ class CriticWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
+        micro = None if config.use_dynamic_bsz else config.ppo_micro_batch_size_per_gpu
         self.mini_batch_size = per_rank_mini_batch_size(
-            "critic", config.ppo_mini_batch_size, config.rollout_n, self.world_size, config.ppo_micro_batch_size_per_gpu
+            "critic", config.ppo_mini_batch_size, config.rollout_n, self.world_size, micro
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -306,3 +316,31 @@ class CriticWorker(Worker):
         """Restore what ``save_checkpoint`` wrote (from any world size)."""
         with self._critic_onloaded(with_optimizer=True):
             checkpoint.load_role(path, self.critic.module, self.critic.optimizer, self.critic.lr_scheduler)
+
+
+class RewardModelWorker(Worker):
+    """A frozen sequence-classification reward model. ``config`` is the ``reward_model`` section.
+
+    It scores the policy's token ids as they are: the RM must share the policy's tokenizer (a different
+    RM tokenizer, with decode and re-encode, is not supported yet).
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
+        """Load the reward model and shard it (``total_training_steps`` is unused: it does not train)."""
+        _setup_process(self, seed, deterministic)
+        self.module = _shard(self, load_reward_model(self.config.model.path), self.config.fsdp_config)
+        if self.config.fsdp_config.param_offload:
+            fsdp.offload_fsdp_params(self.module)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """``rm_scores`` (B, R): each sequence's score at its last valid response token, 0 elsewhere."""
+        offload = bool(self.config.fsdp_config.param_offload)
+        with fsdp.onloaded(self.module, self.device, offload_params=offload):
+            scores = compute_rm_scores(self.module, data, int(self.config.micro_batch_size_per_gpu))
+        return _proto({"rm_scores": scores})

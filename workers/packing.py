@@ -1,0 +1,177 @@
+"""Micro-batches by token budget (dynamic batch size), exact gradient accumulation, and padding-free forwards.
+
+Shared by the actor (log-probs, update), the reference policy and the critic (values, update):
+
+- **Dynamic batching.** A (mini-)batch is split into micro-batches whose valid tokens (``attention_mask``
+  sum) fit ``max_token_len`` instead of a fixed number of rows, so short sequences share a forward pass.
+  FSDP runs collectives in every forward, so every rank runs the same number of micro-batches.
+- **Exact accumulation.** Each micro-batch loss is weighted by its share of the mini-batch (over all ranks),
+  so the summed (and FSDP rank-averaged) gradient equals the gradient of the whole mini-batch's loss,
+  however the rows were split into micro-batches and ranks.
+- **Remove-padding.** A micro-batch's valid tokens are packed into one row (1, T) with position ids that
+  restart at 0 per sequence. transformers (>= 4.53) reads the restarts from ``position_ids`` when
+  ``attention_mask`` is None: flash-attention runs varlen, sdpa/eager get a block-diagonal causal mask
+  (``masking_utils.find_packed_sequence_indices``), so no token attends across sequences. The padded path's
+  ``position_ids`` must be ``cumsum(attention_mask) - 1`` on valid tokens (left-padded prompt, right-padded
+  response, as the rollout writes them) for the two paths to agree.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def lpt_partition(lengths: Sequence[int], num_bins: int) -> list[list[int]]:
+    """Longest-first greedy: each index, longest sequence first, joins the bin with the fewest tokens.
+
+    Ties go to the bin with fewer sequences, so with ``num_bins <= len(lengths)`` no bin stays empty.
+    """
+    heap = [(0, 0, b) for b in range(num_bins)]  # (tokens, sequences, bin)
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        tokens, count, b = heapq.heappop(heap)
+        bins[b].append(i)
+        heapq.heappush(heap, (tokens + lengths[i], count + 1, b))
+    return bins
+
+
+def partition_by_tokens(lengths: Sequence[int], max_tokens: int, min_bins: int = 1) -> list[list[int]]:
+    """Row indices in the fewest bins (at least ``min_bins``, at most one per row) with Σ length ≤ max_tokens.
+
+    A row longer than ``max_tokens`` gets a bin of its own. Each bin lists its rows in ascending order and the
+    bins are sorted by their first row, so a budget that holds everything gives back the original order.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    n = len(lengths)
+    k = min(n, max(min_bins, math.ceil(sum(lengths) / max_tokens)))
+    while True:
+        bins = lpt_partition(lengths, k)
+        fits = all(len(b) == 1 or sum(lengths[i] for i in b) <= max_tokens for b in bins)
+        if fits or k >= n:
+            return sorted(sorted(b) for b in bins)
+        k += 1
+
+
+def _max_over_ranks(value: int, device: torch.device) -> int:
+    tensor = torch.tensor([value], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def micro_batch_indices(
+    attention_mask: Tensor,
+    micro_batch_size: int,
+    max_token_len: int | None = None,
+    sync_device: torch.device | None = None,
+) -> list[Tensor]:
+    """Row indices of each micro-batch: fixed ``micro_batch_size`` rows, or by token budget ``max_token_len``.
+
+    With a budget and ``sync_device`` (an FSDP module's device), the ranks agree on one number of micro-batches
+    (the largest any rank needs); every rank must hold the same number of rows, as DP dispatch guarantees.
+    """
+    n = attention_mask.shape[0]
+    if max_token_len is None:
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro-batch size must be positive, got {micro_batch_size}")
+        return [torch.arange(i, min(i + micro_batch_size, n)) for i in range(0, n, micro_batch_size)]
+    lengths = attention_mask.sum(-1).tolist()
+    bins = partition_by_tokens(lengths, max_token_len)
+    if sync_device is not None and dist.is_initialized() and dist.get_world_size() > 1:
+        k = 1
+        while (k_all := _max_over_ranks(len(bins), sync_device)) != k:  # each round raises k; k <= n ends it
+            k = k_all
+            bins = partition_by_tokens(lengths, max_token_len, min_bins=k)
+    return [torch.tensor(b, dtype=torch.long) for b in bins]
+
+
+def restore_order(chunks: list[Tensor], indices: list[Tensor]) -> Tensor:
+    """Concatenate per-micro-batch outputs (rows in ``indices`` order) back into the original row order."""
+    out = torch.cat(chunks)
+    return out[torch.argsort(torch.cat(indices))]
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """A mini-batch's size summed over the data-parallel ranks that share one optimizer step."""
+
+    tokens: float  # valid response tokens
+    rows: float
+    ranks: int  # FSDP averages the ranks' gradients, so each rank's loss counts 1/ranks
+
+
+def mini_batch_totals(response_mask: Tensor, sync_device: torch.device | None = None) -> BatchTotals:
+    """Tokens and rows of this rank's (rows, R) mini-batch, summed over all ranks when ``sync_device`` is set."""
+    local = torch.tensor([float(response_mask.sum()), float(response_mask.shape[0])], dtype=torch.float64)
+    if sync_device is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return BatchTotals(float(local[0]), float(local[1]), 1)
+    total = local.to(sync_device)
+    dist.all_reduce(total)
+    return BatchTotals(float(total[0]), float(total[1]), dist.get_world_size())
+
+
+def loss_weight(micro_mask: Tensor, totals: BatchTotals, loss_agg_mode: str) -> float:
+    """The factor on a micro-batch's loss that makes the sum over micro-batches (and the FSDP mean over
+    ranks) the loss of the whole mini-batch: ranks × the micro-batch's share of it.
+
+    token-mean: tokens_micro / tokens;  seq-mean-token-sum / seq-mean-token-mean: rows_micro / rows;
+    seq-mean-token-sum-norm (a sum over the batch / response_length): 1. ``micro_mask`` is (rows, R).
+    """
+    if loss_agg_mode == "token-mean":
+        share = float(micro_mask.sum()) / max(totals.tokens, 1.0)
+    elif loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        share = micro_mask.shape[0] / totals.rows
+    elif loss_agg_mode == "seq-mean-token-sum-norm":
+        share = 1.0
+    else:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
+    return totals.ranks * share
+
+
+@dataclass
+class PackedBatch:
+    """The valid tokens of a padded (B, L) batch in one row, and where the response tokens sit in it."""
+
+    input_ids: Tensor  # (1, T): row 0's valid tokens, then row 1's, ...
+    position_ids: Tensor  # (1, T): 0, 1, ... within each row
+    predictors: Tensor  # (K,): packed index of the token just before each valid response token
+    labels: Tensor  # (K,): those response tokens
+    rows: Tensor  # (K,): their row in (B, R)
+    cols: Tensor  # (K,): their column in (B, R)
+    shape: tuple[int, int]  # (B, R)
+
+    def unpack(self, values: Tensor) -> Tensor:
+        """Per-response-token values (K, ...) -> (B, R, ...), zero where there is no valid response token."""
+        out = values.new_zeros((*self.shape, *values.shape[1:]))
+        return out.index_put((self.rows, self.cols), values)
+
+
+def pack_batch(input_ids: Tensor, attention_mask: Tensor, response_length: int) -> PackedBatch:
+    """Pack (B, L) left-padded-prompt + right-padded-response rows; the response is the last R columns."""
+    valid = attention_mask.bool()
+    batch, length = valid.shape
+    flat = valid.flatten().nonzero().squeeze(-1)  # row-major: rows in order, tokens in order
+    packed_index = torch.full((batch * length,), -1, dtype=torch.long, device=valid.device)
+    packed_index[flat] = torch.arange(flat.numel(), device=valid.device)
+    packed_index = packed_index.view(batch, length)
+    position_ids = (valid.long().cumsum(-1) - 1).flatten()[flat]
+    prompt_length = length - response_length
+    predictors = packed_index[:, prompt_length - 1 : length - 1]  # position t predicts token t + 1
+    keep = (predictors >= 0) & valid[:, prompt_length:]
+    rows, cols = keep.nonzero(as_tuple=True)
+    return PackedBatch(
+        input_ids=input_ids.flatten()[flat].unsqueeze(0),
+        position_ids=position_ids.unsqueeze(0),
+        predictors=predictors[keep],
+        labels=input_ids[:, prompt_length:][keep],
+        rows=rows,
+        cols=cols,
+        shape=(batch, response_length),
+    )
