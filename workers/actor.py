@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from single_controller import DataProto
 from trainer.core_algos import agg_loss, compute_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
-from workers.common import micro_batches, minibatch_update, model_device, to_float_metrics
+from workers.common import configured_update, micro_batches, model_device
 from workers.packing import pack_batch, restore_order
 
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -198,20 +198,7 @@ class DataParallelPPOActor:
         cfg = self.config
         temperature = float(data.meta_info.get("temperature", 1.0))
         keys = UPDATE_KEYS + (("ref_log_prob",) if cfg.use_kl_loss else ())
-        metrics = minibatch_update(
-            self.module,
-            self.optimizer,
-            {k: data.batch[k] for k in keys},
-            lambda micro: self._micro_loss(micro, temperature),
-            mini_batch_size=self.mini_batch_size or cfg.ppo_mini_batch_size,
-            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
-            epochs=cfg.ppo_epochs,
-            shuffle=cfg.shuffle,
-            grad_clip=cfg.grad_clip,
-            prefix="actor",
-            loss_agg_mode=cfg.loss_agg_mode,
-            max_token_len=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
+        return configured_update(
+            self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in keys},
+            lambda micro: self._micro_loss(micro, temperature), cfg, self.mini_batch_size, prefix="actor",
         )
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        return to_float_metrics(metrics)

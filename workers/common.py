@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -103,3 +104,31 @@ def minibatch_update(
             metrics[f"{prefix}/nonfinite_skipped"].append(0.0 if finite else 1.0)
             metrics[f"{prefix}/lr"].append(optimizer.param_groups[0]["lr"])
     return metrics
+
+
+def configured_update(
+    module: nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, tensors: dict[str, Tensor],
+    loss_fn: LossFn, config: Any, mini_batch_size: int | None, prefix: str,
+) -> dict[str, list[float]]:
+    """:func:`minibatch_update` with an actor/critic config's settings, then one LR-scheduler step.
+
+    The scheduler steps once per call, i.e. once per training step (as verl does), so warm-up is counted in
+    training steps. Returns metric name -> list of floats.
+    """
+    metrics = minibatch_update(
+        module,
+        optimizer,
+        tensors,
+        loss_fn,
+        mini_batch_size=mini_batch_size or config.ppo_mini_batch_size,
+        micro_batch_size=config.ppo_micro_batch_size_per_gpu,
+        epochs=config.ppo_epochs,
+        shuffle=config.shuffle,
+        grad_clip=config.grad_clip,
+        prefix=prefix,
+        loss_agg_mode=config.loss_agg_mode,
+        max_token_len=config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None,
+    )
+    if lr_scheduler is not None:
+        lr_scheduler.step()
+    return to_float_metrics(metrics)

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from single_controller import DataProto
 from trainer.core_algos import compute_value_loss
-from workers.common import micro_batches, minibatch_update, model_device, to_float_metrics
+from workers.common import configured_update, micro_batches, model_device
 from workers.packing import pack_batch, restore_order
 
 VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -133,23 +133,10 @@ class DataParallelPPOCritic:
         per call. Needs input_ids, attention_mask, position_ids, responses, response_mask, values, returns.
         Metrics: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm, critic/lr."""
         cfg = self.config
-        metrics = minibatch_update(
-            self.module,
-            self.optimizer,
-            {k: data.batch[k] for k in UPDATE_KEYS},
-            self._micro_loss,
-            mini_batch_size=self.mini_batch_size or cfg.ppo_mini_batch_size,
-            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
-            epochs=cfg.ppo_epochs,
-            shuffle=cfg.shuffle,
-            grad_clip=cfg.grad_clip,
-            prefix="critic",
-            loss_agg_mode=cfg.loss_agg_mode,
-            max_token_len=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
+        return configured_update(
+            self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in UPDATE_KEYS},
+            self._micro_loss, cfg, self.mini_batch_size, prefix="critic",
         )
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        return to_float_metrics(metrics)
 
 
 def _response_mask(data: DataProto, response_length: int) -> Tensor:
