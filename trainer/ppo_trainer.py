@@ -248,7 +248,7 @@ class RayPPOTrainer:
                     scores = scores + self.rm_wg.compute_rm_score(rm_input).batch["rm_scores"]
                 batch.batch["token_level_scores"] = scores
             with self._phase("old_log_prob", timing):
-                batch.union(self._old_log_prob(batch, metrics))
+                batch.union(self._old_log_prob(batch))
             if self.use_reference_policy:
                 with self._phase("ref", timing):
                     batch.union(self.ref_wg.compute_ref_log_prob(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])))
@@ -290,12 +290,9 @@ class RayPPOTrainer:
         out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
         return self.reward_fn(out)[0].sum(-1)
 
-    def _old_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
+    def _old_log_prob(self, batch: DataProto) -> DataProto:
         out = self.actor_rollout_wg.compute_log_prob(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[]))
-        entropys = out.batch.pop("entropys")
-        mask = batch.batch["response_mask"]
-        agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
-        metrics["actor/entropy"] = core_algos.agg_loss(entropys, mask, agg_mode).item()
+        out.batch.pop("entropys")  # actor/entropy comes from update_actor, which sees the same policy first
         return out
 
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:

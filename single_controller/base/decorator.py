@@ -42,13 +42,25 @@ class Execute(Enum):
 
 
 # ---------------------------------------------------------------------------- dispatch functions
-def _per_rank(world_size: int, args: tuple, kwargs: dict, make: Callable[[Any], list]) -> tuple[tuple, dict]:
+def _per_rank(args: tuple, kwargs: dict, make: Callable[[Any], list]) -> tuple[tuple, dict]:
     return tuple(make(a) for a in args), {k: make(v) for k, v in kwargs.items()}
+
+
+def _list_checker(mode: str, size_name: str, size: int) -> Callable[[Any], list]:
+    """Accept an argument only as a list (or tuple) of ``size`` items, one per rank or dp group."""
+
+    def check(value) -> list:
+        if not isinstance(value, (list, tuple)) or len(value) != size:
+            got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
+            raise ValueError(f"Dispatch.{mode} needs every argument to be a list of length {size_name}={size}, got {got}")
+        return list(value)
+
+    return check
 
 
 def dispatch_one_to_all(worker_group, *args, **kwargs):
     n = worker_group.world_size
-    return _per_rank(n, args, kwargs, lambda a: [a] * n)
+    return _per_rank(args, kwargs, lambda a: [a] * n)
 
 
 def dispatch_all_to_all(worker_group, *args, **kwargs):
@@ -60,15 +72,7 @@ def collect_all_to_all(worker_group, outputs):
 
 
 def dispatch_dp_compute(worker_group, *args, **kwargs):
-    n = worker_group.world_size
-
-    def check(value):
-        if not isinstance(value, (list, tuple)) or len(value) != n:
-            got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
-            raise ValueError(f"Dispatch.DP_COMPUTE needs every argument to be a list of length world_size={n}, got {got}")
-        return list(value)
-
-    return _per_rank(n, args, kwargs, check)
+    return _per_rank(args, kwargs, _list_checker("DP_COMPUTE", "world_size", worker_group.world_size))
 
 
 def collect_dp_compute(worker_group, outputs):
@@ -90,7 +94,7 @@ def _chunk_proto(value, n: int, pad: int) -> list:
 def dispatch_dp_compute_data_proto(worker_group, *args, **kwargs):
     n = worker_group.world_size
     pad = proto_pad_size(n, args, kwargs)
-    return _per_rank(n, args, kwargs, lambda a: _chunk_proto(a, n, pad))
+    return _per_rank(args, kwargs, lambda a: _chunk_proto(a, n, pad))
 
 
 def dispatch_dp_compute_data_proto_with_func(worker_group, func, *args, **kwargs):
@@ -154,19 +158,12 @@ def _spread_by_dp(info: list, args: tuple, kwargs: dict, split: Callable[[Any], 
         items = [_put_once(item) for item in split(value)]
         return [items[rank.dp_rank] for rank in info]
 
-    return _per_rank(len(info), args, kwargs, spread)
+    return _per_rank(args, kwargs, spread)
 
 
 def dispatch_megatron_compute(worker_group, *args, **kwargs):
     info, dp_size = _megatron_ranks(worker_group)
-
-    def check(value) -> list:
-        if not isinstance(value, (list, tuple)) or len(value) != dp_size:
-            got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
-            raise ValueError(f"Dispatch.MEGATRON_COMPUTE needs every argument to be a list of length dp_size={dp_size}, got {got}")
-        return list(value)
-
-    return _spread_by_dp(info, args, kwargs, check)
+    return _spread_by_dp(info, args, kwargs, _list_checker("MEGATRON_COMPUTE", "dp_size", dp_size))
 
 
 def collect_megatron_compute(worker_group, outputs):
