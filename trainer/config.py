@@ -25,6 +25,7 @@ import torch
 
 from trainer.core_algos import (
     ADV_ESTIMATORS,
+    KL_LOSS_TYPES,
     KL_PENALTY_TYPES,
     LOSS_AGG_MODES,
     POLICY_LOSS_MODES,
@@ -231,7 +232,7 @@ class ActorConfig:
                "must be null (use clip_ratio) or > 0")
         _check(self, ["clip_ratio_c"], lambda v: _is_number(v) and v > 1, "must be > 1")
         _non_negative(self, "kl_loss_coef")
-        _one_of(self, "kl_loss_type", KL_PENALTY_TYPES)
+        _one_of(self, "kl_loss_type", KL_LOSS_TYPES)
         _one_of(self, "loss_agg_mode", LOSS_AGG_MODES)
 
 
@@ -380,6 +381,9 @@ class AlgorithmConfig:
             raise ConfigError.invalid("adv_estimator", self.adv_estimator,
                                       f"must be one of {', '.join(ADV_ESTIMATORS)}") from None
         _unit_interval(self, "gamma", "lam")
+        if self.kl_penalty == "full":  # the in-reward KL sees token log-probs only
+            raise ConfigError.invalid("kl_penalty", "full", f"must be one of {', '.join(KL_PENALTY_TYPES)} "
+                                      "('full' is for actor_rollout_ref.actor.kl_loss_type)")
         _one_of(self, "kl_penalty", KL_PENALTY_TYPES)
 
 

@@ -339,12 +339,14 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_LOSS_TYPES = (*KL_PENALTY_TYPES, "full")  # "full" needs both models' logits: only the actor's KL loss has them
 
 
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
     """Per-token estimate of KL(π ‖ π_ref) from sampled-token log-probs (Schulman's k1/k2/k3), (bs, response_length).
 
     k1 = log π − log π_ref;  abs = |k1|;  k2 = ½·k1²;  k3 = e^{−k1} + k1 − 1 (≥ 0, low variance, clamped to ±10).
+    The exact KL over the vocabulary is ``kl_full``, which takes logits instead.
     """
     log_ratio = logprob - ref_logprob
     if kl_penalty in ("kl", "k1"):
@@ -357,11 +359,19 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
         ref_minus_logp = (-log_ratio).clamp(-20.0, 20.0)
         return (torch.exp(ref_minus_logp) - ref_minus_logp - 1).clamp(-10.0, 10.0)
     if kl_penalty == "full":
-        raise ValueError(
-            "kl_penalty 'full' needs the full vocabulary distributions; it is not supported on "
-            f"token log-probs. Use one of {list(KL_PENALTY_TYPES)}"
-        )
+        raise ValueError("kl_penalty 'full' needs logits, not token log-probs: use kl_full(logits, ref_logits)")
     raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid: {list(KL_PENALTY_TYPES)}")
+
+
+def kl_full(logits: Tensor, ref_logits: Tensor) -> Tensor:
+    """Exact per-position KL(π ‖ π_ref) over the whole vocabulary: (..., V), (..., V) -> (...).
+
+    KL_t = Σ_v π(v|s_t)·(log π(v|s_t) − log π_ref(v|s_t)),  π = softmax(logits), π_ref = softmax(ref_logits).
+    No sampling noise, unlike k1/k2/k3; the gradient flows through ``logits`` only.
+    """
+    log_p = torch.log_softmax(logits, dim=-1)
+    log_q = torch.log_softmax(ref_logits.detach(), dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(dim=-1)
 
 
 class KLController(Protocol):

@@ -92,8 +92,12 @@ class RayPPOTrainer:
         pool = RayResourcePool(
             [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
         )
-        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout")}
-        if self.use_reference_policy:
+        actor = cfg.actor_rollout_ref.actor
+        # the exact KL loss reads reference logits inside the update: then one object holds actor and ref
+        ref_in_actor = bool(actor.use_kl_loss) and actor.kl_loss_type == "full"
+        actor_role = "actor_rollout_ref" if ref_in_actor else "actor_rollout"
+        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=actor_role)}
+        if self.use_reference_policy and not ref_in_actor:
             roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="ref")
         if self.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic)
@@ -102,10 +106,10 @@ class RayPPOTrainer:
         self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles))
         views = self.fused_wg.spawn(prefix_set=roles.keys())
         self.actor_rollout_wg = views["actor_rollout"]
-        self.ref_wg = views.get("ref")
+        self.ref_wg = self.actor_rollout_wg if ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
-        for wg in (self.critic_wg, self.ref_wg, self.rm_wg, self.actor_rollout_wg):
+        for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
             if wg is not None:
                 wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
@@ -324,7 +328,8 @@ class RayPPOTrainer:
         )
 
     def _actor_update_keys(self) -> list[str]:
-        return ACTOR_UPDATE_KEYS + (["ref_log_prob"] if self.config.actor_rollout_ref.actor.use_kl_loss else [])
+        actor = self.config.actor_rollout_ref.actor  # the exact ("full") KL reads ref logits, not ref_log_prob
+        return ACTOR_UPDATE_KEYS + (["ref_log_prob"] if actor.use_kl_loss and actor.kl_loss_type != "full" else [])
 
     @staticmethod
     def _update(method: Callable[[DataProto], DataProto], batch: DataProto, keys: list[str]) -> dict[str, float]:

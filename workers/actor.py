@@ -13,7 +13,14 @@ import torch
 from torch import Tensor, nn
 
 from single_controller import DataProto
-from trainer.core_algos import agg_loss, compute_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
+from trainer.core_algos import (
+    agg_loss,
+    compute_policy_loss,
+    entropy_from_logits,
+    kl_full,
+    kl_penalty,
+    logprobs_from_logits,
+)
 from workers.common import configured_update, micro_batches, model_device
 from workers.packing import pack_batch, restore_order
 
@@ -78,6 +85,8 @@ class DataParallelPPOActor:
         mini_batch_size: samples per optimizer step on this rank (the worker computes it from the global
             ``ppo_mini_batch_size``·n / world size); None means ``config.ppo_mini_batch_size`` as is.
         use_remove_padding: run every forward on packed rows (``actor_rollout_ref.model.use_remove_padding``).
+        ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
+            exact KL compares the two models' whole next-token distributions inside the update.
     """
 
     def __init__(
@@ -88,8 +97,12 @@ class DataParallelPPOActor:
         config: Any,
         mini_batch_size: int | None = None,
         use_remove_padding: bool = False,
+        ref_module: nn.Module | None = None,
     ) -> None:
+        if config.use_kl_loss and config.kl_loss_type == "full" and optimizer is not None and ref_module is None:
+            raise ValueError("actor.kl_loss_type=full needs the reference model in the actor's process (ref_module)")
         self.module = module
+        self.ref_module = ref_module
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.config = config
@@ -179,17 +192,27 @@ class DataParallelPPOActor:
         loss = pg_loss - cfg.entropy_coeff * entropy
         metrics["actor/entropy"] = entropy.detach()
         if cfg.use_kl_loss:
-            kl_loss = agg_loss(kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type), mask, cfg.loss_agg_mode)
+            kl_loss = agg_loss(self._kl(micro, logits, log_prob, unpack, temperature), mask, cfg.loss_agg_mode)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.detach()
             metrics["actor/kl_coef"] = torch.tensor(float(cfg.kl_loss_coef))
         return loss, metrics
 
+    def _kl(self, micro: dict[str, Tensor], logits: Tensor, log_prob: Tensor, unpack: Callable, temperature: float):
+        """Per-token KL(π ‖ π_ref) (B, R) for the KL loss: sampled-token estimators, or exact over the vocabulary."""
+        if self.config.kl_loss_type != "full":
+            return kl_penalty(log_prob, micro["ref_log_prob"], self.config.kl_loss_type)
+        with torch.no_grad():  # same packing as the actor's forward, so rows of the two logits line up
+            ref_logits, _, _ = response_token_logits(
+                self.ref_module, micro, micro["responses"].shape[-1], temperature, self.use_remove_padding
+            )
+        return unpack(kl_full(logits, ref_logits))
+
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update on this rank's rows: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch.
 
         Needs batch keys input_ids, attention_mask, position_ids, responses, response_mask, old_log_probs,
-        advantages (+ ref_log_prob with ``use_kl_loss``); ``meta_info["temperature"]`` (default 1) must be the
+        advantages (+ ref_log_prob with ``use_kl_loss``, unless ``kl_loss_type=full``); ``meta_info["temperature"]`` (default 1) must be the
         sampling temperature. The LR scheduler steps once per call, i.e. once per training step (as verl does),
         so warm-up is counted in training steps. Returns metric name -> list of floats.
         """
@@ -197,7 +220,7 @@ class DataParallelPPOActor:
             raise RuntimeError("update_policy needs an optimizer; this actor was built as a frozen reference")
         cfg = self.config
         temperature = float(data.meta_info.get("temperature", 1.0))
-        keys = UPDATE_KEYS + (("ref_log_prob",) if cfg.use_kl_loss else ())
+        keys = UPDATE_KEYS + (("ref_log_prob",) if cfg.use_kl_loss and cfg.kl_loss_type != "full" else ())
         return configured_update(
             self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in keys},
             lambda micro: self._micro_loss(micro, temperature), cfg, self.mini_batch_size, prefix="actor",

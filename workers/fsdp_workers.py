@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -88,6 +89,11 @@ def _load_causal_lm(model_config: Any) -> nn.Module:
     return model
 
 
+def _uses_full_kl(actor_config: Any) -> bool:
+    """The exact KL loss needs the reference model in the actor's process (role ``actor_rollout_ref``)."""
+    return bool(actor_config.use_kl_loss) and actor_config.kl_loss_type == "full"
+
+
 def _proto(tensors: dict[str, torch.Tensor], meta_info: dict | None = None) -> DataProto:
     return DataProto.from_dict({k: v.detach().cpu() for k, v in tensors.items()}, meta_info=meta_info)
 
@@ -96,7 +102,8 @@ class ActorRolloutRefWorker(Worker):
     """The policy in its three roles: rollout (sampling), actor (PPO update) and/or frozen reference.
 
     ``config`` is the ``actor_rollout_ref`` section; ``role`` is one of ``ROLES``. Rollout runs on the actor's
-    own FSDP module (no second copy of the weights); ``ref`` holds a separate frozen copy.
+    own FSDP module (no second copy of the weights); ``ref`` holds a separate frozen copy. ``actor_rollout_ref``
+    holds both in one object, which ``kl_loss_type=full`` needs: its loss reads the reference logits.
     """
 
     def __init__(self, config: Any, role: str) -> None:
@@ -124,27 +131,32 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         remove_padding = bool(cfg.model.use_remove_padding)
-        if self._is_actor:
-            module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
-            optimizer = build_optimizer(module, cfg.actor.optim)
-            scheduler = build_lr_scheduler(optimizer, cfg.actor.optim, total_training_steps)
-            self.actor = DataParallelPPOActor(
-                module, optimizer, scheduler, cfg.actor, self.mini_batch_size, use_remove_padding=remove_padding
-            )
-            self.generation_config = getattr(module, "generation_config", None)
-            self._offload_actor(module, optimizer)
         if self._is_ref:
             ref_module = _load_causal_lm(cfg.model).requires_grad_(False).eval()
             ref_module = _shard(self, ref_module, cfg.ref.fsdp_config)
             self.ref_policy = DataParallelPPOActor(ref_module, None, None, cfg.actor, use_remove_padding=remove_padding)
             if cfg.ref.fsdp_config.param_offload:
                 fsdp.offload_fsdp_params(ref_module)
+        if self._is_actor:
+            module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
+            optimizer = build_optimizer(module, cfg.actor.optim)
+            scheduler = build_lr_scheduler(optimizer, cfg.actor.optim, total_training_steps)
+            self.actor = DataParallelPPOActor(
+                module, optimizer, scheduler, cfg.actor, self.mini_batch_size, use_remove_padding=remove_padding,
+                ref_module=self.ref_policy.module if self._is_ref and _uses_full_kl(cfg.actor) else None,
+            )
+            self.generation_config = getattr(module, "generation_config", None)
+            self._offload_actor(module, optimizer)
 
     def _offload_actor(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         if self.config.actor.fsdp_config.param_offload:
             fsdp.offload_fsdp_params(module)
         if self.config.actor.fsdp_config.optimizer_offload:
             fsdp.offload_optimizer(optimizer)
+
+    def _ref_onloaded(self):
+        offload = bool(self.config.ref.fsdp_config.param_offload)
+        return fsdp.onloaded(self.ref_policy.module, self.device, offload_params=offload)
 
     def _actor_onloaded(self, with_optimizer: bool = False):
         fsdp_cfg = self.config.actor.fsdp_config
@@ -215,7 +227,7 @@ class ActorRolloutRefWorker(Worker):
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob needs the reference model; this worker's role is {self.role!r}")
         ref = self.config.ref
-        with fsdp.onloaded(self.ref_policy.module, self.device, offload_params=bool(ref.fsdp_config.param_offload)):
+        with self._ref_onloaded():
             log_probs, _ = self.ref_policy.compute_log_prob(
                 data,
                 micro_batch_size=ref.log_prob_micro_batch_size_per_gpu,
@@ -231,7 +243,9 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
         data = dataclasses.replace(data, meta_info={**data.meta_info, "temperature": self.config.rollout.temperature})
         start = time.perf_counter()
-        with self._actor_onloaded(with_optimizer=True):
+        # kl_loss_type=full runs the reference model inside the update (role actor_rollout_ref)
+        ref_onloaded = self._ref_onloaded() if self.actor.ref_module is not None else nullcontext()
+        with self._actor_onloaded(with_optimizer=True), ref_onloaded:
             metrics = self.actor.update_policy(data)
         metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})

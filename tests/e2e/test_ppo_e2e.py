@@ -108,13 +108,18 @@ def test_critic_loss_falls_on_a_fixed_batch(gae_run):
     assert losses[-1] < losses[0]
 
 
-def test_grpo_runs_without_critic(ray_cluster, tmp_path):
-    trainer = build_trainer(tiny_config(tmp_path, "grpo"))
+def test_grpo_runs_without_critic_and_with_the_exact_kl_loss(ray_cluster, tmp_path):
+    cfg = tiny_config(tmp_path, "grpo")
+    cfg.actor_rollout_ref.actor.kl_loss_type = "full"
+    trainer = build_trainer(cfg)
     trainer.init_workers()
     assert trainer.critic_wg is None
+    assert trainer.ref_wg is trainer.actor_rollout_wg  # the exact KL needs actor and ref in one object
     last = trainer.fit()
     assert all(k in last for k in REQUIRED) and all(math.isfinite(v) for v in last.values())
     assert not any(k.startswith("critic/v") for k in last)
+    first = read_jsonl(tmp_path / "metrics.jsonl")[1]
+    assert abs(first["actor/kl_loss"]) < 1e-6 and abs(first["actor/ref_kl"]) < 1e-5
 
 
 @pytest.mark.parametrize("n_gpus", [pytest.param(n, marks=pytest.mark.gpu(n=n)) for n in (2, 4, 8)])

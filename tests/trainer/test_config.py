@@ -69,6 +69,7 @@ def test_overrides_apply_and_interpolations_follow():
          ["actor_rollout_ref.actor.loss_agg_mode='mean'", "token-mean"]),
         (["actor_rollout_ref.actor.kl_loss_type=k9"], ["actor_rollout_ref.actor.kl_loss_type='k9'", "low_var_kl"]),
         (["algorithm.kl_penalty=k9"], ["algorithm.kl_penalty='k9'"]),
+        (["algorithm.kl_penalty=full"], ["algorithm.kl_penalty='full'", "low_var_kl", "kl_loss_type"]),
         (["algorithm.kl_ctrl.type=pid"], ["algorithm.kl_ctrl.type='pid'", "adaptive"]),
         (["algorithm.adv_estimator=ppo2"], ["algorithm.adv_estimator='ppo2'", "gae", "grpo"]),
         (["trainer.device=gpu"], ["trainer.device='gpu'", "auto"]),

@@ -407,11 +407,33 @@ def test_kl_penalty_hand_values():
 
 def test_kl_penalty_rejects_full_and_unknown():
     x = torch.zeros(2)
-    with pytest.raises(ValueError, match="full vocabulary distributions"):
+    with pytest.raises(ValueError, match="kl_full"):
         ca.kl_penalty(x, x, "full")
     with pytest.raises(ValueError, match="low_var_kl") as err:
         ca.kl_penalty(x, x, "k4")
     assert all(name in str(err.value) for name in ca.KL_PENALTY_TYPES)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kl_full_is_the_exact_vocabulary_sum(seed):
+    torch.manual_seed(seed)
+    logits, ref_logits = torch.randn(3, 4, 11) * 2, torch.randn(3, 4, 11) * 2
+    p, q = torch.softmax(logits, -1), torch.softmax(ref_logits, -1)
+    expected = torch.zeros(3, 4)
+    for v in range(11):  # the definition, one vocabulary entry at a time
+        expected += p[..., v] * (p[..., v].log() - q[..., v].log())
+    kl = ca.kl_full(logits, ref_logits)
+    torch.testing.assert_close(kl, expected, rtol=1e-5, atol=1e-6)
+    assert (kl >= 0).all() and ca.kl_full(logits, logits).abs().max() < 1e-6
+    # it is the expectation of k1 under π: Σ_v π(v)·k1(v)
+    k1 = ca.kl_penalty(torch.log_softmax(logits, -1), torch.log_softmax(ref_logits, -1), "k1")
+    torch.testing.assert_close((p * k1).sum(-1), kl, rtol=1e-5, atol=1e-6)
+
+
+def test_kl_full_gradient_flows_through_the_policy_only():
+    logits, ref_logits = torch.randn(2, 5, requires_grad=True), torch.randn(2, 5, requires_grad=True)
+    ca.kl_full(logits, ref_logits).sum().backward()
+    assert logits.grad.abs().sum() > 0 and ref_logits.grad is None
 
 
 def test_kl_controllers():

@@ -62,6 +62,38 @@ def test_update_changes_weights_and_reports_finite_metrics(tiny_model_dir, use_k
     assert 0 < metrics["actor/pg_clipfrac"][0] < 1  # old_log_probs are off-policy, so some tokens clip
 
 
+def _full_kl_actor(model_dir, ref_noise: float, **cfg):
+    """An actor with kl_loss_type=full whose reference is its own copy, perturbed by ``ref_noise``."""
+    ref = AutoModelForCausalLM.from_pretrained(model_dir).requires_grad_(False)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(ref_noise * torch.randn_like(p))
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    config = actor_config(use_kl_loss=True, kl_loss_type="full", **cfg)
+    return DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config, ref_module=ref)
+
+
+def test_full_kl_loss_is_zero_against_itself_and_pulls_towards_the_reference(tiny_model_dir):
+    same = _full_kl_actor(tiny_model_dir, ref_noise=0.0)
+    data = make_update_batch(8, P, R)
+    del data.batch["ref_log_prob"]  # the exact KL reads the reference logits instead
+    assert abs(same.update_policy(data)["actor/kl_loss"][0]) < 1e-6
+    # no policy gradient (zero advantages), only the KL: it falls step after step
+    torch.manual_seed(1)
+    far = _full_kl_actor(tiny_model_dir, ref_noise=0.1, kl_loss_coef=1.0, ppo_mini_batch_size=8,
+                         ppo_micro_batch_size_per_gpu=8)
+    data.batch["advantages"] = torch.zeros_like(data.batch["advantages"])
+    kls = [far.update_policy(data)["actor/kl_loss"][0] for _ in range(5)]
+    assert kls[0] > 1e-3 and all(b < a for a, b in zip(kls, kls[1:])), kls
+
+
+def test_full_kl_loss_without_a_reference_model_is_rejected(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = actor_config(use_kl_loss=True, kl_loss_type="full")
+    with pytest.raises(ValueError, match="kl_loss_type=full"):
+        DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
+
+
 def test_positive_advantage_raises_the_response_log_prob(tiny_model_dir):
     actor = _actor(tiny_model_dir, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8)
     data = make_update_batch(8, P, R)

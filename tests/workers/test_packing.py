@@ -114,8 +114,15 @@ def test_ranks_agree_on_micro_batch_count_and_mini_batch_totals():
 def _actor(model_dir, remove_padding=False, **cfg):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     config = actor_config(ppo_mini_batch_size=ROWS, grad_clip=1e9, **cfg)
+    ref = None
+    if config.kl_loss_type == "full":  # a reference that differs from the policy, the same in every variant
+        torch.manual_seed(0)
+        ref = AutoModelForCausalLM.from_pretrained(model_dir).requires_grad_(False)
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.add_(0.05 * torch.randn_like(p))
     return DataParallelPPOActor(model, torch.optim.SGD(model.parameters(), lr=1.0), None, config,
-                                use_remove_padding=remove_padding)
+                                use_remove_padding=remove_padding, ref_module=ref)
 
 
 def _step(worker, update, data) -> tuple[dict[str, torch.Tensor], dict[str, list[float]]]:
@@ -145,11 +152,11 @@ def test_packed_log_probs_match_padded_in_row_order(tiny_model_dir):
         assert (plp[~mask] == 0).all()
 
 
-@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_actor_update_has_the_padded_full_batch_gradient(tiny_model_dir, mode):
+@pytest.mark.parametrize(("mode", "kl_type"), [(m, "low_var_kl") for m in LOSS_AGG_MODES] + [("token-mean", "full")])
+def test_actor_update_has_the_padded_full_batch_gradient(tiny_model_dir, mode, kl_type):
     """Padded in one micro-batch == padded in uneven micro-batches == packed with a token budget."""
     data = make_update_batch(ROWS, P, R)
-    cfg = dict(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True)
+    cfg = dict(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_type=kl_type)
     reference = _actor(tiny_model_dir, ppo_micro_batch_size_per_gpu=ROWS, **cfg)
     want, want_metrics = _step(reference, reference.update_policy, data)
     variants = [
