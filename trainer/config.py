@@ -219,6 +219,9 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    # one optimizer step per batch (ppo_epochs 1, one mini-batch) is on-policy: the update's own log-probs,
+    # detached, are the old ones, so the separate old-log-prob forward is skipped (as TRL does)
+    skip_on_policy_old_log_prob: bool = True
     grad_clip: float = 1.0
     loss_agg_mode: str = "token-mean"
     policy_loss: PolicyLossConfig = field(default_factory=lambda: PolicyLossConfig())

@@ -27,12 +27,13 @@ from trainer.config import uses_critic
 from trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, reduce_metrics, timed
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
+from workers.actor import is_single_step
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
 # What each worker call needs from the batch: sending only these keeps Ray transfers small.
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
-ACTOR_UPDATE_KEYS = FORWARD_KEYS + ["old_log_probs", "advantages"]
+ACTOR_UPDATE_KEYS = FORWARD_KEYS + ["advantages"]
 CRITIC_UPDATE_KEYS = FORWARD_KEYS + ["values", "returns"]
 
 class NonFiniteLossError(RuntimeError):
@@ -64,7 +65,13 @@ class RayPPOTrainer:
         self.n_workers = n_workers
         algo = config.algorithm
         self.use_critic = uses_critic(config)
-        self.use_reference_policy = bool(config.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward)
+        actor = config.actor_rollout_ref.actor
+        self.use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
+        # the in-reward KL reads old_log_probs before the update; otherwise one step on the batch needs none
+        self.recompute_old_log_prob = not (
+            actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
+            and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, config.data.train_batch_size)
+        )
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(
             algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon
         )
@@ -248,17 +255,17 @@ class RayPPOTrainer:
             with self._phase("reward", timing):
                 scores, _ = self.reward_fn(batch)
                 if self.rm_wg is not None:  # the learned score, on the last response token, adds to the rule's
-                    rm_input = batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])
-                    scores = scores + self.rm_wg.compute_rm_score(rm_input).batch["rm_scores"]
+                    scores = scores + self.rm_wg.compute_rm_score(_forward_inputs(batch)).batch["rm_scores"]
                 batch.batch["token_level_scores"] = scores
-            with self._phase("old_log_prob", timing):
-                batch.union(self._old_log_prob(batch))
+            if self.recompute_old_log_prob:
+                with self._phase("old_log_prob", timing):
+                    batch.union(self.actor_rollout_wg.compute_log_prob(_forward_inputs(batch)))
             if self.use_reference_policy:
                 with self._phase("ref", timing):
-                    batch.union(self.ref_wg.compute_ref_log_prob(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])))
+                    batch.union(self.ref_wg.compute_ref_log_prob(_forward_inputs(batch)))
             if self.use_critic:
                 with self._phase("values", timing):
-                    batch.union(self.critic_wg.compute_values(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])))
+                    batch.union(self.critic_wg.compute_values(_forward_inputs(batch)))
             with self._phase("adv", timing):
                 self._compute_advantage(batch, metrics)
             if self.use_critic:
@@ -294,17 +301,12 @@ class RayPPOTrainer:
         out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
         return self.reward_fn(out)[0].sum(-1)
 
-    def _old_log_prob(self, batch: DataProto) -> DataProto:
-        out = self.actor_rollout_wg.compute_log_prob(batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[]))
-        out.batch.pop("entropys")  # actor/entropy comes from update_actor, which sees the same policy first
-        return out
-
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
         """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns."""
         algo = self.config.algorithm
         tensors = batch.batch
         mask = tensors["response_mask"]
-        if self.use_reference_policy:
+        if self.use_reference_policy and self.recompute_old_log_prob:
             kl = core_algos.kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty)
             metrics["actor/ref_kl"] = core_algos.masked_mean(kl, mask).item()
         if algo.use_kl_in_reward:
@@ -329,7 +331,8 @@ class RayPPOTrainer:
 
     def _actor_update_keys(self) -> list[str]:
         actor = self.config.actor_rollout_ref.actor  # the exact ("full") KL reads ref logits, not ref_log_prob
-        return ACTOR_UPDATE_KEYS + (["ref_log_prob"] if actor.use_kl_loss and actor.kl_loss_type != "full" else [])
+        keys = ACTOR_UPDATE_KEYS + (["old_log_probs"] if self.recompute_old_log_prob else [])
+        return keys + (["ref_log_prob"] if actor.use_kl_loss and actor.kl_loss_type != "full" else [])
 
     @staticmethod
     def _update(method: Callable[[DataProto], DataProto], batch: DataProto, keys: list[str]) -> dict[str, float]:
@@ -350,6 +353,11 @@ class RayPPOTrainer:
             for source, score in zip(batch.non_tensor_batch["data_source"], reward.sum(-1).tolist()):
                 scores.setdefault(str(source), []).append(score)
         return {f"val-core/{source}/reward/mean@{n}": float(np.mean(values)) for source, values in scores.items()}
+
+
+def _forward_inputs(batch: DataProto) -> DataProto:
+    """What a forward pass over prompt+response needs (only these keys travel to the workers)."""
+    return batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])
 
 
 def _every(freq: int, step: int) -> bool:

@@ -25,7 +25,7 @@ from workers.common import configured_update, micro_batches, model_device
 from workers.packing import pack_batch, restore_order
 
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_KEYS = (*LOG_PROB_KEYS, "response_mask", "old_log_probs", "advantages")
+UPDATE_KEYS = (*LOG_PROB_KEYS, "response_mask", "advantages")
 
 
 def response_logits(
@@ -72,6 +72,11 @@ def response_token_logits(
         logits_to_keep=packed.predictors,
     ).logits[0]
     return logits.float() / temperature, packed.labels, packed.unpack
+
+
+def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
+    """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
+    return ppo_epochs == 1 and mini_batch_size >= rows
 
 
 class DataParallelPPOActor:
@@ -176,7 +181,8 @@ class DataParallelPPOActor:
         )
         log_prob = unpack(logprobs_from_logits(logits, labels))
         pg_loss, metrics = compute_policy_loss(
-            old_log_prob=micro["old_log_probs"],
+            # on-policy (no old_log_probs sent): this forward is the policy that sampled, so ratio = 1
+            old_log_prob=micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach(),
             log_prob=log_prob,
             advantages=micro["advantages"],
             response_mask=mask,
@@ -211,9 +217,11 @@ class DataParallelPPOActor:
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update on this rank's rows: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch.
 
-        Needs batch keys input_ids, attention_mask, position_ids, responses, response_mask, old_log_probs,
-        advantages (+ ref_log_prob with ``use_kl_loss``, unless ``kl_loss_type=full``); ``meta_info["temperature"]`` (default 1) must be the
-        sampling temperature. The LR scheduler steps once per call, i.e. once per training step (as verl does),
+        Needs batch keys input_ids, attention_mask, position_ids, responses, response_mask, advantages,
+        old_log_probs (+ ref_log_prob with ``use_kl_loss``, unless ``kl_loss_type=full``);
+        ``meta_info["temperature"]`` (default 1) must be the sampling temperature. Without old_log_probs the
+        update is on-policy: allowed only for a single optimizer step on unchanged weights (see
+        :func:`is_single_step`), where the old log-probs equal this forward's, detached. The LR scheduler steps once per call, i.e. once per training step (as verl does),
         so warm-up is counted in training steps. Returns metric name -> list of floats.
         """
         if self.optimizer is None:
@@ -221,6 +229,14 @@ class DataParallelPPOActor:
         cfg = self.config
         temperature = float(data.meta_info.get("temperature", 1.0))
         keys = UPDATE_KEYS + (("ref_log_prob",) if cfg.use_kl_loss and cfg.kl_loss_type != "full" else ())
+        rows = len(data.batch["responses"])
+        if "old_log_probs" in data.batch:
+            keys += ("old_log_probs",)
+        elif not is_single_step(cfg.ppo_epochs, self.mini_batch_size or cfg.ppo_mini_batch_size, rows):
+            raise ValueError(
+                f"update without old_log_probs is on-policy only for one optimizer step: ppo_epochs="
+                f"{cfg.ppo_epochs}, mini-batch {self.mini_batch_size or cfg.ppo_mini_batch_size} of {rows} rows"
+            )
         return configured_update(
             self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in keys},
             lambda micro: self._micro_loss(micro, temperature), cfg, self.mini_batch_size, prefix="actor",

@@ -209,17 +209,16 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` and ``entropys`` (B, R) of the responses under the current policy."""
+        """``old_log_probs`` (B, R) of the responses under the current policy (``actor/entropy`` is the update's)."""
         rollout = self.config.rollout
         with self._actor_onloaded():
-            log_probs, entropys = self.actor.compute_log_prob(
+            log_probs, _ = self.actor.compute_log_prob(
                 data,
                 micro_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
                 temperature=rollout.temperature,
-                calculate_entropy=True,
                 max_token_len=rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
             )
-        return _proto({"old_log_probs": log_probs, "entropys": entropys})
+        return _proto({"old_log_probs": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

@@ -25,8 +25,11 @@ CRITIC_REQUIRED = ["critic/values/mean", "critic/vf_explained_var", "critic/vf_l
 VAL_KEY = "val-core/colorl/copy/reward/mean@1"
 
 
-def tiny_config(tmp_path, estimator: str, logger: str = "[file]", device: str = "cpu", n_workers: int = 2):
+def tiny_config(tmp_path, estimator: str, logger: str = "[file]", device: str = "cpu", n_workers: int = 2,
+                recompute_old_log_prob: bool = True):
+    """Two steps of 4 prompts × 2; by default the old log-probs get their own forward (the general path)."""
     return load_config([
+        f"actor_rollout_ref.actor.skip_on_policy_old_log_prob={str(not recompute_old_log_prob).lower()}",
         f"builtin.cache_dir={tmp_path.parent / 'assets'}", "builtin.hidden_size=32", "builtin.num_train=64",
         "builtin.num_val=6", "builtin.sft_warmup_steps=2",
         f"data.train_batch_size={max(4, n_workers)}", "data.max_response_length=6",
@@ -108,18 +111,22 @@ def test_critic_loss_falls_on_a_fixed_batch(gae_run):
     assert losses[-1] < losses[0]
 
 
-def test_grpo_runs_without_critic_and_with_the_exact_kl_loss(ray_cluster, tmp_path):
-    cfg = tiny_config(tmp_path, "grpo")
+def test_grpo_runs_without_critic_on_policy_and_with_the_exact_kl_loss(ray_cluster, tmp_path):
+    """One optimizer step per batch: the old-log-prob forward is skipped and the PPO ratio is exactly 1."""
+    cfg = tiny_config(tmp_path, "grpo", recompute_old_log_prob=False)
     cfg.actor_rollout_ref.actor.kl_loss_type = "full"
     trainer = build_trainer(cfg)
     trainer.init_workers()
     assert trainer.critic_wg is None
     assert trainer.ref_wg is trainer.actor_rollout_wg  # the exact KL needs actor and ref in one object
+    assert not trainer.recompute_old_log_prob
     last = trainer.fit()
-    assert all(k in last for k in REQUIRED) and all(math.isfinite(v) for v in last.values())
-    assert not any(k.startswith("critic/v") for k in last)
+    on_policy_required = [k for k in REQUIRED if k != "timing_s/old_log_prob"]
+    assert all(k in last for k in on_policy_required) and all(math.isfinite(v) for v in last.values())
+    assert not any(k.startswith("critic/v") or k == "timing_s/old_log_prob" for k in last)
+    assert last["actor/ppo_kl"] == 0 and last["actor/pg_clipfrac"] == 0
     first = read_jsonl(tmp_path / "metrics.jsonl")[1]
-    assert abs(first["actor/kl_loss"]) < 1e-6 and abs(first["actor/ref_kl"]) < 1e-5
+    assert abs(first["actor/kl_loss"]) < 1e-6
 
 
 @pytest.mark.parametrize("n_gpus", [pytest.param(n, marks=pytest.mark.gpu(n=n)) for n in (2, 4, 8)])

@@ -94,6 +94,25 @@ def test_full_kl_loss_without_a_reference_model_is_rejected(tiny_model_dir):
         DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
 
 
+def test_on_policy_update_without_old_log_probs_equals_recomputing_them(tiny_model_dir):
+    """One optimizer step per batch: the update's own detached log-probs are the old ones (no extra forward)."""
+    data = make_update_batch(8, P, R)
+    recomputed = _actor(tiny_model_dir, ppo_mini_batch_size=8)
+    data.batch["old_log_probs"], _ = recomputed.compute_log_prob(data, micro_batch_size=8)
+    want = recomputed.update_policy(data)
+    skipped = _actor(tiny_model_dir, ppo_mini_batch_size=8)
+    del data.batch["old_log_probs"]
+    got = skipped.update_policy(data)
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6)
+    assert got["actor/ppo_kl"] == [0.0] * len(got["actor/ppo_kl"])
+    for name, param in skipped.module.named_parameters():
+        torch.testing.assert_close(param, dict(recomputed.module.named_parameters())[name], rtol=1e-5, atol=1e-6)
+    # a second optimizer step on the batch would be off-policy: then old_log_probs are required
+    with pytest.raises(ValueError, match="ppo_epochs=2"):
+        _actor(tiny_model_dir, ppo_mini_batch_size=8, ppo_epochs=2).update_policy(data)
+
+
 def test_positive_advantage_raises_the_response_log_prob(tiny_model_dir):
     actor = _actor(tiny_model_dir, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8)
     data = make_update_batch(8, P, R)

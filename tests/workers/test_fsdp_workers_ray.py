@@ -59,7 +59,7 @@ def test_ppo_step_through_ray(groups):
     old = actor.compute_log_prob(gen)
     ref = actor.compute_ref_log_prob(gen)
     values = critic.compute_values(gen)
-    assert set(old.batch.keys()) == {"old_log_probs", "entropys"} and set(ref.batch.keys()) == {"ref_log_prob"}
+    assert set(old.batch.keys()) == {"old_log_probs"} and set(ref.batch.keys()) == {"ref_log_prob"}
     torch.testing.assert_close(old.batch["old_log_probs"], ref.batch["ref_log_prob"])  # same weights so far
     assert torch.count_nonzero(values.batch["values"]) == 0  # fresh value head
 
