@@ -48,6 +48,8 @@ def add_batch_args(parser: argparse.ArgumentParser, steps: int = 20, warmup: int
     group.add_argument("--warmup", type=int, default=warmup, help="unmeasured steps first")
     group.add_argument("--device", choices=["cpu", "cuda"], default=default_device())
     group.add_argument("--seed", type=int, default=1)
+    group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other ColoRL config override, e.g. --set actor_rollout_ref.model.use_remove_padding=true")
 
 
 def config_overrides(args: argparse.Namespace, workers: int) -> list[str]:
@@ -84,7 +86,7 @@ def config_overrides(args: argparse.Namespace, workers: int) -> list[str]:
     ]
     if args.model_path:
         overrides.append(f"actor_rollout_ref.model.path={os.path.abspath(args.model_path)}")
-    return overrides
+    return overrides + list(args.overrides)
 
 
 def load_bench_config(args: argparse.Namespace, workers: int, local_dir: str) -> Any:

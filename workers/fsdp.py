@@ -53,7 +53,14 @@ def apply_fsdp(
     ``mesh`` defaults to a 1-D mesh over the whole default process group on the model's device type.
     The root keeps its parameters gathered after forward: backward needs them at once, so freeing them
     would only cost a second all-gather.
+
+    A world of one rank without mixed precision (a single CPU worker) is returned unsharded: one rank has
+    nothing to shard, and FSDP's per-module hooks and DTensor optimizer steps would be pure overhead
+    (torchtitan likewise applies FSDP only when the data-parallel shard degree is > 1).
     """
+    world_size = mesh.size() if mesh is not None else dist.get_world_size() if dist.is_initialized() else 1
+    if world_size == 1 and param_dtype is None and reduce_dtype is None:
+        return model
     if mesh is None:
         device_type = next(model.parameters()).device.type
         mesh = init_device_mesh(device_type, (dist.get_world_size(),))

@@ -127,3 +127,10 @@ def test_two_rank_update_equals_one_process_update_on_the_global_batch(results, 
     assert results[0]["metrics"]["actor/grad_norm"] == pytest.approx(results[1]["metrics"]["actor/grad_norm"])
     assert any(not torch.equal(v, AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()[k])
                for k, v in results[0]["updated"].items())
+
+
+def test_one_cpu_rank_is_left_unsharded(tiny_model_dir):
+    """One rank has nothing to shard: on CPU (no mixed precision) the module stays plain, without FSDP hooks."""
+    assert not torch.distributed.is_initialized()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert fsdp.apply_fsdp(model) is model and not fsdp.is_fsdp(model) and not fsdp.fsdp_modules(model)
