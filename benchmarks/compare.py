@@ -1,0 +1,110 @@
+"""The ratios of docs/benchmarks.md in one run: ColoRL against its compute floor and against TRL.
+
+    python -m benchmarks.compare [--hidden 128 --layers 2 --response-length 8 ...] [--rounds 3]
+                                 [--workers 1 2] [--no-trl]
+
+Runs ``floor``, ``step`` (once per worker count) and ``trl`` with the same flags, one after the other, and
+repeats that round ``--rounds`` times, so slow and fast moments of a shared machine fall on every side of a
+ratio. Each benchmark is its own process (never two at once: on a small machine they would slow each other).
+Prints JSON: every round's s/step, the per-round ratios and their medians:
+
+- ``colorl_w<k>_over_floor``: ColoRL step with k workers / the floor that applies (gen + train when the
+  old-log-prob forward is skipped, i.e. one optimizer step per batch and no KL; gen + forwards + train else);
+- ``colorl_w<k>_over_trl``: ColoRL / TRL GRPOTrainer s/step (below 1: ColoRL is faster);
+- ``w<k>_over_w<first>``: the step time of k workers over that of the first worker count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import add_batch_args, add_model_args, emit, machine
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = ("hidden", "layers", "sft_warmup_steps", "task", "cache_dir", "algo", "prompts", "n", "prompt_length",
+          "response_length", "steps", "warmup", "device", "seed")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    add_batch_args(parser)
+    parser.add_argument("--rounds", type=int, default=3, help="repetitions of floor, step(s), trl")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="ColoRL worker counts")
+    parser.add_argument("--no-trl", action="store_true", help="leave TRL out (it needs its own venv)")
+    return parser.parse_args(argv)
+
+
+def shared_flags(args: argparse.Namespace) -> list[str]:
+    flags = []
+    for name in SHARED:
+        flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return flags + [f"--set={o}" for o in args.overrides]
+
+
+def run(name: str, flags: list[str]) -> dict[str, Any]:
+    """``python -m benchmarks.<name> flags`` -> its JSON line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *flags], cwd=REPO, env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"benchmarks.{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def one_round(args: argparse.Namespace) -> dict[str, float]:
+    """s/step of every contender in this round (and the floor's two sums)."""
+    flags = shared_flags(args)
+    floor = run("floor", [*flags, "--threads", str(os.cpu_count())])
+    row = {"floor_gen_train": floor["gen_plus_train_s"], "floor_gen_fwd_train": floor["gen_fwd_train_s"]}
+    for workers in args.workers:
+        step = run("step", [*flags, "--workers", str(workers)])
+        row[f"colorl_w{workers}"] = step["s_per_step"]
+        row[f"colorl_w{workers}_skips_old_log_prob"] = float("old_log_prob" not in step["timing_s"])
+    if not args.no_trl:
+        row["trl"] = run("trl", [*flags, "--threads", str(os.cpu_count())])["s_per_step"]
+    return row
+
+
+def ratios(row: dict[str, float], workers: list[int]) -> dict[str, float]:
+    out = {}
+    for k in workers:
+        colorl = row[f"colorl_w{k}"]
+        skipped = row[f"colorl_w{k}_skips_old_log_prob"] == 1.0
+        out[f"colorl_w{k}_over_floor"] = colorl / row["floor_gen_train" if skipped else "floor_gen_fwd_train"]
+        if "trl" in row:
+            out[f"colorl_w{k}_over_trl"] = colorl / row["trl"]
+        if k != workers[0]:
+            out[f"w{k}_over_w{workers[0]}"] = colorl / row[f"colorl_w{workers[0]}"]
+    return {key: round(value, 3) for key, value in out.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rounds = []
+    for i in range(args.rounds):
+        row = one_round(args)
+        rounds.append({"s_per_step": row, "ratios": ratios(row, args.workers)})
+        print(f"[compare] round {i + 1}/{args.rounds}: {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
+    keys = rounds[0]["ratios"].keys()
+    emit({
+        "benchmark": "compare",
+        "hidden": args.hidden, "layers": args.layers, "prompts": args.prompts, "n": args.n,
+        "response_length": args.response_length, "steps": args.steps, "rounds": args.rounds,
+        "median_ratios": {k: round(statistics.median(r["ratios"][k] for r in rounds), 3) for k in keys},
+        "median_s_per_step": {k: round(statistics.median(r["s_per_step"][k] for r in rounds), 4)
+                              for k in rounds[0]["s_per_step"] if "skips" not in k},
+        "rounds_detail": rounds,
+        "machine": machine(args.device),
+    })
+
+
+if __name__ == "__main__":
+    main()
