@@ -1,6 +1,6 @@
 """ColoRL entry point: ``python main.py [key=value ...]`` trains with PPO/GRPO (by default on the built-in demo).
 
-The configuration is Hydra's: ``conf/ppo_trainer.yaml`` on top of the schema in ``trainer/config.py``, e.g.
+The configuration is Hydra's: ``conf/ppo_trainer.yaml`` on top of the schema in ``trainer/config_schema.py``, e.g.
 ``python main.py data.train_batch_size=32 algorithm.adv_estimator=gae trainer.logger='[console,wandb]'``.
 A config mistake prints one line (``colorl: config error: ...``) and exits with status 2.
 """

@@ -113,7 +113,7 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
     """One rank: set up the actor (sharded when world > 1), then a log-prob forward and the update steps."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.config import ActorConfig
+    from trainer.config_schema import ActorConfig
     from workers import fsdp
     from workers.actor import DataParallelPPOActor
     from workers.optim import build_optimizer

@@ -20,7 +20,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from trainer.config import LOGGER_BACKENDS, ConfigError
+from trainer.config_checks import ConfigError
+from trainer.config_schema import LOGGER_BACKENDS
 
 TRAIN_SCORE = "critic/score/mean"
 VAL_REWARD = re.compile(r"val-core/(.+)/reward/mean@1")  # group 1: the data source

@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-import ray
 import torch
 
 from main import build_trainer

@@ -6,8 +6,6 @@ from omegaconf import OmegaConf
 
 from trainer.config import (
     ConfigError,
-    DataConfig,
-    PPOConfig,
     load_config,
     num_workers,
     resolve_device,
@@ -15,6 +13,7 @@ from trainer.config import (
     uses_critic,
     validate_config,
 )
+from trainer.config_schema import DataConfig, PPOConfig
 
 
 def test_defaults_are_the_schema_defaults():

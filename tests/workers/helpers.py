@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from single_controller import DataProto
-from trainer.config import ActorConfig, CriticConfig, CriticModelConfig, OptimConfig
+from trainer.config_schema import ActorConfig, CriticConfig, CriticModelConfig, OptimConfig
 
 PAD, EOS, BOS = 0, 1, 2
 TOKENS = ["<pad>", "<eos>", "<bos>", *"abcdefghijklmnopqrstuvwxyz", *"0123456789", *"<>=+-*/.,"]
