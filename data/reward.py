@@ -56,11 +56,11 @@ class RewardManager:
         sources = data.non_tensor_batch[self.reward_fn_key]
         reward_models = data.non_tensor_batch["reward_model"]
         extra_infos = data.non_tensor_batch.get("extra_info")
-        for i, length in enumerate(lengths):
-            ids = responses[i, : int(length)].tolist()
+        rows = [row[: int(length)] for row, length in zip(responses.tolist(), lengths)]
+        solutions = self.tokenizer.batch_decode(rows, skip_special_tokens=True)  # one call, not one per row
+        for i, (ids, solution) in enumerate(zip(rows, solutions)):
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
-            solution = self.tokenizer.decode(ids, skip_special_tokens=True)
             try:
                 result = self.compute_score(data_source=sources[i], solution_str=solution,
                                             ground_truth=reward_models[i]["ground_truth"], extra_info=extra_info)

@@ -80,3 +80,15 @@ def test_trl_baseline_runs_in_its_own_venv(cache_dir):
     assert out["versions"]["trl"] == "1.16.0"
     assert len(out["s_per_step_all"]) == 2 and out["s_per_step"] > 0 and out["gen_s"] > 0
     assert 1 <= out["completion_length_mean"] <= R
+
+
+def test_compare_ratios_use_the_floor_that_applies():
+    from benchmarks.compare import ratios
+
+    row = {"floor_gen_train": 0.1, "floor_gen_fwd_train": 0.125, "trl": 0.2,
+           "colorl_w1": 0.11, "colorl_w1_skips_old_log_prob": 1.0,
+           "colorl_w2": 0.25, "colorl_w2_skips_old_log_prob": 0.0}
+    assert ratios(row, [1, 2]) == {
+        "colorl_w1_over_floor": 1.1, "colorl_w1_over_trl": 0.55,  # skipped: gen + train is its floor
+        "colorl_w2_over_floor": 2.0, "colorl_w2_over_trl": 1.25, "w2_over_w1": 2.273,
+    }
