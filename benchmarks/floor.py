@@ -84,6 +84,8 @@ class Floor:
         policy = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
         self.n_params = sum(p.numel() for p in policy.parameters())
         self.eos_ids = self._eos_token_ids(policy)
+        if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
+            policy.compile()
         optimizer = build_optimizer(policy, arr.actor.optim)
         self.actor = DataParallelPPOActor(policy, optimizer, None, arr.actor, self.sequences)
         self.ref = None

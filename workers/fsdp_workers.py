@@ -139,6 +139,8 @@ class ActorRolloutRefWorker(Worker):
                 fsdp.offload_fsdp_params(ref_module)
         if self._is_actor:
             module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
+            if cfg.actor.use_torch_compile:  # in place: rollout, log-prob and update forwards all compile
+                module.compile()
             optimizer = build_optimizer(module, cfg.actor.optim)
             scheduler = build_lr_scheduler(optimizer, cfg.actor.optim, total_training_steps)
             self.actor = DataParallelPPOActor(
