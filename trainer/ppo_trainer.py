@@ -27,7 +27,7 @@ from trainer.config import uses_critic
 from trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, reduce_metrics, timed
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
-from workers.actor import is_single_step
+from workers.actor import is_single_step, uses_full_kl, uses_ref_log_prob
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
 # What each worker call needs from the batch: sending only these keeps Ray transfers small.
@@ -101,7 +101,7 @@ class RayPPOTrainer:
         )
         actor = cfg.actor_rollout_ref.actor
         # the exact KL loss reads reference logits inside the update: then one object holds actor and ref
-        ref_in_actor = bool(actor.use_kl_loss) and actor.kl_loss_type == "full"
+        ref_in_actor = uses_full_kl(actor)
         actor_role = "actor_rollout_ref" if ref_in_actor else "actor_rollout"
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=actor_role)}
         if self.use_reference_policy and not ref_in_actor:
@@ -330,9 +330,8 @@ class RayPPOTrainer:
         )
 
     def _actor_update_keys(self) -> list[str]:
-        actor = self.config.actor_rollout_ref.actor  # the exact ("full") KL reads ref logits, not ref_log_prob
         keys = ACTOR_UPDATE_KEYS + (["old_log_probs"] if self.recompute_old_log_prob else [])
-        return keys + (["ref_log_prob"] if actor.use_kl_loss and actor.kl_loss_type != "full" else [])
+        return keys + (["ref_log_prob"] if uses_ref_log_prob(self.config.actor_rollout_ref.actor) else [])
 
     @staticmethod
     def _update(method: Callable[[DataProto], DataProto], batch: DataProto, keys: list[str]) -> dict[str, float]:

@@ -74,6 +74,16 @@ def response_token_logits(
     return logits.float() / temperature, packed.labels, packed.unpack
 
 
+def uses_full_kl(actor_config: Any) -> bool:
+    """The exact KL loss (``kl_loss_type=full``) reads reference logits, so the ref model lives in the actor's process."""
+    return bool(actor_config.use_kl_loss) and actor_config.kl_loss_type == "full"
+
+
+def uses_ref_log_prob(actor_config: Any) -> bool:
+    """The sampled-token KL losses (k1, k2, k3, abs) read the reference log-probs the ref worker computed."""
+    return bool(actor_config.use_kl_loss) and not uses_full_kl(actor_config)
+
+
 def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
     return ppo_epochs == 1 and mini_batch_size >= rows
@@ -104,7 +114,7 @@ class DataParallelPPOActor:
         use_remove_padding: bool = False,
         ref_module: nn.Module | None = None,
     ) -> None:
-        if config.use_kl_loss and config.kl_loss_type == "full" and optimizer is not None and ref_module is None:
+        if uses_full_kl(config) and optimizer is not None and ref_module is None:
             raise ValueError("actor.kl_loss_type=full needs the reference model in the actor's process (ref_module)")
         self.module = module
         self.ref_module = ref_module
@@ -228,7 +238,7 @@ class DataParallelPPOActor:
             raise RuntimeError("update_policy needs an optimizer; this actor was built as a frozen reference")
         cfg = self.config
         temperature = float(data.meta_info.get("temperature", 1.0))
-        keys = UPDATE_KEYS + (("ref_log_prob",) if cfg.use_kl_loss and cfg.kl_loss_type != "full" else ())
+        keys = UPDATE_KEYS + (("ref_log_prob",) if uses_ref_log_prob(cfg) else ())
         rows = len(data.batch["responses"])
         if "old_log_probs" in data.batch:
             keys += ("old_log_probs",)

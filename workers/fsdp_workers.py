@@ -21,7 +21,7 @@ from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
 from workers import checkpoint, fsdp
-from workers.actor import DataParallelPPOActor
+from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
 from workers.reward_model import compute_rm_scores, load_reward_model
@@ -89,11 +89,6 @@ def _load_causal_lm(model_config: Any) -> nn.Module:
     return model
 
 
-def _uses_full_kl(actor_config: Any) -> bool:
-    """The exact KL loss needs the reference model in the actor's process (role ``actor_rollout_ref``)."""
-    return bool(actor_config.use_kl_loss) and actor_config.kl_loss_type == "full"
-
-
 def _proto(tensors: dict[str, torch.Tensor], meta_info: dict | None = None) -> DataProto:
     return DataProto.from_dict({k: v.detach().cpu() for k, v in tensors.items()}, meta_info=meta_info)
 
@@ -145,7 +140,7 @@ class ActorRolloutRefWorker(Worker):
             scheduler = build_lr_scheduler(optimizer, cfg.actor.optim, total_training_steps)
             self.actor = DataParallelPPOActor(
                 module, optimizer, scheduler, cfg.actor, self.mini_batch_size, use_remove_padding=remove_padding,
-                ref_module=self.ref_policy.module if self._is_ref and _uses_full_kl(cfg.actor) else None,
+                ref_module=self.ref_policy.module if self._is_ref and uses_full_kl(cfg.actor) else None,
             )
             self.generation_config = getattr(module, "generation_config", None)
             self._offload_actor(module, optimizer)
