@@ -144,8 +144,8 @@ class ActorConfig:
     # one optimizer step per batch (ppo_epochs 1, one mini-batch) is on-policy: the update's own log-probs,
     # detached, are the old ones, so the separate old-log-prob forward is skipped (as TRL does)
     skip_on_policy_old_log_prob: bool = True
-    # torch.compile the policy's forward (rollout, log-probs, update): ~1.4x faster steps for small models on
-    # CPU after about a minute of compiling (recompiles when batch shapes change); off by default
+    # torch.compile the policy's forward (rollout, log-probs, update): ~1.3x faster one-worker steps for small
+    # models on CPU after about a minute of compiling (recompiles when batch shapes change); off by default
     use_torch_compile: bool = False
     grad_clip: float = 1.0
     loss_agg_mode: str = "token-mean"
