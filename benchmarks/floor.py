@@ -121,7 +121,7 @@ class Floor:
         with timer("reward"):
             scores, _ = self.reward_fn(data)
         with timer("old_log_prob"):
-            tensors["old_log_probs"], _ = self.actor.compute_log_prob(data, micro, rollout.temperature, True)
+            tensors["old_log_probs"], _ = self.actor.compute_log_prob(data, micro, rollout.temperature)
         if self.ref is not None:
             with timer("ref"):
                 tensors["ref_log_prob"], _ = self.ref.compute_log_prob(data, micro, rollout.temperature)

@@ -75,7 +75,7 @@ def response_token_logits(
 
 
 def uses_full_kl(actor_config: Any) -> bool:
-    """The exact KL loss (``kl_loss_type=full``) reads reference logits, so the ref model lives in the actor's process."""
+    """``kl_loss_type=full`` reads reference logits in the update: the ref model lives in the actor's process."""
     return bool(actor_config.use_kl_loss) and actor_config.kl_loss_type == "full"
 
 
@@ -215,8 +215,8 @@ class DataParallelPPOActor:
         return loss, metrics
 
     def _kl(self, micro: dict[str, Tensor], logits: Tensor, log_prob: Tensor, unpack: Callable, temperature: float):
-        """Per-token KL(π ‖ π_ref) (B, R) for the KL loss: sampled-token estimators, or exact over the vocabulary."""
-        if self.config.kl_loss_type != "full":
+        """Per-token KL(π ‖ π_ref) (B, R) for the KL loss: a sampled-token estimator, or exact over the vocab."""
+        if not uses_full_kl(self.config):
             return kl_penalty(log_prob, micro["ref_log_prob"], self.config.kl_loss_type)
         with torch.no_grad():  # same packing as the actor's forward, so rows of the two logits line up
             ref_logits, _, _ = response_token_logits(
@@ -231,22 +231,21 @@ class DataParallelPPOActor:
         old_log_probs (+ ref_log_prob with ``use_kl_loss``, unless ``kl_loss_type=full``);
         ``meta_info["temperature"]`` (default 1) must be the sampling temperature. Without old_log_probs the
         update is on-policy: allowed only for a single optimizer step on unchanged weights (see
-        :func:`is_single_step`), where the old log-probs equal this forward's, detached. The LR scheduler steps once per call, i.e. once per training step (as verl does),
-        so warm-up is counted in training steps. Returns metric name -> list of floats.
+        :func:`is_single_step`), where the old log-probs equal this forward's, detached. The LR scheduler
+        steps once per call, i.e. once per training step (as verl does), so warm-up is counted in training
+        steps. Returns metric name -> list of floats.
         """
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer; this actor was built as a frozen reference")
         cfg = self.config
         temperature = float(data.meta_info.get("temperature", 1.0))
         keys = UPDATE_KEYS + (("ref_log_prob",) if uses_ref_log_prob(cfg) else ())
-        rows = len(data.batch["responses"])
+        rows, mini = len(data.batch["responses"]), self.mini_batch_size or cfg.ppo_mini_batch_size
         if "old_log_probs" in data.batch:
             keys += ("old_log_probs",)
-        elif not is_single_step(cfg.ppo_epochs, self.mini_batch_size or cfg.ppo_mini_batch_size, rows):
-            raise ValueError(
-                f"update without old_log_probs is on-policy only for one optimizer step: ppo_epochs="
-                f"{cfg.ppo_epochs}, mini-batch {self.mini_batch_size or cfg.ppo_mini_batch_size} of {rows} rows"
-            )
+        elif not is_single_step(cfg.ppo_epochs, mini, rows):
+            raise ValueError(f"update without old_log_probs is on-policy only for one optimizer step: "
+                             f"ppo_epochs={cfg.ppo_epochs}, mini-batch {mini} of {rows} rows")
         return configured_update(
             self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in keys},
             lambda micro: self._micro_loss(micro, temperature), cfg, self.mini_batch_size, prefix="actor",
