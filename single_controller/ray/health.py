@@ -75,7 +75,8 @@ def get_alive(refs: Any, call: str, processes: list[dict[str, Any]] | None = Non
     """``ray.get(refs)`` (a list in rank order, or one rank-0 ref) that fails fast when a worker dies.
 
     Raises ``WorkerDiedError`` as soon as any rank's actor is dead, and a worker's own exception as soon
-    as that rank raises it, without waiting on the other ranks.
+    as that rank raises it, without waiting on the other ranks beyond ``DEATH_GRACE_S`` — the time a peer's
+    death gets to show, since a rank killed mid-collective first surfaces as its peers' connection errors.
     """
     single = not isinstance(refs, list)
     refs = [refs] if single else refs
@@ -91,12 +92,36 @@ def get_alive(refs: Any, call: str, processes: list[dict[str, Any]] | None = Non
             try:
                 results[rank] = ray.get(ready[0])
             except RayActorError as exc:
-                process = processes[rank] if processes else {}
-                raise WorkerDiedError(call, rank, len(refs), process, _cause(exc)) from exc
+                raise _died(call, rank, len(refs), processes, exc) from exc
+            except Exception:
+                # a peer's death often reaches a live rank first, as a failed collective: name the death
+                _raise_if_any_died(pending, rank_of, call, len(refs), processes)
+                raise
     finally:
         with _in_flight_lock:
             _in_flight.pop(call, None)
     return results[0] if single else results
+
+
+DEATH_GRACE_S = 5.0  # how long a worker's exception waits for news of a dead peer that may have caused it
+
+
+def _died(call: str, rank: int, world_size: int, processes: list | None, exc: RayActorError) -> WorkerDiedError:
+    return WorkerDiedError(call, rank, world_size, processes[rank] if processes else {}, _cause(exc))
+
+
+def _raise_if_any_died(pending: list, rank_of: dict, call: str, world_size: int, processes: list | None) -> None:
+    """Raise ``WorkerDiedError`` if one of the ``pending`` ranks turns out dead within ``DEATH_GRACE_S``."""
+    if not pending:
+        return
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except RayActorError as exc:
+            raise _died(call, rank_of[ref], world_size, processes, exc) from exc
+        except Exception:  # another rank's own error: the first one is reported
+            continue
 
 
 def _cause(exc: RayActorError) -> str:
