@@ -17,6 +17,7 @@ built-in tasks and the public data sets of ``data/rewards/`` (GSM8K).
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -122,6 +123,11 @@ def compute_score(
     return partial_score(solution_str, ground_truth, stopped, EXACT_WEIGHT)
 
 
+@functools.cache  # built once: the reward manager dispatches on it for every response
+def _reward_table() -> dict[str, Callable[..., float]]:
+    return reward_functions()
+
+
 def reward_functions() -> dict[str, Callable[..., float]]:
     """Every data source with a rule-based reward -> its ``compute_score(data_source, solution_str, ground_truth,
     extra_info)``: the built-in tasks and GSM8K. This is the one table ``default_compute_score`` dispatches on."""
@@ -134,7 +140,7 @@ def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
     """Dispatch on ``data_source`` to the matching rule-based reward."""
-    functions = reward_functions()
+    functions = _reward_table()
     if data_source not in functions:
         raise ValueError(
             f"no reward function for data_source {data_source!r}; known data sources: {sorted(functions)}. "

@@ -2,7 +2,9 @@
 
 A hand-written decode loop over ``past_key_values`` instead of ``model.generate``: it is short, it is faster
 for small models, and it has no hidden collectives, so under FSDP (inside ``gathered_params``) ranks that
-finish decoding at different steps never wait on each other.
+finish decoding at different steps never wait on each other. The KV cache and the attention mask are
+preallocated at full length (``StaticCache``), so every decode step has the same shapes: a compiled model
+(``actor.use_torch_compile``) runs one graph for all of them instead of one with a growing dynamic length.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache
+from transformers import StaticCache
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float = 1.0) -> Tensor:
@@ -46,7 +48,11 @@ def sample_next_token(
     if not do_sample or temperature <= 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    # inverse-CDF sampling: one uniform draw per row (multinomial draws one per vocabulary entry)
+    cdf = probs.cumsum(dim=-1)  # (B, V)
+    u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator) * cdf[:, -1:]  # (B, 1) in [0, mass)
+    # the first index with cdf > u; a token of probability 0 repeats its left neighbour's cdf, so it is never hit
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 def _eos_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor:
@@ -79,16 +85,18 @@ def generate_sequences(
     """
     device = next(model.parameters()).device
     input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
-    batch_size = input_ids.shape[0]
+    batch_size, prompt_length = input_ids.shape
     eos = _eos_tensor(eos_token_id, device)
     responses = torch.full((batch_size, response_length), pad_token_id, dtype=input_ids.dtype, device=device)
     response_mask = torch.zeros((batch_size, response_length), dtype=attention_mask.dtype, device=device)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, do_sample=do_sample, generator=generator)
 
-    cache = DynamicCache(config=getattr(model, "config", None))
-    step_mask, step_pos = attention_mask, position_ids[:, -1:]
-    logits = _last_logits(model, input_ids, step_mask, position_ids, cache)  # prefill
+    cache = StaticCache(config=model.config, max_cache_len=prompt_length + response_length)
+    # the mask covers the whole cache; each step switches on the position of the token it feeds in
+    full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch_size, response_length)], dim=-1)
+    step_pos = position_ids[:, -1:]
+    logits = _last_logits(model, input_ids, full_mask, position_ids, cache, torch.arange(prompt_length, device=device))
     for t in range(response_length):
         token = sample_next_token(logits, **sampling)
         token = torch.where(finished, pad_token_id, token)
@@ -98,21 +106,31 @@ def generate_sequences(
         if t == response_length - 1 or bool(finished.all()):
             break
         # finished rows keep decoding (batched) but their tokens are overwritten with pad above
-        step_mask = torch.cat([step_mask, torch.ones_like(step_mask[:, :1])], dim=-1)
+        full_mask[:, prompt_length + t] = 1
         step_pos = step_pos + 1
-        logits = _last_logits(model, token.unsqueeze(-1), step_mask, step_pos, cache)
+        position = torch.tensor([prompt_length + t], device=device)
+        logits = _last_logits(model, token.unsqueeze(-1), full_mask, step_pos, cache, position)
     return _rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
 
 
 def _last_logits(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: DynamicCache
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    cache: StaticCache,
+    cache_position: Tensor,
 ) -> Tensor:
-    """Logits (B, V) at the last position, extending ``cache``; the LM head runs on that position only."""
+    """Logits (B, V) at the last position, writing ``input_ids``' keys and values at ``cache_position``.
+
+    The LM head runs on that position only.
+    """
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
         past_key_values=cache,
+        cache_position=cache_position,
         use_cache=True,
         logits_to_keep=1,
     )

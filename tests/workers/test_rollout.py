@@ -92,3 +92,13 @@ def test_sampling_follows_the_distribution():
     tokens = sample_next_token(logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
     freq = torch.bincount(tokens, minlength=3) / 4000
     assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03)
+
+
+def test_sampling_never_picks_a_filtered_token():
+    # top-k keeps tokens 2 and 4 (the last one); 0, 1 and 3 have probability 0 and must never come out
+    logits = torch.tensor([[0.0, -1.0, 5.0, -2.0, 4.0]]).expand(20000, 5)
+    tokens = sample_next_token(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(tokens.unique().tolist()) == {2, 4}
+    # the most likely token first and everything after it filtered
+    only_first = sample_next_token(torch.tensor([[9.0, 1.0, 1.0]]).expand(1000, 3), top_k=1)
+    assert (only_first == 0).all()
