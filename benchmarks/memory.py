@@ -12,7 +12,9 @@ Per rank (from the kernel's VmRSS / VmHWM): RSS after imports, after the model i
 during the compute (the peak mark is reset before it), the lifetime peak (which includes loading the full
 checkpoint before sharding), RSS at the end, and the compute peak above the RSS after imports (the part
 the model, its gradients and optimizer state and the activations account for; torch alone is ~300 MB).
-On CUDA also ``torch.cuda.max_memory_allocated``. Prints JSON with both runs and the ratios FSDP rank /
+``peak_by_phase_mb`` splits the compute peak by phase (log-prob forward, update forward + backward, optimizer
+step), sampled every millisecond by a thread, so it shows where the peak is. On CUDA also
+``torch.cuda.max_memory_allocated``. Prints JSON with both runs and the ratios FSDP rank /
 unsharded (max over ranks). The ranks each take 1/world of the batch, as the trainer's workers do.
 """
 
@@ -22,6 +24,8 @@ import argparse
 import os
 import queue
 import socket
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -75,6 +79,33 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field} (benchmarks.memory needs Linux)")
 
 
+class PhasePeaks:
+    """Peak RSS per labelled phase, from a daemon thread reading VmRSS every ``interval_s``."""
+
+    def __init__(self, interval_s: float = 1e-3) -> None:
+        self.phase, self.peaks, self.interval_s = "setup", {}, interval_s
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while True:
+            rss, phase = rss_mb(), self.phase
+            self.peaks[phase] = max(self.peaks.get(phase, 0.0), rss)
+            time.sleep(self.interval_s)
+
+    def label_optimizer_steps(self, optimizer: torch.optim.Optimizer) -> None:
+        """Label ``optimizer.step`` "optimizer_step"; what runs between two steps is "update_fwd_bwd"."""
+        step = optimizer.step
+
+        def labelled_step(*args, **kwargs):
+            self.phase = "optimizer_step"
+            try:
+                return step(*args, **kwargs)
+            finally:
+                self.phase = "update_fwd_bwd"
+
+        optimizer.step = labelled_step
+
+
 def random_batch(rows: int, args: dict[str, Any], seed: int) -> Any:
     """A PPO batch (``rows`` sequences): random prompt and response tokens, random advantages."""
     from single_controller import DataProto
@@ -120,18 +151,24 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
 
     device = _setup(rank, world, args)
     rss_imported = rss_mb()
+    phases = PhasePeaks()
     model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32).to(device)
     if world > 1:
         fsdp.apply_fsdp(model, *fsdp.default_mixed_precision(device))
     rows = args["sequences"] // world
     config = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows)
-    actor = DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config, rows)
+    optimizer = build_optimizer(model, config.optim)
+    phases.label_optimizer_steps(optimizer)
+    actor = DataParallelPPOActor(model, optimizer, None, config, rows)
     data = random_batch(rows, args, seed=args["seed"] + rank)
     peak_setup, rss_setup = peak_rss_mb(), rss_mb()
     reset_peak_rss()
+    phases.phase = "log_prob"
     data.batch["old_log_probs"], _ = actor.compute_log_prob(data, rows)
+    phases.phase = "update_fwd_bwd"
     for _ in range(args["updates"]):
         actor.update_policy(data)
+    time.sleep(10 * phases.interval_s)  # one more sample of the last phase
     result = {
         "rank": rank,
         "rss_imported_mb": rss_imported,
@@ -139,6 +176,7 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
         "peak_rss_compute_mb": peak_rss_mb(),
         "peak_rss_lifetime_mb": max(peak_setup, peak_rss_mb()),
         "rss_end_mb": rss_mb(),
+        "peak_by_phase_mb": {k: round(v, 1) for k, v in phases.peaks.items() if k != "setup"},
     }
     # what the model, its optimizer state and the compute add on top of the imported libraries
     result["peak_compute_above_imports_mb"] = result["peak_rss_compute_mb"] - rss_imported
@@ -175,7 +213,7 @@ def run_world(world: int, args: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _ratios(fsdp_ranks: list[dict[str, Any]], plain: dict[str, Any]) -> dict[str, float]:
     """Max over FSDP ranks / unsharded, for each memory figure."""
-    keys = [k for k in plain if k.endswith("_mb")]
+    keys = [k for k in plain if k.endswith("_mb") and isinstance(plain[k], float)]
     return {k.removesuffix("_mb"): round(max(r[k] for r in fsdp_ranks) / plain[k], 3) for k in keys if plain[k]}
 
 

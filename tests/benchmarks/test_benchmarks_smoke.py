@@ -69,6 +69,9 @@ def test_memory_compares_fsdp_ranks_with_one_process(cache_dir):
     assert [r["rank"] for r in ranks] == [0, 1]
     for row in [*ranks, plain]:
         assert 0 < row["rss_imported_mb"] <= row["peak_rss_compute_mb"] <= row["peak_rss_lifetime_mb"]
+        phases = row["peak_by_phase_mb"]
+        assert set(phases) == {"log_prob", "update_fwd_bwd", "optimizer_step"}
+        assert max(phases.values()) <= row["peak_rss_compute_mb"] + 1  # samples never exceed the kernel's mark
     assert set(out["ratio_fsdp_rank_over_unsharded"]) >= {"peak_rss_compute", "peak_compute_above_imports"}
 
 
