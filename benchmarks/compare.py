@@ -12,6 +12,9 @@ Prints JSON: every round's s/step, the per-round ratios and their medians:
   old-log-prob forward is skipped, i.e. one optimizer step per batch and no KL; gen + forwards + train else);
 - ``colorl_w<k>_over_trl``: ColoRL / TRL GRPOTrainer s/step (below 1: ColoRL is faster);
 - ``w<k>_over_w<first>``: the step time of k workers over that of the first worker count.
+
+Each round also keeps the per-phase medians (``phases_s``) of the floor and of every ColoRL run, so a ratio
+can be traced to the phase that moved.
 """
 
 from __future__ import annotations
@@ -59,18 +62,20 @@ def run(name: str, flags: list[str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def one_round(args: argparse.Namespace) -> dict[str, float]:
-    """s/step of every contender in this round (and the floor's two sums)."""
+def one_round(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """s/step of every contender in this round (and the floor's two sums); the floor's and ColoRL's phases."""
     flags = shared_flags(args)
     floor = run("floor", [*flags, "--threads", str(os.cpu_count())])
     row = {"floor_gen_train": floor["gen_plus_train_s"], "floor_gen_fwd_train": floor["gen_fwd_train_s"]}
+    phases = {"floor": floor["timing_s"]}
     for workers in args.workers:
         step = run("step", [*flags, "--workers", str(workers)])
         row[f"colorl_w{workers}"] = step["s_per_step"]
         row[f"colorl_w{workers}_skips_old_log_prob"] = float("old_log_prob" not in step["timing_s"])
+        phases[f"colorl_w{workers}"] = step["timing_s"]
     if not args.no_trl:
         row["trl"] = run("trl", [*flags, "--threads", str(os.cpu_count())])["s_per_step"]
-    return row
+    return row, phases
 
 
 def ratios(row: dict[str, float], workers: list[int]) -> dict[str, float]:
@@ -90,8 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rounds = []
     for i in range(args.rounds):
-        row = one_round(args)
-        rounds.append({"s_per_step": row, "ratios": ratios(row, args.workers)})
+        row, phases = one_round(args)
+        rounds.append({"s_per_step": row, "ratios": ratios(row, args.workers), "phases_s": phases})
         print(f"[compare] round {i + 1}/{args.rounds}: {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
     keys = rounds[0]["ratios"].keys()
     emit({
