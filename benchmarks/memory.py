@@ -11,7 +11,8 @@ batch of prompts·n random sequences: a log-prob forward (``DataParallelPPOActor
 Per rank (from the kernel's VmRSS / VmHWM): RSS after imports, after the model is set up, the exact peak
 during the compute (the peak mark is reset before it), the lifetime peak (which includes loading the full
 checkpoint before sharding), RSS at the end, and the compute peak above the RSS after imports (the part
-the model, its gradients and optimizer state and the activations account for; torch alone is ~300 MB).
+the model, its gradients and optimizer state and the activations account for; torch + transformers are ~300 MB,
+torch alone 219 MB).
 ``peak_by_phase_mb`` splits the compute peak by phase (log-prob forward, update forward + backward, optimizer
 step), sampled every millisecond by a thread, so it shows where the peak is. On CUDA also
 ``torch.cuda.max_memory_allocated``. Prints JSON with both runs and the ratios FSDP rank /
