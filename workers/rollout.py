@@ -50,9 +50,10 @@ def sample_next_token(
     probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
     # inverse-CDF sampling: one uniform draw per row (multinomial draws one per vocabulary entry)
     cdf = probs.cumsum(dim=-1)  # (B, V)
-    u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator) * cdf[:, -1:]  # (B, 1) in [0, mass)
-    # the first index with cdf > u; a token of probability 0 repeats its left neighbour's cdf, so it is never hit
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    u = (1 - torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator)) * cdf[:, -1:]  # (B, 1) in (0, mass]
+    # the first index with cdf >= u: it exists (u <= mass = cdf[-1]), and a token of probability 0 is never it,
+    # since it repeats its left neighbour's cdf (or is 0 < u at index 0)
+    return torch.searchsorted(cdf, u).squeeze(-1)
 
 
 def _eos_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor:
