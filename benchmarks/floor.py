@@ -49,7 +49,7 @@ from trainer.core_algos import compute_advantage
 from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_optimizer
-from workers.rollout import generate_sequences
+from workers.rollout import eos_token_ids, generate_sequences
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 FORWARD_PHASES = ("old_log_prob", "ref", "values")
@@ -83,7 +83,7 @@ class Floor:
         self.tokenizer = AutoTokenizer.from_pretrained(arr.model.path)
         policy = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
         self.n_params = sum(p.numel() for p in policy.parameters())
-        self.eos_ids = self._eos_token_ids(policy)
+        self.eos_ids = eos_token_ids(getattr(policy, "generation_config", None), self.tokenizer)
         if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
             policy.compile()
         optimizer = build_optimizer(policy, arr.actor.optim)
@@ -97,14 +97,6 @@ class Floor:
             value_model = load_value_model(cfg.critic.model.path).to(device)
             optimizer = build_optimizer(value_model, cfg.critic.optim)
             self.critic = DataParallelPPOCritic(value_model, optimizer, None, cfg.critic, self.sequences)
-
-    def _eos_token_ids(self, model: torch.nn.Module) -> list[int]:
-        """EOS ids as the rollout worker takes them: generation config and tokenizer."""
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        ids = set([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return sorted(ids)
 
     def step(self, prompts: DataProto) -> dict[str, float]:
         """One step's work on ``prompts`` (repeated n times, with ``uid`` per prompt); seconds per phase.

@@ -25,7 +25,7 @@ from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
 from workers.reward_model import compute_rm_scores, load_reward_model
-from workers.rollout import generate_sequences
+from workers.rollout import eos_token_ids, generate_sequences
 
 ROLES = ("actor_rollout", "ref", "actor_rollout_ref")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
@@ -165,15 +165,6 @@ class ActorRolloutRefWorker(Worker):
             offload_optimizer_state=bool(fsdp_cfg.optimizer_offload) and with_optimizer,
         )
 
-    def _eos_token_ids(self) -> list[int]:
-        """EOS ids from the generation config (may list several, e.g. Llama-3 chat) and the tokenizer."""
-        ids = set()
-        gen_eos = getattr(self.generation_config, "eos_token_id", None)
-        ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return sorted(ids)
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample one response per prompt row (the driver repeats prompts n times beforehand).
@@ -187,7 +178,7 @@ class ActorRolloutRefWorker(Worker):
         rollout = self.config.rollout
         sampling = {k: prompts.meta_info.get(k, getattr(rollout, k)) for k in SAMPLING_KEYS}
         pad_id = self.tokenizer.pad_token_id
-        eos_ids = self._eos_token_ids()
+        eos_ids = eos_token_ids(self.generation_config, self.tokenizer)
         start = time.perf_counter()
         with self._actor_onloaded(), fsdp.gathered_params(self.actor.module) as module:
             module.eval()

@@ -10,6 +10,7 @@ preallocated at full length (``StaticCache``), so every decode step has the same
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -54,6 +55,16 @@ def sample_next_token(
     # the first index with cdf >= u: it exists (u <= mass = cdf[-1]), and a token of probability 0 is never it,
     # since it repeats its left neighbour's cdf (or is 0 < u at index 0)
     return torch.searchsorted(cdf, u).squeeze(-1)
+
+
+def eos_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
+    """EOS ids from the generation config (may list several, e.g. Llama-3 chat) and the tokenizer."""
+    ids = set()
+    gen_eos = getattr(generation_config, "eos_token_id", None)
+    ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
 
 
 def _eos_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor:
