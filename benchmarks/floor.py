@@ -87,11 +87,12 @@ class Floor:
         if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
             policy.compile()
         optimizer = build_optimizer(policy, arr.actor.optim)
-        self.actor = DataParallelPPOActor(policy, optimizer, None, arr.actor, self.sequences)
+        packed = bool(arr.model.use_remove_padding)
+        self.actor = DataParallelPPOActor(policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed)
         self.ref = None
         if arr.actor.use_kl_loss:
             ref = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
-            self.ref = DataParallelPPOActor(ref.requires_grad_(False).eval(), None, None, arr.actor)
+            self.ref = DataParallelPPOActor(ref.requires_grad_(False).eval(), None, None, arr.actor, use_remove_padding=packed)
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
             value_model = load_value_model(cfg.critic.model.path).to(device)

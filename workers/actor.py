@@ -22,7 +22,7 @@ from trainer.core_algos import (
     logprobs_from_logits,
 )
 from workers.common import configured_update, micro_batches, model_device
-from workers.packing import pack_batch, restore_order
+from workers.packing import pack_batch, pack_width, restore_order
 
 LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_KEYS = (*LOG_PROB_KEYS, "response_mask", "advantages")
@@ -55,8 +55,8 @@ def response_token_logits(
 ) -> tuple[Tensor, Tensor, Callable[[Tensor], Tensor]]:
     """(logits (..., V) fp32 / temperature, the response tokens they predict (...), unpack: (...) -> (B, R)).
 
-    Padded: (B, R, V), unpack is the identity. Remove-padding: only the K valid response tokens, (K, V), from
-    one packed row; unpack scatters per-token values back to (B, R) with zeros elsewhere.
+    Padded: (B, R, V), unpack is the identity. Remove-padding: only the N valid response tokens, (N, V), from
+    packed rows (``packing.pack_batch``); unpack scatters per-token values back to (B, R) with zeros elsewhere.
     """
     input_ids = micro["input_ids"]
     if not remove_padding:
@@ -64,14 +64,14 @@ def response_token_logits(
             module, input_ids, micro["attention_mask"], micro["position_ids"], response_length, temperature
         )
         return logits, input_ids[:, -response_length:], lambda values: values
-    packed = pack_batch(input_ids, micro["attention_mask"], response_length)
+    packed = pack_batch(input_ids, micro["attention_mask"], response_length, pack_width(module, input_ids.shape[1]))
     logits = module(
         input_ids=packed.input_ids,
         position_ids=packed.position_ids,
         use_cache=False,
-        logits_to_keep=packed.predictors,
-    ).logits[0]
-    return logits.float() / temperature, packed.labels, packed.unpack
+        logits_to_keep=packed.keep_columns,
+    ).logits
+    return packed.gather(logits).float() / temperature, packed.labels, packed.unpack
 
 
 def uses_full_kl(actor_config: Any) -> bool:

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from single_controller import DataProto
 from trainer.core_algos import compute_value_loss
 from workers.common import configured_update, micro_batches, model_device
-from workers.packing import pack_batch, restore_order
+from workers.packing import pack_batch, pack_width, restore_order
 
 VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_KEYS = (*VALUE_KEYS, "response_mask", "values", "returns")
@@ -54,13 +54,13 @@ def response_values(
 ) -> Tensor:
     """Values (B, R) at the positions that predict each response token, i.e. the states before each action.
 
-    With ``remove_padding`` the valid tokens run as one packed row and positions without a valid response
+    With ``remove_padding`` the valid tokens run as packed rows and positions without a valid response
     token are 0.
     """
     if remove_padding:
-        packed = pack_batch(input_ids, attention_mask, response_length)
+        packed = pack_batch(input_ids, attention_mask, response_length, pack_width(module, input_ids.shape[1]))
         out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
-        return packed.unpack(out.logits[0, packed.predictors, 0].float())
+        return packed.unpack(out.logits.flatten(0, 1)[packed.predictors, 0].float())
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.logits[:, -response_length - 1 : -1, 0].float()
 

@@ -18,6 +18,7 @@ Shared by the actor (log-probs, update), the reference policy and the critic (va
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def lpt_partition(lengths: Sequence[int], num_bins: int) -> list[list[int]]:
@@ -137,41 +138,100 @@ def loss_weight(micro_mask: Tensor, totals: BatchTotals, loss_agg_mode: str) -> 
 
 @dataclass
 class PackedBatch:
-    """The valid tokens of a padded (B, L) batch in one row, and where the response tokens sit in it."""
+    """The valid tokens of a padded (B, L) batch in K rows of W tokens, and where the response tokens sit in them.
 
-    input_ids: Tensor  # (1, T): row 0's valid tokens, then row 1's, ...
-    position_ids: Tensor  # (1, T): 0, 1, ... within each row
-    predictors: Tensor  # (K,): packed index of the token just before each valid response token
-    labels: Tensor  # (K,): those response tokens
-    rows: Tensor  # (K,): their row in (B, R)
-    cols: Tensor  # (K,): their column in (B, R)
+    Sequences never straddle rows. A row's unused tail holds pad tokens (position = column): they come after
+    every valid token of the row, so causal attention keeps them out of its view, and nothing reads their outputs.
+    """
+
+    input_ids: Tensor  # (K, W): whole sequences, one after another
+    position_ids: Tensor  # (K, W): 0, 1, ... within each sequence
+    predictors: Tensor  # (N,): flat index into (K, W) of the token just before each valid response token
+    labels: Tensor  # (N,): those response tokens
+    rows: Tensor  # (N,): their row in (B, R)
+    cols: Tensor  # (N,): their column in (B, R)
     shape: tuple[int, int]  # (B, R)
+    keep_columns: Tensor  # (C,): the columns of (K, W) that hold a predictor (``logits_to_keep``)
+    kept_index: Tensor  # (N,): each predictor's flat index into (K, C)
+
+    def gather(self, values: Tensor) -> Tensor:
+        """Per-position outputs (K, C, ...) at ``keep_columns`` -> (N, ...) at the predictors, in (B, R) order."""
+        return values.flatten(0, 1)[self.kept_index]
 
     def unpack(self, values: Tensor) -> Tensor:
-        """Per-response-token values (K, ...) -> (B, R, ...), zero where there is no valid response token."""
+        """Per-response-token values (N, ...) -> (B, R, ...), zero where there is no valid response token."""
         out = values.new_zeros((*self.shape, *values.shape[1:]))
         return out.index_put((self.rows, self.cols), values)
 
 
-def pack_batch(input_ids: Tensor, attention_mask: Tensor, response_length: int) -> PackedBatch:
-    """Pack (B, L) left-padded-prompt + right-padded-response rows; the response is the last R columns."""
+def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices in bins of at most ``capacity`` (each length must fit): longest first, each into the fullest
+    bin that still has room, else a new bin. Uses at most 11/9 of the fewest bins possible (+1)."""
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, bin), sorted
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        at = bisect.bisect_left(free, (lengths[i], -1))
+        if at == len(free):
+            bins.append([])
+            room, b = capacity, len(bins) - 1
+        else:
+            room, b = free.pop(at)
+        bins[b].append(i)
+        bisect.insort(free, (room - lengths[i], b))
+    return bins
+
+
+def pack_batch(input_ids: Tensor, attention_mask: Tensor, response_length: int, width: int | None = None) -> PackedBatch:
+    """Pack (B, L) left-padded-prompt + right-padded-response rows; the response is the last R columns.
+
+    ``width=None`` puts every valid token in one row (for varlen attention kernels); a width (raised to the
+    longest sequence if short of it) bins whole sequences into rows of that many tokens
+    (``best_fit_decreasing``), which keeps a dense attention mask at (W, W) per row instead of (T, T).
+    """
     valid = attention_mask.bool()
     batch, length = valid.shape
-    flat = valid.flatten().nonzero().squeeze(-1)  # row-major: rows in order, tokens in order
-    packed_index = torch.full((batch * length,), -1, dtype=torch.long, device=valid.device)
-    packed_index[flat] = torch.arange(flat.numel(), device=valid.device)
-    packed_index = packed_index.view(batch, length)
-    position_ids = (valid.long().cumsum(-1) - 1).flatten()[flat]
+    lengths = valid.sum(-1).tolist()
+    if width is None:
+        width, bins = max(sum(lengths), 1), [list(range(batch))]
+    else:
+        width = max(width, *lengths)
+        bins = best_fit_decreasing(lengths, width)
+    row_of, start = [0] * batch, [0] * batch  # each sequence's packed row and first column
+    for b, members in enumerate(bins):
+        offset = 0
+        for i in members:
+            row_of[i], start[i], offset = b, offset, offset + lengths[i]
+    first_slot = torch.tensor([r * width + c for r, c in zip(row_of, start)], device=valid.device)
+    position = valid.long().cumsum(-1) - 1  # (B, L): index among the row's valid tokens
+    slot = torch.where(valid, first_slot[:, None] + position, -1)  # (B, L) flat index into (K, W)
+    packed_ids = input_ids.new_zeros(len(bins) * width)
+    packed_ids[slot[valid]] = input_ids[valid]
+    packed_positions = torch.arange(width, device=valid.device).repeat(len(bins))
+    packed_positions[slot[valid]] = position[valid]
     prompt_length = length - response_length
-    predictors = packed_index[:, prompt_length - 1 : length - 1]  # position t predicts token t + 1
+    predictors = slot[:, prompt_length - 1 : length - 1]  # position t predicts token t + 1
     keep = (predictors >= 0) & valid[:, prompt_length:]
     rows, cols = keep.nonzero(as_tuple=True)
+    predictors = predictors[keep]
+    column = predictors % width
+    keep_columns = torch.unique(column)  # sorted
+    rank = torch.zeros(width, dtype=torch.long, device=valid.device)
+    rank[keep_columns] = torch.arange(len(keep_columns), device=valid.device)
     return PackedBatch(
-        input_ids=input_ids.flatten()[flat].unsqueeze(0),
-        position_ids=position_ids.unsqueeze(0),
-        predictors=predictors[keep],
+        input_ids=packed_ids.view(len(bins), width),
+        position_ids=packed_positions.view(len(bins), width),
+        predictors=predictors,
         labels=input_ids[:, prompt_length:][keep],
         rows=rows,
         cols=cols,
         shape=(batch, response_length),
+        keep_columns=keep_columns,
+        kept_index=predictors // width * len(keep_columns) + rank[column],
     )
+
+
+def pack_width(module: nn.Module, length: int) -> int | None:
+    """Row width for ``pack_batch``: one row (None) under flash-attention, whose varlen kernel costs what the
+    tokens cost; else the padded length, since sdpa / eager attention build a dense mask per row."""
+    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None) or ""
+    return None if implementation.startswith("flash") else length

@@ -11,6 +11,7 @@ from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.packing import (
     BatchTotals,
+    best_fit_decreasing,
     loss_weight,
     micro_batch_indices,
     mini_batch_totals,
@@ -78,6 +79,31 @@ def test_pack_batch_hand_example():
     assert packed.predictors.tolist() == [1, 5, 6]  # the token before each valid response token
     assert packed.labels.tolist() == [7, 7, 8]
     assert packed.unpack(torch.tensor([1.0, 2.0, 3.0])).tolist() == [[1.0, 0.0], [2.0, 3.0]]
+    assert packed.keep_columns.tolist() == [1, 5, 6] and packed.kept_index.tolist() == [0, 1, 2]
+
+
+def test_pack_batch_in_rows_of_a_width():
+    """Three rows of 3, 5 and 2 valid tokens in rows of 5: [row 1], [row 0, row 2]; the tail is filler."""
+    input_ids = torch.tensor([[0, 5, 6, 7, 0], [4, 5, 6, 7, 8], [0, 0, 3, 9, 0]])
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 0]])
+    packed = pack_batch(input_ids, mask, response_length=2, width=5)
+    assert packed.input_ids.tolist() == [[4, 5, 6, 7, 8], [5, 6, 7, 3, 9]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    assert packed.predictors.tolist() == [6, 2, 3, 8]  # flat indices into (2, 5), in (row, column) order
+    assert packed.labels.tolist() == [7, 7, 8, 9]
+    per_position = torch.arange(10.0).view(2, 5)[:, packed.keep_columns]  # what logits_to_keep selects
+    assert packed.gather(per_position).tolist() == [6.0, 2.0, 3.0, 8.0]
+    assert packed.unpack(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist() == [[1.0, 0.0], [2.0, 3.0], [4.0, 0.0]]
+    assert pack_batch(input_ids, mask, 2, width=3).input_ids.shape == (2, 5)  # a width below a row's length grows
+
+
+@pytest.mark.parametrize("capacity", [5, 8, 13])
+def test_best_fit_decreasing_packs_every_index_once_within_capacity(capacity):
+    lengths = torch.randint(1, capacity + 1, (50,), generator=torch.Generator().manual_seed(capacity)).tolist()
+    bins = best_fit_decreasing(lengths, capacity)
+    assert sorted(i for b in bins for i in b) == list(range(50))
+    assert all(sum(lengths[i] for i in b) <= capacity for b in bins)
+    assert len(bins) <= 11 / 9 * -(-sum(lengths) // capacity) + 1
 
 
 def _rank_bins(rank: int, port: int, queue) -> None:
@@ -150,6 +176,21 @@ def test_packed_log_probs_match_padded_in_row_order(tiny_model_dir):
         torch.testing.assert_close(plp[mask], lp[mask], **TOL)
         torch.testing.assert_close(pent[mask], ent[mask], **TOL)
         assert (plp[~mask] == 0).all()
+
+
+def test_rows_of_a_width_and_one_row_give_the_same_logits(tiny_model_dir):
+    """The sdpa layout (rows of the padded width) and the flash-attention one (a single row) agree."""
+    data = make_update_batch(ROWS, P, R)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    logits = []
+    for width in (None, P + R):
+        packed = pack_batch(data.batch["input_ids"], data.batch["attention_mask"], R, width)
+        with torch.no_grad():
+            out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                        logits_to_keep=packed.keep_columns)
+        logits.append(packed.gather(out.logits))
+    assert logits[0].shape[0] == int(data.batch["response_mask"].sum())
+    torch.testing.assert_close(logits[1], logits[0], **TOL)
 
 
 @pytest.mark.parametrize(("mode", "kl_type"), [(m, "low_var_kl") for m in LOSS_AGG_MODES] + [("token-mean", "full")])
