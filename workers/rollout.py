@@ -5,6 +5,9 @@ for small models, and it has no hidden collectives, so under FSDP (inside ``gath
 finish decoding at different steps never wait on each other. The KV cache and the attention mask are
 preallocated at full length (``StaticCache``), so every decode step has the same shapes: a compiled model
 (``actor.use_torch_compile``) runs one graph for all of them instead of one with a growing dynamic length.
+Once half of the rows being decoded have ended, the ended ones leave the batch and the cache
+(``Cache.reorder_cache``): sampled responses end at very different lengths, and decoding an ended row costs
+as much as a live one (a compiled model then adds one graph with a dynamic batch size).
 """
 
 from __future__ import annotations
@@ -108,16 +111,22 @@ def generate_sequences(
     # the mask covers the whole cache; each step switches on the position of the token it feeds in
     full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch_size, response_length)], dim=-1)
     step_pos = position_ids[:, -1:]
+    rows = torch.arange(batch_size, device=device)  # the batch row of each row still being decoded
     logits = _last_logits(model, input_ids, full_mask, position_ids, cache, torch.arange(prompt_length, device=device))
     for t in range(response_length):
         token = sample_next_token(logits, **sampling)
         token = torch.where(finished, pad_token_id, token)
-        responses[:, t] = token
-        response_mask[:, t] = (~finished).to(response_mask.dtype)
+        responses[rows, t] = token
+        response_mask[rows, t] = (~finished).to(response_mask.dtype)
         finished |= torch.isin(token, eos)
-        if t == response_length - 1 or bool(finished.all()):
+        live = int((~finished).sum())
+        if t == response_length - 1 or live == 0:
             break
-        # finished rows keep decoding (batched) but their tokens are overwritten with pad above
+        if 2 * live <= len(rows):  # a finished row costs as much to decode as a live one: drop the finished
+            keep = (~finished).nonzero().squeeze(-1)
+            cache.reorder_cache(keep)
+            rows, full_mask, step_pos, token, finished = (x[keep] for x in (rows, full_mask, step_pos, token, finished))
+        # the finished rows left keep decoding (batched) but their tokens are overwritten with pad above
         full_mask[:, prompt_length + t] = 1
         step_pos = step_pos + 1
         position = torch.tensor([prompt_length + t], device=device)

@@ -70,6 +70,22 @@ def test_greedy_matches_hf_generate(model):
     assert torch.equal(ours, hf)
 
 
+def test_greedy_matches_hf_generate_when_ended_rows_leave_the_batch(model):
+    """Most rows end at their second token, so the decode batch shrinks; every row still decodes as HF's does."""
+    input_ids, attention_mask, position_ids = make_prompts(8, P, seed=4)
+    kwargs = dict(response_length=R, pad_token_id=PAD, do_sample=False)
+    free = generate_sequences(model, input_ids, attention_mask, position_ids, eos_token_id=None, **kwargs)["responses"]
+    eos = sorted(set(free[:6, 1].tolist()) - set(free[6:, :].flatten().tolist()))  # rows 6, 7 never end
+    ours = generate_sequences(model, input_ids, attention_mask, position_ids, eos_token_id=eos, **kwargs)
+    lengths = ours["response_mask"].sum(-1)
+    assert int((lengths <= 2).sum()) >= 4 and (lengths[6:] == R).all()  # half the rows leave after 2 tokens
+    hf = model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=R, do_sample=False,
+        eos_token_id=eos, pad_token_id=PAD,
+    )[:, P:]
+    assert torch.equal(ours["responses"], hf)
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy(model):
     greedy = _generate(model, do_sample=False)["responses"]
     top_k = _generate(model, top_k=1, temperature=2.0, generator=torch.Generator().manual_seed(0))["responses"]
