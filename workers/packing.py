@@ -8,9 +8,10 @@ Shared by the actor (log-probs, update), the reference policy and the critic (va
 - **Exact accumulation.** Each micro-batch loss is weighted by its share of the mini-batch (over all ranks),
   so the summed (and FSDP rank-averaged) gradient equals the gradient of the whole mini-batch's loss,
   however the rows were split into micro-batches and ranks.
-- **Remove-padding.** A micro-batch's valid tokens are packed into one row (1, T) with position ids that
-  restart at 0 per sequence. transformers (>= 4.53) reads the restarts from ``position_ids`` when
-  ``attention_mask`` is None: flash-attention runs varlen, sdpa/eager get a block-diagonal causal mask
+- **Remove-padding.** A micro-batch's valid tokens are packed into rows with position ids that restart at 0
+  per sequence: one row (1, T) under flash-attention, else rows of the padded width holding whole sequences
+  (``pack_width``). transformers (>= 4.53) reads the restarts from ``position_ids`` when ``attention_mask`` is
+  None: flash-attention runs varlen, sdpa/eager get a block-diagonal causal mask per row
   (``masking_utils.find_packed_sequence_indices``), so no token attends across sequences. The padded path's
   ``position_ids`` must be ``cumsum(attention_mask) - 1`` on valid tokens (left-padded prompt, right-padded
   response, as the rollout writes them) for the two paths to agree.
