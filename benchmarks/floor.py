@@ -92,7 +92,8 @@ class Floor:
         self.ref = None
         if arr.actor.use_kl_loss:
             ref = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
-            self.ref = DataParallelPPOActor(ref.requires_grad_(False).eval(), None, None, arr.actor, use_remove_padding=packed)
+            ref = ref.requires_grad_(False).eval()
+            self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed)
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
             value_model = load_value_model(cfg.critic.model.path).to(device)

@@ -182,7 +182,9 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]
     return bins
 
 
-def pack_batch(input_ids: Tensor, attention_mask: Tensor, response_length: int, width: int | None = None) -> PackedBatch:
+def pack_batch(
+    input_ids: Tensor, attention_mask: Tensor, response_length: int, width: int | None = None
+) -> PackedBatch:
     """Pack (B, L) left-padded-prompt + right-padded-response rows; the response is the last R columns.
 
     ``width=None`` puts every valid token in one row (for varlen attention kernels); a width (raised to the
