@@ -167,7 +167,11 @@ class PackedBatch:
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Indices in bins of at most ``capacity`` (each length must fit): longest first, each into the fullest
-    bin that still has room, else a new bin. Uses at most 11/9 of the fewest bins possible (+1)."""
+    bin that still has room, else a new bin. Uses at most 11/9 of the fewest bins possible (+1).
+
+    One pass that fills bins up, for packing rows; ``partition_by_tokens`` instead balances micro-batches
+    (similar cost per forward, a bin count the ranks agree on) and retries with more bins until they fit.
+    """
     bins: list[list[int]] = []
     free: list[tuple[int, int]] = []  # (room left, bin), sorted
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
