@@ -211,10 +211,11 @@ def pack_batch(
     first_slot = torch.tensor([r * width + c for r, c in zip(row_of, start)], device=valid.device)
     position = valid.long().cumsum(-1) - 1  # (B, L): index among the row's valid tokens
     slot = torch.where(valid, first_slot[:, None] + position, -1)  # (B, L) flat index into (K, W)
+    destination = slot[valid]
     packed_ids = input_ids.new_zeros(len(bins) * width)
-    packed_ids[slot[valid]] = input_ids[valid]
+    packed_ids[destination] = input_ids[valid]
     packed_positions = torch.arange(width, device=valid.device).repeat(len(bins))
-    packed_positions[slot[valid]] = position[valid]
+    packed_positions[destination] = position[valid]
     prompt_length = length - response_length
     predictors = slot[:, prompt_length - 1 : length - 1]  # position t predicts token t + 1
     keep = (predictors >= 0) & valid[:, prompt_length:]
