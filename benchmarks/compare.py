@@ -8,8 +8,9 @@ repeats that round ``--rounds`` times, so slow and fast moments of a shared mach
 ratio. Each benchmark is its own process (never two at once: on a small machine they would slow each other).
 Prints JSON: every round's s/step, the per-round ratios and their medians:
 
-- ``colorl_w<k>_over_floor``: ColoRL step with k workers / the floor that applies (gen + train when the
-  old-log-prob forward is skipped, i.e. one optimizer step per batch and no KL; gen + forwards + train else);
+- ``colorl_w<k>_over_floor``: ColoRL step with k workers / the floor that applies (``floor``'s ``floor_s``:
+  gen + train + the forwards the trainer runs — ref with a KL, values with a critic, old log-probs unless the
+  update is one on-policy step);
 - ``colorl_w<k>_over_trl``: ColoRL / TRL GRPOTrainer s/step (below 1: ColoRL is faster);
 - ``w<k>_over_w<first>``: the step time of k workers over that of the first worker count.
 
@@ -31,8 +32,8 @@ from typing import Any
 from benchmarks.common import add_batch_args, add_model_args, emit, machine
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = ("hidden", "layers", "sft_warmup_steps", "task", "cache_dir", "algo", "prompts", "n", "prompt_length",
-          "response_length", "steps", "warmup", "device", "seed")
+SHARED = ("hidden", "layers", "sft_warmup_steps", "task", "cache_dir", "model_path", "algo", "kl", "prompts", "n",
+          "prompt_length", "response_length", "steps", "warmup", "device", "seed")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,9 +47,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def shared_flags(args: argparse.Namespace) -> list[str]:
+    """The flags every benchmark of a round gets: a switch when on, a value when set."""
     flags = []
     for name in SHARED:
-        flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if value is True:
+            flags.append(flag)
+        elif value is not None and value is not False:
+            flags += [flag, str(value)]
     return flags + [f"--set={o}" for o in args.overrides]
 
 
@@ -66,12 +72,11 @@ def one_round(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, dic
     """s/step of every contender in this round (and the floor's two sums); the floor's and ColoRL's phases."""
     flags = shared_flags(args)
     floor = run("floor", [*flags, "--threads", str(os.cpu_count())])
-    row = {"floor_gen_train": floor["gen_plus_train_s"], "floor_gen_fwd_train": floor["gen_fwd_train_s"]}
+    row = {"floor": floor["floor_s"]}
     phases = {"floor": floor["timing_s"]}
     for workers in args.workers:
         step = run("step", [*flags, "--workers", str(workers)])
         row[f"colorl_w{workers}"] = step["s_per_step"]
-        row[f"colorl_w{workers}_skips_old_log_prob"] = float("old_log_prob" not in step["timing_s"])
         phases[f"colorl_w{workers}"] = step["timing_s"]
     if not args.no_trl:
         row["trl"] = run("trl", [*flags, "--threads", str(os.cpu_count())])["s_per_step"]
@@ -82,8 +87,7 @@ def ratios(row: dict[str, float], workers: list[int]) -> dict[str, float]:
     out = {}
     for k in workers:
         colorl = row[f"colorl_w{k}"]
-        skipped = row[f"colorl_w{k}_skips_old_log_prob"] == 1.0
-        out[f"colorl_w{k}_over_floor"] = colorl / row["floor_gen_train" if skipped else "floor_gen_fwd_train"]
+        out[f"colorl_w{k}_over_floor"] = colorl / row["floor"]
         if "trl" in row:
             out[f"colorl_w{k}_over_trl"] = colorl / row["trl"]
         if k != workers[0]:
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         "response_length": args.response_length, "steps": args.steps, "rounds": args.rounds,
         "median_ratios": {k: round(statistics.median(r["ratios"][k] for r in rounds), 3) for k in keys},
         "median_s_per_step": {k: round(statistics.median(r["s_per_step"][k] for r in rounds), 4)
-                              for k in rounds[0]["s_per_step"] if "skips" not in k},
+                              for k in rounds[0]["s_per_step"]},
         "rounds_detail": rounds,
         "machine": machine(args.device),
     })

@@ -10,9 +10,10 @@ critic's) ``update_*``: forward + backward + grad clip + AdamW, one optimizer st
 Rewards and advantages come from the trainer's reward function and ``core_algos.compute_advantage``.
 
 Prints JSON: the median of each phase (reward and adv too, though the floors leave them out), and the
-sums gen+train (what a trainer that skips the extra forwards pays) and gen+fwd+train (with old/ref log-prob
-and value forwards). On CUDA the phases run under
-bf16 autocast, as the FSDP workers compute in bf16 there.
+per-step sums gen+train (no extra forwards), gen+fwd+train (with old/ref log-prob and value forwards) and
+``floor_s``: gen + train + the forwards the trainer runs in this configuration (``floor_phases``: ref with a
+KL, values with a critic, old log-probs unless the update is one on-policy step) — the floor that applies.
+On CUDA the phases run under bf16 autocast, as the FSDP workers compute in bf16 there.
 
 Threads: the default (all cores in one process) matches the trainer's workers × threads. On a machine that
 other busy processes share, OpenMP threads spin while they wait on a descheduled sibling and a 2-thread run
@@ -166,10 +167,12 @@ def _phase_timer(timing: dict[str, float], device: torch.device) -> Callable[[st
     return timer
 
 
-def summarize(rows: list[dict[str, float]]) -> dict[str, Any]:
-    """Phase medians and the floors: gen+train and gen+fwd+train (per step, then the median)."""
+def summarize(rows: list[dict[str, float]], forwards: list[str]) -> dict[str, Any]:
+    """Phase medians and the floors (per step, then the median): gen+train, gen+fwd+train, and gen + train +
+    ``forwards`` (the forward phases the trainer runs)."""
     gen_train = [r["gen"] + sum(r.get(p, 0.0) for p in TRAIN_PHASES) for r in rows]
     gen_fwd_train = [g + sum(r.get(p, 0.0) for p in FORWARD_PHASES) for g, r in zip(gen_train, rows)]
+    applicable = [g + sum(r[p] for p in forwards) for g, r in zip(gen_train, rows)]
     tokens = [r["response_tokens"] for r in rows]
     phases = medians([{k: v for k, v in r.items() if k != "response_tokens"} for r in rows])
 
@@ -182,6 +185,9 @@ def summarize(rows: list[dict[str, float]]) -> dict[str, Any]:
         "gen_fwd_train_s": round(statistics.median(gen_fwd_train), 4),
         "response_tokens_per_s_gen_train": rate(gen_train),
         "response_tokens_per_s_gen_fwd_train": rate(gen_fwd_train),
+        "floor_phases": ["gen", *forwards, *(p for p in TRAIN_PHASES if p in phases)],
+        "floor_s": round(statistics.median(applicable), 4),
+        "response_tokens_per_s_floor": rate(applicable),
     }
 
 
@@ -198,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
         with stdout_to_stderr():
             trainer = build_trainer(cfg)  # builds/loads the assets and the dataloader; starts no workers
         floor = Floor(cfg, device, trainer.reward_fn)
+        runs = {"old_log_prob": trainer.recompute_old_log_prob, "ref": trainer.use_reference_policy,
+                "values": trainer.use_critic}
+        forwards = [phase for phase in FORWARD_PHASES if runs[phase]]
         batches = cycle(trainer.train_dataloader)
         rows = []
         for i in range(args.warmup + args.steps):
@@ -213,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         "n": args.n, "prompt_length": args.prompt_length, "response_length": args.response_length,
         "steps": args.steps, "warmup": args.warmup,
         "threads": torch.get_num_threads() if args.device == "cpu" else None,
-        **summarize(rows),
+        **summarize(rows, forwards),
         "response_length_mean": round(statistics.median(r["response_tokens"] for r in rows) / sequences, 3),
         "machine": machine(args.device),
     })

@@ -7,9 +7,10 @@ TRL is installed into its own venv, ``benchmarks/.trl-venv`` (made on first use 
 torch first, then trl and the transformers version ColoRL uses); ColoRL never imports it. This process
 prepares the built-in assets (``data.builtin.prepare_builtin``, the same cache as ``benchmarks.step``) and
 runs a small script with the venv's python. That script trains ``GRPOConfig`` as the CPU feasibility study
-did: prompts·n completions per step, one optimisation pass (``num_iterations=1``), beta=0, DAPO loss, no
-gradient checkpointing, fp32 on CPU (bf16 on CUDA, like ColoRL's FSDP workers), with ColoRL's reward function
-for the task (``data/tasks.py``, loaded by file path).
+did: prompts·n completions per step, one optimisation pass (``num_iterations=1``), beta=0 (with ``--kl``:
+ColoRL's ``actor.kl_loss_coef``, and TRL loads a reference model; its KL term is k3, ColoRL's default
+``low_var_kl``), DAPO loss, no gradient checkpointing, fp32 on CPU (bf16 on CUDA, like ColoRL's FSDP workers), with ColoRL's reward function
+for the task (``data/tasks.py``, imported with the repository on ``PYTHONPATH``).
 
 Prints JSON: median s/step (callback ``on_step_begin`` -> ``on_step_end``), median time inside ``generate``,
 completion tokens/s (mean completion length × prompts·n / step time) and the inner process's peak RSS.
@@ -32,10 +33,10 @@ VENV = Path(__file__).resolve().parent / ".trl-venv"
 REPO = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # first and pinned: on CPU machines it resolves to the local CPU wheel
 PACKAGES = ["trl==1.16.0", "transformers==5.23.0"]
-INNER_ARGS = ("prompts", "n", "response_length", "steps", "warmup", "threads", "device", "seed")
+INNER_ARGS = ("prompts", "n", "response_length", "steps", "warmup", "threads", "device", "seed", "beta")
 
 INNER = r'''
-import importlib.util, json, statistics, sys, time
+import json, statistics, sys, time
 import torch
 
 args = json.loads(sys.argv[1])
@@ -45,10 +46,7 @@ import datasets, transformers, trl
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-spec = importlib.util.spec_from_file_location("colorl_tasks", args["tasks_py"])
-tasks = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tasks  # dataclasses look their module up there
-spec.loader.exec_module(tasks)
+from data.tasks import default_compute_score  # ColoRL's reward code (pure Python), on PYTHONPATH
 
 tokenizer = AutoTokenizer.from_pretrained(args["model_path"])
 model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32)
@@ -71,7 +69,7 @@ model.generate = timed_generate  # TRL calls generate on the unwrapped model: th
 def reward(prompts, completions, completion_ids, data_source, reward_model, **kwargs):
     """ColoRL's score: decoded without special tokens, stopped_by_eos from the last kept id."""
     return [
-        tasks.default_compute_score(src, text, rm["ground_truth"], {"stopped_by_eos": bool(ids) and ids[-1] == eos_id})
+        default_compute_score(src, text, rm["ground_truth"], {"stopped_by_eos": bool(ids) and ids[-1] == eos_id})
         for src, text, rm, ids in zip(data_source, completions, reward_model, completion_ids)
     ]
 
@@ -91,7 +89,7 @@ config = GRPOConfig(
     output_dir=args["output_dir"], per_device_train_batch_size=P * G, num_generations=G,
     gradient_accumulation_steps=1, num_iterations=1, max_completion_length=T, temperature=1.0, top_p=1.0,
     learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, adam_beta2=0.99, weight_decay=0.0,
-    max_grad_norm=1.0, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
+    max_grad_norm=1.0, beta=args["beta"], epsilon=0.2, loss_type="dapo", scale_rewards="group",
     use_cpu=args["device"] == "cpu", bf16=args["device"] == "cuda", gradient_checkpointing=False,
     disable_dropout=True, logging_steps=1, report_to="none", save_strategy="no",
     max_steps=args["warmup"] + args["steps"], seed=args["seed"],
@@ -121,6 +119,7 @@ print(json.dumps({
     "completion_length_mean": round(statistics.median(lengths), 3) if lengths else None,
     "reward_mean": round(statistics.median(rewards), 4) if rewards else None,
     "peak_rss_mb": peak_rss_mb(),
+    "ref_model": trainer.ref_model is not None,  # loaded only when beta > 0
     "threads": torch.get_num_threads(),
     "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
 }))
@@ -133,9 +132,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_batch_args(parser)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (CPU)")
     args = parser.parse_args(argv)
-    if args.algo != "grpo" or args.kl:
-        parser.error("the TRL baseline is GRPO with beta=0 (no --algo ppo, no --kl)")
+    if args.algo != "grpo":
+        parser.error("the TRL baseline is GRPOTrainer: --algo grpo only")
+    args.beta = kl_coef(args) if args.kl else 0.0
     return args
+
+
+def kl_coef(args: argparse.Namespace) -> float:
+    """ColoRL's KL-loss coefficient for these flags (``--set`` included); TRL's KL term is k3 (low_var_kl)."""
+    from benchmarks.common import load_bench_config
+
+    with tempfile.TemporaryDirectory(prefix="colorl-bench-trl-") as local_dir:
+        actor = load_bench_config(args, 1, local_dir).actor_rollout_ref.actor
+    if actor.kl_loss_type not in ("low_var_kl", "k3"):
+        raise SystemExit(f"benchmarks.trl --kl: TRL's KL is k3; actor_rollout_ref.actor.kl_loss_type="
+                         f"{actor.kl_loss_type!r} has no TRL equivalent (use low_var_kl or k3)")
+    return float(actor.kl_loss_coef)
 
 
 def venv_python() -> Path:
@@ -186,15 +198,15 @@ def main(argv: list[str] | None = None) -> None:
         inner_args = {
             **{k: getattr(args, k) for k in INNER_ARGS},
             "model_path": assets["model_path"], "train_file": assets["train_files"],
-            "tasks_py": str(REPO / "data" / "tasks.py"), "output_dir": str(Path(tmp) / "out"),
+            "output_dir": str(Path(tmp) / "out"),
         }
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}  # for data.tasks
         result = subprocess.run([str(python), str(script), json.dumps(inner_args)], stdout=subprocess.PIPE,
                                 stderr=sys.stderr, text=True, env=env)
     if result.returncode != 0:
         sys.exit(f"benchmarks.trl: the TRL run failed (exit {result.returncode}); its traceback is above")
     emit({
-        "benchmark": "trl", "algo": "grpo", "hidden": args.hidden, "layers": args.layers,
+        "benchmark": "trl", "algo": "grpo", "beta": args.beta, "hidden": args.hidden, "layers": args.layers,
         "model_path": assets["model_path"], "prompts": args.prompts, "n": args.n,
         "response_length": args.response_length, "steps": args.steps, "warmup": args.warmup,
         **json.loads(result.stdout.strip().splitlines()[-1]),

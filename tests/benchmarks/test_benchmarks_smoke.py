@@ -41,6 +41,9 @@ def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
     assert all(t >= 0 for t in phases.values())
     assert all(phases[p] > 0 for p in ("gen", "old_log_prob", "update_actor"))
     assert 0 < out["gen_plus_train_s"] < out["gen_fwd_train_s"]
+    # one on-policy optimizer step: the trainer skips the old-log-prob forward, so its floor does too
+    assert out["floor_phases"] == ["gen", "ref", "values", "update_actor", "update_critic"]
+    assert out["gen_plus_train_s"] < out["floor_s"] < out["gen_fwd_train_s"]
     assert out["response_tokens_per_s_gen_train"] > out["response_tokens_per_s_gen_fwd_train"] > 0
     assert 1 <= out["response_length_mean"] <= R
     assert out["n_params"] > 0 and out["threads"] == 1
@@ -76,11 +79,13 @@ def test_memory_compares_fsdp_ranks_with_one_process(cache_dir):
 
 
 @pytest.mark.slow
-def test_trl_baseline_runs_in_its_own_venv(cache_dir):
+@pytest.mark.parametrize("kl", [False, True])
+def test_trl_baseline_runs_in_its_own_venv(cache_dir, kl):
     """Installs TRL into benchmarks/.trl-venv on first use (minutes), then runs two GRPO steps."""
     out = run_benchmark("trl", *TINY, "--steps", "2", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir,
-                        timeout=1800)
+                        *(["--kl"] if kl else []), timeout=1800)
     assert out["versions"]["trl"] == "1.16.0"
+    assert (out["beta"] > 0) == kl and out["ref_model"] == kl  # with --kl: ColoRL's kl_loss_coef and a ref model
     assert len(out["s_per_step_all"]) == 2 and out["s_per_step"] > 0 and out["gen_s"] > 0
     assert 1 <= out["completion_length_mean"] <= R
 
@@ -88,10 +93,20 @@ def test_trl_baseline_runs_in_its_own_venv(cache_dir):
 def test_compare_ratios_use_the_floor_that_applies():
     from benchmarks.compare import ratios
 
-    row = {"floor_gen_train": 0.1, "floor_gen_fwd_train": 0.125, "trl": 0.2,
-           "colorl_w1": 0.11, "colorl_w1_skips_old_log_prob": 1.0,
-           "colorl_w2": 0.25, "colorl_w2_skips_old_log_prob": 0.0}
+    row = {"floor": 0.1, "trl": 0.2, "colorl_w1": 0.11, "colorl_w2": 0.25}
     assert ratios(row, [1, 2]) == {
-        "colorl_w1_over_floor": 1.1, "colorl_w1_over_trl": 0.55,  # skipped: gen + train is its floor
-        "colorl_w2_over_floor": 2.0, "colorl_w2_over_trl": 1.25, "w2_over_w1": 2.273,
+        "colorl_w1_over_floor": 1.1, "colorl_w1_over_trl": 0.55,
+        "colorl_w2_over_floor": 2.5, "colorl_w2_over_trl": 1.25, "w2_over_w1": 2.273,
     }
+
+
+def test_compare_passes_switches_and_paths_to_every_benchmark():
+    from benchmarks.compare import parse_args, shared_flags
+
+    argv = ["--kl", "--model-path", "/m", "--sft-warmup-steps", "0", "--set", "trainer.seed=3"]
+    flags = shared_flags(parse_args(argv))
+    assert "--kl" in flags and flags[flags.index("--model-path") + 1] == "/m"
+    assert flags[flags.index("--sft-warmup-steps") + 1] == "0"
+    assert flags[-1] == "--set=trainer.seed=3"
+    assert "--model-path" not in shared_flags(parse_args([]))  # unset: the built-in model
+    assert "--kl" not in shared_flags(parse_args([]))
