@@ -100,6 +100,13 @@ def test_compare_ratios_use_the_floor_that_applies():
     }
 
 
+def test_compare_best_ratios_take_each_contenders_fastest_round():
+    from benchmarks.compare import best_ratios
+
+    rows = [{"floor": 0.1, "trl": 0.3, "colorl_w1": 0.2}, {"floor": 0.2, "trl": 0.15, "colorl_w1": 0.12}]
+    assert best_ratios(rows, [1]) == {"colorl_w1_over_floor": 1.2, "colorl_w1_over_trl": 0.8}
+
+
 def test_compare_passes_switches_and_paths_to_every_benchmark():
     from benchmarks.compare import parse_args, shared_flags
 
