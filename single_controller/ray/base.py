@@ -166,7 +166,9 @@ class RayClassWithInitArgs:
         return self.cls.options(**options).remote(*self.args, **self.kwargs)
 
 
-@ray.remote(num_cpus=0)
+# max_calls=1: the process that ran it exits, instead of idling beside the workers for the whole run (an idle
+# Ray worker wakes ~100 times a second, preempting the workers' compute threads on a small CPU machine)
+@ray.remote(num_cpus=0, max_calls=1)
 def _node_address_and_free_port() -> tuple[str, int]:
     with socket.socket() as sock:
         sock.bind(("", 0))
