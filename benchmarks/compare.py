@@ -71,7 +71,7 @@ def run(name: str, flags: list[str]) -> dict[str, Any]:
 
 
 def one_round(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """s/step of every contender in this round (and the floor's two sums); the floor's and ColoRL's phases."""
+    """s/step of every contender in this round (the floor: the one that applies); the floor's and ColoRL's phases."""
     flags = shared_flags(args)
     floor = run("floor", [*flags, "--threads", str(os.cpu_count())])
     row = {"floor": floor["floor_s"]}
@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     emit({
         "benchmark": "compare",
         "algo": args.algo, "kl": args.kl, "hidden": args.hidden, "layers": args.layers, "prompts": args.prompts,
-        "n": args.n,
-        "response_length": args.response_length, "steps": args.steps, "rounds": args.rounds,
+        "n": args.n, "response_length": args.response_length, "steps": args.steps, "rounds": args.rounds,
         "median_ratios": {k: round(statistics.median(r["ratios"][k] for r in rounds), 3) for k in keys},
         "median_s_per_step": {k: round(statistics.median(r["s_per_step"][k] for r in rounds), 4)
                               for k in rounds[0]["s_per_step"]},

@@ -9,8 +9,8 @@ prepares the built-in assets (``data.builtin.prepare_builtin``, the same cache a
 runs a small script with the venv's python. That script trains ``GRPOConfig`` as the CPU feasibility study
 did: prompts·n completions per step, one optimisation pass (``num_iterations=1``), beta=0 (with ``--kl``:
 ColoRL's ``actor.kl_loss_coef``, and TRL loads a reference model; its KL term is k3, ColoRL's default
-``low_var_kl``), DAPO loss, no gradient checkpointing, fp32 on CPU (bf16 on CUDA, like ColoRL's FSDP workers), with ColoRL's reward function
-for the task (``data/tasks.py``, imported with the repository on ``PYTHONPATH``).
+``low_var_kl``), DAPO loss, no gradient checkpointing, fp32 on CPU (bf16 on CUDA, like ColoRL's FSDP workers),
+with ColoRL's reward function for the task (``data/tasks.py``, imported with the repository on ``PYTHONPATH``).
 
 Prints JSON: median s/step (callback ``on_step_begin`` -> ``on_step_end``), median time inside ``generate``,
 completion tokens/s (mean completion length × prompts·n / step time) and the inner process's peak RSS.
