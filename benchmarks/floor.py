@@ -91,7 +91,7 @@ class Floor:
         packed = bool(arr.model.use_remove_padding)
         self.actor = DataParallelPPOActor(policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed)
         self.ref = None
-        if arr.actor.use_kl_loss:
+        if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the trainer's use_reference_policy
             ref = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
             ref = ref.requires_grad_(False).eval()
             self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed)
