@@ -47,7 +47,7 @@ from benchmarks.common import (
 )
 from single_controller import DataProto
 from trainer.core_algos import compute_advantage
-from workers.actor import DataParallelPPOActor
+from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_optimizer
 from workers.rollout import eos_token_ids, generate_sequences
@@ -87,14 +87,17 @@ class Floor:
         self.eos_ids = eos_token_ids(getattr(policy, "generation_config", None), self.tokenizer)
         if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
             policy.compile()
-        optimizer = build_optimizer(policy, arr.actor.optim)
         packed = bool(arr.model.use_remove_padding)
-        self.actor = DataParallelPPOActor(policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed)
-        self.ref = None
+        self.ref, ref = None, None
         if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the trainer's use_reference_policy
             ref = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
             ref = ref.requires_grad_(False).eval()
             self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed)
+        optimizer = build_optimizer(policy, arr.actor.optim)
+        self.actor = DataParallelPPOActor(  # kl_loss_type=full reads the reference logits inside the update
+            policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed,
+            ref_module=ref if uses_full_kl(arr.actor) else None,
+        )
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
             value_model = load_value_model(cfg.critic.model.path).to(device)
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         with stdout_to_stderr():
             trainer = build_trainer(cfg)  # builds/loads the assets and the dataloader; starts no workers
         floor = Floor(cfg, device, trainer.reward_fn)
-        runs = {"old_log_prob": trainer.recompute_old_log_prob, "ref": trainer.use_reference_policy,
+        runs = {"old_log_prob": trainer.recompute_old_log_prob, "ref": trainer.compute_ref_log_prob,
                 "values": trainer.use_critic}
         forwards = [phase for phase in FORWARD_PHASES if runs[phase]]
         batches = cycle(trainer.train_dataloader)

@@ -72,6 +72,9 @@ class RayPPOTrainer:
             actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
             and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, config.data.train_batch_size)
         )
+        # the ref log-prob forward runs only where they are read: the in-reward KL or a sampled-token KL loss
+        # (the exact KL loss, kl_loss_type=full, reads the reference logits inside the update instead)
+        self.compute_ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(
             algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon
         )
@@ -260,7 +263,7 @@ class RayPPOTrainer:
             if self.recompute_old_log_prob:
                 with self._phase("old_log_prob", timing):
                     batch.union(self.actor_rollout_wg.compute_log_prob(_forward_inputs(batch)))
-            if self.use_reference_policy:
+            if self.compute_ref_log_prob:
                 with self._phase("ref", timing):
                     batch.union(self.ref_wg.compute_ref_log_prob(_forward_inputs(batch)))
             if self.use_critic:
@@ -306,7 +309,7 @@ class RayPPOTrainer:
         algo = self.config.algorithm
         tensors = batch.batch
         mask = tensors["response_mask"]
-        if self.use_reference_policy and self.recompute_old_log_prob:
+        if self.compute_ref_log_prob and self.recompute_old_log_prob:
             kl = core_algos.kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty)
             metrics["actor/ref_kl"] = core_algos.masked_mean(kl, mask).item()
         if algo.use_kl_in_reward:
