@@ -15,23 +15,31 @@ the model, its gradients and optimizer state and the activations account for; to
 torch alone 219 MB).
 ``peak_by_phase_mb`` splits the compute peak by phase (log-prob forward, update forward + backward, optimizer
 step), sampled every millisecond by a thread, so it shows where the peak is. On CUDA also
-``torch.cuda.max_memory_allocated``. Prints JSON with both runs and the ratios FSDP rank /
+``torch.cuda.max_memory_allocated``. On CPU, its analogue ``peak_tensor_mb``: the most bytes that tensors held at
+once, from a second pass of the same compute (params, buffers, optimizer state and batch at its start, plus
+the peak of what it allocated, as the profiler's CPU memory reporter counts it) — the memory the sharding
+acts on, without the imported libraries or what the allocator keeps after a free. Prints JSON with both runs and the ratios FSDP rank /
 unsharded (max over ranks). The ranks each take 1/world of the batch, as the trainer's workers do.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
 import socket
+import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import add_model_args, default_device, emit, machine, stdout_to_stderr
 
@@ -107,6 +115,40 @@ class PhasePeaks:
         optimizer.step = labelled_step
 
 
+def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a DTensor by its local shard; None skipped)."""
+    storages = {}
+    for t in tensors:
+        if t is not None:
+            local = t.to_local() if isinstance(t, DTensor) else t
+            storages[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def live_tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any) -> int:
+    """What the actor holds between steps: parameters, buffers, gradients, optimizer state, the batch."""
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    params = list(model.parameters())
+    return storage_bytes([*params, *(p.grad for p in params), *model.buffers(), *state, *data.batch.values()])
+
+
+def allocated_peak_bytes(run: Any) -> int:
+    """Peak CPU bytes allocated by ``run()`` above what was allocated before it.
+
+    The profiler's CPU memory reporter (``profile_memory``) adds every allocation made while it records and
+    subtracts its free; the running total is each ``[memory]`` event's ``Total Allocated``. A block allocated
+    before and freed during ``run`` is never subtracted, so the figure errs high, never low.
+    """
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+        with open(os.path.join(tmp, "trace.json")) as f:
+            events = json.load(f)["traceEvents"]
+    cpu = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]" and e["args"]["Device Type"] == 0]
+    return max(cpu, default=0)
+
+
 def random_batch(rows: int, args: dict[str, Any], seed: int) -> Any:
     """A PPO batch (``rows`` sequences): random prompt and response tokens, random advantages."""
     from single_controller import DataProto
@@ -163,24 +205,34 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
     actor = DataParallelPPOActor(model, optimizer, None, config, rows)
     data = random_batch(rows, args, seed=args["seed"] + rank)
     peak_setup, rss_setup = peak_rss_mb(), rss_mb()
+
+    def compute() -> None:
+        phases.phase = "log_prob"
+        data.batch["old_log_probs"], _ = actor.compute_log_prob(data, rows)
+        phases.phase = "update_fwd_bwd"
+        for _ in range(args["updates"]):
+            actor.update_policy(data)
+
     reset_peak_rss()
-    phases.phase = "log_prob"
-    data.batch["old_log_probs"], _ = actor.compute_log_prob(data, rows)
-    phases.phase = "update_fwd_bwd"
-    for _ in range(args["updates"]):
-        actor.update_policy(data)
+    compute()
     time.sleep(10 * phases.interval_s)  # one more sample of the last phase
+    peak_rss, rss_end = peak_rss_mb(), rss_mb()
+    by_phase = {k: round(v, 1) for k, v in phases.peaks.items() if k != "setup"}
+    # the same work again, now with the optimizer state in place, counting tensor bytes (CPU)
+    tensor_peak = live_tensor_bytes(model, optimizer, data) + allocated_peak_bytes(compute) if device.type == "cpu" else None
     result = {
         "rank": rank,
         "rss_imported_mb": rss_imported,
         "rss_setup_mb": rss_setup,
-        "peak_rss_compute_mb": peak_rss_mb(),
-        "peak_rss_lifetime_mb": max(peak_setup, peak_rss_mb()),
-        "rss_end_mb": rss_mb(),
-        "peak_by_phase_mb": {k: round(v, 1) for k, v in phases.peaks.items() if k != "setup"},
+        "peak_rss_compute_mb": peak_rss,
+        "peak_rss_lifetime_mb": max(peak_setup, peak_rss),
+        "rss_end_mb": rss_end,
+        "peak_by_phase_mb": by_phase,
     }
     # what the model, its optimizer state and the compute add on top of the imported libraries
     result["peak_compute_above_imports_mb"] = result["peak_rss_compute_mb"] - rss_imported
+    if tensor_peak is not None:
+        result["peak_tensor_mb"] = tensor_peak / MB
     if device.type == "cuda":
         result["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated(device) / MB
     results.put({k: round(v, 1) if isinstance(v, float) else v for k, v in result.items()})

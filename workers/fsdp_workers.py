@@ -237,7 +237,6 @@ class ActorRolloutRefWorker(Worker):
         metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
 
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         """Write the actor under ``path``: an HF model directory plus optimizer, scheduler and RNG state."""

