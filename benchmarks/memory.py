@@ -18,8 +18,9 @@ step), sampled every millisecond by a thread, so it shows where the peak is. On 
 ``torch.cuda.max_memory_allocated``. On CPU, its analogue ``peak_tensor_mb``: the most bytes that tensors held at
 once, from a second pass of the same compute (params, buffers, optimizer state and batch at its start, plus
 the peak of what it allocated, as the profiler's CPU memory reporter counts it) — the memory the sharding
-acts on, without the imported libraries or what the allocator keeps after a free. Prints JSON with both runs and the ratios FSDP rank /
-unsharded (max over ranks). The ranks each take 1/world of the batch, as the trainer's workers do.
+acts on, without the imported libraries or what the allocator keeps after a free. Prints JSON with both runs
+and the ratios FSDP rank / unsharded (max over ranks). The ranks each take 1/world of the batch, as the
+trainer's workers do.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -132,7 +133,7 @@ def live_tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     return storage_bytes([*params, *(p.grad for p in params), *model.buffers(), *state, *data.batch.values()])
 
 
-def allocated_peak_bytes(run: Any) -> int:
+def allocated_peak_bytes(run: Callable[[], None]) -> int:
     """Peak CPU bytes allocated by ``run()`` above what was allocated before it.
 
     The profiler's CPU memory reporter (``profile_memory``) adds every allocation made while it records and
@@ -145,8 +146,8 @@ def allocated_peak_bytes(run: Any) -> int:
         prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
         with open(os.path.join(tmp, "trace.json")) as f:
             events = json.load(f)["traceEvents"]
-    cpu = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]" and e["args"]["Device Type"] == 0]
-    return max(cpu, default=0)
+    cpu = [e["args"] for e in events if e.get("name") == "[memory]" and e["args"]["Device Type"] == 0]
+    return max((a["Total Allocated"] for a in cpu), default=0)
 
 
 def random_batch(rows: int, args: dict[str, Any], seed: int) -> Any:
@@ -218,8 +219,9 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
     time.sleep(10 * phases.interval_s)  # one more sample of the last phase
     peak_rss, rss_end = peak_rss_mb(), rss_mb()
     by_phase = {k: round(v, 1) for k, v in phases.peaks.items() if k != "setup"}
-    # the same work again, now with the optimizer state in place, counting tensor bytes (CPU)
-    tensor_peak = live_tensor_bytes(model, optimizer, data) + allocated_peak_bytes(compute) if device.type == "cpu" else None
+    tensor_peak = None
+    if device.type == "cpu":  # the same work again, with the optimizer state in place, counting tensor bytes
+        tensor_peak = live_tensor_bytes(model, optimizer, data) + allocated_peak_bytes(compute)
     result = {
         "rank": rank,
         "rss_imported_mb": rss_imported,
