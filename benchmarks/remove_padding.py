@@ -12,9 +12,10 @@ micro-batches packed (remove-padding), and packed micro-batches of at most ``--m
 (dynamic batch size; by default ``--micro`` × (prompt + response), the padded path's token footprint filled
 with real tokens only); also padded + dynamic batch size.
 
-Packed micro-batches are rows of the padded width, whole sequences binned into them (``packing.pack_batch``):
-transformers gives sdpa a dense block-diagonal mask per row, so a row as wide as all of a micro-batch's tokens
-would make attention grow with the square of them (flash-attention's varlen kernel takes one row instead).
+Packed micro-batches are rows holding whole sequences (``packing.pack_batch``), 1-8 padded lengths wide,
+whichever costs least (``packing.pack_width``): transformers gives sdpa a dense block-diagonal mask per row, so
+a row as wide as all of a micro-batch's tokens would make attention grow with the square of them
+(flash-attention's varlen kernel takes one row instead).
 ``log_prob_max_abs_diff`` is each variant's largest log-prob difference from the padded baseline on valid
 tokens (they compute the same thing). Prints one JSON line.
 """

@@ -64,7 +64,8 @@ def response_token_logits(
             module, input_ids, micro["attention_mask"], micro["position_ids"], response_length, temperature
         )
         return logits, input_ids[:, -response_length:], lambda values: values
-    packed = pack_batch(input_ids, micro["attention_mask"], response_length, pack_width(module, input_ids.shape[1]))
+    mask = micro["attention_mask"]
+    packed = pack_batch(input_ids, mask, response_length, pack_width(module, mask))
     logits = module(
         input_ids=packed.input_ids,
         position_ids=packed.position_ids,

@@ -58,7 +58,7 @@ def response_values(
     token are 0.
     """
     if remove_padding:
-        packed = pack_batch(input_ids, attention_mask, response_length, pack_width(module, input_ids.shape[1]))
+        packed = pack_batch(input_ids, attention_mask, response_length, pack_width(module, attention_mask))
         out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
         return packed.unpack(out.logits.flatten(0, 1)[packed.predictors, 0].float())
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)

@@ -9,7 +9,7 @@ Shared by the actor (log-probs, update), the reference policy and the critic (va
   so the summed (and FSDP rank-averaged) gradient equals the gradient of the whole mini-batch's loss,
   however the rows were split into micro-batches and ranks.
 - **Remove-padding.** A micro-batch's valid tokens are packed into rows with position ids that restart at 0
-  per sequence: one row (1, T) under flash-attention, else rows of the padded width holding whole sequences
+  per sequence: one row (1, T) under flash-attention, else rows holding whole sequences, as wide as costs least
   (``pack_width``). transformers (>= 4.53) reads the restarts from ``position_ids`` when ``attention_mask`` is
   None: flash-attention runs varlen, sdpa/eager get a block-diagonal causal mask per row
   (``masking_utils.find_packed_sequence_indices``), so no token attends across sequences. The padded path's
@@ -238,8 +238,41 @@ def pack_batch(
     )
 
 
-def pack_width(module: nn.Module, length: int) -> int | None:
+ROW_WIDTH_MULTIPLES = (1, 2, 4, 8)  # the row widths pack_width weighs, in padded lengths
+
+
+def pack_width(module: nn.Module, attention_mask: Tensor) -> int | None:
     """Row width for ``pack_batch``: one row (None) under flash-attention, whose varlen kernel costs what the
-    tokens cost; else the padded length, since sdpa / eager attention build a dense mask per row."""
+    tokens cost. sdpa / eager attention build a dense (W, W) mask per row, so a row costs W tokens of matmul
+    work plus W² token pairs of attention: of 1, 2, 4 and 8 times the padded length, the width whose rows cost
+    least, cost(W) = rows(W) · W · (1 + W / w0), w0 from ``_attention_break_even``. Wider rows pay off when
+    sequences are short against the padded length (two 11-token sequences never share a 16-wide row).
+    """
     implementation = getattr(getattr(module, "config", None), "_attn_implementation", None) or ""
-    return None if implementation.startswith("flash") else length
+    if implementation.startswith("flash"):
+        return None
+    length = attention_mask.shape[1]
+    break_even = _attention_break_even(module)
+    if break_even is None:
+        return length
+    lengths = attention_mask.sum(-1).tolist()
+
+    def cost(width: int) -> float:
+        return len(best_fit_decreasing(lengths, width)) * width * (1 + width / break_even)
+
+    return min((length * k for k in ROW_WIDTH_MULTIPLES), key=cost)
+
+
+def _attention_break_even(module: nn.Module) -> float | None:
+    """The row width at which a transformer block spends as much on attention as on its matmuls, per token.
+
+    Per token a block's matmuls take 2·params FLOPs and its attention 4·hidden per key in the row (QKᵀ and
+    AV), so w0 = params / (2·hidden). None for a model without ``config.hidden_size`` or named blocks
+    (``_no_split_modules``).
+    """
+    hidden = getattr(getattr(module, "config", None), "hidden_size", None)
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    block = next((m for m in module.modules() if type(m).__name__ in names), None)
+    if not hidden or block is None:
+        return None
+    return sum(p.numel() for p in block.parameters()) / (2 * hidden)

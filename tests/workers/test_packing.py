@@ -16,6 +16,7 @@ from workers.packing import (
     micro_batch_indices,
     mini_batch_totals,
     pack_batch,
+    pack_width,
     partition_by_tokens,
     restore_order,
 )
@@ -95,6 +96,19 @@ def test_pack_batch_in_rows_of_a_width():
     assert packed.gather(per_position).tolist() == [6.0, 2.0, 3.0, 8.0]
     assert packed.unpack(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist() == [[1.0, 0.0], [2.0, 3.0], [4.0, 0.0]]
     assert pack_batch(input_ids, mask, 2, width=3).input_ids.shape == (2, 5)  # a width below a row's length grows
+
+
+def test_pack_width_widens_rows_only_where_sequences_leave_room(tiny_model_dir):
+    """Full sequences keep the padded width; 7-of-12-token ones share wider rows, in fewer token slots."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    full = torch.ones(8, 12, dtype=torch.long)
+    assert pack_width(model, full) == 12
+    short = full.clone()
+    short[:, :5] = 0
+    width = pack_width(model, short)
+    assert width > 12 and width % 12 == 0
+    assert len(best_fit_decreasing([7] * 8, width)) * width < 8 * 12
+    assert pack_width(torch.nn.Linear(2, 2), short) == 12  # no named transformer blocks: the padded width
 
 
 @pytest.mark.parametrize("capacity", [5, 8, 13])
