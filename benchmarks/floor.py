@@ -48,6 +48,7 @@ from benchmarks.common import (
 from single_controller import DataProto
 from trainer.core_algos import compute_advantage
 from workers.actor import DataParallelPPOActor, uses_full_kl
+from workers import malloc
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_optimizer
 from workers.rollout import eos_token_ids, generate_sequences
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
+        malloc.keep_freed_memory()  # as the trainer's CPU workers do
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory(prefix="colorl-bench-floor-") as local_dir:

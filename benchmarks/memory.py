@@ -43,6 +43,7 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import add_model_args, default_device, emit, machine, stdout_to_stderr
+from workers import malloc
 
 MB = 2**20
 
@@ -178,6 +179,7 @@ def _setup(rank: int, world: int, args: dict[str, Any]) -> torch.device:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, args["threads"] // world))
+        malloc.keep_freed_memory()  # as the trainer's CPU workers do
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args["port"]), RANK=str(rank), WORLD_SIZE=str(world))
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timedelta(minutes=10))

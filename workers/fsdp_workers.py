@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
-from workers import checkpoint, fsdp
+from workers import checkpoint, fsdp, malloc
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
@@ -59,9 +59,10 @@ def per_rank_mini_batch_size(
 
 
 def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
-    """CPU threads (workers × threads ≤ cores), per-rank seed, determinism, and the torch.distributed world."""
+    """CPU threads (workers × threads ≤ cores) and malloc, per-rank seed, determinism, the torch.distributed world."""
     if worker.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // worker.local_world_size))
+        malloc.keep_freed_memory()  # no page faults re-fetching each step's activations (see workers/malloc.py)
     torch.manual_seed(seed + worker.rank)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
