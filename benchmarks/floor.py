@@ -47,8 +47,8 @@ from benchmarks.common import (
 )
 from single_controller import DataProto
 from trainer.core_algos import compute_advantage
-from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers import malloc
+from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_optimizer
 from workers.rollout import eos_token_ids, generate_sequences
