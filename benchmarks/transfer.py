@@ -7,14 +7,13 @@ back, divided by the time). The worker echoes its chunk, so the figure is pure d
 """
 
 import argparse
-import json
-import platform
 import statistics
 import time
 
 import ray
 import torch
 
+from benchmarks.common import emit, machine
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
@@ -47,12 +46,11 @@ def main() -> None:
         times.append(time.perf_counter() - start)
     assert torch.equal(out.batch["x"], data.batch["x"])
     median = statistics.median(times)
-    print(json.dumps({
+    emit({
         "benchmark": "transfer", "payload_mib": nbytes / 2**20, "workers": args.workers,
         "round_trip_s_median": round(median, 4), "round_trip_s_all": [round(t, 4) for t in times],
-        "payload_gb_per_s": round(2 * nbytes / median / 1e9, 3),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, {platform.processor() or 'cpu'}",
-    }))
+        "payload_gb_per_s": round(2 * nbytes / median / 1e9, 3), "machine": machine("cpu"),
+    })
     ray.shutdown()
 
 

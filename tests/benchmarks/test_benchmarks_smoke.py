@@ -64,6 +64,12 @@ def test_step_reports_trainer_phases_and_throughput(cache_dir):
     assert out["response_tokens_per_s"] == pytest.approx(expected, rel=0.01)
 
 
+def test_transfer_round_trips_a_dataproto_through_the_workers():
+    out = run_benchmark("transfer", "--mb", "2", "--workers", "2", "--repeats", "2", timeout=120)
+    assert out["workers"] == 2 and out["payload_mib"] == pytest.approx(2, rel=0.01)
+    assert len(out["round_trip_s_all"]) == 2 and out["payload_gb_per_s"] > 0
+
+
 @pytest.mark.slow
 def test_memory_compares_fsdp_ranks_with_one_process(cache_dir):
     out = run_benchmark("memory", "--hidden", "32", "--layers", "2", "--prompts", "2", "--n", "2", "--device", "cpu",
