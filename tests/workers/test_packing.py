@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
@@ -128,6 +129,7 @@ def _rank_bins(rank: int, port: int, queue) -> None:
     cpu = torch.device("cpu")
     totals = mini_batch_totals(mask[:, -4:], sync_device=cpu)  # response = the last 4 columns
     queue.put((rank, len(micro_batch_indices(mask, 4, max_token_len=8, sync_device=cpu)), totals))
+    dist.destroy_process_group()  # a gloo group left to interpreter exit can abort the process (SIGABRT)
 
 
 @pytest.mark.timeout(120)
