@@ -15,7 +15,9 @@ Prints JSON: every round's s/step, the per-round ratios and their medians:
 - ``w<k>_over_w<first>``: the step time of k workers over that of the first worker count.
 
 Each round also keeps the per-phase medians (``phases_s``) of the floor and of every ColoRL run, so a ratio
-can be traced to the phase that moved. ``best_ratios`` are the same ratios taken between each contender's
+can be traced to the phase that moved, and their model FLOPs utilisation (``mfu``: the floor's and each
+ColoRL run's whole step, ``workers.perf``; on a CPU against a measured matmul rate, on a known GPU its
+datasheet peak). ``best_ratios`` are the same ratios taken between each contender's
 fastest round (its lowest s/step): on a shared machine other processes only ever add time, so the minimum is
 the least disturbed estimate of each contender's own cost (``timeit``'s rule); the medians are the default.
 """
@@ -70,19 +72,22 @@ def run(name: str, flags: list[str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def one_round(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """s/step of every contender in this round (the floor: the one that applies); the floor's and ColoRL's phases."""
+def one_round(args: argparse.Namespace) -> dict[str, Any]:
+    """This round's s/step of every contender (the floor: the one that applies), the floor's and ColoRL's phases
+    and MFU (the floor's, and each ColoRL run's whole step)."""
     flags = shared_flags(args)
     floor = run("floor", [*flags, "--threads", str(os.cpu_count())])
     row = {"floor": floor["floor_s"]}
     phases = {"floor": floor["timing_s"]}
+    mfu = {"floor": floor["perf"]["mfu/floor"]}
     for workers in args.workers:
         step = run("step", [*flags, "--workers", str(workers)])
         row[f"colorl_w{workers}"] = step["s_per_step"]
         phases[f"colorl_w{workers}"] = step["timing_s"]
+        mfu[f"colorl_w{workers}"] = step["perf"]["mfu/step"]
     if not args.no_trl:
         row["trl"] = run("trl", [*flags, "--threads", str(os.cpu_count())])["s_per_step"]
-    return row, phases
+    return {"s_per_step": row, "ratios": ratios(row, args.workers), "phases_s": phases, "mfu": mfu}
 
 
 def ratios(row: dict[str, float], workers: list[int]) -> dict[str, float]:
@@ -106,8 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rounds = []
     for i in range(args.rounds):
-        row, phases = one_round(args)
-        rounds.append({"s_per_step": row, "ratios": ratios(row, args.workers), "phases_s": phases})
+        rounds.append(one_round(args))
         print(f"[compare] round {i + 1}/{args.rounds}: {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
     keys = rounds[0]["ratios"].keys()
     emit({
@@ -118,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         "median_s_per_step": {k: round(statistics.median(r["s_per_step"][k] for r in rounds), 4)
                               for k in rounds[0]["s_per_step"]},
         "best_ratios": best_ratios([r["s_per_step"] for r in rounds], args.workers),
+        "median_mfu": {k: round(statistics.median(r["mfu"][k] for r in rounds), 4) for k in rounds[0]["mfu"]},
         "rounds_detail": rounds,
         "machine": machine(args.device),
     })

@@ -47,7 +47,7 @@ from benchmarks.common import (
 )
 from single_controller import DataProto
 from trainer.core_algos import compute_advantage
-from workers import malloc
+from workers import malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_optimizer
@@ -141,6 +141,7 @@ class Floor:
         with timer("update_actor"):
             self.actor.update_policy(data)
         timing["response_tokens"] = float(tensors["response_mask"].sum())
+        timing["tokens"] = float(tensors["attention_mask"].sum())
         return timing
 
     def _generate(self, prompts: DataProto) -> DataProto:
@@ -178,7 +179,7 @@ def summarize(rows: list[dict[str, float]], forwards: list[str]) -> dict[str, An
     gen_fwd_train = [g + sum(r.get(p, 0.0) for p in FORWARD_PHASES) for g, r in zip(gen_train, rows)]
     applicable = [g + sum(r[p] for p in forwards) for g, r in zip(gen_train, rows)]
     tokens = [r["response_tokens"] for r in rows]
-    phases = medians([{k: v for k, v in r.items() if k != "response_tokens"} for r in rows])
+    phases = medians([{k: v for k, v in r.items() if k not in ("response_tokens", "tokens")} for r in rows])
 
     def rate(seconds: list[float]) -> float:
         return round(statistics.median(t / s for t, s in zip(tokens, seconds)), 1)
@@ -193,6 +194,28 @@ def summarize(rows: list[dict[str, float]], forwards: list[str]) -> dict[str, An
         "floor_s": round(statistics.median(applicable), 4),
         "response_tokens_per_s_floor": rate(applicable),
     }
+
+
+def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], sequences: int,
+              device: torch.device) -> dict[str, float]:
+    """MFU of the floor (gen + ``forwards`` + train, as ``benchmarks.step`` counts a step) and of the actor update."""
+    from benchmarks.step import flops_model, step_flops
+
+    peak, _ = perf.peak_flops(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    actor = cfg.actor_rollout_ref.actor
+    floor, update = [], []
+    for r in rows:
+        lengths = {"prompt_length/mean": (r["tokens"] - r["response_tokens"]) / sequences,
+                   "response_length/mean": r["response_tokens"] / sequences}
+        ran = {f"timing_s/{p}": r[p] for p in ("gen", *forwards, *TRAIN_PHASES) if p in r}
+        seconds = sum(ran.values())
+        floor.append(step_flops(cfg, {**lengths, **ran}, sequences) / (seconds * peak))
+        seq_lens = torch.full((sequences,), r["tokens"] / sequences)
+        actor_flops = flops_model(cfg.actor_rollout_ref.model.path).update_flops(
+            seq_lens, actor.ppo_epochs, reference_forward=uses_full_kl(actor))
+        update.append(actor_flops / (r["update_actor"] * peak))
+    return {"peak_tflops": round(peak / 1e12, 5), "mfu/floor": round(statistics.median(floor), 5),
+            "mfu/actor": round(statistics.median(update), 5)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         "steps": args.steps, "warmup": args.warmup,
         "threads": torch.get_num_threads() if args.device == "cpu" else None,
         **summarize(rows, forwards),
+        "perf": floor_mfu(cfg, rows, forwards, sequences, device),
         "response_length_mean": round(statistics.median(r["response_tokens"] for r in rows) / sequences, 3),
         "machine": machine(args.device),
     })

@@ -13,6 +13,7 @@ phase, including dispatch; ``worker_*``: time inside the workers), s/step, and r
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
@@ -61,6 +62,51 @@ def run_steps(trainer: Any, warmup: int, steps: int) -> list[dict[str, float]]:
     return measured
 
 
+@functools.cache
+def flops_model(path: str, value_model: bool = False) -> Any:
+    """The ``workers.perf.FlopsModel`` of the checkpoint at ``path`` (a value model: its scalar head, no lm_head)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from workers.perf import FlopsModel
+
+    config = AutoConfig.from_pretrained(path, **({"num_labels": 1} if value_model else {}))
+    auto_class = AutoModelForTokenClassification if value_model else AutoModelForCausalLM
+    with torch.device("meta"):  # parameter shapes only, no memory
+        return FlopsModel.of(auto_class.from_config(config))
+
+
+def step_flops(cfg: Any, metrics: dict[str, float], sequences: int) -> float:
+    """Model FLOPs of one step: generation and each forward that ran, the updates forward + backward.
+
+    Approximate: every sequence counted at the step's mean prompt + response length, and generation as one
+    forward over the whole sequences (decoding attends causally, so this slightly overcounts its attention).
+    """
+    import torch
+
+    seq_lens = torch.full((sequences,), metrics["prompt_length/mean"] + metrics["response_length/mean"])
+    ran = {k.removeprefix("timing_s/") for k in metrics if k.startswith("timing_s/")}
+    actor_cfg, actor_path = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model.path
+    actor = flops_model(actor_path)
+    forwards = 1 + ("old_log_prob" in ran) + ("ref" in ran)  # generation, old and ref log-probs
+    flops = forwards * actor.forward_flops(seq_lens)
+    flops += actor.update_flops(seq_lens, actor_cfg.ppo_epochs, reference_forward=actor_cfg.kl_loss_type == "full")
+    if "values" in ran:
+        critic = flops_model(cfg.critic.model.path or actor_path, value_model=True)
+        flops += critic.forward_flops(seq_lens)
+        if "update_critic" in ran:
+            flops += critic.update_flops(seq_lens, cfg.critic.ppo_epochs)
+    return flops
+
+
+def step_mfu(cfg: Any, measured: list[dict[str, float]], sequences: int, n_workers: int) -> float:
+    """Median over steps of the step's model FLOPs / (step time × every worker's peak FLOP/s)."""
+    return statistics.median(
+        step_flops(cfg, m, sequences) / (m["timing_s/step"] * n_workers * m["perf/peak_tflops"] * 1e12)
+        for m in measured
+    )
+
+
 def summarize(measured: list[dict[str, float]], sequences: int, n_workers: int) -> dict[str, Any]:
     """Medians of step time, phase times and throughput over the measured steps."""
     step_s = [m["timing_s/step"] for m in measured]
@@ -73,6 +119,9 @@ def summarize(measured: list[dict[str, float]], sequences: int, n_workers: int) 
         "response_length_mean": round(statistics.median(m["response_length/mean"] for m in measured), 3),
         "perf_throughput_tokens_per_s_per_worker": round(statistics.median(m["perf/throughput"] for m in measured), 1),
         "timing_s": {k.removeprefix("timing_s/"): v for k, v in timings.items()},
+        "perf": {k.removeprefix("perf/"): v for k, v in medians(
+            [{k: v for k, v in m.items() if k.startswith(("perf/mfu", "perf/peak", "perf/max", "perf/cpu"))}
+             for m in measured], ndigits=5).items()},
         "score_mean": round(statistics.median(m["critic/score/mean"] for m in measured), 4),
         "workers": n_workers,
     }
@@ -97,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
             measured = run_steps(trainer, args.warmup, args.steps)
         finally:
             ray.shutdown()
+    result = summarize(measured, args.prompts * args.n, args.workers)
+    result["perf"]["mfu/step"] = round(step_mfu(cfg, measured, args.prompts * args.n, args.workers), 5)
     emit({
         "benchmark": "step",
         "algo": args.algo,
@@ -111,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         "steps": args.steps,
         "warmup": args.warmup,
         "init_workers_s": round(init_s, 2),
-        **summarize(measured, args.prompts * args.n, args.workers),
+        **result,
         "machine": machine(args.device),
     })
 

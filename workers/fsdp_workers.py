@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
-from workers import checkpoint, fsdp, malloc
+from workers import checkpoint, fsdp, malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
@@ -90,6 +90,13 @@ def _load_causal_lm(model_config: Any) -> nn.Module:
     return model
 
 
+def _update_perf(role: str, device: torch.device, flops: float, seconds: float) -> dict[str, list[float]]:
+    """``perf/mfu/<role>`` of an update that did ``flops`` model FLOPs in ``seconds``, peak and memory metrics."""
+    peak, _ = perf.peak_flops(device, fsdp.default_mixed_precision(device)[0] or torch.float32)
+    metrics = {f"perf/mfu/{role}": perf.mfu(flops, seconds, peak), "perf/peak_tflops": peak / 1e12}
+    return {k: [v] for k, v in {**metrics, **perf.memory_metrics(device)}.items()}
+
+
 def _proto(tensors: dict[str, torch.Tensor], meta_info: dict | None = None) -> DataProto:
     return DataProto.from_dict({k: v.detach().cpu() for k, v in tensors.items()}, meta_info=meta_info)
 
@@ -135,6 +142,7 @@ class ActorRolloutRefWorker(Worker):
                 fsdp.offload_fsdp_params(ref_module)
         if self._is_actor:
             module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
+            self.actor_flops = perf.FlopsModel.of(module)
             if cfg.actor.use_torch_compile:  # in place: rollout, log-prob and update forwards all compile
                 module.compile()
             optimizer = build_optimizer(module, cfg.actor.optim)
@@ -235,7 +243,11 @@ class ActorRolloutRefWorker(Worker):
         ref_onloaded = self._ref_onloaded() if self.actor.ref_module is not None else nullcontext()
         with self._actor_onloaded(with_optimizer=True), ref_onloaded:
             metrics = self.actor.update_policy(data)
-        metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]
+        seconds = time.perf_counter() - start
+        flops = self.actor_flops.update_flops(data.batch["attention_mask"].sum(-1), self.config.actor.ppo_epochs,
+                                              reference_forward=self.actor.ref_module is not None)
+        metrics.update(_update_perf("actor", self.device, flops, seconds))
+        metrics["timing_s/worker_update_actor"] = [seconds]
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -272,6 +284,7 @@ class CriticWorker(Worker):
         if cfg.model.enable_gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         module = _shard(self, model, cfg.fsdp_config)
+        self.critic_flops = perf.FlopsModel.of(module)
         optimizer = build_optimizer(module, cfg.optim)
         scheduler = build_lr_scheduler(optimizer, cfg.optim, total_training_steps)
         self.critic = DataParallelPPOCritic(module, optimizer, scheduler, cfg, self.mini_batch_size)
@@ -303,7 +316,10 @@ class CriticWorker(Worker):
         start = time.perf_counter()
         with self._critic_onloaded(with_optimizer=True):
             metrics = self.critic.update_critic(data)
-        metrics["timing_s/worker_update_critic"] = [time.perf_counter() - start]
+        seconds = time.perf_counter() - start
+        flops = self.critic_flops.update_flops(data.batch["attention_mask"].sum(-1), self.config.ppo_epochs)
+        metrics.update(_update_perf("critic", self.device, flops, seconds))
+        metrics["timing_s/worker_update_critic"] = [seconds]
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--hidden", "32", "--layers", "1", "--sft-warmup-steps", "0", "--prompts", "2", "--n", "2",
@@ -47,6 +48,7 @@ def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
     assert out["response_tokens_per_s_gen_train"] > out["response_tokens_per_s_gen_fwd_train"] > 0
     assert 1 <= out["response_length_mean"] <= R
     assert out["n_params"] > 0 and out["threads"] == 1
+    assert 0 < out["perf"]["mfu/floor"] < 1 and 0 < out["perf"]["mfu/actor"] < 1
 
 
 def test_step_reports_trainer_phases_and_throughput(cache_dir):
@@ -62,6 +64,30 @@ def test_step_reports_trainer_phases_and_throughput(cache_dir):
     assert 1 <= out["response_length_mean"] <= R
     expected = out["response_length_mean"] * 2 * 2 / out["s_per_step"]
     assert out["response_tokens_per_s"] == pytest.approx(expected, rel=0.01)
+    perf = out["perf"]
+    assert all(0 < perf[k] < 1 for k in ("mfu/actor", "mfu/critic", "mfu/step")) and perf["peak_tflops"] > 0
+
+
+def test_step_flops_count_each_pass_that_ran(tmp_path):
+    """GRPO: generation + forward and backward = 4 forwards; PPO with a KL adds ref and the critic's 1 + 3."""
+    from omegaconf import OmegaConf
+    from transformers import LlamaConfig
+
+    from benchmarks.step import flops_model, step_flops
+
+    LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4).save_pretrained(tmp_path)
+    cfg = OmegaConf.create({
+        "actor_rollout_ref": {"actor": {"ppo_epochs": 1, "kl_loss_type": "low_var_kl"}, "model": {"path": str(tmp_path)}},
+        "critic": {"ppo_epochs": 1, "model": {"path": None}},
+    })
+    metrics = {"prompt_length/mean": 5.0, "response_length/mean": 3.0, "timing_s/gen": 1.0, "timing_s/update_actor": 1.0}
+    forward = flops_model(str(tmp_path)).forward_flops(torch.full((4,), 8))
+    assert step_flops(cfg, metrics, 4) == 4 * forward
+    critic = flops_model(str(tmp_path), value_model=True).forward_flops(torch.full((4,), 8))
+    assert critic < forward  # a scalar head instead of the lm_head
+    ppo = {**metrics, "timing_s/ref": 1.0, "timing_s/values": 1.0, "timing_s/update_critic": 1.0}
+    assert step_flops(cfg, ppo, 4) == pytest.approx(5 * forward + 4 * critic)
 
 
 def test_transfer_round_trips_a_dataproto_through_the_workers():

@@ -17,10 +17,10 @@ REQUIRED = [
     "response_length/mean", "prompt_length/mean",
     "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "actor/lr",
     "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor",
-    "timing_s/step", "perf/throughput", "perf/time_per_step",
+    "timing_s/step", "perf/throughput", "perf/time_per_step", "perf/mfu/actor", "perf/cpu_memory_used_gb",
 ]
 CRITIC_REQUIRED = ["critic/values/mean", "critic/vf_explained_var", "critic/vf_loss", "critic/vf_clipfrac",
-                   "critic/grad_norm", "timing_s/values", "timing_s/update_critic"]
+                   "critic/grad_norm", "timing_s/values", "timing_s/update_critic", "perf/mfu/critic"]
 VAL_KEY = "val-core/colorl/copy/reward/mean@1"
 
 
@@ -135,6 +135,7 @@ def test_gae_on_gpus(ray_cluster, tmp_path, n_gpus):
     trainer.init_workers()
     last = trainer.fit()
     assert all(k in last for k in REQUIRED + CRITIC_REQUIRED) and all(math.isfinite(v) for v in last.values())
+    assert "perf/max_memory_allocated_gb" in last and 0 < last["perf/mfu/actor"] < 1
     assert abs(read_jsonl(tmp_path / "metrics.jsonl")[1]["actor/ref_kl"]) < 1e-3  # bf16 compute on GPU
 
 

@@ -11,7 +11,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from transformers import AutoModelForCausalLM
 
 from tests.workers.helpers import PAD, VOCAB, actor_config, free_port, init_gloo, make_prompts, make_update_batch
-from workers import fsdp
+from workers import fsdp, perf
 from workers.actor import DataParallelPPOActor
 from workers.optim import build_optimizer
 from workers.rollout import generate_sequences
@@ -61,6 +61,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     plain = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     model = fsdp.apply_fsdp(AutoModelForCausalLM.from_pretrained(model_dir))
     result = {"gathered": _gathered_forwards(model, rank), "rollout": _uneven_rollout(model, plain, rank)}
+    result["flops_equal"] = perf.FlopsModel.of(model) == perf.FlopsModel.of(plain)  # MFU counts the full model
 
     full = fsdp.full_state_dict(model)  # rank 0 only
     result["full_state_dict_equal"] = rank != 0 or all(torch.equal(full[k], v) for k, v in plain.state_dict().items())
@@ -111,6 +112,7 @@ def test_ranks_stopping_at_different_steps_do_not_hang(results):
 def test_full_state_dict_and_log_probs_match_the_unsharded_model(results):
     assert all(r["full_state_dict_equal"] and r["reload_equal"] for r in results)
     assert all(r["log_prob_max_diff"] < 1e-5 for r in results)
+    assert all(r["flops_equal"] for r in results)
 
 
 def test_two_rank_update_equals_one_process_update_on_the_global_batch(results, tiny_model_dir):

@@ -76,6 +76,9 @@ def test_ppo_step_through_ray(groups):
     for metrics in (actor_metrics, critic_metrics):
         assert all(math.isfinite(v) for values_ in metrics.values() for v in values_)
     assert len(actor_metrics["actor/grad_norm"]) == 2  # one mini-batch on each of the 2 ranks
+    for role, metrics in (("actor", actor_metrics), ("critic", critic_metrics)):
+        assert all(0 < v < 1 for v in metrics[f"perf/mfu/{role}"])  # the sharded model's FLOPs, a measured peak
+        assert all(v > 0 for v in metrics["perf/cpu_memory_used_gb"] + metrics["perf/peak_tflops"])
 
     new = actor.compute_log_prob(batch).batch["old_log_probs"]
     assert not torch.allclose(new, old.batch["old_log_probs"])
