@@ -49,9 +49,12 @@ class FlopsModel:
         config = model.config
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        embedding = model.get_input_embeddings().weight
+        try:
+            embedding = model.get_input_embeddings().weight
+        except (AttributeError, NotImplementedError):  # remote code without the accessor: count every matrix
+            embedding = None
         output = model.get_output_embeddings()
-        tied = output is not None and output.weight is embedding  # the lm_head still multiplies
+        tied = embedding is not None and output is not None and output.weight is embedding  # lm_head multiplies
         matmul = sum(p.numel() for p in model.parameters() if p.dim() >= 2 and p is not embedding)
         return cls(matmul + (embedding.numel() if tied else 0), config.num_hidden_layers, heads * head_dim)
 

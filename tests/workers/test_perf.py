@@ -40,6 +40,18 @@ def test_the_value_models_scalar_head_is_counted_and_no_lm_head():
     assert perf.FlopsModel.of(critic).forward_flops(torch.full((B,), S)) == _counted(critic, backward=False)
 
 
+def test_a_model_without_the_embedding_accessor_counts_every_matrix():
+    """Remote-code models may not implement get_input_embeddings: MFU must not stop them from training."""
+    model = AutoModelForCausalLM.from_config(_config(tie_word_embeddings=False))
+    plain = perf.FlopsModel.of(model)
+
+    def missing():
+        raise NotImplementedError
+
+    model.get_input_embeddings = missing
+    assert perf.FlopsModel.of(model).matmul_params == plain.matmul_params + 50 * 64
+
+
 def test_flops_count_valid_tokens_only():
     """Padding is not model work: a sequence of 4 valid tokens costs what 4 tokens cost, whatever the pad."""
     flops = perf.FlopsModel(matmul_params=100, layers=2, attn_dim=8)
