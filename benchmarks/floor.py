@@ -12,7 +12,8 @@ Rewards and advantages come from the trainer's reward function and ``core_algos.
 Prints JSON: the median of each phase (reward and adv too, though the floors leave them out), and the
 per-step sums gen+train (no extra forwards), gen+fwd+train (with old/ref log-prob and value forwards) and
 ``floor_s``: gen + train + the forwards the trainer runs in this configuration (``floor_phases``: ref with a
-KL, values with a critic, old log-probs unless the update is one on-policy step) — the floor that applies.
+KL, values with a critic, old log-probs unless the update is one on-policy step) — the floor that applies;
+``perf``: its MFU (``mfu/floor``, counted as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's).
 On CUDA the phases run under bf16 autocast, as the FSDP workers compute in bf16 there.
 
 Threads: the default (all cores in one process) matches the trainer's workers × threads. On a machine that

@@ -7,7 +7,9 @@ Builds the trainer exactly as ``main.py`` does (``main.build_trainer``), starts 
 ``trainer.train_step`` on training batches: ``--warmup`` unmeasured steps, then ``--steps`` measured ones.
 Prints JSON: medians of ``timing_s/step`` and of every phase (``timing_s/*``: driver-side wall time of each
 phase, including dispatch; ``worker_*``: time inside the workers), s/step, and response tokens/s
-(= mean response length × prompts·n / step time, per step, then the median).
+(= mean response length × prompts·n / step time, per step, then the median); ``perf``: the workers' MFU of
+the updates (``mfu/actor``, ``mfu/critic``), their peak and memory, and ``mfu/step``, the whole step's model
+FLOPs over step time × workers × peak (``workers/perf.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from benchmarks.common import (
     medians,
     stdout_to_stderr,
 )
+
+PERF_METRICS = ("perf/mfu", "perf/peak", "perf/max", "perf/cpu")  # the workers' (perf/throughput is above)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,6 +116,7 @@ def summarize(measured: list[dict[str, float]], sequences: int, n_workers: int) 
     step_s = [m["timing_s/step"] for m in measured]
     tokens = [m["response_length/mean"] * sequences for m in measured]
     timings = medians([{k: v for k, v in m.items() if k.startswith("timing_s/")} for m in measured])
+    perf = medians([{k: v for k, v in m.items() if k.startswith(PERF_METRICS)} for m in measured], ndigits=5)
     return {
         "s_per_step": round(statistics.median(step_s), 4),
         "s_per_step_all": [round(s, 4) for s in step_s],
@@ -119,9 +124,7 @@ def summarize(measured: list[dict[str, float]], sequences: int, n_workers: int) 
         "response_length_mean": round(statistics.median(m["response_length/mean"] for m in measured), 3),
         "perf_throughput_tokens_per_s_per_worker": round(statistics.median(m["perf/throughput"] for m in measured), 1),
         "timing_s": {k.removeprefix("timing_s/"): v for k, v in timings.items()},
-        "perf": {k.removeprefix("perf/"): v for k, v in medians(
-            [{k: v for k, v in m.items() if k.startswith(("perf/mfu", "perf/peak", "perf/max", "perf/cpu"))}
-             for m in measured], ndigits=5).items()},
+        "perf": {k.removeprefix("perf/"): v for k, v in perf.items()},
         "score_mean": round(statistics.median(m["critic/score/mean"] for m in measured), 4),
         "workers": n_workers,
     }
