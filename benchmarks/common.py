@@ -109,12 +109,6 @@ def stdout_to_stderr() -> Iterator[None]:
         yield
 
 
-def sync(device: torch.device | str) -> None:
-    """Wait for queued GPU work before reading a clock (a no-op on CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def medians(rows: list[dict[str, float]], ndigits: int = 4) -> dict[str, float]:
     """Per-key median over the rows that have the key."""
     keys = sorted({k for row in rows for k in row})

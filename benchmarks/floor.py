@@ -44,11 +44,10 @@ from benchmarks.common import (
     machine,
     medians,
     stdout_to_stderr,
-    sync,
 )
 from single_controller import DataProto
 from trainer.core_algos import compute_advantage
-from workers import malloc, perf
+from workers import fsdp, malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_optimizer
@@ -163,11 +162,11 @@ def _phase_timer(timing: dict[str, float], device: torch.device) -> Callable[[st
 
     @contextlib.contextmanager
     def timer(name: str) -> Iterator[None]:
-        sync(device)
+        perf.synchronize(device)
         start = time.perf_counter()
         with compute_context(device):
             yield
-        sync(device)
+        perf.synchronize(device)
         timing[name] = time.perf_counter() - start
 
     return timer
@@ -202,7 +201,7 @@ def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], seque
     """MFU of the floor (gen + ``forwards`` + train, as ``benchmarks.step`` counts a step) and of the actor update."""
     from benchmarks.step import flops_model, step_flops
 
-    peak, _ = perf.peak_flops(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    peak, _ = perf.peak_flops(device, fsdp.default_mixed_precision(device)[0] or torch.float32)  # as the workers
     actor = cfg.actor_rollout_ref.actor
     floor, update = [], []
     for r in rows:

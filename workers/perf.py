@@ -96,15 +96,16 @@ def measured_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 
     a = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     best = float("inf")
     for _ in range(repeats + 1):  # the first one warms up
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         torch.mm(a, a)
-        _synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work before reading a clock (a no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
