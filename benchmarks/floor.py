@@ -14,7 +14,9 @@ per-step sums gen+train (no extra forwards), gen+fwd+train (with old/ref log-pro
 ``floor_s``: gen + train + the forwards the trainer runs in this configuration (``floor_phases``: ref with a
 KL, values with a critic, old log-probs unless the update is one on-policy step) — the floor that applies;
 ``perf``: its MFU (``mfu/floor``, counted as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's).
-On CUDA the phases run under bf16 autocast, as the FSDP workers compute in bf16 there.
+Precision follows each role's ``fsdp_config.mixed_precision`` as in the workers (bf16 on CUDA by default, fp32 on
+CPU): in bf16 the models compute with bf16 weights and activations, and the optimizer steps fp32 master weights
+(``MasterWeights``), what FSDP's mixed precision does without FSDP.
 
 Threads: the default (all cores in one process) matches the trainer's workers × threads. On a machine that
 other busy processes share, OpenMP threads spin while they wait on a descheduled sibling and a 2-thread run
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import os
 import statistics
 import tempfile
@@ -47,7 +50,7 @@ from benchmarks.common import (
 )
 from single_controller import DataProto
 from trainer.core_algos import compute_advantage
-from workers import fsdp, malloc, perf
+from workers import attention, fsdp, malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_optimizer
@@ -66,11 +69,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def compute_context(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA (the workers' FSDP mixed precision), plain fp32 on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def compute_dtype(fsdp_config: Any, device: torch.device) -> torch.dtype:
+    """The dtype a role computes in, from its ``fsdp_config.mixed_precision`` (as ``fsdp.mixed_precision``)."""
+    mp = fsdp_config.mixed_precision
+    return fsdp.mixed_precision(device, mp.param_dtype, mp.reduce_dtype)[0] or torch.float32
+
+
+class MasterWeights:
+    """An optimizer for a module computing in bf16: it steps fp32 master copies of the parameters (their
+    gradients cast up from the module's) and copies the result back, as FSDP mixed precision does."""
+
+    def __init__(self, module: torch.nn.Module, master: torch.nn.Module, optim_config: Any) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.masters = [p for p in master.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(master, optim_config)
+        self.param_groups = self.optimizer.param_groups
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for param, master in zip(self.params, self.masters):
+            master.grad = None if param.grad is None else param.grad.float()
+        self.optimizer.step()
+        for param, master in zip(self.params, self.masters):
+            param.copy_(master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.params:
+            param.grad = None
+
+
+def _load(path: str, device: torch.device, dtype: torch.dtype, optim_config: Any | None,
+          loader: Callable[[str], torch.nn.Module]) -> tuple[torch.nn.Module, Any]:
+    """(module computing in ``dtype``, its optimizer: plain AdamW in fp32, ``MasterWeights`` in bf16; None
+    without ``optim_config``)."""
+    master = loader(path).to(device)
+    module = master if dtype == torch.float32 else copy.deepcopy(master).to(dtype)
+    if optim_config is None:
+        return module, None
+    if module is master:
+        return module, build_optimizer(master, optim_config)
+    return module, MasterWeights(module, master, optim_config)
 
 
 class Floor:
@@ -83,7 +121,12 @@ class Floor:
         self.cfg, self.device, self.rollout, self.reward_fn = cfg, device, arr.rollout, reward_fn
         self.sequences = cfg.data.train_batch_size * arr.rollout.n
         self.tokenizer = AutoTokenizer.from_pretrained(arr.model.path)
-        policy = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
+
+        def causal_lm(path: str) -> torch.nn.Module:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+        self.dtype = compute_dtype(arr.actor.fsdp_config, device)
+        policy, optimizer = _load(arr.model.path, device, self.dtype, arr.actor.optim, causal_lm)
         self.n_params = sum(p.numel() for p in policy.parameters())
         self.eos_ids = eos_token_ids(getattr(policy, "generation_config", None), self.tokenizer)
         if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
@@ -91,18 +134,18 @@ class Floor:
         packed = bool(arr.model.use_remove_padding)
         self.ref, ref = None, None
         if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the trainer's use_reference_policy
-            ref = AutoModelForCausalLM.from_pretrained(arr.model.path, dtype=torch.float32).to(device)
+            ref, _ = _load(arr.model.path, device, compute_dtype(arr.ref.fsdp_config, device), None, causal_lm)
             ref = ref.requires_grad_(False).eval()
             self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed)
-        optimizer = build_optimizer(policy, arr.actor.optim)
         self.actor = DataParallelPPOActor(  # kl_loss_type=full reads the reference logits inside the update
             policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed,
             ref_module=ref if uses_full_kl(arr.actor) else None,
         )
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
-            value_model = load_value_model(cfg.critic.model.path).to(device)
-            optimizer = build_optimizer(value_model, cfg.critic.optim)
+            self.critic_dtype = compute_dtype(cfg.critic.fsdp_config, device)
+            value_model, optimizer = _load(cfg.critic.model.path, device, self.critic_dtype, cfg.critic.optim,
+                                           load_value_model)
             self.critic = DataParallelPPOCritic(value_model, optimizer, None, cfg.critic, self.sequences)
 
     def step(self, prompts: DataProto) -> dict[str, float]:
@@ -135,14 +178,19 @@ class Floor:
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             )
         if self.critic is not None:
-            with timer("update_critic"):
+            with timer("update_critic"), self._attention(self.critic.module, self.critic_dtype, data):
                 self.critic.update_critic(data)
         data.meta_info["temperature"] = rollout.temperature
-        with timer("update_actor"):
+        with timer("update_actor"), self._attention(self.actor.module, self.dtype, data):
             self.actor.update_policy(data)
         timing["response_tokens"] = float(tensors["response_mask"].sum())
         timing["tokens"] = float(tensors["attention_mask"].sum())
         return timing
+
+    def _attention(self, module: torch.nn.Module, dtype: torch.dtype, data: DataProto
+                   ) -> contextlib.AbstractContextManager:
+        """The SDPA backend the workers' updates use (``workers.attention``)."""
+        return attention.sdpa_backend(module, self.device, dtype, data.batch["input_ids"].shape[1])
 
     def _generate(self, prompts: DataProto) -> DataProto:
         """Sample responses with the rollout settings; the prompts' non-tensor fields (reward inputs) carry over."""
@@ -164,8 +212,7 @@ def _phase_timer(timing: dict[str, float], device: torch.device) -> Callable[[st
     def timer(name: str) -> Iterator[None]:
         perf.synchronize(device)
         start = time.perf_counter()
-        with compute_context(device):
-            yield
+        yield
         perf.synchronize(device)
         timing[name] = time.perf_counter() - start
 
@@ -201,7 +248,7 @@ def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], seque
     """MFU of the floor (gen + ``forwards`` + train, as ``benchmarks.step`` counts a step) and of the actor update."""
     from benchmarks.step import flops_model, step_flops
 
-    peak, _ = perf.peak_flops(device, fsdp.default_mixed_precision(device)[0] or torch.float32)  # as the workers
+    peak, _ = perf.peak_flops(device, compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config, device))
     actor = cfg.actor_rollout_ref.actor
     floor, update = [], []
     for r in rows:

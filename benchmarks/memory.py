@@ -200,7 +200,7 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
     phases = PhasePeaks()
     model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32).to(device)
     if world > 1:
-        fsdp.apply_fsdp(model, *fsdp.default_mixed_precision(device))
+        fsdp.apply_fsdp(model, *fsdp.mixed_precision(device))  # the workers' default precision
     rows = args["sequences"] // world
     config = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows)
     optimizer = build_optimizer(model, config.optim)

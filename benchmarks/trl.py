@@ -9,7 +9,8 @@ prepares the built-in assets (``data.builtin.prepare_builtin``, the same cache a
 runs a small script with the venv's python. That script trains ``GRPOConfig`` as the CPU feasibility study
 did: prompts·n completions per step, one optimisation pass (``num_iterations=1``), beta=0 (with ``--kl``:
 ColoRL's ``actor.kl_loss_coef``, and TRL loads a reference model; its KL term is k3, ColoRL's default
-``low_var_kl``), DAPO loss, no gradient checkpointing, fp32 on CPU (bf16 on CUDA, like ColoRL's FSDP workers),
+``low_var_kl``), DAPO loss, no gradient checkpointing, ``bf16`` where ColoRL's actor computes in bf16 (its
+``fsdp_config.mixed_precision``: by default on CUDA, not on CPU; TRL's bf16 is autocast over fp32 weights),
 with ColoRL's reward function for the task (``data/tasks.py``, imported with the repository on ``PYTHONPATH``).
 
 Prints JSON: median s/step (callback ``on_step_begin`` -> ``on_step_end``), median time inside ``generate``,
@@ -33,7 +34,7 @@ VENV = Path(__file__).resolve().parent / ".trl-venv"
 REPO = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # first and pinned: on CPU machines it resolves to the local CPU wheel
 PACKAGES = ["trl==1.16.0", "transformers==5.23.0"]
-INNER_ARGS = ("prompts", "n", "response_length", "steps", "warmup", "threads", "device", "seed", "beta")
+INNER_ARGS = ("prompts", "n", "response_length", "steps", "warmup", "threads", "device", "seed", "beta", "bf16")
 
 INNER = r'''
 import json, statistics, sys, time
@@ -90,7 +91,7 @@ config = GRPOConfig(
     gradient_accumulation_steps=1, num_iterations=1, max_completion_length=T, temperature=1.0, top_p=1.0,
     learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, adam_beta2=0.99, weight_decay=0.0,
     max_grad_norm=1.0, beta=args["beta"], epsilon=0.2, loss_type="dapo", scale_rewards="group",
-    use_cpu=args["device"] == "cpu", bf16=args["device"] == "cuda", gradient_checkpointing=False,
+    use_cpu=args["device"] == "cpu", bf16=args["bf16"], gradient_checkpointing=False,
     disable_dropout=True, logging_steps=1, report_to="none", save_strategy="no",
     max_steps=args["warmup"] + args["steps"], seed=args["seed"],
 )
@@ -134,20 +135,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.algo != "grpo":
         parser.error("the TRL baseline is GRPOTrainer: --algo grpo only")
-    args.beta = kl_coef(args) if args.kl else 0.0
+    args.beta, args.bf16 = colorl_settings(args)
     return args
 
 
-def kl_coef(args: argparse.Namespace) -> float:
-    """ColoRL's KL-loss coefficient for these flags (``--set`` included); TRL's KL term is k3 (low_var_kl)."""
+def colorl_settings(args: argparse.Namespace) -> tuple[float, bool]:
+    """(KL coefficient, bf16) of ColoRL's actor for these flags (``--set`` included): TRL gets the same.
+
+    The KL coefficient is 0 without ``--kl``; TRL's KL term is k3 (``low_var_kl``).
+    """
+    import torch
+
     from benchmarks.common import load_bench_config
+    from workers import fsdp
 
     with tempfile.TemporaryDirectory(prefix="colorl-bench-trl-") as local_dir:
         actor = load_bench_config(args, 1, local_dir).actor_rollout_ref.actor
+    mp = actor.fsdp_config.mixed_precision
+    bf16 = fsdp.mixed_precision(torch.device(args.device), mp.param_dtype, mp.reduce_dtype)[0] == torch.bfloat16
+    if not args.kl:
+        return 0.0, bf16
     if actor.kl_loss_type not in ("low_var_kl", "k3"):
         raise SystemExit(f"benchmarks.trl --kl: TRL's KL is k3; actor_rollout_ref.actor.kl_loss_type="
                          f"{actor.kl_loss_type!r} has no TRL equivalent (use low_var_kl or k3)")
-    return float(actor.kl_loss_coef)
+    return float(actor.kl_loss_coef), bf16
 
 
 def venv_python() -> Path:
@@ -206,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     if result.returncode != 0:
         sys.exit(f"benchmarks.trl: the TRL run failed (exit {result.returncode}); its traceback is above")
     emit({
-        "benchmark": "trl", "algo": "grpo", "beta": args.beta, "hidden": args.hidden, "layers": args.layers,
+        "benchmark": "trl", "algo": "grpo", "beta": args.beta, "bf16": args.bf16, "hidden": args.hidden, "layers": args.layers,
         "model_path": assets["model_path"], "prompts": args.prompts, "n": args.n,
         "response_length": args.response_length, "steps": args.steps, "warmup": args.warmup,
         **json.loads(result.stdout.strip().splitlines()[-1]),

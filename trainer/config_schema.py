@@ -39,6 +39,8 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGER_BACKENDS = ("console", "wandb", "file")
+PARAM_DTYPES = ("auto", "bf16", "fp32")  # fp16 would need loss scaling, which the updates do not do
+REDUCE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass
@@ -105,15 +107,29 @@ class OptimConfig:
 
 
 @dataclass
+class MixedPrecisionConfig:
+    """Compute dtype of the sharded model: auto = bf16 on CUDA, fp32 on CPU; gradients reduce in reduce_dtype."""
+
+    param_dtype: str = "auto"
+    reduce_dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        one_of(self, "param_dtype", PARAM_DTYPES)
+        one_of(self, "reduce_dtype", REDUCE_DTYPES)
+
+
+@dataclass
 class FSDPConfig:
     param_offload: bool = False
     optimizer_offload: bool = False
     reshard_after_forward: bool = True
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
 @dataclass
 class RefFSDPConfig:
     param_offload: bool = False
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
 @dataclass

@@ -27,11 +27,24 @@ from torch.distributed.tensor import DTensor
 _RESHARD_ATTR = "_colorl_reshard_after_forward"
 
 
-def default_mixed_precision(device: torch.device) -> tuple[torch.dtype | None, torch.dtype | None]:
-    """(param_dtype, reduce_dtype): bf16 compute with fp32 gradient reduction on CUDA, plain fp32 elsewhere."""
-    if device.type == "cuda":
-        return torch.bfloat16, torch.float32
-    return None, None
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def mixed_precision(
+    device: torch.device, param_dtype: str = "auto", reduce_dtype: str = "fp32"
+) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(param_dtype, reduce_dtype) for ``apply_fsdp`` from a ``fsdp_config.mixed_precision`` section.
+
+    ``auto`` computes in bf16 on CUDA and in fp32 elsewhere. (None, None) is plain fp32: nothing to cast, so a
+    single rank stays unsharded (an fp32 model may still reduce its gradients in bf16). bf16 pays off on a CPU
+    too where it has bf16 matmul instructions (AVX512-BF16, AMX): 4x fp32's GEMM rate on the project's CPU box
+    (docs/benchmarks.md).
+    """
+    if param_dtype == "auto":
+        param_dtype = "bf16" if device.type == "cuda" else "fp32"
+    param = None if param_dtype == "fp32" else DTYPES[param_dtype]
+    reduce = None if param is None and reduce_dtype == "fp32" else DTYPES[reduce_dtype]
+    return param, reduce
 
 
 def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
@@ -56,7 +69,10 @@ def apply_fsdp(
 
     A world of one rank without mixed precision (a single CPU worker) is returned unsharded: one rank has
     nothing to shard, and FSDP's per-module hooks and DTensor optimizer steps would be pure overhead
-    (torchtitan likewise applies FSDP only when the data-parallel shard degree is > 1).
+    (torchtitan likewise applies FSDP only when the data-parallel shard degree is > 1). With mixed precision
+    FSDP does the casts (bf16 compute, fp32 master weights), so one rank gets one group over the whole model:
+    per-block groups would only add hooks, and graph breaks under torch.compile (a tiny bf16 CPU step 8-9 %
+    faster with one group, eager and compiled).
     """
     world_size = mesh.size() if mesh is not None else dist.get_world_size() if dist.is_initialized() else 1
     if world_size == 1 and param_dtype is None and reduce_dtype is None:
@@ -65,8 +81,8 @@ def apply_fsdp(
         device_type = next(model.parameters()).device.type
         mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    blocks = [m for m in model.modules() if isinstance(m, block_classes(model))]
-    if not blocks:
+    blocks = [m for m in model.modules() if isinstance(m, block_classes(model))] if world_size > 1 else []
+    if world_size > 1 and not blocks:
         raise ValueError(
             f"found no transformer blocks to shard in {type(model).__name__}: "
             f"_no_split_modules={getattr(model, '_no_split_modules', None)}"

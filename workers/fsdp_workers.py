@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
-from workers import checkpoint, fsdp, malloc, perf
+from workers import attention, checkpoint, fsdp, malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
@@ -69,10 +69,18 @@ def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
     worker.init_process_group()
 
 
+def _precision(worker: Worker, fsdp_config: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(param_dtype, reduce_dtype) of a role from its ``fsdp_config.mixed_precision`` (auto: bf16 on CUDA only)."""
+    mp = getattr(fsdp_config, "mixed_precision", None)
+    return fsdp.mixed_precision(
+        worker.device, str(getattr(mp, "param_dtype", "auto")), str(getattr(mp, "reduce_dtype", "fp32"))
+    )
+
+
 def _shard(worker: Worker, model: nn.Module, fsdp_config: Any) -> nn.Module:
-    """Move ``model`` to the worker's device and shard it over all ranks (bf16 compute on CUDA)."""
+    """Move ``model`` to the worker's device and shard it over all ranks in its configured compute dtype."""
     model.to(worker.device)  # the default mesh then spans all ranks on this device type
-    param_dtype, reduce_dtype = fsdp.default_mixed_precision(worker.device)
+    param_dtype, reduce_dtype = _precision(worker, fsdp_config)
     return fsdp.apply_fsdp(
         model,
         param_dtype=param_dtype,
@@ -90,9 +98,11 @@ def _load_causal_lm(model_config: Any) -> nn.Module:
     return model
 
 
-def _update_perf(role: str, device: torch.device, flops: float, seconds: float) -> dict[str, list[float]]:
-    """``perf/mfu/<role>`` of an update that did ``flops`` model FLOPs in ``seconds``, peak and memory metrics."""
-    peak, _ = perf.peak_flops(device, fsdp.default_mixed_precision(device)[0] or torch.float32)
+def _update_perf(role: str, device: torch.device, dtype: torch.dtype, flops: float, seconds: float
+                 ) -> dict[str, list[float]]:
+    """``perf/mfu/<role>`` of an update that did ``flops`` model FLOPs in ``seconds`` computing in ``dtype``
+    (against that dtype's peak), the peak and memory metrics."""
+    peak, _ = perf.peak_flops(device, dtype)
     metrics = {f"perf/mfu/{role}": perf.mfu(flops, seconds, peak), "perf/peak_tflops": peak / 1e12}
     return {k: [v] for k, v in {**metrics, **perf.memory_metrics(device)}.items()}
 
@@ -143,6 +153,7 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor:
             module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
             self.actor_flops = perf.FlopsModel.of(module)
+            self.actor_dtype = _precision(self, cfg.actor.fsdp_config)[0] or torch.float32
             if cfg.actor.use_torch_compile:  # in place: rollout, log-prob and update forwards all compile
                 module.compile()
             optimizer = build_optimizer(module, cfg.actor.optim)
@@ -241,12 +252,14 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         # kl_loss_type=full runs the reference model inside the update (role actor_rollout_ref)
         ref_onloaded = self._ref_onloaded() if self.actor.ref_module is not None else nullcontext()
-        with self._actor_onloaded(with_optimizer=True), ref_onloaded:
+        width = data.batch["input_ids"].shape[1]
+        with self._actor_onloaded(with_optimizer=True), ref_onloaded, \
+                attention.sdpa_backend(self.actor.module, self.device, self.actor_dtype, width):
             metrics = self.actor.update_policy(data)
         seconds = time.perf_counter() - start
         flops = self.actor_flops.update_flops(data.batch["attention_mask"].sum(-1), self.config.actor.ppo_epochs,
                                               reference_forward=self.actor.ref_module is not None)
-        metrics.update(_update_perf("actor", self.device, flops, seconds))
+        metrics.update(_update_perf("actor", self.device, self.actor_dtype, flops, seconds))
         metrics["timing_s/worker_update_actor"] = [seconds]
         return DataProto(meta_info={"metrics": metrics})
 
@@ -285,6 +298,7 @@ class CriticWorker(Worker):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         module = _shard(self, model, cfg.fsdp_config)
         self.critic_flops = perf.FlopsModel.of(module)
+        self.critic_dtype = _precision(self, cfg.fsdp_config)[0] or torch.float32
         optimizer = build_optimizer(module, cfg.optim)
         scheduler = build_lr_scheduler(optimizer, cfg.optim, total_training_steps)
         self.critic = DataParallelPPOCritic(module, optimizer, scheduler, cfg, self.mini_batch_size)
@@ -314,11 +328,13 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> DataProto:
         """One value-loss update on this rank's rows; returns ``meta_info["metrics"]``."""
         start = time.perf_counter()
-        with self._critic_onloaded(with_optimizer=True):
+        width = data.batch["input_ids"].shape[1]
+        with self._critic_onloaded(with_optimizer=True), \
+                attention.sdpa_backend(self.critic.module, self.device, self.critic_dtype, width):
             metrics = self.critic.update_critic(data)
         seconds = time.perf_counter() - start
         flops = self.critic_flops.update_flops(data.batch["attention_mask"].sum(-1), self.config.ppo_epochs)
-        metrics.update(_update_perf("critic", self.device, flops, seconds))
+        metrics.update(_update_perf("critic", self.device, self.critic_dtype, flops, seconds))
         metrics["timing_s/worker_update_critic"] = [seconds]
         return DataProto(meta_info={"metrics": metrics})
 

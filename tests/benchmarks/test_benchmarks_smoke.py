@@ -51,6 +51,33 @@ def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
     assert 0 < out["perf"]["mfu/floor"] < 1 and 0 < out["perf"]["mfu/actor"] < 1
 
 
+def test_floor_computes_in_the_actors_configured_precision(cache_dir):
+    """bf16 on CPU: the floor's models compute in bf16 (as the workers would) and MFU is against the bf16 peak."""
+    bf16 = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"
+    out = run_benchmark("floor", *TINY, "--steps", "1", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir,
+                        "--set", bf16)
+    assert out["floor_phases"] == ["gen", "update_actor"] and out["floor_s"] > 0
+    assert 0 < out["perf"]["mfu/actor"] < 1
+
+
+def test_master_weights_step_fp32_copies_of_a_bf16_module():
+    from omegaconf import OmegaConf
+
+    from benchmarks.floor import MasterWeights
+
+    master = torch.nn.Linear(4, 3)
+    module = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    module.load_state_dict(master.state_dict())
+    optimizer = MasterWeights(module, master, OmegaConf.create({"lr": 0.1, "betas": [0.9, 0.999], "weight_decay": 0}))
+    before = master.weight.detach().clone()
+    module(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    assert master.weight.dtype == torch.float32 and not torch.equal(master.weight, before)
+    assert torch.equal(module.weight, master.weight.detach().to(torch.bfloat16)) and module.weight.grad is None
+    assert optimizer.param_groups[0]["lr"] == 0.1
+
+
 def test_step_reports_trainer_phases_and_throughput(cache_dir):
     out = run_benchmark("step", *TINY, "--algo", "ppo", "--kl", "--workers", "1", "--steps", "1", "--warmup", "0",
                         "--cache-dir", cache_dir)

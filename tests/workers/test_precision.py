@@ -1,0 +1,81 @@
+"""bf16 compute: which dtypes a role gets, which attention kernel its updates use, and a bf16 worker through Ray."""
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
+
+from single_controller import DataProto
+from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from tests.workers.helpers import actor_config, make_prompts
+from trainer.config_schema import (
+    ActorRolloutRefConfig,
+    FSDPConfig,
+    MixedPrecisionConfig,
+    ModelConfig,
+    RefConfig,
+    RefFSDPConfig,
+    RolloutConfig,
+)
+from workers import attention, fsdp
+from workers.fsdp_workers import ActorRolloutRefWorker
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+P, R, N, PROMPTS = 6, 5, 2, 4
+
+
+def test_auto_is_bf16_on_cuda_and_fp32_elsewhere():
+    assert fsdp.mixed_precision(CPU) == (None, None)  # plain fp32: one CPU rank stays unsharded
+    assert fsdp.mixed_precision(CUDA) == (torch.bfloat16, torch.float32)
+    assert fsdp.mixed_precision(CPU, "bf16") == (torch.bfloat16, torch.float32)
+    assert fsdp.mixed_precision(CPU, "bf16", "bf16") == (torch.bfloat16, torch.bfloat16)
+    assert fsdp.mixed_precision(CUDA, "fp32") == (None, None)
+    assert fsdp.mixed_precision(CPU, "fp32", "bf16") == (None, torch.bfloat16)
+
+
+def test_short_bf16_cpu_updates_take_the_math_attention_kernel(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert attention.head_dim(model) <= attention.MATH_MAX_HEAD_DIM
+    with attention.sdpa_backend(model, CPU, torch.bfloat16, attention.MATH_MAX_SEQ_LEN):
+        assert not torch.backends.cuda.flash_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled()  # restored on exit
+    for device, dtype, length in ((CPU, torch.float32, 16), (CPU, torch.bfloat16, attention.MATH_MAX_SEQ_LEN + 1),
+                                  (CUDA, torch.bfloat16, 16)):
+        with attention.sdpa_backend(model, device, dtype, length):
+            assert torch.backends.cuda.flash_sdp_enabled()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_a_bf16_cpu_worker_samples_updates_and_saves_fp32_weights(tiny_model_dir, tmp_path):
+    """One CPU rank in bf16 runs under FSDP's mixed precision (a 1-rank mesh): bf16 compute, fp32 master weights."""
+    bf16 = MixedPrecisionConfig(param_dtype="bf16")
+    arr = ActorRolloutRefConfig(
+        model=ModelConfig(path=tiny_model_dir),
+        actor=actor_config(ppo_mini_batch_size=PROMPTS, fsdp_config=FSDPConfig(mixed_precision=bf16)),
+        rollout=RolloutConfig(n=N, prompt_length=P, response_length=R, log_prob_micro_batch_size_per_gpu=4),
+        ref=RefConfig(log_prob_micro_batch_size_per_gpu=4, fsdp_config=RefFSDPConfig(mixed_precision=bf16)),
+    )
+    cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=OmegaConf.structured(arr), role="actor_rollout_ref")
+    group = RayWorkerGroup(RayResourcePool([1], use_gpu=False), cls)
+    group.init_model(total_training_steps=2)
+    ids, mask, pos = make_prompts(PROMPTS, P)
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos}).repeat(N)
+    gen = group.generate_sequences(prompts)  # the static KV cache in bf16
+    assert gen.batch["responses"].shape == (PROMPTS * N, R)
+    old = group.compute_log_prob(gen).batch["old_log_probs"]
+    ref = group.compute_ref_log_prob(gen).batch["ref_log_prob"]
+    assert old.dtype == torch.float32 and torch.equal(old, ref)  # same weights, same bf16 compute: KL 0 at step 0
+
+    batch = gen.union(DataProto.from_dict({"old_log_probs": old, "ref_log_prob": ref}))
+    batch.batch["advantages"] = torch.randn(PROMPTS * N, R, generator=torch.Generator().manual_seed(0))
+    metrics = group.update_actor(batch).meta_info["metrics"]
+    assert all(math.isfinite(v) for values in metrics.values() for v in values)
+    assert 0 < metrics["perf/mfu/actor"][0] < 1
+    assert not torch.equal(group.compute_log_prob(gen).batch["old_log_probs"], old)
+
+    group.save_checkpoint(str(tmp_path / "actor"))
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "actor", dtype="auto")
+    assert saved.dtype == torch.float32  # the fp32 master weights, not their bf16 compute copies
