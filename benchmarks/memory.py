@@ -200,7 +200,8 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
     phases = PhasePeaks()
     model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32).to(device)
     if world > 1:
-        fsdp.apply_fsdp(model, *fsdp.mixed_precision(device))  # the workers' default precision
+        param_dtype, reduce_dtype = fsdp.mixed_precision(device)  # the workers' default precision
+        fsdp.apply_fsdp(model, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     rows = args["sequences"] // world
     config = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows)
     optimizer = build_optimizer(model, config.optim)

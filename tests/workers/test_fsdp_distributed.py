@@ -3,6 +3,8 @@
 Each rank runs every scenario in ``_rank_main`` and saves what it saw; the tests below assert on that.
 """
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -19,6 +21,7 @@ from workers.rollout import generate_sequences
 WORLD = 2
 P, R = 6, 5
 ROWS = 8  # global update batch: 4 rows per rank, mini-batch 4, micro-batch 2
+CPU = torch.device("cpu")
 
 
 def _comm_count(fn) -> int:
@@ -56,6 +59,25 @@ def _uneven_rollout(model, plain, rank: int) -> dict:
     }
 
 
+def _bf16_update(model_dir: str, data, fp32_log_probs: torch.Tensor) -> dict:
+    """The same shard and update in bf16 (FSDP mixed precision): bf16 compute, fp32 sharded master weights."""
+    param_dtype, reduce_dtype = fsdp.mixed_precision(CPU, "bf16")
+    model = fsdp.apply_fsdp(AutoModelForCausalLM.from_pretrained(model_dir), param_dtype=param_dtype,
+                            reduce_dtype=reduce_dtype)
+    config = actor_config()
+    actor = DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
+    b = data.batch
+    with torch.no_grad():
+        log_probs, _ = actor.forward_log_prob(b["input_ids"], b["attention_mask"], b["position_ids"], R)
+    metrics = actor.update_policy(data)
+    return {
+        "log_prob_max_diff": (log_probs - fp32_log_probs).abs().max().item(),
+        "finite": all(math.isfinite(float(v)) for values in metrics.values() for v in values),
+        "grad_norm": metrics["actor/grad_norm"],
+        "master_dtypes": {p.dtype for p in model.parameters()},
+    }
+
+
 def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     init_gloo(rank, WORLD, port)
     plain = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -82,6 +104,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     fsdp.load_full_state_dict(model, plain.state_dict() if rank == 0 else {}, broadcast_from_rank0=True)
     reloaded = fsdp.full_state_dict(model, rank0_only=False)
     result["reload_equal"] = all(torch.equal(reloaded[k], v) for k, v in plain.state_dict().items())
+    result["bf16"] = _bf16_update(model_dir, data, plain_lp)
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -136,3 +159,11 @@ def test_one_cpu_rank_is_left_unsharded(tiny_model_dir):
     assert not torch.distributed.is_initialized()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert fsdp.apply_fsdp(model) is model and not fsdp.is_fsdp(model) and not fsdp.fsdp_modules(model)
+
+
+def test_two_rank_bf16_update_computes_in_bf16_and_keeps_fp32_master_weights(results):
+    for r in results:
+        bf16 = r["bf16"]
+        assert 0 < bf16["log_prob_max_diff"] < 0.1  # bf16 rounding: close to the fp32 log-probs, not equal
+        assert bf16["finite"] and bf16["master_dtypes"] == {torch.float32}
+    assert results[0]["bf16"]["grad_norm"] == pytest.approx(results[1]["bf16"]["grad_norm"])  # reduced in fp32
