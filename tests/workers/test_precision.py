@@ -4,12 +4,14 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.workers.helpers import actor_config, make_prompts
+from tests.workers.helpers import actor_config, free_port, init_gloo, make_prompts
 from trainer.config_schema import (
     ActorRolloutRefConfig,
     FSDPConfig,
@@ -33,6 +35,21 @@ def test_auto_is_bf16_on_cuda_and_fp32_elsewhere():
     assert fsdp.mixed_precision(CPU, "bf16", "bf16") == (torch.bfloat16, torch.bfloat16)
     assert fsdp.mixed_precision(CUDA, "fp32") == (None, None)
     assert fsdp.mixed_precision(CPU, "fp32", "bf16") == (None, torch.bfloat16)
+
+
+def _one_rank_groups(rank: int, port: int, model_dir: str, out: str) -> None:
+    init_gloo(rank, 1, port)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    fsdp.apply_fsdp(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    torch.save([name for name, m in model.named_modules() if fsdp.is_fsdp(m)], out)
+    dist.destroy_process_group()
+
+
+def test_a_single_mixed_precision_rank_gets_one_fsdp_group(tiny_model_dir, tmp_path):
+    """FSDP only casts on one rank: one group over the model, no per-block hooks (or compile graph breaks)."""
+    out = str(tmp_path / "groups.pt")
+    mp.spawn(_one_rank_groups, args=(free_port(), tiny_model_dir, out), nprocs=1, join=True)
+    assert torch.load(out) == [""]  # the root only
 
 
 def test_short_bf16_cpu_updates_take_the_math_attention_kernel(tiny_model_dir):
