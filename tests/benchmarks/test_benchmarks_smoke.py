@@ -30,7 +30,8 @@ def run_benchmark(name: str, *args: str, timeout: float = 240) -> dict:
     assert len(lines) == 1, result.stdout
     out = json.loads(lines[0])
     assert out["benchmark"] == name
-    assert out["machine"]["device"] == "cpu" and len(out["machine"]["loadavg"]) == 3
+    device = args[args.index("--device") + 1] if "--device" in args else "cpu"
+    assert out["machine"]["device"] == device and len(out["machine"]["loadavg"]) == 3
     return out
 
 
@@ -58,6 +59,16 @@ def test_floor_computes_in_the_actors_configured_precision(cache_dir):
                         "--set", bf16)
     assert out["floor_phases"] == ["gen", "update_actor"] and out["floor_s"] > 0
     assert 0 < out["perf"]["mfu/actor"] < 1
+
+
+@pytest.mark.gpu
+def test_floor_and_step_run_on_cuda_in_bf16(cache_dir):
+    """The same scripts on a GPU: bf16 by default there (the floor with bf16 weights and a bf16 KV cache)."""
+    cuda = [*TINY[:-1], "cuda"]
+    floor = run_benchmark("floor", *cuda, "--steps", "1", "--warmup", "1", "--cache-dir", cache_dir)
+    step = run_benchmark("step", *cuda, "--workers", "1", "--steps", "1", "--warmup", "1", "--cache-dir", cache_dir)
+    assert floor["floor_s"] > 0 and step["s_per_step"] > 0 and step["response_tokens_per_s"] > 0
+    assert 0 < floor["perf"]["mfu/floor"] < 1 and 0 < step["perf"]["mfu/step"] < 1
 
 
 def test_master_weights_step_fp32_copies_of_a_bf16_module():
