@@ -39,8 +39,9 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGER_BACKENDS = ("console", "wandb", "file")
-PARAM_DTYPES = ("auto", "bf16", "fp32")  # fp16 would need loss scaling, which the updates do not do
-REDUCE_DTYPES = ("fp32", "bf16")
+# verl's spellings too; fp16 would need loss scaling, which the updates do not do
+PARAM_DTYPES = ("auto", "bf16", "fp32", "bfloat16", "float32")
+REDUCE_DTYPES = ("fp32", "bf16", "float32", "bfloat16")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 _RESHARD_ATTR = "_colorl_reshard_after_forward"
 
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 
 
 def mixed_precision(
@@ -42,8 +42,8 @@ def mixed_precision(
     """
     if param_dtype == "auto":
         param_dtype = "bf16" if device.type == "cuda" else "fp32"
-    param = None if param_dtype == "fp32" else DTYPES[param_dtype]
-    reduce = None if param is None and reduce_dtype == "fp32" else DTYPES[reduce_dtype]
+    param = None if DTYPES[param_dtype] == torch.float32 else DTYPES[param_dtype]
+    reduce = None if param is None and DTYPES[reduce_dtype] == torch.float32 else DTYPES[reduce_dtype]
     return param, reduce
 
 

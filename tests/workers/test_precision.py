@@ -35,6 +35,7 @@ def test_auto_is_bf16_on_cuda_and_fp32_elsewhere():
     assert fsdp.mixed_precision(CPU, "bf16", "bf16") == (torch.bfloat16, torch.bfloat16)
     assert fsdp.mixed_precision(CUDA, "fp32") == (None, None)
     assert fsdp.mixed_precision(CPU, "fp32", "bf16") == (None, torch.bfloat16)
+    assert fsdp.mixed_precision(CPU, "bfloat16", "float32") == (torch.bfloat16, torch.float32)  # verl's spellings
 
 
 def _one_rank_groups(rank: int, port: int, model_dir: str, out: str) -> None:
