@@ -69,12 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def compute_dtype(fsdp_config: Any, device: torch.device) -> torch.dtype:
-    """The dtype a role computes in, from its ``fsdp_config.mixed_precision`` (as ``fsdp.mixed_precision``)."""
-    mp = fsdp_config.mixed_precision
-    return fsdp.mixed_precision(device, mp.param_dtype, mp.reduce_dtype)[0] or torch.float32
-
-
 class MasterWeights:
     """An optimizer for a module computing in bf16: it steps fp32 master copies of the parameters (their
     gradients cast up from the module's) and copies the result back, as FSDP mixed precision does."""
@@ -125,7 +119,7 @@ class Floor:
         def causal_lm(path: str) -> torch.nn.Module:
             return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
-        self.dtype = compute_dtype(arr.actor.fsdp_config, device)
+        self.dtype = fsdp.compute_dtype(device, arr.actor.fsdp_config.mixed_precision)
         policy, optimizer = _load(arr.model.path, device, self.dtype, arr.actor.optim, causal_lm)
         self.n_params = sum(p.numel() for p in policy.parameters())
         self.eos_ids = eos_token_ids(getattr(policy, "generation_config", None), self.tokenizer)
@@ -134,7 +128,8 @@ class Floor:
         packed = bool(arr.model.use_remove_padding)
         self.ref, ref = None, None
         if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the trainer's use_reference_policy
-            ref, _ = _load(arr.model.path, device, compute_dtype(arr.ref.fsdp_config, device), None, causal_lm)
+            ref_dtype = fsdp.compute_dtype(device, arr.ref.fsdp_config.mixed_precision)
+            ref, _ = _load(arr.model.path, device, ref_dtype, None, causal_lm)
             ref = ref.requires_grad_(False).eval()
             self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed)
         self.actor = DataParallelPPOActor(  # kl_loss_type=full reads the reference logits inside the update
@@ -143,7 +138,7 @@ class Floor:
         )
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
-            self.critic_dtype = compute_dtype(cfg.critic.fsdp_config, device)
+            self.critic_dtype = fsdp.compute_dtype(device, cfg.critic.fsdp_config.mixed_precision)
             value_model, optimizer = _load(cfg.critic.model.path, device, self.critic_dtype, cfg.critic.optim,
                                            load_value_model)
             self.critic = DataParallelPPOCritic(value_model, optimizer, None, cfg.critic, self.sequences)
@@ -248,8 +243,8 @@ def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], seque
     """MFU of the floor (gen + ``forwards`` + train, as ``benchmarks.step`` counts a step) and of the actor update."""
     from benchmarks.step import flops_model, step_flops
 
-    peak, _ = perf.peak_flops(device, compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config, device))
     actor = cfg.actor_rollout_ref.actor
+    peak, _ = perf.peak_flops(device, fsdp.compute_dtype(device, actor.fsdp_config.mixed_precision))
     floor, update = [], []
     for r in rows:
         lengths = {"prompt_length/mean": (r["tokens"] - r["response_tokens"]) / sequences,

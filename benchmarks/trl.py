@@ -151,8 +151,7 @@ def colorl_settings(args: argparse.Namespace) -> tuple[float, bool]:
 
     with tempfile.TemporaryDirectory(prefix="colorl-bench-trl-") as local_dir:
         actor = load_bench_config(args, 1, local_dir).actor_rollout_ref.actor
-    mp = actor.fsdp_config.mixed_precision
-    bf16 = fsdp.mixed_precision(torch.device(args.device), mp.param_dtype, mp.reduce_dtype)[0] == torch.bfloat16
+    bf16 = fsdp.compute_dtype(torch.device(args.device), actor.fsdp_config.mixed_precision) == torch.bfloat16
     if not args.kl:
         return 0.0, bf16
     if actor.kl_loss_type not in ("low_var_kl", "k3"):
@@ -217,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     if result.returncode != 0:
         sys.exit(f"benchmarks.trl: the TRL run failed (exit {result.returncode}); its traceback is above")
     emit({
-        "benchmark": "trl", "algo": "grpo", "beta": args.beta, "bf16": args.bf16, "hidden": args.hidden, "layers": args.layers,
+        "benchmark": "trl", "algo": "grpo", "beta": args.beta, "bf16": args.bf16, "hidden": args.hidden,
+        "layers": args.layers,
         "model_path": assets["model_path"], "prompts": args.prompts, "n": args.n,
         "response_length": args.response_length, "steps": args.steps, "warmup": args.warmup,
         **json.loads(result.stdout.strip().splitlines()[-1]),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,18 @@ def mixed_precision(
     param = None if DTYPES[param_dtype] == torch.float32 else DTYPES[param_dtype]
     reduce = None if param is None and DTYPES[reduce_dtype] == torch.float32 else DTYPES[reduce_dtype]
     return param, reduce
+
+
+def role_precision(device: torch.device, config: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """``mixed_precision`` of a role's ``fsdp_config.mixed_precision`` section (None or absent keys: defaults)."""
+    return mixed_precision(
+        device, str(getattr(config, "param_dtype", "auto")), str(getattr(config, "reduce_dtype", "fp32"))
+    )
+
+
+def compute_dtype(device: torch.device, config: Any) -> torch.dtype:
+    """The dtype a role computes in, from its ``fsdp_config.mixed_precision`` section."""
+    return role_precision(device, config)[0] or torch.float32
 
 
 def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:

@@ -69,18 +69,15 @@ def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
     worker.init_process_group()
 
 
-def _precision(worker: Worker, fsdp_config: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
-    """(param_dtype, reduce_dtype) of a role from its ``fsdp_config.mixed_precision`` (auto: bf16 on CUDA only)."""
-    mp = getattr(fsdp_config, "mixed_precision", None)
-    return fsdp.mixed_precision(
-        worker.device, str(getattr(mp, "param_dtype", "auto")), str(getattr(mp, "reduce_dtype", "fp32"))
-    )
+def _mixed_precision(fsdp_config: Any) -> Any:
+    """A role's ``fsdp_config.mixed_precision`` section (None where a hand-built config leaves it out)."""
+    return getattr(fsdp_config, "mixed_precision", None)
 
 
 def _shard(worker: Worker, model: nn.Module, fsdp_config: Any) -> nn.Module:
     """Move ``model`` to the worker's device and shard it over all ranks in its configured compute dtype."""
     model.to(worker.device)  # the default mesh then spans all ranks on this device type
-    param_dtype, reduce_dtype = _precision(worker, fsdp_config)
+    param_dtype, reduce_dtype = fsdp.role_precision(worker.device, _mixed_precision(fsdp_config))
     return fsdp.apply_fsdp(
         model,
         param_dtype=param_dtype,
@@ -153,7 +150,7 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor:
             module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
             self.actor_flops = perf.FlopsModel.of(module)
-            self.actor_dtype = _precision(self, cfg.actor.fsdp_config)[0] or torch.float32
+            self.actor_dtype = fsdp.compute_dtype(self.device, _mixed_precision(cfg.actor.fsdp_config))
             if cfg.actor.use_torch_compile:  # in place: rollout, log-prob and update forwards all compile
                 module.compile()
             optimizer = build_optimizer(module, cfg.actor.optim)
@@ -298,7 +295,7 @@ class CriticWorker(Worker):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         module = _shard(self, model, cfg.fsdp_config)
         self.critic_flops = perf.FlopsModel.of(module)
-        self.critic_dtype = _precision(self, cfg.fsdp_config)[0] or torch.float32
+        self.critic_dtype = fsdp.compute_dtype(self.device, _mixed_precision(cfg.fsdp_config))
         optimizer = build_optimizer(module, cfg.optim)
         scheduler = build_lr_scheduler(optimizer, cfg.optim, total_training_steps)
         self.critic = DataParallelPPOCritic(module, optimizer, scheduler, cfg, self.mini_batch_size)
