@@ -88,13 +88,15 @@ def step_flops(cfg: Any, metrics: dict[str, float], sequences: int) -> float:
     """
     import torch
 
+    from workers.actor import uses_full_kl
+
     seq_lens = torch.full((sequences,), metrics["prompt_length/mean"] + metrics["response_length/mean"])
     ran = {k.removeprefix("timing_s/") for k in metrics if k.startswith("timing_s/")}
     actor_cfg, actor_path = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model.path
     actor = flops_model(actor_path)
     forwards = 1 + ("old_log_prob" in ran) + ("ref" in ran)  # generation, old and ref log-probs
     flops = forwards * actor.forward_flops(seq_lens)
-    flops += actor.update_flops(seq_lens, actor_cfg.ppo_epochs, reference_forward=actor_cfg.kl_loss_type == "full")
+    flops += actor.update_flops(seq_lens, actor_cfg.ppo_epochs, reference_forward=uses_full_kl(actor_cfg))
     if "values" in ran:
         critic = flops_model(cfg.critic.model.path or actor_path, value_model=True)
         flops += critic.forward_flops(seq_lens)

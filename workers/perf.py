@@ -18,6 +18,8 @@ import psutil
 import torch
 from torch import Tensor, nn
 
+from workers import attention
+
 GiB = 2**30
 
 # dense (no sparsity) bf16 tensor-core peak, FLOP/s, by CUDA device name; the first matching entry wins
@@ -47,8 +49,7 @@ class FlopsModel:
     def of(cls, model: nn.Module) -> FlopsModel:
         """Read N, L and d_attn off an HF model (sharded or not: a DTensor's numel is the full tensor's)."""
         config = model.config
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        heads, head_dim = config.num_attention_heads, attention.head_dim(model)
         try:
             embedding = model.get_input_embeddings().weight
         except (AttributeError, NotImplementedError):  # remote code without the accessor: count every matrix

@@ -116,7 +116,7 @@ def test_step_flops_count_each_pass_that_ran(tmp_path):
     LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4).save_pretrained(tmp_path)
     cfg = OmegaConf.create({
-        "actor_rollout_ref": {"actor": {"ppo_epochs": 1, "kl_loss_type": "low_var_kl"}, "model": {"path": str(tmp_path)}},
+        "actor_rollout_ref": {"actor": {"ppo_epochs": 1, "use_kl_loss": False, "kl_loss_type": "low_var_kl"}, "model": {"path": str(tmp_path)}},
         "critic": {"ppo_epochs": 1, "model": {"path": None}},
     })
     metrics = {"prompt_length/mean": 5.0, "response_length/mean": 3.0, "timing_s/gen": 1.0, "timing_s/update_actor": 1.0}
