@@ -16,7 +16,7 @@ KL, values with a critic, old log-probs unless the update is one on-policy step)
 ``perf``: its MFU (``mfu/floor``, counted as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's).
 Precision follows each role's ``fsdp_config.mixed_precision`` as in the workers (bf16 on CUDA by default, fp32 on
 CPU): in bf16 the models compute with bf16 weights and activations, and the optimizer steps fp32 master weights
-(``MasterWeights``), what FSDP's mixed precision does without FSDP.
+(``workers.master_weights.MasterWeights``, as a single worker rank does; FSDP's mixed precision without FSDP).
 
 Threads: the default (all cores in one process) matches the trainer's workers × threads. On a machine that
 other busy processes share, OpenMP threads spin while they wait on a descheduled sibling and a 2-thread run
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import os
 import statistics
 import tempfile
@@ -53,7 +52,7 @@ from trainer.core_algos import compute_advantage
 from workers import attention, fsdp, malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
-from workers.optim import build_optimizer
+from workers.master_weights import MasterWeights, cast_parameters, optimizer_for
 from workers.rollout import eos_token_ids, generate_sequences
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
@@ -69,40 +68,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class MasterWeights:
-    """An optimizer for a module computing in bf16: it steps fp32 master copies of the parameters (their
-    gradients cast up from the module's) and copies the result back, as FSDP mixed precision does."""
-
-    def __init__(self, module: torch.nn.Module, master: torch.nn.Module, optim_config: Any) -> None:
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        self.masters = [p for p in master.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(master, optim_config)
-        self.param_groups = self.optimizer.param_groups
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for param, master in zip(self.params, self.masters):
-            master.grad = None if param.grad is None else param.grad.float()
-        self.optimizer.step()
-        for param, master in zip(self.params, self.masters):
-            param.copy_(master)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for param in self.params:
-            param.grad = None
-
-
 def _load(path: str, device: torch.device, dtype: torch.dtype, optim_config: Any | None,
           loader: Callable[[str], torch.nn.Module]) -> tuple[torch.nn.Module, Any]:
-    """(module computing in ``dtype``, its optimizer: plain AdamW in fp32, ``MasterWeights`` in bf16; None
-    without ``optim_config``)."""
-    master = loader(path).to(device)
-    module = master if dtype == torch.float32 else copy.deepcopy(master).to(dtype)
+    """(module computing in ``dtype``, its optimizer: AdamW over the fp32 weights, in bf16 over the masters of
+    ``MasterWeights`` as a single worker rank has them; None without ``optim_config``)."""
+    model = loader(path).to(device)
     if optim_config is None:
-        return module, None
-    if module is master:
-        return module, build_optimizer(master, optim_config)
-    return module, MasterWeights(module, master, optim_config)
+        return cast_parameters(model, dtype), None
+    weights = MasterWeights(model, dtype) if dtype != torch.float32 else None
+    module = weights.module if weights is not None else model
+    return module, optimizer_for(module, weights, optim_config)
 
 
 class Floor:

@@ -99,12 +99,16 @@ class PhasePeaks:
 
     def _sample(self) -> None:
         while True:
-            rss, phase = rss_mb(), self.phase
-            self.peaks[phase] = max(self.peaks.get(phase, 0.0), rss)
+            self._record(self.phase)
             time.sleep(self.interval_s)
 
+    def _record(self, phase: str) -> None:
+        self.peaks[phase] = max(self.peaks.get(phase, 0.0), rss_mb())
+
     def label_optimizer_steps(self, optimizer: torch.optim.Optimizer) -> None:
-        """Label ``optimizer.step`` "optimizer_step"; what runs between two steps is "update_fwd_bwd"."""
+        """Label ``optimizer.step`` "optimizer_step"; what runs between two steps is "update_fwd_bwd".
+
+        The step also samples itself once at its end: a small model's step can be shorter than the interval."""
         step = optimizer.step
 
         def labelled_step(*args, **kwargs):
@@ -112,6 +116,7 @@ class PhasePeaks:
             try:
                 return step(*args, **kwargs)
             finally:
+                self._record("optimizer_step")
                 self.phase = "update_fwd_bwd"
 
         optimizer.step = labelled_step
@@ -130,7 +135,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
 def live_tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any) -> int:
     """What the actor holds between steps: parameters, buffers, gradients, optimizer state, the batch."""
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    params = list(model.parameters())
+    params = [*model.parameters(), *(p for group in optimizer.param_groups for p in group["params"])]  # + masters
     return storage_bytes([*params, *(p.grad for p in params), *model.buffers(), *state, *data.batch.values()])
 
 
@@ -186,27 +191,38 @@ def _setup(rank: int, world: int, args: dict[str, Any]) -> torch.device:
     return device
 
 
-def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> None:
-    """One rank: set up the actor (sharded when world > 1), then a log-prob forward and the update steps."""
+def _build_actor(args: dict[str, Any], device: torch.device, world: int) -> tuple[Any, Any, Any]:
+    """(actor, module, optimizer) as a worker rank holds them in the default precision: FSDP over > 1 ranks;
+    one rank plain, or computing on a bf16 copy of fp32 masters (bf16 on CUDA by default)."""
     from transformers import AutoModelForCausalLM
 
     from trainer.config_schema import ActorConfig
     from workers import fsdp
     from workers.actor import DataParallelPPOActor
-    from workers.optim import build_optimizer
+    from workers.master_weights import MasterWeights, optimizer_for
 
+    model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32).to(device)
+    param_dtype, reduce_dtype = fsdp.mixed_precision(device)  # the workers' default precision
+    weights = None
+    if world > 1:
+        fsdp.apply_fsdp(model, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    elif param_dtype is not None:
+        weights = MasterWeights(model, param_dtype)
+        model = weights.module
+    rows = args["sequences"] // world
+    config = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows)
+    optimizer = optimizer_for(model, weights, config.optim)
+    return DataParallelPPOActor(model, optimizer, None, config, rows), model, optimizer
+
+
+def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> None:
+    """One rank: set up the actor (sharded when world > 1), then a log-prob forward and the update steps."""
     device = _setup(rank, world, args)
     rss_imported = rss_mb()
     phases = PhasePeaks()
-    model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32).to(device)
-    if world > 1:
-        param_dtype, reduce_dtype = fsdp.mixed_precision(device)  # the workers' default precision
-        fsdp.apply_fsdp(model, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    rows = args["sequences"] // world
-    config = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows)
-    optimizer = build_optimizer(model, config.optim)
+    actor, model, optimizer = _build_actor(args, device, world)
     phases.label_optimizer_steps(optimizer)
-    actor = DataParallelPPOActor(model, optimizer, None, config, rows)
+    rows = args["sequences"] // world
     data = random_batch(rows, args, seed=args["seed"] + rank)
     peak_setup, rss_setup = peak_rss_mb(), rss_mb()
 

@@ -95,7 +95,7 @@ def minibatch_update(
                 (loss * weight).backward()
                 for key, value in micro_metrics.items():
                     metrics[key].append(value)
-            grad_norm = clip_grad_norm_(module, grad_clip)
+            grad_norm = clip_grad_norm_(optimizer, grad_clip)
             finite = bool(torch.isfinite(grad_norm))
             if finite:
                 optimizer.step()

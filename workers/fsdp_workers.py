@@ -23,7 +23,8 @@ from single_controller.base.decorator import Dispatch, register
 from workers import attention, checkpoint, fsdp, malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
-from workers.optim import build_lr_scheduler, build_optimizer
+from workers.master_weights import MasterWeights, cast_parameters, checkpointed, optimizer_for
+from workers.optim import build_lr_scheduler
 from workers.reward_model import compute_rm_scores, load_reward_model
 from workers.rollout import eos_token_ids, generate_sequences
 
@@ -74,16 +75,29 @@ def _mixed_precision(fsdp_config: Any) -> Any:
     return getattr(fsdp_config, "mixed_precision", None)
 
 
-def _shard(worker: Worker, model: nn.Module, fsdp_config: Any) -> nn.Module:
-    """Move ``model`` to the worker's device and shard it over all ranks in its configured compute dtype."""
+def _shard(worker: Worker, model: nn.Module, fsdp_config: Any, trained: bool = False
+           ) -> tuple[nn.Module, MasterWeights | None]:
+    """Move ``model`` to the worker's device and shard it over all ranks in its configured compute dtype.
+
+    Returns (the module to compute with, its ``MasterWeights`` or None). One rank computing in bf16 has nothing
+    to shard, and FSDP's per-forward casts and hooks cost 5-10 % of a CPU step: a frozen model is cast once and a
+    trained one computes on a bf16 copy of fp32 masters, unless its parameters are offloaded between phases
+    (then FSDP keeps its fp32 parameters and moves them).
+    """
     model.to(worker.device)  # the default mesh then spans all ranks on this device type
     param_dtype, reduce_dtype = fsdp.role_precision(worker.device, _mixed_precision(fsdp_config))
+    if worker.world_size == 1 and param_dtype is not None:
+        if not trained:
+            return cast_parameters(model, param_dtype), None
+        if not fsdp_config.param_offload:
+            weights = MasterWeights(model, param_dtype)
+            return weights.module, weights
     return fsdp.apply_fsdp(
         model,
         param_dtype=param_dtype,
         reduce_dtype=reduce_dtype,
         reshard_after_forward=bool(getattr(fsdp_config, "reshard_after_forward", True)),
-    )
+    ), None
 
 
 def _load_causal_lm(model_config: Any) -> nn.Module:
@@ -143,17 +157,17 @@ class ActorRolloutRefWorker(Worker):
         remove_padding = bool(cfg.model.use_remove_padding)
         if self._is_ref:
             ref_module = _load_causal_lm(cfg.model).requires_grad_(False).eval()
-            ref_module = _shard(self, ref_module, cfg.ref.fsdp_config)
+            ref_module, _ = _shard(self, ref_module, cfg.ref.fsdp_config)
             self.ref_policy = DataParallelPPOActor(ref_module, None, None, cfg.actor, use_remove_padding=remove_padding)
             if cfg.ref.fsdp_config.param_offload:
                 fsdp.offload_fsdp_params(ref_module)
         if self._is_actor:
-            module = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config)
+            module, self.actor_weights = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config, trained=True)
             self.actor_flops = perf.FlopsModel.of(module)
             self.actor_dtype = fsdp.compute_dtype(self.device, _mixed_precision(cfg.actor.fsdp_config))
             if cfg.actor.use_torch_compile:  # in place: rollout, log-prob and update forwards all compile
                 module.compile()
-            optimizer = build_optimizer(module, cfg.actor.optim)
+            optimizer = optimizer_for(module, self.actor_weights, cfg.actor.optim)
             scheduler = build_lr_scheduler(optimizer, cfg.actor.optim, total_training_steps)
             self.actor = DataParallelPPOActor(
                 module, optimizer, scheduler, cfg.actor, self.mini_batch_size, use_remove_padding=remove_padding,
@@ -264,13 +278,17 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         """Write the actor under ``path``: an HF model directory plus optimizer, scheduler and RNG state."""
         with self._actor_onloaded(with_optimizer=True):
-            checkpoint.save_role(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler, self.tokenizer)
+            weights = checkpointed(self.actor.module, self.actor_weights)
+            checkpoint.save_role(path, weights, self.actor.optimizer, self.actor.lr_scheduler, self.tokenizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         """Restore what ``save_checkpoint`` wrote (from any world size)."""
         with self._actor_onloaded(with_optimizer=True):
-            checkpoint.load_role(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+            weights = checkpointed(self.actor.module, self.actor_weights)
+            checkpoint.load_role(path, weights, self.actor.optimizer, self.actor.lr_scheduler)
+        if self.actor_weights is not None:
+            self.actor_weights.copy_to_module()
 
 
 class CriticWorker(Worker):
@@ -293,10 +311,10 @@ class CriticWorker(Worker):
         model = load_value_model(cfg.model.path, trust_remote_code=bool(getattr(cfg.model, "trust_remote_code", False)))
         if cfg.model.enable_gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        module = _shard(self, model, cfg.fsdp_config)
+        module, self.critic_weights = _shard(self, model, cfg.fsdp_config, trained=True)
         self.critic_flops = perf.FlopsModel.of(module)
         self.critic_dtype = fsdp.compute_dtype(self.device, _mixed_precision(cfg.fsdp_config))
-        optimizer = build_optimizer(module, cfg.optim)
+        optimizer = optimizer_for(module, self.critic_weights, cfg.optim)
         scheduler = build_lr_scheduler(optimizer, cfg.optim, total_training_steps)
         self.critic = DataParallelPPOCritic(module, optimizer, scheduler, cfg, self.mini_batch_size)
         if cfg.fsdp_config.param_offload:
@@ -339,13 +357,17 @@ class CriticWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         """Write the value model under ``path`` (HF directory + optimizer, scheduler, RNG state)."""
         with self._critic_onloaded(with_optimizer=True):
-            checkpoint.save_role(path, self.critic.module, self.critic.optimizer, self.critic.lr_scheduler, self.tokenizer)
+            weights = checkpointed(self.critic.module, self.critic_weights)
+            checkpoint.save_role(path, weights, self.critic.optimizer, self.critic.lr_scheduler, self.tokenizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         """Restore what ``save_checkpoint`` wrote (from any world size)."""
         with self._critic_onloaded(with_optimizer=True):
-            checkpoint.load_role(path, self.critic.module, self.critic.optimizer, self.critic.lr_scheduler)
+            weights = checkpointed(self.critic.module, self.critic_weights)
+            checkpoint.load_role(path, weights, self.critic.optimizer, self.critic.lr_scheduler)
+        if self.critic_weights is not None:
+            self.critic_weights.copy_to_module()
 
 
 class RewardModelWorker(Worker):
@@ -363,7 +385,7 @@ class RewardModelWorker(Worker):
     def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
         """Load the reward model and shard it (``total_training_steps`` is unused: it does not train)."""
         _setup_process(self, seed, deterministic)
-        self.module = _shard(self, load_reward_model(self.config.model.path), self.config.fsdp_config)
+        self.module, _ = _shard(self, load_reward_model(self.config.model.path), self.config.fsdp_config)
         if self.config.fsdp_config.param_offload:
             fsdp.offload_fsdp_params(self.module)
 

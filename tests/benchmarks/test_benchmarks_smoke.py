@@ -71,24 +71,6 @@ def test_floor_and_step_run_on_cuda_in_bf16(cache_dir):
     assert 0 < floor["perf"]["mfu/floor"] < 1 and 0 < step["perf"]["mfu/step"] < 1
 
 
-def test_master_weights_step_fp32_copies_of_a_bf16_module():
-    from omegaconf import OmegaConf
-
-    from benchmarks.floor import MasterWeights
-
-    master = torch.nn.Linear(4, 3)
-    module = torch.nn.Linear(4, 3).to(torch.bfloat16)
-    module.load_state_dict(master.state_dict())
-    optimizer = MasterWeights(module, master, OmegaConf.create({"lr": 0.1, "betas": [0.9, 0.999], "weight_decay": 0}))
-    before = master.weight.detach().clone()
-    module(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    assert master.weight.dtype == torch.float32 and not torch.equal(master.weight, before)
-    assert torch.equal(module.weight, master.weight.detach().to(torch.bfloat16)) and module.weight.grad is None
-    assert optimizer.param_groups[0]["lr"] == 0.1
-
-
 def test_step_reports_trainer_phases_and_throughput(cache_dir):
     out = run_benchmark("step", *TINY, "--algo", "ppo", "--kl", "--workers", "1", "--steps", "1", "--warmup", "0",
                         "--cache-dir", cache_dir)

@@ -68,7 +68,7 @@ def test_short_bf16_cpu_updates_take_the_math_attention_kernel(tiny_model_dir):
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
 def test_a_bf16_cpu_worker_samples_updates_and_saves_fp32_weights(tiny_model_dir, tmp_path):
-    """One CPU rank in bf16 runs under FSDP's mixed precision (a 1-rank mesh): bf16 compute, fp32 master weights."""
+    """One CPU rank in bf16, without FSDP: bf16 compute weights, fp32 master weights (saved and loaded)."""
     bf16 = MixedPrecisionConfig(param_dtype="bf16")
     arr = ActorRolloutRefConfig(
         model=ModelConfig(path=tiny_model_dir),
@@ -94,6 +94,10 @@ def test_a_bf16_cpu_worker_samples_updates_and_saves_fp32_weights(tiny_model_dir
     assert 0 < metrics["perf/mfu/actor"][0] < 1
     assert not torch.equal(group.compute_log_prob(gen).batch["old_log_probs"], old)
 
+    updated = group.compute_log_prob(gen).batch["old_log_probs"]
     group.save_checkpoint(str(tmp_path / "actor"))
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "actor", dtype="auto")
     assert saved.dtype == torch.float32  # the fp32 master weights, not their bf16 compute copies
+    group.update_actor(batch)
+    group.load_checkpoint(str(tmp_path / "actor"))  # the masters, and the bf16 weights computed from them
+    assert torch.equal(group.compute_log_prob(gen).batch["old_log_probs"], updated)

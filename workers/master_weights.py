@@ -1,0 +1,84 @@
+"""Mixed precision on one rank without FSDP: bf16 compute weights, fp32 master weights.
+
+FSDP2's mixed precision keeps fp32 parameter shards, casts them to bf16 before each forward and reduces the
+gradients into fp32. A single rank has nothing to shard, and there those per-forward casts, FSDP's hooks and
+the DTensor optimizer step are pure overhead: ~8 ms of a 0.18 s update and ~4 ms of a 0.09 s generation at the
+4.2 M shape on the CPU box (docs/benchmarks.md). ``MasterWeights`` does the same arithmetic directly:
+
+- the module computes with bf16 parameters (buffers such as RoPE's ``inv_freq`` stay fp32, as under FSDP);
+- each bf16 gradient is added into its fp32 master's ``.grad`` as soon as backward has produced it (so
+  micro-batches accumulate in fp32, and clipping and AdamW see fp32 gradients, as with ``reduce_dtype=fp32``);
+- the optimizer steps the masters, then the masters are copied back into the bf16 parameters.
+
+The masters live in a module of their own (``master``: same names, the model's config), which is what
+checkpoints save and load; checkpoints therefore stay fp32 and load into any world size.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from workers.optim import build_optimizer
+
+
+def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast ``module``'s floating-point parameters (not its buffers) to ``dtype`` in place; returns it."""
+    with torch.no_grad():
+        for param in module.parameters():
+            if param.is_floating_point():
+                param.data = param.data.to(dtype)
+    return module
+
+
+def _accumulate_into(master: nn.Parameter, param: Tensor) -> None:
+    """Post-accumulate-grad hook of a compute parameter: move its gradient into the master's, in fp32."""
+    if master.grad is None:
+        master.grad = param.grad.to(master.dtype)
+    else:
+        master.grad.add_(param.grad)
+    param.grad = None
+
+
+class MasterWeights:
+    """A module computing in ``dtype`` (``self.module``) tied to fp32 master copies (``self.master``).
+
+    ``master`` is the loaded fp32 model; the compute module is a copy with its parameters cast. Build the
+    optimizer over ``master.parameters()`` and :meth:`bind` it, so every step refreshes the compute weights.
+    """
+
+    def __init__(self, master: nn.Module, dtype: torch.dtype) -> None:
+        self.master = master
+        self.module = cast_parameters(copy.deepcopy(master), dtype)
+        # deepcopy keeps the parameter order (and tied parameters tied), so the two lists pair up
+        self._pairs = [(p, m) for p, m in zip(self.module.parameters(), master.parameters()) if m.requires_grad]
+        for param, master_param in self._pairs:
+            param.register_post_accumulate_grad_hook(functools.partial(_accumulate_into, master_param))
+
+    def bind(self, optimizer: torch.optim.Optimizer) -> None:
+        """Copy the masters into the compute weights after each ``optimizer.step()``."""
+        optimizer.register_step_post_hook(lambda *_: self.copy_to_module())
+
+    @torch.no_grad()
+    def copy_to_module(self) -> None:
+        """Refresh the compute weights from the masters (after a step, or after loading a checkpoint)."""
+        for param, master_param in self._pairs:
+            param.copy_(master_param)
+
+
+def optimizer_for(module: nn.Module, weights: MasterWeights | None, optim_config: Any) -> torch.optim.Optimizer:
+    """AdamW over ``module``'s parameters, or over its fp32 masters (then each step refreshes the module)."""
+    optimizer = build_optimizer(weights.master if weights is not None else module, optim_config)
+    if weights is not None:
+        weights.bind(optimizer)
+    return optimizer
+
+
+def checkpointed(module: nn.Module, weights: MasterWeights | None) -> nn.Module:
+    """The module whose weights a checkpoint holds: the fp32 masters where there are any."""
+    return weights.master if weights is not None else module
