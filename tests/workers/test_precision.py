@@ -1,6 +1,8 @@
 """bf16 compute: which dtypes a role gets, which attention kernel its updates use, and a bf16 worker through Ray."""
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ from trainer.config_schema import (
     RolloutConfig,
 )
 from workers import attention, fsdp
-from workers.fsdp_workers import ActorRolloutRefWorker
+from workers.fsdp_workers import ActorRolloutRefWorker, _shard
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 P, R, N, PROMPTS = 6, 5, 2, 4
@@ -38,19 +40,32 @@ def test_auto_is_bf16_on_cuda_and_fp32_elsewhere():
     assert fsdp.mixed_precision(CPU, "bfloat16", "float32") == (torch.bfloat16, torch.float32)  # verl's spellings
 
 
-def _one_rank_groups(rank: int, port: int, model_dir: str, out: str) -> None:
+ONE_RANK = SimpleNamespace(device=CPU, world_size=1)  # what _shard reads of its worker
+BF16_FSDP = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bf16"))
+
+
+def test_a_single_bf16_rank_runs_without_fsdp(tiny_model_dir):
+    """Trained: a bf16 compute copy of fp32 masters; frozen: cast once. No FSDP, no process group needed."""
+    trained, weights = _shard(ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP, trained=True)
+    assert weights is not None and trained is weights.module and not fsdp.is_fsdp(trained)
+    assert trained.dtype == torch.bfloat16 and weights.master.dtype == torch.float32
+    frozen, none = _shard(ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP)
+    assert none is None and frozen.dtype == torch.bfloat16 and not fsdp.is_fsdp(frozen)
+
+
+def _offloaded_rank_groups(rank: int, port: int, model_dir: str, out: str) -> None:
     init_gloo(rank, 1, port)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    fsdp.apply_fsdp(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    torch.save([name for name, m in model.named_modules() if fsdp.is_fsdp(m)], out)
+    offloaded = dataclasses.replace(BF16_FSDP, param_offload=True)
+    model, weights = _shard(ONE_RANK, AutoModelForCausalLM.from_pretrained(model_dir), offloaded, trained=True)
+    torch.save({"weights": weights, "groups": [name for name, m in model.named_modules() if fsdp.is_fsdp(m)]}, out)
     dist.destroy_process_group()
 
 
-def test_a_single_mixed_precision_rank_gets_one_fsdp_group(tiny_model_dir, tmp_path):
-    """FSDP only casts on one rank: one group over the model, no per-block hooks (or compile graph breaks)."""
+def test_an_offloaded_single_bf16_rank_gets_one_fsdp_group(tiny_model_dir, tmp_path):
+    """FSDP moves the fp32 parameters of an offloaded role; on one rank it only casts, so one group (the root)."""
     out = str(tmp_path / "groups.pt")
-    mp.spawn(_one_rank_groups, args=(free_port(), tiny_model_dir, out), nprocs=1, join=True)
-    assert torch.load(out) == [""]  # the root only
+    mp.spawn(_offloaded_rank_groups, args=(free_port(), tiny_model_dir, out), nprocs=1, join=True)
+    assert torch.load(out, weights_only=False) == {"weights": None, "groups": [""]}
 
 
 def test_short_bf16_cpu_updates_take_the_math_attention_kernel(tiny_model_dir):
