@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import functools
-
 from typing import Any
 
 import torch
@@ -54,7 +53,9 @@ class MasterWeights:
 
     def __init__(self, master: nn.Module, dtype: torch.dtype) -> None:
         self.master = master
-        self.module = cast_parameters(copy.deepcopy(master), dtype)
+        # copy the module with its parameters already cast (no transient second fp32 copy of the weights)
+        cast = {id(m): nn.Parameter(m.detach().to(dtype), m.requires_grad) for m in master.parameters()}
+        self.module = copy.deepcopy(master, memo=cast)
         # deepcopy keeps the parameter order (and tied parameters tied), so the two lists pair up
         self._pairs = [(p, m) for p, m in zip(self.module.parameters(), master.parameters()) if m.requires_grad]
         for param, master_param in self._pairs:
