@@ -52,7 +52,7 @@ from trainer.core_algos import compute_advantage
 from workers import attention, fsdp, malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
-from workers.master_weights import MasterWeights, cast_parameters, optimizer_for
+from workers.master_weights import on_one_rank, optimizer_for
 from workers.rollout import eos_token_ids, generate_sequences
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
@@ -72,12 +72,8 @@ def _load(path: str, device: torch.device, dtype: torch.dtype, optim_config: Any
           loader: Callable[[str], torch.nn.Module]) -> tuple[torch.nn.Module, Any]:
     """(module computing in ``dtype``, its optimizer: AdamW over the fp32 weights, in bf16 over the masters of
     ``MasterWeights`` as a single worker rank has them; None without ``optim_config``)."""
-    model = loader(path).to(device)
-    if optim_config is None:
-        return cast_parameters(model, dtype), None
-    weights = MasterWeights(model, dtype) if dtype != torch.float32 else None
-    module = weights.module if weights is not None else model
-    return module, optimizer_for(module, weights, optim_config)
+    module, weights = on_one_rank(loader(path).to(device), dtype, trained=optim_config is not None)
+    return module, None if optim_config is None else optimizer_for(module, weights, optim_config)
 
 
 class Floor:

@@ -105,19 +105,22 @@ class PhasePeaks:
     def _record(self, phase: str) -> None:
         self.peaks[phase] = max(self.peaks.get(phase, 0.0), rss_mb())
 
-    def label_optimizer_steps(self, optimizer: torch.optim.Optimizer) -> None:
-        """Label ``optimizer.step`` "optimizer_step"; what runs between two steps is "update_fwd_bwd".
+    def enter(self, phase: str) -> None:
+        """End the current phase with one last sample and start ``phase``: a small model's phase can be shorter
+        than the sampling interval, and would otherwise go unrecorded."""
+        self._record(self.phase)
+        self.phase = phase
 
-        The step also samples itself once at its end: a small model's step can be shorter than the interval."""
+    def label_optimizer_steps(self, optimizer: torch.optim.Optimizer) -> None:
+        """Label ``optimizer.step`` "optimizer_step"; what runs between two steps is "update_fwd_bwd"."""
         step = optimizer.step
 
         def labelled_step(*args, **kwargs):
-            self.phase = "optimizer_step"
+            self.enter("optimizer_step")
             try:
                 return step(*args, **kwargs)
             finally:
-                self._record("optimizer_step")
-                self.phase = "update_fwd_bwd"
+                self.enter("update_fwd_bwd")
 
         optimizer.step = labelled_step
 
@@ -199,16 +202,15 @@ def _build_actor(args: dict[str, Any], device: torch.device, world: int) -> tupl
     from trainer.config_schema import ActorConfig
     from workers import fsdp
     from workers.actor import DataParallelPPOActor
-    from workers.master_weights import MasterWeights, optimizer_for
+    from workers.master_weights import on_one_rank, optimizer_for
 
     model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32).to(device)
     param_dtype, reduce_dtype = fsdp.mixed_precision(device)  # the workers' default precision
     weights = None
     if world > 1:
         fsdp.apply_fsdp(model, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    elif param_dtype is not None:
-        weights = MasterWeights(model, param_dtype)
-        model = weights.module
+    else:
+        model, weights = on_one_rank(model, param_dtype, trained=True)
     rows = args["sequences"] // world
     config = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows)
     optimizer = optimizer_for(model, weights, config.optim)
@@ -227,9 +229,9 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
     peak_setup, rss_setup = peak_rss_mb(), rss_mb()
 
     def compute() -> None:
-        phases.phase = "log_prob"
+        phases.enter("log_prob")
         data.batch["old_log_probs"], _ = actor.compute_log_prob(data, rows)
-        phases.phase = "update_fwd_bwd"
+        phases.enter("update_fwd_bwd")
         for _ in range(args["updates"]):
             actor.update_policy(data)
 

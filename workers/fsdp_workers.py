@@ -23,7 +23,7 @@ from single_controller.base.decorator import Dispatch, register
 from workers import attention, checkpoint, fsdp, malloc, perf
 from workers.actor import DataParallelPPOActor, uses_full_kl
 from workers.critic import DataParallelPPOCritic, load_value_model
-from workers.master_weights import MasterWeights, cast_parameters, checkpointed, optimizer_for
+from workers.master_weights import MasterWeights, checkpointed, on_one_rank, optimizer_for
 from workers.optim import build_lr_scheduler
 from workers.reward_model import compute_rm_scores, load_reward_model
 from workers.rollout import eos_token_ids, generate_sequences
@@ -79,19 +79,16 @@ def _shard(worker: Worker, model: nn.Module, fsdp_config: Any, trained: bool = F
            ) -> tuple[nn.Module, MasterWeights | None]:
     """Move ``model`` to the worker's device and shard it over all ranks in its configured compute dtype.
 
-    Returns (the module to compute with, its ``MasterWeights`` or None). One rank computing in bf16 has nothing
-    to shard, and FSDP's per-forward casts and hooks cost 5-10 % of a CPU step: a frozen model is cast once and a
-    trained one computes on a bf16 copy of fp32 masters, unless its parameters are offloaded between phases
-    (then FSDP keeps its fp32 parameters and moves them).
+    Returns (the module to compute with, its ``MasterWeights`` or None). One rank has nothing to shard, and in
+    bf16 FSDP's per-forward casts and hooks cost 5-10 % of a CPU step: a frozen model is cast once and a trained
+    one computes on a bf16 copy of fp32 masters (``master_weights.on_one_rank``), unless its parameters are
+    offloaded between phases (then FSDP keeps its fp32 parameters, in one group, and moves them).
     """
     model.to(worker.device)  # the default mesh then spans all ranks on this device type
     param_dtype, reduce_dtype = fsdp.role_precision(worker.device, _mixed_precision(fsdp_config))
-    if worker.world_size == 1 and param_dtype is not None:
-        if not trained:
-            return cast_parameters(model, param_dtype), None
-        if not fsdp_config.param_offload:
-            weights = MasterWeights(model, param_dtype)
-            return weights.module, weights
+    offloaded_masters = trained and param_dtype is not None and fsdp_config.param_offload
+    if worker.world_size == 1 and not offloaded_masters:
+        return on_one_rank(model, param_dtype, trained)
     return fsdp.apply_fsdp(
         model,
         param_dtype=param_dtype,

@@ -72,6 +72,20 @@ class MasterWeights:
             param.copy_(master_param)
 
 
+def on_one_rank(model: nn.Module, dtype: torch.dtype | None, trained: bool) -> tuple[nn.Module, MasterWeights | None]:
+    """(module to compute with, its ``MasterWeights`` or None) for ``model`` on a single rank computing in ``dtype``.
+
+    fp32 (or None) leaves the model as it is; in a lower precision a trained model computes on a cast copy of
+    fp32 masters, and a frozen one is cast in place.
+    """
+    if dtype is None or dtype == torch.float32:
+        return model, None
+    if not trained:
+        return cast_parameters(model, dtype), None
+    weights = MasterWeights(model, dtype)
+    return weights.module, weights
+
+
 def optimizer_for(module: nn.Module, weights: MasterWeights | None, optim_config: Any) -> torch.optim.Optimizer:
     """AdamW over ``module``'s parameters, or over its fp32 masters (then each step refreshes the module)."""
     optimizer = build_optimizer(weights.master if weights is not None else module, optim_config)
