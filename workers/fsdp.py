@@ -37,7 +37,8 @@ def mixed_precision(
     """(param_dtype, reduce_dtype) for ``apply_fsdp`` from a ``fsdp_config.mixed_precision`` section.
 
     ``auto`` computes in bf16 on CUDA and in fp32 elsewhere. (None, None) is plain fp32: nothing to cast, so a
-    single rank stays unsharded (an fp32 model may still reduce its gradients in bf16). bf16 pays off on a CPU
+    single rank stays unsharded (an fp32 model may still reduce its gradients in bf16 across ranks; one rank
+    reduces nothing, so the workers leave it unsharded then too). bf16 pays off on a CPU
     too where it has bf16 matmul instructions (AVX512-BF16, AMX): 4x fp32's GEMM rate on the project's CPU box
     (docs/benchmarks.md).
     """
