@@ -159,12 +159,13 @@ class ActorRolloutRefWorker(Worker):
             if cfg.ref.fsdp_config.param_offload:
                 fsdp.offload_fsdp_params(ref_module)
         if self._is_actor:
-            module, self.actor_weights = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config, trained=True)
+            module, weights = _shard(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config, trained=True)
+            self.actor_checkpointed = checkpointed(module, weights)  # the fp32 masters where there are any
             self.actor_flops = perf.FlopsModel.of(module)
             self.actor_dtype = fsdp.compute_dtype(self.device, _mixed_precision(cfg.actor.fsdp_config))
             if cfg.actor.use_torch_compile:  # in place: rollout, log-prob and update forwards all compile
                 module.compile()
-            optimizer = optimizer_for(module, self.actor_weights, cfg.actor.optim)
+            optimizer = optimizer_for(module, weights, cfg.actor.optim)
             scheduler = build_lr_scheduler(optimizer, cfg.actor.optim, total_training_steps)
             self.actor = DataParallelPPOActor(
                 module, optimizer, scheduler, cfg.actor, self.mini_batch_size, use_remove_padding=remove_padding,
@@ -275,17 +276,14 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         """Write the actor under ``path``: an HF model directory plus optimizer, scheduler and RNG state."""
         with self._actor_onloaded(with_optimizer=True):
-            weights = checkpointed(self.actor.module, self.actor_weights)
-            checkpoint.save_role(path, weights, self.actor.optimizer, self.actor.lr_scheduler, self.tokenizer)
+            checkpoint.save_role(path, self.actor_checkpointed, self.actor.optimizer, self.actor.lr_scheduler,
+                                 self.tokenizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         """Restore what ``save_checkpoint`` wrote (from any world size)."""
         with self._actor_onloaded(with_optimizer=True):
-            weights = checkpointed(self.actor.module, self.actor_weights)
-            checkpoint.load_role(path, weights, self.actor.optimizer, self.actor.lr_scheduler)
-        if self.actor_weights is not None:
-            self.actor_weights.copy_to_module()
+            checkpoint.load_role(path, self.actor_checkpointed, self.actor.optimizer, self.actor.lr_scheduler)
 
 
 class CriticWorker(Worker):
@@ -308,10 +306,11 @@ class CriticWorker(Worker):
         model = load_value_model(cfg.model.path, trust_remote_code=bool(getattr(cfg.model, "trust_remote_code", False)))
         if cfg.model.enable_gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        module, self.critic_weights = _shard(self, model, cfg.fsdp_config, trained=True)
+        module, weights = _shard(self, model, cfg.fsdp_config, trained=True)
+        self.critic_checkpointed = checkpointed(module, weights)
         self.critic_flops = perf.FlopsModel.of(module)
         self.critic_dtype = fsdp.compute_dtype(self.device, _mixed_precision(cfg.fsdp_config))
-        optimizer = optimizer_for(module, self.critic_weights, cfg.optim)
+        optimizer = optimizer_for(module, weights, cfg.optim)
         scheduler = build_lr_scheduler(optimizer, cfg.optim, total_training_steps)
         self.critic = DataParallelPPOCritic(module, optimizer, scheduler, cfg, self.mini_batch_size)
         if cfg.fsdp_config.param_offload:
@@ -354,17 +353,14 @@ class CriticWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         """Write the value model under ``path`` (HF directory + optimizer, scheduler, RNG state)."""
         with self._critic_onloaded(with_optimizer=True):
-            weights = checkpointed(self.critic.module, self.critic_weights)
-            checkpoint.save_role(path, weights, self.critic.optimizer, self.critic.lr_scheduler, self.tokenizer)
+            checkpoint.save_role(path, self.critic_checkpointed, self.critic.optimizer, self.critic.lr_scheduler,
+                                 self.tokenizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         """Restore what ``save_checkpoint`` wrote (from any world size)."""
         with self._critic_onloaded(with_optimizer=True):
-            weights = checkpointed(self.critic.module, self.critic_weights)
-            checkpoint.load_role(path, weights, self.critic.optimizer, self.critic.lr_scheduler)
-        if self.critic_weights is not None:
-            self.critic_weights.copy_to_module()
+            checkpoint.load_role(path, self.critic_checkpointed, self.critic.optimizer, self.critic.lr_scheduler)
 
 
 class RewardModelWorker(Worker):

@@ -48,7 +48,8 @@ class MasterWeights:
     """A module computing in ``dtype`` (``self.module``) tied to fp32 master copies (``self.master``).
 
     ``master`` is the loaded fp32 model; the compute module is a copy with its parameters cast. Build the
-    optimizer over ``master.parameters()`` and :meth:`bind` it, so every step refreshes the compute weights.
+    optimizer over ``master.parameters()`` and :meth:`bind` it, so every step refreshes the compute weights;
+    ``master.load_state_dict`` (a checkpoint) refreshes them too.
     """
 
     def __init__(self, master: nn.Module, dtype: torch.dtype) -> None:
@@ -60,6 +61,8 @@ class MasterWeights:
         self._pairs = [(p, m) for p, m in zip(self.module.parameters(), master.parameters()) if m.requires_grad]
         for param, master_param in self._pairs:
             param.register_post_accumulate_grad_hook(functools.partial(_accumulate_into, master_param))
+        # a checkpoint loads into the masters; the compute copy follows on its own
+        master.register_load_state_dict_post_hook(lambda *_: self.copy_to_module())
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """Copy the masters into the compute weights after each ``optimizer.step()``."""
@@ -67,7 +70,7 @@ class MasterWeights:
 
     @torch.no_grad()
     def copy_to_module(self) -> None:
-        """Refresh the compute weights from the masters (after a step, or after loading a checkpoint)."""
+        """Refresh the compute weights from the masters (hooked to each optimizer step and state-dict load)."""
         for param, master_param in self._pairs:
             param.copy_(master_param)
 
