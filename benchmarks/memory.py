@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-length", type=int, default=8)
     parser.add_argument("--world", type=int, default=2, help="FSDP ranks")
     parser.add_argument("--updates", type=int, default=2, help="update steps after the log-prob forward")
+    parser.add_argument("--min-num-params", type=int, default=0,
+                        help="FSDP units of at least this many parameters (fsdp_config.wrap_policy; 0: per block)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=default_device())
     parser.add_argument("--seed", type=int, default=1)
     return parser.parse_args(argv)
@@ -208,7 +210,8 @@ def _build_actor(args: dict[str, Any], device: torch.device, world: int) -> tupl
     param_dtype, reduce_dtype = fsdp.mixed_precision(device)  # the workers' default precision
     weights = None
     if world > 1:
-        fsdp.apply_fsdp(model, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        fsdp.apply_fsdp(model, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                        min_num_params=args["min_num_params"])
     else:
         model, weights = on_one_rank(model, param_dtype, trained=True)
     rows = args["sequences"] // world
@@ -315,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
         "model_path": model_path, "vocab_size": model_config.vocab_size, "device": args.device,
         "sequences": args.prompts * args.n, "prompt_length": args.prompt_length,
         "response_length": args.response_length, "updates": args.updates, "seed": args.seed,
-        "threads": os.cpu_count() or 1,
+        "threads": os.cpu_count() or 1, "min_num_params": args.min_num_params,
     }
     sharded = run_world(args.world, shared)
     plain = run_world(1, shared)[0]
@@ -323,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": "memory", "hidden": args.hidden, "layers": args.layers, "model_path": model_path,
         "n_params": _n_params(model_config), "sequences": shared["sequences"],
         "tokens_per_sequence": args.prompt_length + args.response_length, "updates": args.updates,
+        "min_num_params": args.min_num_params,
         f"fsdp_{args.world}_ranks": sharded, "unsharded": plain,
         "ratio_fsdp_rank_over_unsharded": _ratios(sharded, plain),
         "machine": machine(args.device),

@@ -120,16 +120,29 @@ class MixedPrecisionConfig:
 
 
 @dataclass
+class WrapPolicyConfig:
+    """FSDP units: consecutive transformer blocks grouped into units of at least min_num_params parameters
+    (0: a unit per block); blocks after the last full unit share the root's group."""
+
+    min_num_params: int = 0
+
+    def __post_init__(self) -> None:
+        non_negative(self, "min_num_params")
+
+
+@dataclass
 class FSDPConfig:
     param_offload: bool = False
     optimizer_offload: bool = False
     reshard_after_forward: bool = True
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
 @dataclass
 class RefFSDPConfig:
     param_offload: bool = False
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 

@@ -94,6 +94,7 @@ def _shard(worker: Worker, model: nn.Module, fsdp_config: Any, trained: bool = F
         param_dtype=param_dtype,
         reduce_dtype=reduce_dtype,
         reshard_after_forward=bool(getattr(fsdp_config, "reshard_after_forward", True)),
+        min_num_params=int(getattr(getattr(fsdp_config, "wrap_policy", None), "min_num_params", 0)),
     ), None
 
 

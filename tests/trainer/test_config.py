@@ -21,7 +21,9 @@ def test_defaults_are_the_schema_defaults():
     schema = OmegaConf.structured(PPOConfig)
     # the YAML holds only the demo recipe's presets on top of the schema
     presets = {"actor_rollout_ref.actor.optim.lr": 3e-4, "critic.optim.lr": 1e-3,
-               "trainer.total_training_steps": 700, "trainer.test_freq": 20}
+               "trainer.total_training_steps": 700, "trainer.test_freq": 20,
+               **{f"{role}.fsdp_config.wrap_policy.min_num_params": 5_000_000
+                  for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}}
     for key, value in presets.items():
         OmegaConf.update(schema, key, value)
     assert OmegaConf.to_container(cfg) == OmegaConf.to_container(schema)
@@ -157,3 +159,11 @@ def test_mixed_precision_dtypes_are_checked_by_name():
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.ref\.fsdp_config\.mixed_precision\.reduce_dtype='int8': "
                        r"must be one of fp32, bf16, float32, bfloat16$"):
         load_config(["actor_rollout_ref.ref.fsdp_config.mixed_precision.reduce_dtype=int8"])
+
+
+def test_fsdp_wrap_policy_is_verls_key_and_is_checked():
+    cfg = load_config(["critic.fsdp_config.wrap_policy.min_num_params=0"])
+    assert cfg.critic.fsdp_config.wrap_policy.min_num_params == 0
+    assert cfg.actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params > 0  # the CPU demo's preset
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.fsdp_config\.wrap_policy\.min_num_params=-1"):
+        load_config(["actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=-1"])

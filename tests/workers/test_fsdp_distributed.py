@@ -78,6 +78,24 @@ def _bf16_update(model_dir: str, data, fp32_log_probs: torch.Tensor) -> dict:
     }
 
 
+def _one_group_update(model_dir: str, data, per_block_forward_comms: int) -> dict:
+    """The same update with every block in the root's FSDP group (``min_num_params`` above the model's size)."""
+    model = fsdp.apply_fsdp(AutoModelForCausalLM.from_pretrained(model_dir), min_num_params=10**9)
+    ids, mask, pos = make_prompts(2, P)
+    with torch.no_grad():
+        comms = _comm_count(lambda: model(input_ids=ids, attention_mask=mask, position_ids=pos))
+        model.reshard()  # the root keeps its parameters gathered after forward
+    config = actor_config()
+    actor = DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
+    metrics = actor.update_policy(data)
+    return {
+        "groups": len(fsdp.fsdp_modules(model)),
+        "fewer_comms": 0 < comms < per_block_forward_comms,
+        "grad_norm": metrics["actor/grad_norm"],
+        "updated": fsdp.full_state_dict(model, rank0_only=False),
+    }
+
+
 def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     init_gloo(rank, WORLD, port)
     plain = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -105,6 +123,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     reloaded = fsdp.full_state_dict(model, rank0_only=False)
     result["reload_equal"] = all(torch.equal(reloaded[k], v) for k, v in plain.state_dict().items())
     result["bf16"] = _bf16_update(model_dir, data, plain_lp)
+    result["one_group"] = _one_group_update(model_dir, data, result["gathered"]["sharded_forward"])
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -167,3 +186,21 @@ def test_two_rank_bf16_update_computes_in_bf16_and_keeps_fp32_master_weights(res
         assert 0 < bf16["log_prob_max_diff"] < 0.1  # bf16 rounding: close to the fp32 log-probs, not equal
         assert bf16["finite"] and bf16["master_dtypes"] == {torch.float32}
     assert results[0]["bf16"]["grad_norm"] == pytest.approx(results[1]["bf16"]["grad_norm"])  # reduced in fp32
+
+
+def test_blocks_smaller_than_min_num_params_share_fsdp_groups(results):
+    """wrap_policy.min_num_params above the model's size: one FSDP group, fewer collectives, the same update."""
+    for r in results:
+        one = r["one_group"]
+        assert one["groups"] == 1 and one["fewer_comms"]
+        assert one["grad_norm"] == pytest.approx(r["metrics"]["actor/grad_norm"], rel=1e-5)
+        for name, value in one["updated"].items():
+            torch.testing.assert_close(value, r["updated"][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_block_units_group_consecutive_blocks_up_to_min_num_params():
+    blocks = [torch.nn.Linear(10, 10) for _ in range(5)]  # 110 parameters each
+    assert fsdp.block_units(blocks) == [[b] for b in blocks]
+    assert fsdp.block_units(blocks, 200) == [blocks[0:2], blocks[2:4]]  # the fifth stays in the root's group
+    assert fsdp.block_units(blocks, 330) == [blocks[0:3]]
+    assert fsdp.block_units(blocks, 10**6) == []
