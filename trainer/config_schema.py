@@ -122,7 +122,8 @@ class MixedPrecisionConfig:
 @dataclass
 class WrapPolicyConfig:
     """FSDP units: consecutive transformer blocks grouped into units of at least min_num_params parameters
-    (0: a unit per block); blocks after the last full unit share the root's group."""
+    (0: a unit per block); blocks after the last full unit share the root's group. verl's key name; its FSDP1
+    path wraps any submodule of that size instead."""
 
     min_num_params: int = 0
 

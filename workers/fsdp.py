@@ -83,8 +83,10 @@ def apply_fsdp(
     The root keeps its parameters gathered after forward: backward needs them at once, so freeing them
     would only cost a second all-gather. ``min_num_params`` > 0 groups consecutive blocks into units of at
     least that many parameters (``block_units``): every unit costs a collective's latency per gather and
-    reduce, which for small blocks outweighs the memory it saves (a 2-rank gloo step of the tiny model's
+    reduce, which over gloo outweighs the memory small blocks save (a 2-rank CPU step of the tiny model's
     262 k-parameter blocks ran 10-20 % faster as one group; 4.2 M-parameter blocks gained nothing in pairs).
+    The price is memory: a unit's parameters and gradients are unsharded together (a 4.2 M model's rank held
+    0.56 of the unsharded process's tensor bytes as one group, 0.52 with a unit per block).
 
     A world of one rank without mixed precision (a single CPU worker) is returned unsharded: one rank has
     nothing to shard, and FSDP's per-module hooks and DTensor optimizer steps would be pure overhead
@@ -108,6 +110,7 @@ def apply_fsdp(
             f"_no_split_modules={getattr(model, '_no_split_modules', None)}"
         )
     for unit in block_units(blocks, min_num_params):
+        # a list of modules is one FSDP group; a single block is passed as itself, FSDP's usual form
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=mp_policy,
                     reshard_after_forward=reshard_after_forward)
         for block in unit:
@@ -118,9 +121,10 @@ def apply_fsdp(
 
 
 def block_units(blocks: list[nn.Module], min_num_params: int = 0) -> list[list[nn.Module]]:
-    """Consecutive ``blocks`` grouped into FSDP units of at least ``min_num_params`` parameters each (verl's
-    ``wrap_policy.min_num_params``; 0: one block per unit). Blocks after the last full unit stay in the root's
-    group, so a model whose blocks together hold fewer than ``min_num_params`` is one group."""
+    """Consecutive ``blocks`` grouped into FSDP units of at least ``min_num_params`` parameters each (0: one
+    block per unit). Blocks after the last full unit stay in the root's group, so a model whose blocks together
+    hold fewer than ``min_num_params`` is one group. The key is verl's ``fsdp_config.wrap_policy.min_num_params``;
+    verl's FSDP1 path wraps any submodule of that size instead, and its FSDP2 path ignores it."""
     units: list[list[nn.Module]] = []
     unit: list[nn.Module] = []
     size = 0
@@ -148,7 +152,8 @@ def gathered_params(model: nn.Module) -> Iterator[nn.Module]:
 
     Token-by-token decoding calls forward once per token; without this each call would all-gather every
     block, and ranks that stop decoding at different steps would then wait on each other forever.
-    Entry all-gathers each group once (so all ranks must enter together); exit only frees memory.
+    Entry all-gathers each group once (so all ranks must enter together; a unit of several blocks is listed
+    once per block, and its second ``unshard`` is a no-op); exit only frees memory.
     A plain (unsharded) module passes through unchanged.
     """
     modules = fsdp_modules(model)
@@ -238,7 +243,9 @@ def onloaded(
 ) -> Iterator[None]:
     """Bring offloaded parameters (and optimizer state) to ``device`` for one phase, offload them after.
 
-    With both flags off (the default, and always the case on CPU) this does nothing.
+    On exit every FSDP group is resharded first: the root's group stays gathered after a forward that builds no
+    gradients (log-prob, values, reward-model scores), and with small blocks in it (``block_units``) that is
+    the whole model. With both flags off (the default, and always the case on CPU) nothing is moved.
     """
     if offload_params:
         load_fsdp_params(module, device)
@@ -247,6 +254,7 @@ def onloaded(
     try:
         yield
     finally:
+        _reshard_all(module)
         if offload_params:
             offload_fsdp_params(module)
         if offload_optimizer_state and optimizer is not None:

@@ -23,7 +23,7 @@ def test_defaults_are_the_schema_defaults():
     presets = {"actor_rollout_ref.actor.optim.lr": 3e-4, "critic.optim.lr": 1e-3,
                "trainer.total_training_steps": 700, "trainer.test_freq": 20,
                **{f"{role}.fsdp_config.wrap_policy.min_num_params": 5_000_000
-                  for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}}
+                  for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")}}
     for key, value in presets.items():
         OmegaConf.update(schema, key, value)
     assert OmegaConf.to_container(cfg) == OmegaConf.to_container(schema)

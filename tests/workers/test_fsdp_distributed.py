@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from transformers import AutoModelForCausalLM
 
@@ -78,19 +79,26 @@ def _bf16_update(model_dir: str, data, fp32_log_probs: torch.Tensor) -> dict:
     }
 
 
-def _one_group_update(model_dir: str, data, per_block_forward_comms: int) -> dict:
-    """The same update with every block in the root's FSDP group (``min_num_params`` above the model's size)."""
-    model = fsdp.apply_fsdp(AutoModelForCausalLM.from_pretrained(model_dir), min_num_params=10**9)
+def _sharded(model) -> bool:
+    return all(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _grouped_update(model_dir: str, data, min_num_params: int) -> dict:
+    """The same update with blocks grouped into FSDP units of at least ``min_num_params`` parameters."""
+    model = fsdp.apply_fsdp(AutoModelForCausalLM.from_pretrained(model_dir), min_num_params=min_num_params)
     ids, mask, pos = make_prompts(2, P)
-    with torch.no_grad():
+    with torch.no_grad(), fsdp.onloaded(model, CPU):  # a log-prob phase
         comms = _comm_count(lambda: model(input_ids=ids, attention_mask=mask, position_ids=pos))
-        model.reshard()  # the root keeps its parameters gathered after forward
+        gathered_in_phase = not _sharded(model)  # the root's group stays gathered after a no-grad forward...
+    resharded = _sharded(model)  # ...until the phase ends
     config = actor_config()
     actor = DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
     metrics = actor.update_policy(data)
     return {
-        "groups": len(fsdp.fsdp_modules(model)),
-        "fewer_comms": 0 < comms < per_block_forward_comms,
+        "forward_comms": comms,
+        "gathered_in_phase": gathered_in_phase,
+        "resharded_after_phase": resharded,
+        "sharded_after_update": _sharded(model),
         "grad_norm": metrics["actor/grad_norm"],
         "updated": fsdp.full_state_dict(model, rank0_only=False),
     }
@@ -123,7 +131,8 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     reloaded = fsdp.full_state_dict(model, rank0_only=False)
     result["reload_equal"] = all(torch.equal(reloaded[k], v) for k, v in plain.state_dict().items())
     result["bf16"] = _bf16_update(model_dir, data, plain_lp)
-    result["one_group"] = _one_group_update(model_dir, data, result["gathered"]["sharded_forward"])
+    block = sum(p.numel() for p in plain.model.layers[0].parameters())
+    result["grouped"] = {n: _grouped_update(model_dir, data, n) for n in (block + 1, 10**9)}  # 2 blocks; all
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -189,13 +198,16 @@ def test_two_rank_bf16_update_computes_in_bf16_and_keeps_fp32_master_weights(res
 
 
 def test_blocks_smaller_than_min_num_params_share_fsdp_groups(results):
-    """wrap_policy.min_num_params above the model's size: one FSDP group, fewer collectives, the same update."""
+    """wrap_policy.min_num_params: both blocks in one unit, or the whole model in the root's group. Fewer
+    collectives (an all-gather per group), the same update, and every group resharded when a phase ends."""
     for r in results:
-        one = r["one_group"]
-        assert one["groups"] == 1 and one["fewer_comms"]
-        assert one["grad_norm"] == pytest.approx(r["metrics"]["actor/grad_norm"], rel=1e-5)
-        for name, value in one["updated"].items():
-            torch.testing.assert_close(value, r["updated"][name], rtol=1e-5, atol=1e-6, msg=name)
+        (two_blocks, everything) = r["grouped"].values()
+        assert r["gathered"]["sharded_forward"] > two_blocks["forward_comms"] > everything["forward_comms"] > 0
+        for grouped in (two_blocks, everything):
+            assert grouped["gathered_in_phase"] and grouped["resharded_after_phase"] and grouped["sharded_after_update"]
+            assert grouped["grad_norm"] == pytest.approx(r["metrics"]["actor/grad_norm"], rel=1e-5)
+            for name, value in grouped["updated"].items():
+                torch.testing.assert_close(value, r["updated"][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_block_units_group_consecutive_blocks_up_to_min_num_params():
