@@ -1,6 +1,6 @@
 """ColoRL entry point: ``python main.py [key=value ...]`` trains with PPO/GRPO (by default on the built-in demo).
 
-The configuration is Hydra's: ``conf/ppo_trainer.yaml`` on top of the schema in ``trainer/config_schema.py``, e.g.
+The configuration is Hydra's: ``conf/ppo_trainer.yaml`` on top of the schema in ``config/schema.py``, e.g.
 ``python main.py data.train_batch_size=32 algorithm.adv_estimator=gae trainer.logger='[console,wandb]'``.
 A config mistake prints one line (``colorl: config error: ...``) and exits with status 2.
 """
@@ -15,26 +15,25 @@ from typing import Any, NoReturn
 import hydra
 from omegaconf import DictConfig
 
-from trainer.config import ConfigError, load_config, num_workers, resolve_device, uses_critic, validate_config
+from config import ConfigError, PPOConfig, load_config, make_plan, num_workers, replace_keys, resolve_device, to_config
 
 
-def build_trainer(cfg: DictConfig) -> Any:
-    """Validate ``cfg``, prepare model/data (the built-in demo when paths are null) and build the trainer."""
+def build_trainer(cfg: PPOConfig) -> Any:
+    """Check ``cfg``, prepare model/data (the built-in demo when paths are null) and build the trainer."""
     # Deferred: these take seconds to import, and a config mistake should be reported at once.
     from transformers import AutoTokenizer
 
     from data.reward import RewardManager
     from trainer.ppo_trainer import RayPPOTrainer
 
-    cfg.trainer.device = resolve_device(cfg)
-    n_workers = num_workers(cfg)
-    validate_config(cfg, n_workers)
+    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
+    plan = make_plan(cfg, num_workers(cfg))
     compute_score = _load_compute_score(cfg)
-    _fill_paths(cfg)
-    model = cfg.actor_rollout_ref.model
+    cfg = _fill_paths(cfg)
+    model, critic_model = cfg.actor_rollout_ref.model, cfg.critic.model
     _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
-    if uses_critic(cfg) and cfg.critic.model.path != model.path:
-        _check_model("critic.model.path", cfg.critic.model.path, model.trust_remote_code, causal_lm=False)
+    if plan.use_critic and critic_model.path != model.path:
+        _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
     tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer)
     return RayPPOTrainer(
@@ -44,26 +43,28 @@ def build_trainer(cfg: DictConfig) -> Any:
         val_dataloader=val_dataloader,
         reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
         val_reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
-        n_workers=n_workers,
+        plan=plan,
     )
 
 
-def run_ppo(cfg: DictConfig) -> dict[str, float]:
-    """Train from a composed config (Hydra's, or ``load_config``'s); returns the last step's metrics."""
+def run_ppo(cfg: PPOConfig) -> dict[str, float]:
+    """Train from a typed config (``load_config``'s, or Hydra's through ``to_config``); returns the last step's
+    metrics. A restart after a dead worker resumes from this run's own latest checkpoint (resume_mode=auto)."""
     import ray
 
     from trainer.restarts import fit_with_restarts
 
     trainer = build_trainer(cfg)
-    started_ray = _init_ray(cfg, trainer.n_workers)
+    started_ray = _init_ray(trainer.config, trainer.plan.n_workers)
+    resuming = replace_keys(cfg, {"trainer.resume_mode": "auto"})
     try:
-        return fit_with_restarts(trainer, lambda: build_trainer(cfg), cfg.trainer.max_restarts)
+        return fit_with_restarts(trainer, lambda: build_trainer(resuming), cfg.trainer.max_restarts)
     finally:
         if started_ray:
             ray.shutdown()
 
 
-def _load_compute_score(cfg: DictConfig) -> Any:
+def _load_compute_score(cfg: PPOConfig) -> Any:
     """The user's ``custom_reward_function.path/name``, or None for the built-in rewards (by data source)."""
     from data.reward import load_custom_compute_score
 
@@ -83,11 +84,13 @@ def _load_compute_score(cfg: DictConfig) -> Any:
                                   f"importing it raised {type(exc).__name__}: {first_line}") from None
 
 
-def _fill_paths(cfg: DictConfig) -> None:
-    """Point null model/data paths at the built-in demo assets (built once, then reused from the cache)."""
+def _fill_paths(cfg: PPOConfig) -> PPOConfig:
+    """``cfg`` with null model/data paths pointing at the built-in demo assets (built once, then reused from the
+    cache), and a null critic path at the actor's model."""
     from data.builtin import prepare_builtin
 
     model, data, builtin = cfg.actor_rollout_ref.model, cfg.data, cfg.builtin
+    paths: dict[str, Any] = {}
     if model.path is None or data.train_files is None:
         assets = prepare_builtin(
             cache_dir=os.path.abspath(builtin.cache_dir),  # absolute: Ray workers load the model from it too
@@ -100,12 +103,14 @@ def _fill_paths(cfg: DictConfig) -> None:
             seed=cfg.trainer.seed,
         )
         if model.path is None:
-            model.path = assets["model_path"]
+            paths["actor_rollout_ref.model.path"] = assets["model_path"]
         if data.train_files is None:
-            data.train_files = assets["train_files"]
-            data.val_files = data.val_files or assets["val_files"]
+            paths["data.train_files"] = assets["train_files"]
+            paths["data.val_files"] = data.val_files or assets["val_files"]
+    model_path = paths.get("actor_rollout_ref.model.path", model.path)
     if cfg.critic.model.path is None:
-        cfg.critic.model.path = model.path
+        paths["critic.model.path"] = model_path
+    return replace_keys(cfg, paths)
 
 
 def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) -> None:
@@ -127,14 +132,14 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
                                   "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)")
 
 
-def _build_dataloaders(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
+def _build_dataloaders(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any]:
     """(train, val) loaders; val is None without data.val_files and holds the whole set when val_batch_size is null."""
     from data.dataset import RLHFDataset, make_dataloader
 
     data = cfg.data
 
     def dataset(key: str) -> RLHFDataset:
-        files = data[key]
+        files = getattr(data, key)
         try:
             return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts)
         except (FileNotFoundError, ValueError) as exc:  # a missing file or column, every prompt too long
@@ -155,7 +160,7 @@ def _build_dataloaders(cfg: DictConfig, tokenizer: Any) -> tuple[Any, Any]:
     return train_dataloader, val_dataloader
 
 
-def _init_ray(cfg: DictConfig, n_workers: int) -> bool:
+def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
     """Start a local Ray cluster, or join ray_init.address / RAY_ADDRESS; False when Ray was already running."""
     import ray
 
@@ -225,7 +230,7 @@ def main(cfg: DictConfig) -> None:
     from trainer.ppo_trainer import NonFiniteLossError
 
     try:
-        run_ppo(cfg)
+        run_ppo(to_config(cfg))
     except ConfigError as exc:
         _exit_config_error(exc)
     # the run is over and the workers are torn down: say what went wrong, not where the driver was

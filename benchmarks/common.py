@@ -91,7 +91,7 @@ def config_overrides(args: argparse.Namespace, workers: int) -> list[str]:
 
 def load_bench_config(args: argparse.Namespace, workers: int, local_dir: str) -> Any:
     """The composed, validated ColoRL config for the flags (outputs, if any, go under ``local_dir``)."""
-    from trainer.config import load_config
+    from config import load_config
 
     return load_config([*config_overrides(args, workers), f"trainer.default_local_dir={local_dir}"])
 

@@ -47,10 +47,11 @@ from benchmarks.common import (
     medians,
     stdout_to_stderr,
 )
+from algos import compute_advantage
+from config.plan import uses_full_kl
 from single_controller import DataProto
-from trainer.core_algos import compute_advantage
 from workers import attention, fsdp, malloc, perf
-from workers.actor import DataParallelPPOActor, uses_full_kl
+from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.master_weights import on_one_rank, optimizer_for
 from workers.rollout import eos_token_ids, generate_sequences
@@ -244,9 +245,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_bench_config(args, 1, local_dir)
         with stdout_to_stderr():
             trainer = build_trainer(cfg)  # builds/loads the assets and the dataloader; starts no workers
+        cfg, plan = trainer.config, trainer.plan  # with the assets' paths filled in
         floor = Floor(cfg, device, trainer.reward_fn)
-        runs = {"old_log_prob": trainer.recompute_old_log_prob, "ref": trainer.compute_ref_log_prob,
-                "values": trainer.use_critic}
+        runs = {"old_log_prob": plan.recompute_old_log_prob, "ref": plan.compute_ref_log_prob,
+                "values": plan.use_critic}
         forwards = [phase for phase in FORWARD_PHASES if runs[phase]]
         batches = cycle(trainer.train_dataloader)
         rows = []

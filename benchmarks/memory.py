@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -201,19 +202,14 @@ def _build_actor(args: dict[str, Any], device: torch.device, world: int) -> tupl
     one rank plain, or computing on a bf16 copy of fp32 masters (bf16 on CUDA by default)."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.config_schema import ActorConfig
-    from workers import fsdp
+    from config.roles import ActorConfig, FSDPConfig, WrapPolicyConfig
     from workers.actor import DataParallelPPOActor
-    from workers.master_weights import on_one_rank, optimizer_for
+    from workers.master_weights import optimizer_for
+    from workers.role import shard_role
 
-    model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32).to(device)
-    param_dtype, reduce_dtype = fsdp.mixed_precision(device)  # the workers' default precision
-    weights = None
-    if world > 1:
-        fsdp.apply_fsdp(model, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                        min_num_params=args["min_num_params"])
-    else:
-        model, weights = on_one_rank(model, param_dtype, trained=True)
+    model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32)
+    fsdp_config = FSDPConfig(wrap_policy=WrapPolicyConfig(min_num_params=args["min_num_params"]))
+    model, weights = shard_role(SimpleNamespace(device=device, world_size=world), model, fsdp_config, trained=True)
     rows = args["sequences"] // world
     config = ActorConfig(ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows)
     optimizer = optimizer_for(model, weights, config.optim)

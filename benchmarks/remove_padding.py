@@ -31,7 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import emit, machine, stdout_to_stderr
 from single_controller import DataProto
-from trainer.config_schema import ActorConfig, OptimConfig
+from config.roles import ActorConfig, OptimConfig
 from workers.actor import DataParallelPPOActor
 
 VARIANTS = {  # name -> (remove_padding, dynamic batch size)

@@ -88,7 +88,7 @@ def step_flops(cfg: Any, metrics: dict[str, float], sequences: int) -> float:
     """
     import torch
 
-    from workers.actor import uses_full_kl
+    from config.plan import uses_full_kl
 
     seq_lens = torch.full((sequences,), metrics["prompt_length/mean"] + metrics["response_length/mean"])
     ran = {k.removeprefix("timing_s/") for k in metrics if k.startswith("timing_s/")}
@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_bench_config(args, args.workers, local_dir)
         with stdout_to_stderr():
             trainer = build_trainer(cfg)
+        cfg = trainer.config  # with the assets' paths filled in
         start_ray(args.workers, args.device)
         try:
             start = time.perf_counter()

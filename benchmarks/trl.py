@@ -183,8 +183,8 @@ def venv_python() -> Path:
 
 def prepare_assets(args: argparse.Namespace) -> dict[str, str]:
     """The built-in model/tokenizer and train parquet (the same cache entry ``benchmarks.step`` uses)."""
+    from config.schema import BuiltinConfig
     from data.builtin import prepare_builtin
-    from trainer.config_schema import BuiltinConfig
 
     builtin = BuiltinConfig()
     with stdout_to_stderr():

@@ -7,6 +7,7 @@ them and computes advantages, which are cheap tensor maths over the whole batch.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from contextlib import contextmanager
@@ -16,25 +17,18 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+import algos
+from config.plan import CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
+from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
-from trainer import core_algos
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
-from trainer.config import uses_critic
 from trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, reduce_metrics, timed
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
-from workers.actor import is_single_step, uses_full_kl, uses_ref_log_prob
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
-
-# What each worker call needs from the batch: sending only these keeps Ray transfers small.
-GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
-FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
-ACTOR_UPDATE_KEYS = FORWARD_KEYS + ["advantages"]
-CRITIC_UPDATE_KEYS = FORWARD_KEYS + ["values", "returns"]
 
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps with NaN/inf losses or gradients."""
@@ -48,13 +42,13 @@ class RayPPOTrainer:
 
     def __init__(
         self,
-        config: DictConfig,
+        config: PPOConfig,
         tokenizer: Any,
         train_dataloader: Any,
         val_dataloader: Any,
         reward_fn: RewardFn,
         val_reward_fn: RewardFn,
-        n_workers: int,
+        plan: StepPlan,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -62,22 +56,10 @@ class RayPPOTrainer:
         self.val_dataloader = val_dataloader
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
-        self.n_workers = n_workers
-        algo = config.algorithm
-        self.use_critic = uses_critic(config)
-        actor = config.actor_rollout_ref.actor
-        self.use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
-        # the in-reward KL reads old_log_probs before the update; otherwise one step on the batch needs none
-        self.recompute_old_log_prob = not (
-            actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
-            and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, config.data.train_batch_size)
-        )
-        # the ref log-prob forward runs only where they are read: the in-reward KL or a sampled-token KL loss
-        # (the exact KL loss, kl_loss_type=full, reads the reference logits inside the update instead)
-        self.compute_ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
-        self.kl_ctrl_in_reward = core_algos.get_kl_controller(
-            algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon
-        )
+        self.plan = plan  # which phases run, which keys travel, per-rank batch sizes (config.plan)
+        kl_ctrl = config.algorithm.kl_ctrl
+        self.kl_ctrl_in_reward = algos.get_kl_controller(kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl,
+                                                         kl_ctrl.horizon)
         steps_per_epoch = len(train_dataloader)
         self.total_training_steps = config.trainer.total_training_steps or steps_per_epoch * config.trainer.total_epochs
         self.global_step = 0
@@ -102,21 +84,21 @@ class RayPPOTrainer:
         pool = RayResourcePool(
             [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
         )
-        actor = cfg.actor_rollout_ref.actor
+        plan = self.plan
         # the exact KL loss reads reference logits inside the update: then one object holds actor and ref
-        ref_in_actor = uses_full_kl(actor)
-        actor_role = "actor_rollout_ref" if ref_in_actor else "actor_rollout"
-        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=actor_role)}
-        if self.use_reference_policy and not ref_in_actor:
-            roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="ref")
-        if self.use_critic:
-            roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic)
+        actor_role = "actor_rollout_ref" if plan.ref_in_actor else "actor_rollout"
+        arr = cfg.actor_rollout_ref
+        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan)}
+        if plan.use_reference_policy and not plan.ref_in_actor:
+            roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role="ref", plan=plan)
+        if plan.use_critic:
+            roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
         if cfg.reward_model.enable:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
         self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles))
         views = self.fused_wg.spawn(prefix_set=roles.keys())
         self.actor_rollout_wg = views["actor_rollout"]
-        self.ref_wg = self.actor_rollout_wg if ref_in_actor else views.get("ref")
+        self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
         for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
@@ -132,7 +114,7 @@ class RayPPOTrainer:
             project_name=cfg.project_name,
             experiment_name=cfg.experiment_name,
             backends=list(cfg.logger),
-            config=OmegaConf.to_container(self.config, resolve=True),
+            config=dataclasses.asdict(self.config),
             local_dir=cfg.default_local_dir,
             total_steps=self.total_training_steps,
             resume_id=self.wandb_run_id,
@@ -260,25 +242,25 @@ class RayPPOTrainer:
                 if self.rm_wg is not None:  # the learned score, on the last response token, adds to the rule's
                     scores = scores + self.rm_wg.compute_rm_score(_forward_inputs(batch)).batch["rm_scores"]
                 batch.batch["token_level_scores"] = scores
-            if self.recompute_old_log_prob:
+            if self.plan.recompute_old_log_prob:
                 with self._phase("old_log_prob", timing):
                     batch.union(self.actor_rollout_wg.compute_log_prob(_forward_inputs(batch)))
-            if self.compute_ref_log_prob:
+            if self.plan.compute_ref_log_prob:
                 with self._phase("ref", timing):
                     batch.union(self.ref_wg.compute_ref_log_prob(_forward_inputs(batch)))
-            if self.use_critic:
+            if self.plan.use_critic:
                 with self._phase("values", timing):
                     batch.union(self.critic_wg.compute_values(_forward_inputs(batch)))
             with self._phase("adv", timing):
                 self._compute_advantage(batch, metrics)
-            if self.use_critic:
+            if self.plan.use_critic:
                 with self._phase("update_critic", timing):
                     metrics.update(self._update(self.critic_wg.update_critic, batch, CRITIC_UPDATE_KEYS))
             with self._phase("update_actor", timing):
-                metrics.update(self._update(self.actor_rollout_wg.update_actor, batch, self._actor_update_keys()))
-        metrics.update(compute_data_metrics(batch.batch, use_critic=self.use_critic))
+                metrics.update(self._update(self.actor_rollout_wg.update_actor, batch, self.plan.actor_update_keys))
+        metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
         metrics.update(compute_timing_metrics(batch.batch, timing))
-        metrics.update(compute_throughput_metrics(batch.batch, timing, self.n_workers))
+        metrics.update(compute_throughput_metrics(batch.batch, timing, self.plan.n_workers))
         metrics["training/global_step"] = self.global_step
         return {k: float(v) for k, v in metrics.items()}
 
@@ -299,7 +281,7 @@ class RayPPOTrainer:
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
         """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
-        greedy = dict(OmegaConf.to_container(self.config.actor_rollout_ref.rollout.val_kwargs))
+        greedy = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
         greedy.pop("n")
         out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
         return self.reward_fn(out)[0].sum(-1)
@@ -309,18 +291,18 @@ class RayPPOTrainer:
         algo = self.config.algorithm
         tensors = batch.batch
         mask = tensors["response_mask"]
-        if self.compute_ref_log_prob and self.recompute_old_log_prob:
-            kl = core_algos.kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty)
-            metrics["actor/ref_kl"] = core_algos.masked_mean(kl, mask).item()
+        if self.plan.compute_ref_log_prob and self.plan.recompute_old_log_prob:
+            kl = algos.kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty)
+            metrics["actor/ref_kl"] = algos.masked_mean(kl, mask).item()
         if algo.use_kl_in_reward:
-            tensors["token_level_rewards"], kl_metrics = core_algos.apply_kl_penalty(
+            tensors["token_level_rewards"], kl_metrics = algos.apply_kl_penalty(
                 tensors["token_level_scores"], tensors["old_log_probs"], tensors["ref_log_prob"], mask,
                 self.kl_ctrl_in_reward, algo.kl_penalty,
             )
             metrics.update(kl_metrics)
         else:
             tensors["token_level_rewards"] = tensors["token_level_scores"]
-        tensors["advantages"], tensors["returns"] = core_algos.compute_advantage(
+        tensors["advantages"], tensors["returns"] = algos.compute_advantage(
             algo.adv_estimator,
             token_level_rewards=tensors["token_level_rewards"],
             response_mask=mask,
@@ -332,20 +314,16 @@ class RayPPOTrainer:
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         )
 
-    def _actor_update_keys(self) -> list[str]:
-        keys = ACTOR_UPDATE_KEYS + (["old_log_probs"] if self.recompute_old_log_prob else [])
-        return keys + (["ref_log_prob"] if uses_ref_log_prob(self.config.actor_rollout_ref.actor) else [])
-
     @staticmethod
-    def _update(method: Callable[[DataProto], DataProto], batch: DataProto, keys: list[str]) -> dict[str, float]:
+    def _update(method: Callable[[DataProto], DataProto], batch: DataProto, keys: tuple[str, ...]) -> dict[str, float]:
         out = method(batch.select(batch_keys=keys, non_tensor_batch_keys=[]))
         return reduce_metrics(out.meta_info["metrics"])
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source."""
-        val_kwargs = OmegaConf.to_container(self.config.actor_rollout_ref.rollout.val_kwargs)
-        n = int(val_kwargs.pop("n"))
+        val_kwargs = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
+        n = val_kwargs.pop("n")
         scores: dict[str, list[float]] = {}
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict).repeat(n, interleave=True)

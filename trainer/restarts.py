@@ -13,8 +13,8 @@ def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: in
     """``trainer.init_workers(); trainer.fit()``, restarted up to ``max_restarts`` times after a dead worker.
 
     A restart kills what is left of the worker group, then builds a fresh trainer with ``rebuild()`` (fresh
-    driver state) from the same config, switched to ``trainer.resume_mode=auto``: its ``fit`` resumes from the
-    run's latest complete checkpoint, so at most the steps since that checkpoint are computed again. However
+    driver state), whose config must say ``trainer.resume_mode=auto``: its ``fit`` then resumes from the run's
+    latest complete checkpoint, so at most the steps since that checkpoint are computed again. However
     the run ends, the workers are killed before this returns or raises: no process outlives it.
     """
     restarts = 0
@@ -30,8 +30,6 @@ def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: in
                   "the workers and resuming from the last checkpoint", file=sys.stderr, flush=True)
         finally:
             _shutdown_workers(trainer)
-        # this run's own latest checkpoint, whatever the first start resumed from (or did not)
-        trainer.config.trainer.resume_mode = "auto"
         trainer = rebuild()
 
 

@@ -15,13 +15,15 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from trainer.config_checks import ConfigError
-from trainer.config_schema import LOGGER_BACKENDS
+from config.checks import ConfigError
+from config.schema import LoggerBackend
+
+LOGGER_BACKENDS = get_args(LoggerBackend)
 
 TRAIN_SCORE = "critic/score/mean"
 VAL_REWARD = re.compile(r"val-core/(.+)/reward/mean@1")  # group 1: the data source

@@ -12,8 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from single_controller import DataProto
-from trainer.core_algos import (
+from algos import (
     agg_loss,
     compute_policy_loss,
     entropy_from_logits,
@@ -21,11 +20,10 @@ from trainer.core_algos import (
     kl_penalty,
     logprobs_from_logits,
 )
-from workers.common import configured_update, micro_batches, model_device
+from config.plan import LOG_PROB_KEYS, actor_update_keys, is_single_step, uses_full_kl
+from single_controller import DataProto
 from workers.packing import pack_batch, pack_width, restore_order
-
-LOG_PROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_KEYS = (*LOG_PROB_KEYS, "response_mask", "advantages")
+from workers.update import configured_update, micro_batches, model_device
 
 
 def response_logits(
@@ -73,21 +71,6 @@ def response_token_logits(
         logits_to_keep=packed.keep_columns,
     ).logits
     return packed.gather(logits).float() / temperature, packed.labels, packed.unpack
-
-
-def uses_full_kl(actor_config: Any) -> bool:
-    """``kl_loss_type=full`` reads reference logits in the update: the ref model lives in the actor's process."""
-    return bool(actor_config.use_kl_loss) and actor_config.kl_loss_type == "full"
-
-
-def uses_ref_log_prob(actor_config: Any) -> bool:
-    """The sampled-token KL losses (k1, k2, k3, abs) read the reference log-probs the ref worker computed."""
-    return bool(actor_config.use_kl_loss) and not uses_full_kl(actor_config)
-
-
-def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
-    """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
-    return ppo_epochs == 1 and mini_batch_size >= rows
 
 
 class DataParallelPPOActor:
@@ -240,11 +223,9 @@ class DataParallelPPOActor:
             raise RuntimeError("update_policy needs an optimizer; this actor was built as a frozen reference")
         cfg = self.config
         temperature = float(data.meta_info.get("temperature", 1.0))
-        keys = UPDATE_KEYS + (("ref_log_prob",) if uses_ref_log_prob(cfg) else ())
         rows, mini = len(data.batch["responses"]), self.mini_batch_size or cfg.ppo_mini_batch_size
-        if "old_log_probs" in data.batch:
-            keys += ("old_log_probs",)
-        elif not is_single_step(cfg.ppo_epochs, mini, rows):
+        keys = actor_update_keys(cfg, old_log_probs="old_log_probs" in data.batch)
+        if "old_log_probs" not in data.batch and not is_single_step(cfg.ppo_epochs, mini, rows):
             raise ValueError(f"update without old_log_probs is on-policy only for one optimizer step: "
                              f"ppo_epochs={cfg.ppo_epochs}, mini-batch {mini} of {rows} rows")
         return configured_update(

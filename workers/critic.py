@@ -13,13 +13,12 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForTokenClassification
 
+from algos import compute_value_loss
+from config.plan import CRITIC_UPDATE_KEYS, LOG_PROB_KEYS
 from single_controller import DataProto
-from trainer.core_algos import compute_value_loss
-from workers.common import configured_update, micro_batches, model_device
 from workers.packing import pack_batch, pack_width, restore_order
+from workers.update import configured_update, micro_batches, model_device
 
-VALUE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_KEYS = (*VALUE_KEYS, "response_mask", "values", "returns")
 HEAD_PREFIXES = ("score.", "classifier.")  # token-classification head names in HF models
 
 
@@ -107,7 +106,7 @@ class DataParallelPPOCritic:
         """
         cfg = self.config
         self.module.eval()
-        tensors = {k: data.batch[k] for k in VALUE_KEYS}
+        tensors = {k: data.batch[k] for k in LOG_PROB_KEYS}
         response_length = tensors["responses"].shape[-1]
         device = model_device(self.module)
         max_token_len = cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
@@ -134,7 +133,7 @@ class DataParallelPPOCritic:
         Metrics: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm, critic/lr."""
         cfg = self.config
         return configured_update(
-            self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in UPDATE_KEYS},
+            self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in CRITIC_UPDATE_KEYS},
             self._micro_loss, cfg, self.mini_batch_size, prefix="critic",
         )
 

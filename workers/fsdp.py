@@ -36,11 +36,9 @@ def mixed_precision(
 ) -> tuple[torch.dtype | None, torch.dtype | None]:
     """(param_dtype, reduce_dtype) for ``apply_fsdp`` from a ``fsdp_config.mixed_precision`` section.
 
-    ``auto`` computes in bf16 on CUDA and in fp32 elsewhere. (None, None) is plain fp32: nothing to cast, so a
-    single rank stays unsharded (an fp32 model may still reduce its gradients in bf16 across ranks; one rank
-    reduces nothing, so the workers leave it unsharded then too). bf16 pays off on a CPU
-    too where it has bf16 matmul instructions (AVX512-BF16, AMX): 4x fp32's GEMM rate on the project's CPU box
-    (docs/benchmarks.md).
+    ``auto`` computes in bf16 on CUDA and in fp32 elsewhere. (None, None) is plain fp32: nothing to cast (an fp32
+    model may still reduce its gradients in bf16 across ranks). bf16 pays off on a CPU too where it has bf16
+    matmul instructions (AVX512-BF16, AMX): docs/benchmarks.md, "Precision".
     """
     if param_dtype == "auto":
         param_dtype = "bf16" if device.type == "cuda" else "fp32"
@@ -50,10 +48,8 @@ def mixed_precision(
 
 
 def role_precision(device: torch.device, config: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
-    """``mixed_precision`` of a role's ``fsdp_config.mixed_precision`` section (None or absent keys: defaults)."""
-    return mixed_precision(
-        device, str(getattr(config, "param_dtype", "auto")), str(getattr(config, "reduce_dtype", "fp32"))
-    )
+    """``mixed_precision`` of a role's ``fsdp_config.mixed_precision`` section."""
+    return mixed_precision(device, config.param_dtype, config.reduce_dtype)
 
 
 def compute_dtype(device: torch.device, config: Any) -> torch.dtype:
@@ -83,25 +79,17 @@ def apply_fsdp(
     The root keeps its parameters gathered after forward: backward needs them at once, so freeing them
     would only cost a second all-gather. ``min_num_params`` > 0 groups consecutive blocks into units of at
     least that many parameters (``block_units``): every unit costs a collective's latency per gather and
-    reduce, which over gloo outweighs the memory small blocks save (a 2-rank CPU step of the tiny model's
-    262 k-parameter blocks ran 10-20 % faster as one group; 4.2 M-parameter blocks gained nothing in pairs).
-    The price is memory: a unit's parameters and gradients are unsharded together (a 4.2 M model's rank held
-    0.56 of the unsharded process's tensor bytes as one group, 0.52 with a unit per block).
+    reduce, which over gloo outweighs the memory small blocks save; the price is that a unit's parameters and
+    gradients are unsharded together (docs/benchmarks.md, "FSDP units").
 
-    A world of one rank without mixed precision (a single CPU worker) is returned unsharded: one rank has
-    nothing to shard, and FSDP's per-module hooks and DTensor optimizer steps would be pure overhead
-    (torchtitan likewise applies FSDP only when the data-parallel shard degree is > 1). With mixed precision
-    FSDP does the casts (bf16 compute, fp32 master weights), so one rank gets one group over the whole model:
-    per-block groups would only add hooks, and graph breaks under torch.compile (a tiny bf16 CPU step 8-9 %
-    faster with one group, eager and compiled). The workers shard a single bf16 rank this way only when its
-    parameters are offloaded; otherwise ``master_weights.MasterWeights`` does the same without FSDP.
+    On one rank (``workers.role.shard_role`` sends only an offloaded bf16 role here) the whole model is one
+    group: FSDP then only casts and moves it, and per-block groups would add hooks and graph breaks under
+    ``torch.compile``.
     """
-    world_size = mesh.size() if mesh is not None else dist.get_world_size() if dist.is_initialized() else 1
-    if world_size == 1 and param_dtype is None and reduce_dtype is None:
-        return model
+    world_size = mesh.size() if mesh is not None else dist.get_world_size()
     if mesh is None:
         device_type = next(model.parameters()).device.type
-        mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+        mesh = init_device_mesh(device_type, (world_size,))
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     blocks = [m for m in model.modules() if isinstance(m, block_classes(model))] if world_size > 1 else []
     if world_size > 1 and not blocks:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForSequenceClassification
 
 from single_controller import DataProto
-from workers.common import model_device
+from workers.update import model_device
 
 RM_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
 

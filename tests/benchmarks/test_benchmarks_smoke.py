@@ -90,17 +90,14 @@ def test_step_reports_trainer_phases_and_throughput(cache_dir):
 
 def test_step_flops_count_each_pass_that_ran(tmp_path):
     """GRPO: generation + forward and backward = 4 forwards; PPO with a KL adds ref and the critic's 1 + 3."""
-    from omegaconf import OmegaConf
     from transformers import LlamaConfig
 
     from benchmarks.step import flops_model, step_flops
+    from config import PPOConfig, replace_keys
 
     LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4).save_pretrained(tmp_path)
-    cfg = OmegaConf.create({
-        "actor_rollout_ref": {"actor": {"ppo_epochs": 1, "use_kl_loss": False, "kl_loss_type": "low_var_kl"}, "model": {"path": str(tmp_path)}},
-        "critic": {"ppo_epochs": 1, "model": {"path": None}},
-    })
+    cfg = replace_keys(PPOConfig(), {"actor_rollout_ref.model.path": str(tmp_path)})  # one epoch, no KL loss
     metrics = {"prompt_length/mean": 5.0, "response_length/mean": 3.0, "timing_s/gen": 1.0, "timing_s/update_actor": 1.0}
     forward = flops_model(str(tmp_path)).forward_flops(torch.full((4,), 8))
     assert step_flops(cfg, metrics, 4) == 4 * forward

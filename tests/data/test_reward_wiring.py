@@ -14,7 +14,7 @@ from data.tasks import make_splits
 from main import build_trainer
 from single_controller import DataProto
 from tests.data.gsm8k_fixture import printable_tokenizer, save_tiny_model, write_gsm8k
-from trainer.config import ConfigError, load_config
+from config import ConfigError, load_config
 
 COPY_VAL, GSM8K_VAL = "val-core/colorl/copy/reward/mean@1", "val-core/openai/gsm8k/reward/mean@1"
 

@@ -13,7 +13,7 @@ from main import build_trainer
 from tests.e2e.test_ppo_e2e import read_jsonl
 from tests.wandb_offline import history, run_files, wandb_records
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager
-from trainer.config import load_config
+from config import load_config
 from trainer.export import export
 
 # metrics that are pure functions of the computation (not of wall time)

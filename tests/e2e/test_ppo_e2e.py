@@ -9,7 +9,7 @@ import torch
 from main import build_trainer
 from single_controller import DataProto
 from tests.wandb_offline import history, run_file, wandb_records
-from trainer.config import load_config
+from config import load_config
 from workers.fsdp import fsdp_modules
 
 REQUIRED = [
@@ -118,7 +118,7 @@ def test_grpo_runs_without_critic_on_policy_and_with_the_exact_kl_loss(ray_clust
     trainer.init_workers()
     assert trainer.critic_wg is None
     assert trainer.ref_wg is trainer.actor_rollout_wg  # the exact KL needs actor and ref in one object
-    assert not trainer.recompute_old_log_prob
+    assert not trainer.plan.recompute_old_log_prob
     last = trainer.fit()
     # no old-log-prob forward (on-policy), and no ref log-prob forward: the exact KL reads ref logits in the update
     skipped = ("timing_s/old_log_prob", "timing_s/ref")

@@ -15,7 +15,7 @@ from data.reward import RewardError, RewardManager
 from main import build_trainer
 from single_controller import DataProto
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
-from trainer.config import ConfigError, load_config
+from config import ConfigError, load_config
 
 
 def build(tmp_path, assets, *overrides: str):

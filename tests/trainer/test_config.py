@@ -1,32 +1,33 @@
 """The config schema: defaults, overrides, and one-line errors that name the key and the value."""
 
+import dataclasses
+
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from trainer.config import (
+from config import (
     ConfigError,
+    PPOConfig,
     load_config,
+    make_plan,
     num_workers,
+    replace_keys,
     resolve_device,
-    to_dataclass,
+    to_config,
     uses_critic,
-    validate_config,
 )
-from trainer.config_schema import DataConfig, PPOConfig
+from config.schema import DataConfig
 
 
 def test_defaults_are_the_schema_defaults():
     cfg = load_config([])
-    schema = OmegaConf.structured(PPOConfig)
+    assert isinstance(cfg, PPOConfig)
     # the YAML holds only the demo recipe's presets on top of the schema
     presets = {"actor_rollout_ref.actor.optim.lr": 3e-4, "critic.optim.lr": 1e-3,
                "trainer.total_training_steps": 700, "trainer.test_freq": 20,
                **{f"{role}.fsdp_config.wrap_policy.min_num_params": 5_000_000
                   for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")}}
-    for key, value in presets.items():
-        OmegaConf.update(schema, key, value)
-    assert OmegaConf.to_container(cfg) == OmegaConf.to_container(schema)
+    assert cfg == to_config(dataclasses.asdict(replace_keys(PPOConfig(), presets)))
     assert cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length
     assert cfg.critic.rollout_n == cfg.actor_rollout_ref.rollout.n
     assert cfg.trainer.default_local_dir == "outputs/colorl/copy_demo"
@@ -49,10 +50,21 @@ def test_overrides_apply_and_interpolations_follow():
     assert cfg.actor_rollout_ref.rollout.prompt_length == 32
     assert cfg.critic.ppo_mini_batch_size == 8
     assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-4)
-    assert list(cfg.data.train_files) == ["a.parquet", "b.parquet"]
+    assert cfg.data.train_files == ["a.parquet", "b.parquet"]
     assert uses_critic(cfg)
-    typed = to_dataclass(cfg)
-    assert isinstance(typed, PPOConfig) and typed.trainer.logger == ["console", "wandb"]
+    assert cfg.trainer.logger == ["console", "wandb"]
+    assert cfg.critic.model.trust_remote_code is False  # follows the actor's flag
+    assert load_config(["actor_rollout_ref.model.trust_remote_code=true"]).critic.model.trust_remote_code is True
+
+
+def test_the_config_is_frozen_and_replace_keys_rechecks():
+    cfg = load_config([])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.trainer.device = "cpu"  # type: ignore[misc]
+    changed = replace_keys(cfg, {"trainer.device": "cpu", "data.train_batch_size": 8})
+    assert (changed.trainer.device, changed.data.train_batch_size, cfg.trainer.device) == ("cpu", 8, "auto")
+    with pytest.raises(ConfigError, match=r"^train_batch_size=0"):
+        replace_keys(cfg, {"data.train_batch_size": 0})
 
 
 @pytest.mark.parametrize(
@@ -74,7 +86,7 @@ def test_overrides_apply_and_interpolations_follow():
         (["algorithm.kl_ctrl.type=pid"], ["algorithm.kl_ctrl.type='pid'", "adaptive"]),
         (["algorithm.adv_estimator=ppo2"], ["algorithm.adv_estimator='ppo2'", "gae", "grpo"]),
         (["trainer.device=gpu"], ["trainer.device='gpu'", "auto"]),
-        (["trainer.logger=[console,tensorboard]"], ["trainer.logger=", "tensorboard", "wandb"]),
+        (["trainer.logger=[console,tensorboard]"], ["trainer.logger[1]=", "tensorboard", "wandb"]),
         # ranges
         (["data.train_batch_size=0"], ["data.train_batch_size=0: must be a positive integer"]),
         (["critic.optim.lr=-1"], ["critic.optim.lr=-1"]),
@@ -116,13 +128,26 @@ def test_impossible_batch_arithmetic_is_rejected(overrides, expected):
 
 
 def test_consistent_batches_pass_for_several_worker_counts():
-    typed = to_dataclass(load_config(["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=6",
-                                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-                                      "actor_rollout_ref.rollout.n=4"]))
+    cfg = load_config(["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=4"])
     for n_workers in (1, 2, 3, 6):  # 6·4 = 24 sequences per mini-batch -> 24, 12, 8, 4 per worker
-        validate_config(typed, n_workers)
+        assert make_plan(cfg, n_workers).actor_mini_batch_size == 24 // n_workers
     with pytest.raises(ConfigError, match="5 workers"):
-        validate_config(typed, 5)
+        make_plan(cfg, 5)
+
+
+def test_the_plan_decides_phases_keys_and_per_rank_batches():
+    grpo = make_plan(load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]), 2)
+    assert grpo.actor_mini_batch_size == 16 * 8 // 2 and grpo.critic_mini_batch_size == 0 and not grpo.use_critic
+    assert not grpo.recompute_old_log_prob and "old_log_probs" not in grpo.actor_update_keys  # one on-policy step
+    ppo = make_plan(load_config(["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
+                                 "actor_rollout_ref.actor.ppo_epochs=2"]), 2)
+    assert ppo.use_critic and ppo.recompute_old_log_prob and ppo.compute_ref_log_prob and not ppo.ref_in_actor
+    assert {"old_log_probs", "ref_log_prob"} <= set(ppo.actor_update_keys) and ppo.critic_mini_batch_size == 64
+    full = make_plan(load_config(["actor_rollout_ref.actor.use_kl_loss=true",
+                                  "actor_rollout_ref.actor.kl_loss_type=full"]), 2)
+    assert full.ref_in_actor and full.use_reference_policy and not full.compute_ref_log_prob
+    assert "ref_log_prob" not in full.actor_update_keys  # the update reads the reference logits itself
 
 
 def test_critic_enabled_without_use_warns_but_passes():
@@ -134,10 +159,10 @@ def test_critic_enabled_without_use_warns_but_passes():
 def test_component_errors_without_hydra():
     with pytest.raises(ConfigError, match=r"^train_batch_size=0: must be a positive integer$"):
         DataConfig(train_batch_size=0)
-    cfg = OmegaConf.structured(PPOConfig)
-    cfg.actor_rollout_ref.actor.optim.weight_decay = -0.1
+    node = dataclasses.asdict(PPOConfig())
+    node["actor_rollout_ref"]["actor"]["optim"]["weight_decay"] = -0.1
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.optim\.weight_decay=-0\.1"):
-        to_dataclass(cfg)
+        to_config(node)
 
 
 def test_resolve_device():

@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+import dataclasses
+from functools import reduce
 
 import main
-from trainer.config import ConfigError, load_config, num_workers, to_dataclass, uses_critic, validate_config
+from config import ConfigError, load_config, make_plan, num_workers, uses_critic
 
 PRESET = "qwen2_5_0_5b_gsm8k"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -48,7 +49,7 @@ QUICKSTART = {
 def test_preset_has_the_quickstart_hyper_parameters(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = load_config([], config_name=PRESET)
-    assert {key: OmegaConf.select(cfg, key) for key in QUICKSTART} == QUICKSTART
+    assert {key: reduce(getattr, key.split('.'), cfg) for key in QUICKSTART} == QUICKSTART
     assert uses_critic(cfg) and cfg.critic.model.path is None  # the critic starts from the actor's weights
     assert cfg.data.train_files == f"{tmp_path}/data/gsm8k/train.parquet"  # where data.preprocess.gsm8k writes
     assert cfg.data.val_files == f"{tmp_path}/data/gsm8k/test.parquet"
@@ -60,10 +61,9 @@ def test_preset_has_the_quickstart_hyper_parameters(monkeypatch, tmp_path):
 def test_preset_batches_divide_over_2_4_8_gpus(n_gpus):
     cfg = load_config([f"trainer.n_gpus_per_node={n_gpus}"], config_name=PRESET)
     assert num_workers(cfg) == n_gpus
-    typed = to_dataclass(cfg)
-    validate_config(typed, n_gpus)
-    per_gpu_mini = typed.actor_rollout_ref.actor.ppo_mini_batch_size * typed.actor_rollout_ref.rollout.n // n_gpus
-    assert per_gpu_mini % typed.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 0
+    per_gpu_mini = make_plan(cfg, n_gpus).actor_mini_batch_size
+    assert per_gpu_mini == cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // n_gpus
+    assert per_gpu_mini % cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 0
 
 
 def test_preset_rejects_a_gpu_count_that_does_not_divide():
@@ -95,7 +95,7 @@ def test_cli_without_the_model_is_one_line(tmp_path):
 
 def test_custom_reward_function_keys():
     cfg = load_config([])
-    assert OmegaConf.to_container(cfg.custom_reward_function) == {"path": None, "name": "compute_score"}
+    assert dataclasses.asdict(cfg.custom_reward_function) == {"path": None, "name": "compute_score"}
     with pytest.raises(ConfigError, match=r"^custom_reward_function\.name='1x': must be a Python function name$"):
         load_config(["custom_reward_function.name=1x"])
     with pytest.raises(ConfigError, match=r"^custom_reward_function\.path='': must be null"):

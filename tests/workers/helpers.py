@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from datetime import timedelta
@@ -13,7 +14,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from single_controller import DataProto
-from trainer.config_schema import ActorConfig, CriticConfig, CriticModelConfig, OptimConfig
+from config import PPOConfig, StepPlan, make_plan, to_config
+from config.roles import ActorConfig, ActorRolloutRefConfig, CriticConfig, CriticModelConfig, OptimConfig
+from config.schema import AlgorithmConfig, DataConfig
 
 PAD, EOS, BOS = 0, 1, 2
 TOKENS = ["<pad>", "<eos>", "<bos>", *"abcdefghijklmnopqrstuvwxyz", *"0123456789", *"<>=+-*/.,"]
@@ -112,3 +115,15 @@ def init_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) ->
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def worker_config(
+    arr: ActorRolloutRefConfig, critic: CriticConfig | None = None, n_workers: int = 2, prompts: int = 4
+) -> tuple[PPOConfig, StepPlan]:
+    """The resolved config (interpolations followed, as ``load_config`` gives it) around hand-built role sections,
+    and its step plan for ``n_workers`` (GAE when a critic is given, so the plan has one)."""
+    sections = {"actor_rollout_ref": arr, "data": DataConfig(train_batch_size=prompts)}
+    if critic is not None:
+        sections.update(critic=critic, algorithm=AlgorithmConfig(adv_estimator="gae"))
+    cfg = to_config(dataclasses.asdict(PPOConfig(**sections)))
+    return cfg, make_plan(cfg, n_workers)

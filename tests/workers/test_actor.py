@@ -7,9 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.workers.helpers import actor_config, make_update_batch
-from trainer.core_algos import entropy_from_logits
+from algos import entropy_from_logits
 from workers.actor import DataParallelPPOActor
-from workers.fsdp_workers import per_rank_mini_batch_size
 from workers.optim import build_optimizer
 
 P, R = 6, 5
@@ -134,14 +133,6 @@ def test_non_finite_gradient_skips_the_step(tiny_model_dir):
     assert not math.isfinite(metrics["actor/grad_norm"][0])
     assert all(torch.equal(before[k], v) for k, v in _params(actor.module).items())
     assert all(p.grad is None for p in actor.module.parameters())
-
-
-def test_per_rank_mini_batch_arithmetic():
-    assert per_rank_mini_batch_size("actor_rollout_ref.actor", 16, 8, 2, 16) == 64
-    with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu \(48\)"):
-        per_rank_mini_batch_size("actor_rollout_ref.actor", 16, 8, 2, 48)
-    with pytest.raises(ValueError, match=r"ppo_mini_batch_size \(3\) × rollout n \(1\) = 3"):
-        per_rank_mini_batch_size("critic", 3, 1, 2, 1)
 
 
 def test_compiled_policy_matches_eager(tiny_model_dir):

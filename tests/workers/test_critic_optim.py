@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.workers.helpers import critic_config, make_update_batch
-from trainer.config_schema import OptimConfig
+from config.roles import OptimConfig
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
 

@@ -4,6 +4,7 @@ Each rank runs every scenario in ``_rank_main`` and saves what it saw; the tests
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,10 +14,12 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from transformers import AutoModelForCausalLM
 
+from config.roles import FSDPConfig
 from tests.workers.helpers import PAD, VOCAB, actor_config, free_port, init_gloo, make_prompts, make_update_batch
 from workers import fsdp, perf
 from workers.actor import DataParallelPPOActor
 from workers.optim import build_optimizer
+from workers.role import shard_role
 from workers.rollout import generate_sequences
 
 WORLD = 2
@@ -186,7 +189,9 @@ def test_one_cpu_rank_is_left_unsharded(tiny_model_dir):
     """One rank has nothing to shard: on CPU (no mixed precision) the module stays plain, without FSDP hooks."""
     assert not torch.distributed.is_initialized()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    assert fsdp.apply_fsdp(model) is model and not fsdp.is_fsdp(model) and not fsdp.fsdp_modules(model)
+    one_rank = SimpleNamespace(device=torch.device("cpu"), world_size=1)
+    module, weights = shard_role(one_rank, model, FSDPConfig(), trained=True)
+    assert module is model and weights is None and not fsdp.is_fsdp(model) and not fsdp.fsdp_modules(model)
 
 
 def test_two_rank_bf16_update_computes_in_bf16_and_keeps_fp32_master_weights(results):

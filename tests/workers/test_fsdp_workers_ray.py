@@ -8,12 +8,11 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
-from tests.workers.helpers import actor_config, critic_config, make_prompts
-from trainer.config_schema import ActorRolloutRefConfig, ModelConfig, RefConfig, RolloutConfig
+from tests.workers.helpers import actor_config, critic_config, make_prompts, worker_config
+from config.roles import ActorRolloutRefConfig, ModelConfig, RefConfig, RolloutConfig
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 P, R, N, PROMPTS = 6, 5, 2, 4  # 4 prompts × n=2 = 8 rows, 4 per rank
@@ -30,11 +29,12 @@ def groups(tiny_model_dir):
         ref=RefConfig(log_prob_micro_batch_size_per_gpu=3),
     )
     critic = critic_config(tiny_model_dir, ppo_mini_batch_size=PROMPTS, rollout_n=N)
+    cfg, plan = worker_config(arr, critic, n_workers=2, prompts=PROMPTS)
     roles = {
         "actor_rollout_ref": RayClassWithInitArgs(
-            ActorRolloutRefWorker, config=OmegaConf.structured(arr), role="actor_rollout_ref"
+            ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout_ref", plan=plan
         ),
-        "critic": RayClassWithInitArgs(CriticWorker, config=OmegaConf.structured(critic)),
+        "critic": RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan),
     }
     group = RayWorkerGroup(RayResourcePool([2], use_gpu=False), create_colocated_worker_cls(roles))
     views = group.spawn(prefix_set=list(roles))

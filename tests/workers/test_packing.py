@@ -6,8 +6,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
+from config.roles import CriticModelConfig
 from tests.workers.helpers import actor_config, critic_config, free_port, init_gloo, make_update_batch
-from trainer.core_algos import LOSS_AGG_MODES, agg_loss
+from algos import LOSS_AGG_MODES, agg_loss
 from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.packing import (
@@ -241,8 +242,9 @@ def _critic(model_dir, remove_padding=False, **cfg):
     model = load_value_model(model_dir)
     with torch.no_grad():
         model.score.weight.normal_()  # a non-zero head, so values depend on the backbone
-    config = critic_config(model_dir, ppo_mini_batch_size=ROWS, grad_clip=1e9, cliprange_value=0.05, **cfg)
-    config.model.use_remove_padding = remove_padding
+    model_config = CriticModelConfig(path=model_dir, use_remove_padding=remove_padding)
+    config = critic_config(model_dir, ppo_mini_batch_size=ROWS, grad_clip=1e9, cliprange_value=0.05,
+                           model=model_config, **cfg)
     return DataParallelPPOCritic(model, torch.optim.SGD(model.parameters(), lr=1.0), None, config)
 
 

@@ -8,13 +8,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.workers.helpers import actor_config, free_port, init_gloo, make_prompts
-from trainer.config_schema import (
+from tests.workers.helpers import actor_config, free_port, init_gloo, make_prompts, worker_config
+from config.roles import (
     ActorRolloutRefConfig,
     FSDPConfig,
     MixedPrecisionConfig,
@@ -24,7 +23,8 @@ from trainer.config_schema import (
     RolloutConfig,
 )
 from workers import attention, fsdp
-from workers.fsdp_workers import ActorRolloutRefWorker, _shard
+from workers.fsdp_workers import ActorRolloutRefWorker
+from workers.role import shard_role
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 P, R, N, PROMPTS = 6, 5, 2, 4
@@ -40,23 +40,23 @@ def test_auto_is_bf16_on_cuda_and_fp32_elsewhere():
     assert fsdp.mixed_precision(CPU, "bfloat16", "float32") == (torch.bfloat16, torch.float32)  # verl's spellings
 
 
-ONE_RANK = SimpleNamespace(device=CPU, world_size=1)  # what _shard reads of its worker
+ONE_RANK = SimpleNamespace(device=CPU, world_size=1)  # what shard_role reads of its worker
 BF16_FSDP = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bf16"))
 
 
 def test_a_single_bf16_rank_runs_without_fsdp(tiny_model_dir):
     """Trained: a bf16 compute copy of fp32 masters; frozen: cast once. No FSDP, no process group needed."""
-    trained, weights = _shard(ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP, trained=True)
+    trained, weights = shard_role(ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP, trained=True)
     assert weights is not None and trained is weights.module and not fsdp.is_fsdp(trained)
     assert trained.dtype == torch.bfloat16 and weights.master.dtype == torch.float32
-    frozen, none = _shard(ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP)
+    frozen, none = shard_role(ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP)
     assert none is None and frozen.dtype == torch.bfloat16 and not fsdp.is_fsdp(frozen)
 
 
 def _offloaded_rank_groups(rank: int, port: int, model_dir: str, out: str) -> None:
     init_gloo(rank, 1, port)
     offloaded = dataclasses.replace(BF16_FSDP, param_offload=True)
-    model, weights = _shard(ONE_RANK, AutoModelForCausalLM.from_pretrained(model_dir), offloaded, trained=True)
+    model, weights = shard_role(ONE_RANK, AutoModelForCausalLM.from_pretrained(model_dir), offloaded, trained=True)
     torch.save({"weights": weights, "groups": [name for name, m in model.named_modules() if fsdp.is_fsdp(m)]}, out)
     dist.destroy_process_group()
 
@@ -91,7 +91,8 @@ def test_a_bf16_cpu_worker_samples_updates_and_saves_fp32_weights(tiny_model_dir
         rollout=RolloutConfig(n=N, prompt_length=P, response_length=R, log_prob_micro_batch_size_per_gpu=4),
         ref=RefConfig(log_prob_micro_batch_size_per_gpu=4, fsdp_config=RefFSDPConfig(mixed_precision=bf16)),
     )
-    cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=OmegaConf.structured(arr), role="actor_rollout_ref")
+    cfg, plan = worker_config(arr, n_workers=1, prompts=PROMPTS)
+    cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout_ref", plan=plan)
     group = RayWorkerGroup(RayResourcePool([1], use_gpu=False), cls)
     group.init_model(total_training_steps=2)
     ids, mask, pos = make_prompts(PROMPTS, P)

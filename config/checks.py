@@ -1,4 +1,4 @@
-"""The building blocks of config validation: ``ConfigError`` and the per-field checks the schema runs.
+"""The building blocks of config validation: ``ConfigError`` and the per-field range checks the schema runs.
 
 Each check names the field, the value and what is valid (``train_batch_size=0: must be a positive integer``);
 a parent component prefixes its own key (``ConfigError.under``), so the user sees the full dotted key.
@@ -74,10 +74,6 @@ def non_negative(obj: Any, *names: str) -> None:
 
 def unit_interval(obj: Any, *names: str) -> None:
     check(obj, names, lambda v: is_number(v) and 0 <= v <= 1, "must be in [0, 1]")
-
-
-def one_of(obj: Any, name: str, choices: Sequence[str]) -> None:
-    check(obj, [name], lambda v: v in choices, f"must be one of {', '.join(choices)}")
 
 
 def check_sampling(obj: Any) -> None:

@@ -1,4 +1,4 @@
-"""Pieces shared by the actor and the critic: micro-batching and the mini-batch update loop."""
+"""The update loop shared by the actor and the critic: micro-batching, mini-batch steps, one LR step per call."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hand-worked examples and plain-Python loop references for trainer.core_algos."""
+"""Hand-worked examples and plain-Python loop references for the algos package."""
 
 import math
 from collections import defaultdict
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import core_algos as ca
+import algos as ca
 
 torch.set_num_threads(1)
 SEEDS = range(5)

@@ -1,0 +1,13 @@
+"""ColoRL's configuration: the typed schema, loading it from Hydra, and the step plan derived from it.
+
+Below the workers and the driver, which both import it: ``config.schema``/``config.roles`` (the frozen
+dataclasses, home of every default), ``config.load`` (compose, build, check), ``config.plan`` (what a step runs).
+"""
+
+from config.checks import ConfigError
+from config.load import load_config, replace_keys, resolve_device, to_config
+from config.plan import StepPlan, make_plan, num_workers, uses_critic
+from config.schema import PPOConfig
+
+__all__ = ["ConfigError", "PPOConfig", "StepPlan", "load_config", "make_plan", "num_workers", "replace_keys",
+           "resolve_device", "to_config", "uses_critic"]

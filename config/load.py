@@ -1,0 +1,175 @@
+"""Loading ColoRL's configuration: compose with Hydra, build the typed config, check what spans components.
+
+``load_config`` composes ``conf/<name>.yaml`` and the command-line overrides on top of the schema's defaults
+(``config.schema``), then builds the frozen, fully resolved ``PPOConfig``: every key is checked against the
+schema (unknown keys, types, ``Literal`` choices, each component's ranges), and the batch arithmetic is checked
+by computing the step plan (``config.plan``). Every problem is a ``ConfigError`` whose message names the full key,
+the value and what is valid, e.g. ``data.train_batch_size=0: must be a positive integer``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, List, Literal, TypeVar, Union
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from config.checks import ConfigError, is_int, is_number
+from config.plan import make_plan, num_workers
+from config.schema import PPOConfig
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+T = TypeVar("T")
+
+# The schema's defaults as the base of every composition; the YAML presets and overrides go on top of them.
+ConfigStore.instance().store(name="ppo_config_schema", node=dataclasses.asdict(PPOConfig()))
+
+
+def load_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer") -> PPOConfig:
+    """The typed config of ``conf/<config_name>.yaml`` with Hydra-style ``overrides`` (``["data.train_batch_size=8"]``),
+    checked, including the batch arithmetic for its ``trainer.n_gpus_per_node × trainer.nnodes`` workers."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            composed = compose(config_name=config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _composition_error(exc) from exc
+    cfg = to_config(composed)
+    make_plan(cfg, num_workers(cfg))
+    return cfg
+
+
+def to_config(node: DictConfig | Mapping) -> PPOConfig:
+    """Build the typed ``PPOConfig`` from a composed config (interpolations resolved, every value checked)."""
+    if not isinstance(node, DictConfig):
+        node = OmegaConf.create(dict(node))
+    try:
+        return _build(PPOConfig, node, "")
+    except OmegaConfBaseException as exc:  # e.g. an interpolation that does not resolve
+        message = str(exc).splitlines()[0]
+        raise ConfigError(f"{exc.full_key}: {message}" if exc.full_key else message) from exc
+
+
+def replace_keys(cfg: T, updates: Mapping[str, Any]) -> T:
+    """A copy of the frozen ``cfg`` with dotted keys replaced (``{"trainer.device": "cpu"}``); checks rerun."""
+    direct = {k: v for k, v in updates.items() if "." not in k}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in updates.items():
+        if "." in key:
+            head, _, rest = key.partition(".")
+            nested.setdefault(head, {})[rest] = value
+    for head, sub in nested.items():
+        direct[head] = replace_keys(getattr(cfg, head), sub)
+    return dataclasses.replace(cfg, **direct)  # type: ignore[type-var]
+
+
+def _build(cls: type, node: DictConfig, path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in node.keys():
+        if key not in names:
+            raise ConfigError(_unknown_key_message(_join(path, str(key))))
+    kwargs = {name: _typed(cls, hints[name], node[name], _join(path, name)) for name in names if name in node}
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise (exc.under(path) if path else exc) from None
+
+
+def _typed(owner: type, tp: Any, value: Any, key: str) -> Any:
+    """``value`` (read from the composed config, so resolved) checked against the annotation ``tp``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, DictConfig):
+            raise ConfigError.invalid(key, value, "expected a config group, not a value")
+        return _build(tp, value, key)
+    if origin is Union:  # Optional[X]
+        return None if value is None else _typed(owner, next(a for a in args if a is not type(None)), value, key)
+    if origin is Literal:
+        if value not in args:
+            hint = getattr(owner, "choice_hints", {}).get(key.rpartition(".")[2])
+            raise ConfigError.invalid(key, value, f"must be one of {', '.join(args)}" + (f" ({hint})" if hint else ""))
+        return value
+    if origin in (list, List):
+        if not isinstance(value, (ListConfig, list)):
+            raise ConfigError.invalid(key, value, f"expected {_type_name(tp)}")
+        return [_typed(owner, args[0], item, f"{key}[{i}]") for i, item in enumerate(value)]
+    if tp is Any:
+        return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+    return _scalar(tp, value, key)
+
+
+def _scalar(tp: type, value: Any, key: str) -> Any:
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is int and is_int(value):
+        return value
+    if tp is float and is_number(value):
+        return float(value)
+    if tp is str and (isinstance(value, str) or is_number(value)):
+        return str(value)
+    raise ConfigError.invalid(key, value, f"expected {_type_name(tp)}")
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _composition_error(exc: BaseException) -> ConfigError:
+    """Turn Hydra's 'Could not override ...' / OmegaConf's errors into a one-line ConfigError."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
+        return ConfigError(_unknown_key_message(cause.full_key))
+    lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("See http")]
+    return ConfigError(": ".join(lines[:2]))
+
+
+def _unknown_key_message(full_key: str) -> str:
+    parent, _, _ = full_key.rpartition(".")
+    schema = _schema_type(parent) if parent else PPOConfig
+    where = f"under {parent}" if parent else "top-level keys"
+    valid = ", ".join(f.name for f in dataclasses.fields(schema)) if dataclasses.is_dataclass(schema) else "none"
+    return f"unknown config key {full_key!r} (valid {where}: {valid})"
+
+
+def _schema_type(full_key: str) -> Any:
+    """The annotated type of ``full_key`` in the schema; None when unknown."""
+    tp: Any = PPOConfig
+    for part in full_key.split("."):
+        if not dataclasses.is_dataclass(tp) or part not in typing.get_type_hints(tp):
+            return None
+        tp = typing.get_type_hints(tp)[part]
+    return tp
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (list, List):
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    return "null" if tp is type(None) else tp.__name__
+
+
+def resolve_device(cfg: PPOConfig) -> str:
+    """trainer.device as a concrete "cuda" or "cpu" ("auto" picks CUDA when a device is visible)."""
+    requested = cfg.trainer.device
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise ConfigError("trainer.device='cuda': no CUDA device is visible (torch.cuda.is_available() is False); "
+                          "use trainer.device=cpu")
+    visible, wanted = torch.cuda.device_count(), cfg.trainer.n_gpus_per_node
+    if cfg.trainer.nnodes == 1 and wanted > visible:
+        raise ConfigError(f"trainer.n_gpus_per_node={wanted}: only {visible} CUDA device(s) are visible")
+    return "cuda"

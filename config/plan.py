@@ -1,0 +1,129 @@
+"""The step plan: what one PPO step does, computed once from the config and the number of workers.
+
+The driver reads it to decide which phases run and which keys each worker call is sent; the workers read their
+per-rank batch sizes from it. Both import it from here (below them), so the decision is made in one place.
+Computing the plan checks the batch arithmetic: every error names the keys and values that do not divide.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from algos.advantages import ADV_ESTIMATORS, estimator_needs_critic
+from config.checks import ConfigError, is_int
+
+# What each worker call needs from the batch: sending only these keeps Ray transfers small.
+GEN_KEYS = ("input_ids", "attention_mask", "position_ids")
+LOG_PROB_KEYS = (*GEN_KEYS, "responses")
+FORWARD_KEYS = (*LOG_PROB_KEYS, "response_mask")
+CRITIC_UPDATE_KEYS = (*FORWARD_KEYS, "values", "returns")
+
+
+def uses_full_kl(actor: Any) -> bool:
+    """``kl_loss_type=full`` reads reference logits in the update: the ref model lives in the actor's process."""
+    return bool(actor.use_kl_loss) and actor.kl_loss_type == "full"
+
+
+def uses_ref_log_prob(actor: Any) -> bool:
+    """The sampled-token KL losses (k1, k2, k3, abs) read the reference log-probs the ref worker computed."""
+    return bool(actor.use_kl_loss) and not uses_full_kl(actor)
+
+
+def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
+    """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
+    return ppo_epochs == 1 and mini_batch_size >= rows
+
+
+def actor_update_keys(actor: Any, old_log_probs: bool) -> tuple[str, ...]:
+    """The batch keys ``update_actor`` reads: without old_log_probs the update is on-policy (see is_single_step)."""
+    return (*FORWARD_KEYS, "advantages", *(("old_log_probs",) if old_log_probs else ()),
+            *(("ref_log_prob",) if uses_ref_log_prob(actor) else ()))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Which phases a step runs and with what; ``*_mini_batch_size`` are sequences per optimizer step per rank."""
+
+    n_workers: int
+    use_critic: bool
+    use_reference_policy: bool  # a reference model exists: a KL loss or the in-reward KL
+    ref_in_actor: bool  # kl_loss_type=full: the actor's process holds the reference for its update
+    recompute_old_log_prob: bool  # False: one on-policy optimizer step, whose own log-probs are the old ones
+    compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
+    actor_update_keys: tuple[str, ...]
+    actor_mini_batch_size: int
+    critic_mini_batch_size: int  # 0 without a critic
+
+
+def num_workers(cfg: Any) -> int:
+    """Worker processes (one per GPU, or per CPU slot on CPU): ``n_gpus_per_node × nnodes``."""
+    return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+
+
+def uses_critic(cfg: Any) -> bool:
+    """critic.enable, or when it is null, whether the advantage estimator needs values."""
+    enable = cfg.critic.enable
+    return estimator_needs_critic(cfg.algorithm.adv_estimator) if enable is None else bool(enable)
+
+
+def make_plan(cfg: Any, n_workers: int) -> StepPlan:
+    """The plan of ``cfg`` (a ``PPOConfig``) on ``n_workers`` data-parallel workers; ConfigError if impossible."""
+    if not is_int(n_workers) or n_workers < 1:
+        raise ConfigError(f"n_workers={n_workers}: must be a positive integer")
+    data, rollout, actor, algo = cfg.data, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor, cfg.algorithm
+    sequences = data.train_batch_size * rollout.n
+    if sequences % n_workers:
+        raise ConfigError(
+            f"data.train_batch_size={data.train_batch_size} × actor_rollout_ref.rollout.n={rollout.n} = {sequences} "
+            f"sequences per step cannot be split evenly across {n_workers} workers (trainer.n_gpus_per_node × "
+            f"trainer.nnodes); make the product a multiple of {n_workers}"
+        )
+    _check_estimator(cfg)
+    critic = uses_critic(cfg)
+    recompute = not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
+                     and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size))
+    return StepPlan(
+        n_workers=n_workers,
+        use_critic=critic,
+        use_reference_policy=bool(actor.use_kl_loss or algo.use_kl_in_reward),
+        ref_in_actor=uses_full_kl(actor),
+        recompute_old_log_prob=recompute,
+        compute_ref_log_prob=bool(algo.use_kl_in_reward or uses_ref_log_prob(actor)),
+        actor_update_keys=actor_update_keys(actor, old_log_probs=recompute),
+        actor_mini_batch_size=_mini_batch_per_rank("actor_rollout_ref.actor", actor, ("actor_rollout_ref.rollout.n",
+                                                   rollout.n), data.train_batch_size, n_workers),
+        critic_mini_batch_size=_mini_batch_per_rank("critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n),
+                                                    data.train_batch_size, n_workers) if critic else 0,
+    )
+
+
+def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch_size: int, n_workers: int) -> int:
+    """mini | train_batch_size;  per-rank mini = mini·n / n_workers ∈ ℕ;  min(micro, it) | per-rank mini."""
+    (n_key, n_value), mini, micro = n, role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
+    mini_text = f"{prefix}.ppo_mini_batch_size={mini}"
+    if train_batch_size % mini:
+        raise ConfigError(f"{mini_text}: must divide data.train_batch_size={train_batch_size} (both count prompts)")
+    per_rank, remainder = divmod(mini * n_value, n_workers)
+    if remainder:
+        raise ConfigError(f"{mini_text} × {n_key}={n_value} = {mini * n_value} sequences per mini-batch cannot be "
+                          f"split evenly across {n_workers} workers")
+    if not role.use_dynamic_bsz and per_rank % min(micro, per_rank):  # a larger micro-batch is the mini-batch
+        raise ConfigError(f"{prefix}.ppo_micro_batch_size_per_gpu={micro}: must divide the {per_rank} sequences "
+                          f"of each worker's mini-batch ({mini_text} × {n_key}={n_value} / {n_workers} workers)")
+    return per_rank
+
+
+def _check_estimator(cfg: Any) -> None:
+    estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if "index" in ADV_ESTIMATORS[estimator].needs and n < 2:  # the baseline comes from the prompt's group
+        raise ConfigError(f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
+                          "responses to one prompt, so it needs rollout.n > 1")
+    needs_critic = estimator_needs_critic(estimator)
+    if cfg.critic.enable is False and needs_critic:
+        raise ConfigError(f"critic.enable=false: algorithm.adv_estimator={estimator} needs a critic's values; "
+                          "set critic.enable=true or null")
+    if cfg.critic.enable is True and not needs_critic:
+        warnings.warn(f"critic.enable=true but algorithm.adv_estimator={estimator} does not use values; "
+                      "the critic will be trained for nothing", stacklevel=3)

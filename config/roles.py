@@ -1,0 +1,252 @@
+"""The worker roles' configuration: model, optimizer, FSDP, actor, rollout, reference, critic, reward model.
+
+One frozen dataclass per component is the single home of its defaults (``config.schema`` holds the rest and the
+root). Choices are ``Literal`` types, checked when the config is built (``config.load``); ranges are checked in
+``__post_init__``. Key names are verl's where the concept is the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Literal, Optional
+
+from algos.kl import KL_LOSS_TYPES
+from config.checks import (
+    ConfigError,
+    check,
+    check_sampling,
+    is_int,
+    is_number,
+    non_negative,
+    positive,
+    positive_int,
+    unit_interval,
+)
+
+# verl's spellings too; fp16 would need loss scaling, which the updates do not do
+ParamDtype = Literal["auto", "bf16", "fp32", "bfloat16", "float32"]
+ReduceDtype = Literal["fp32", "bf16", "float32", "bfloat16"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+PolicyLossMode = Literal["vanilla", "gspo"]  # token-level dual-clip PPO | sequence-level ratio (GSPO)
+KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: Optional[str] = None  # HF model dir; null -> the built-in tiny model
+    enable_gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    use_remove_padding: bool = False  # log-prob and update forwards on packed rows (no pad tokens computed)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-3
+    lr_warmup_steps: int = -1  # -1 -> use lr_warmup_steps_ratio
+    lr_warmup_steps_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.99])
+
+    def __post_init__(self) -> None:
+        positive(self, "lr")
+        check(self, ["lr_warmup_steps"], lambda v: is_int(v) and v >= -1, "must be -1 (use the ratio) or >= 0")
+        unit_interval(self, "lr_warmup_steps_ratio")
+        non_negative(self, "weight_decay")
+        check(self, ["betas"], lambda v: len(v) == 2 and all(is_number(b) and 0 <= b < 1 for b in v),
+              "must be two numbers in [0, 1)")
+
+
+@dataclass(frozen=True)
+class MixedPrecisionConfig:
+    """Compute dtype of the sharded model: auto = bf16 on CUDA, fp32 on CPU; gradients reduce in reduce_dtype."""
+
+    param_dtype: ParamDtype = "auto"
+    reduce_dtype: ReduceDtype = "fp32"
+
+
+@dataclass(frozen=True)
+class WrapPolicyConfig:
+    """FSDP units: consecutive transformer blocks grouped into units of at least min_num_params parameters
+    (0: a unit per block); blocks after the last full unit share the root's group. verl's key name; its FSDP1
+    path wraps any submodule of that size instead."""
+
+    min_num_params: int = 0
+
+    def __post_init__(self) -> None:
+        non_negative(self, "min_num_params")
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    reshard_after_forward: bool = True
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+
+
+@dataclass(frozen=True)
+class RefFSDPConfig:
+    """A frozen role's FSDP settings: no optimizer to offload."""
+
+    param_offload: bool = False
+    reshard_after_forward: bool = True
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    loss_mode: PolicyLossMode = "vanilla"
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 16  # prompts (global); × rollout.n / workers per rank (config.plan)
+    ppo_micro_batch_size_per_gpu: int = 64  # sequences per forward/backward on one worker
+    use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu
+    ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None  # null -> clip_ratio
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: KLLossType = "low_var_kl"
+    # one optimizer step per batch (ppo_epochs 1, one mini-batch) is on-policy: the update's own log-probs,
+    # detached, are the old ones, so the separate old-log-prob forward is skipped (as TRL does)
+    skip_on_policy_old_log_prob: bool = True
+    # torch.compile the policy's forward (rollout, log-probs, update); pays off for small models on CPU after
+    # a compile of about a minute, and recompiles when batch shapes change (docs/benchmarks.md)
+    use_torch_compile: bool = False
+    grad_clip: float = 1.0
+    loss_agg_mode: LossAggMode = "token-mean"
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+    def __post_init__(self) -> None:
+        positive_int(self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs",
+                     "ppo_max_token_len_per_gpu")
+        positive(self, "clip_ratio", "grad_clip")
+        check(self, ["clip_ratio_low", "clip_ratio_high"], lambda v: v is None or (is_number(v) and v > 0),
+              "must be null (use clip_ratio) or > 0")
+        check(self, ["clip_ratio_c"], lambda v: is_number(v) and v > 1, "must be > 1")
+        non_negative(self, "kl_loss_coef")
+
+
+@dataclass(frozen=True)
+class ValKwargs:
+    """Sampling for validation: greedy, one response per prompt."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = False
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        check_sampling(self)
+        positive_int(self, "n")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    n: int = 8  # responses per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
+    response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
+    log_prob_micro_batch_size_per_gpu: int = 128
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+    def __post_init__(self) -> None:
+        check_sampling(self)
+        positive_int(self, "n", "prompt_length", "response_length", "log_prob_micro_batch_size_per_gpu",
+                     "log_prob_max_token_len_per_gpu")
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 128
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+
+    def __post_init__(self) -> None:
+        positive_int(self, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
+
+
+@dataclass(frozen=True)
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+@dataclass(frozen=True)
+class CriticModelConfig:
+    path: Optional[str] = None  # null -> actor_rollout_ref.model.path
+    enable_gradient_checkpointing: bool = False
+    trust_remote_code: bool = "${actor_rollout_ref.model.trust_remote_code}"  # type: ignore[assignment]
+    use_remove_padding: bool = False  # value and update forwards on packed rows
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    enable: Optional[bool] = None  # null -> used iff the advantage estimator needs values (gae)
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
+    ppo_micro_batch_size_per_gpu: int = 64
+    forward_micro_batch_size_per_gpu: int = 128
+    use_dynamic_bsz: bool = False  # micro-batches by token budget (the two *_max_token_len_per_gpu below)
+    ppo_max_token_len_per_gpu: int = 32768  # no vocabulary logits, so twice the actor's budget fits
+    forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    cliprange_value: float = 0.5
+    grad_clip: float = 1.0
+    loss_agg_mode: LossAggMode = "token-mean"
+    rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+    def __post_init__(self) -> None:
+        positive_int(self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu",
+                     "forward_micro_batch_size_per_gpu", "ppo_epochs", "rollout_n",
+                     "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")
+        positive(self, "cliprange_value", "grad_clip")
+
+
+@dataclass(frozen=True)
+class RewardModelPathConfig:
+    path: Optional[str] = None  # an HF sequence-classification checkpoint (one score per sequence)
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """A learned reward model, colocated with the other roles; its score is added to the rule-based reward.
+
+    It reads the policy's token ids as they are, so it must share the policy's tokenizer (a different RM
+    tokenizer is not supported yet).
+    """
+
+    enable: bool = False
+    model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
+    micro_batch_size_per_gpu: int = 16
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+
+    def __post_init__(self) -> None:
+        positive_int(self, "micro_batch_size_per_gpu")
+        if self.enable and not self.model.path:
+            raise ConfigError.invalid("model.path", self.model.path,
+                                      "must name a sequence-classification checkpoint when reward_model.enable=true")
+

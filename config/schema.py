@@ -1,0 +1,177 @@
+"""ColoRL's configuration schema: the root ``PPOConfig`` and the run-level components (data, algorithm, trainer).
+
+One frozen dataclass per component is the single home of its defaults; the worker roles' components live in
+``config.roles``. ``conf/*.yaml`` holds only presets on top of these defaults, and ``config.load`` builds the
+typed, resolved config that travels to the driver and the workers. Choices are ``Literal`` types (checked when
+the config is built), ranges are checked in each ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, List, Literal, Optional
+
+from algos.advantages import ADV_ESTIMATORS
+from algos.kl import KL_PENALTY_TYPES
+from config.checks import (
+    ConfigError,
+    check,
+    is_files,
+    is_int,
+    is_number,
+    non_negative,
+    optional_positive_int,
+    positive,
+    positive_int,
+    unit_interval,
+)
+from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+
+AdvEstimator = Literal[tuple(ADV_ESTIMATORS)]  # type: ignore[valid-type]
+KLPenaltyType = Literal[KL_PENALTY_TYPES]  # type: ignore[valid-type]
+LoggerBackend = Literal["console", "wandb", "file"]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_files: Any = None  # str or list[str] of parquet/jsonl; null -> the built-in task's files
+    val_files: Any = None
+    train_batch_size: int = 16  # prompts per step
+    val_batch_size: Optional[int] = None  # null -> the whole validation set in one batch
+    max_prompt_length: int = 16
+    max_response_length: int = 8
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    filter_overlong_prompts: bool = True
+    shuffle: bool = True
+    seed: int = 1
+    dataloader_drop_last: bool = True
+
+    def __post_init__(self) -> None:
+        positive_int(self, "train_batch_size", "max_prompt_length", "max_response_length")
+        optional_positive_int(self, "val_batch_size")
+        check(self, ["train_files", "val_files"], is_files, "must be null, a path or a list of paths")
+
+
+@dataclass(frozen=True)
+class BuiltinConfig:
+    """The offline demo task, used when data.train_files / actor_rollout_ref.model.path are null."""
+
+    task: str = "copy"
+    num_train: int = 2000
+    num_val: int = 128
+    cache_dir: str = ".cache/colorl"  # tokenizer + tiny model + parquet, written once
+    sft_warmup_steps: int = 15  # supervised warm-up before RL teaches the answer format; 0 disables
+    hidden_size: int = 128
+    num_layers: int = 2
+
+    def __post_init__(self) -> None:
+        positive_int(self, "num_train", "num_val", "hidden_size", "num_layers")
+        check(self, ["sft_warmup_steps"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
+
+
+@dataclass(frozen=True)
+class KLCtrlConfig:
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1  # adaptive only
+    horizon: int = 10000  # adaptive only
+
+    def __post_init__(self) -> None:
+        non_negative(self, "kl_coef")
+        positive(self, "target_kl")
+        positive_int(self, "horizon")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: AdvEstimator = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: KLPenaltyType = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
+    choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
+
+    def __post_init__(self) -> None:
+        unit_interval(self, "gamma", "lam")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto -> cuda when visible, else cpu
+    n_gpus_per_node: int = 2  # worker processes per node (also on CPU)
+    nnodes: int = 1
+    total_epochs: int = 1000
+    total_training_steps: Optional[int] = None  # null -> total_epochs × batches per epoch
+    logger: List[LoggerBackend] = field(default_factory=lambda: ["console", "file"])
+    project_name: str = "colorl"
+    experiment_name: str = "copy_demo"
+    test_freq: int = 10  # <= 0 disables periodic validation
+    save_freq: int = -1  # <= 0 disables periodic checkpoints
+    val_before_train: bool = True
+    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
+    seed: int = 1
+    deterministic: bool = False  # deterministic kernels + RNG restored on resume: bitwise-repeatable runs on CPU
+    max_wall_time_s: Optional[float] = None  # stop cleanly after this many seconds
+    # auto: latest complete checkpoint in default_local_dir | disable | resume_path
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    resume_from_path: Optional[str] = None  # a global_step_N directory (resume_mode=resume_path)
+    max_actor_ckpt_to_keep: Optional[int] = None  # null keeps every checkpoint
+    max_critic_ckpt_to_keep: Optional[int] = None
+    max_nonfinite_steps: int = 5  # abort after this many steps in a row whose loss/gradients were NaN/inf
+    phase_timeout_s: Optional[float] = 1800.0  # a phase running longer is a hang: dump stacks, exit 3; null: off
+    max_restarts: int = 0  # times a dead worker's group is rebuilt and resumed from the last checkpoint
+
+    def __post_init__(self) -> None:
+        positive_int(self, "n_gpus_per_node", "nnodes", "total_epochs")
+        optional_positive_int(self, "total_training_steps")
+        check(self, ["max_wall_time_s"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
+        check(self, ["phase_timeout_s"], lambda v: v is None or (is_number(v) and v > 0),
+              "must be null (no watchdog) or > 0 seconds")
+        check(self, ["max_restarts"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
+        optional_positive_int(self, "max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep")
+        positive_int(self, "max_nonfinite_steps")
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ConfigError.invalid("resume_from_path", self.resume_from_path,
+                                      "must name a checkpoint directory when resume_mode=resume_path")
+
+
+@dataclass(frozen=True)
+class RayInitConfig:
+    address: Optional[str] = None  # null -> start a local cluster (or join RAY_ADDRESS when set)
+    num_cpus: Optional[int] = None  # null -> n_workers + 1 on CPU, Ray's own count on GPU
+
+    def __post_init__(self) -> None:
+        optional_positive_int(self, "num_cpus")
+
+
+@dataclass(frozen=True)
+class CustomRewardFunctionConfig:
+    """A user's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` in a Python file.
+
+    A null path keeps the built-in rule-based rewards, picked by each row's data source.
+    """
+
+    path: Optional[str] = None
+    name: str = "compute_score"
+
+    def __post_init__(self) -> None:
+        check(self, ["path"], lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+              "must be null (built-in rewards) or the path of a Python file")
+        check(self, ["name"], lambda v: isinstance(v, str) and v.isidentifier(), "must be a Python function name")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    builtin: BuiltinConfig = field(default_factory=BuiltinConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
