@@ -51,7 +51,7 @@ def is_files(v: Any) -> bool:
 def check(obj: Any, names: Sequence[str], ok: Callable[[Any], bool], reason: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        # "${...}" defaults are checked once resolved, when the whole tree is built (to_dataclass)
+        # "${...}" defaults are checked once resolved, when the whole tree is built (config.load.to_config)
         if not (isinstance(value, str) and "${" in value) and not ok(value):
             raise ConfigError.invalid(name, value, reason)
 

@@ -1,11 +1,9 @@
 """Which scaled-dot-product-attention kernel a forward uses where torch's own choice is slow: bf16 on a CPU.
 
 On a CPU torch picks its flash-attention kernel whenever it can. In fp32 that is right, and in bf16 for long
-sequences too, but for short sequences in bf16 its backward is several times slower than the plain math path
-(forward + backward, 8 heads of 32, the same 8192 tokens per call: 6.0x at 16 tokens, 2.6x at 64, 1.15x at
-128, 0.5x at 256; head_dim 64: 4.4x, 1.8x, 1.3x, 0.6x; head_dim 128 already 0.6x at 32 tokens).
-Forwards alone run about as fast either way (a bf16 rollout: 23 ms with either), so only the updates, whose
-backward runs the kernel their forward chose, switch to the math path, for short sequences with small heads.
+sequences or large heads too, but for short sequences with small heads its bf16 backward is several times
+slower than the plain math path (docs/benchmarks.md, "Attention kernel"). Forwards alone run about as fast
+either way, so only the updates, whose backward runs the kernel their forward chose, switch to the math path.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-MATH_MAX_SEQ_LEN = 128  # above it, or with larger heads, flash wins again (module docstring)
+MATH_MAX_SEQ_LEN = 128  # above it, or with larger heads, flash wins again (docs/benchmarks.md)
 MATH_MAX_HEAD_DIM = 64
 
 

@@ -4,9 +4,8 @@ PyTorch's CPU tensors come straight from the C library's ``malloc`` (there is no
 unlike CUDA's). An eager training step allocates and frees the same activation-sized blocks every step, and
 glibc's defaults hand many of them back to the kernel: blocks above its mmap threshold are ``munmap``-ed on free,
 and a free top of the heap above the trim threshold is trimmed. The next step then faults every page back in,
-zeroed by the kernel — 30–70 thousand minor page faults a second in a tiny eager GRPO step on this project's
-2-core box, and ~60 a second with the settings below. Measured (docs/benchmarks.md): the eager update
-5–8 % faster at 531 k parameters and 5 % at 4.2 M, peak RSS unchanged, compiled steps unchanged.
+zeroed by the kernel. Keeping freed memory instead makes eager CPU updates faster at the same peak RSS
+(docs/benchmarks.md, "Host memory allocator").
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 FSDP2's mixed precision keeps fp32 parameter shards, casts them to bf16 before each forward and reduces the
 gradients into fp32. A single rank has nothing to shard, and there those per-forward casts, FSDP's hooks and
-the DTensor optimizer step are pure overhead: ~8 ms of a 0.18 s update and ~4 ms of a 0.09 s generation at the
-4.2 M shape on the CPU box (docs/benchmarks.md). ``MasterWeights`` does the same arithmetic directly:
+the DTensor optimizer step are pure overhead (docs/benchmarks.md, "One bf16 rank without FSDP").
+``MasterWeights`` does the same arithmetic directly:
 
 - the module computes with bf16 parameters (buffers such as RoPE's ``inv_freq`` stay fp32, as under FSDP);
 - each bf16 gradient is added into its fp32 master's ``.grad`` as soon as backward has produced it (so

@@ -17,8 +17,8 @@ def build_optimizer(module: nn.Module, optim_config: Any) -> torch.optim.AdamW:
 
     Fused (one kernel per parameter, HF Trainer's default ``adamw_torch_fused``) on CPU and CUDA: the default
     per-tensor loop launches a dozen ops per parameter, which on a small model costs more than the arithmetic
-    (AdamW step of a 3.7 M-parameter Llama on 2 CPU threads: 5-10 ms looped, 2 ms fused). Same update, and the
-    same state dict, so checkpoints load either way. FSDP2's DTensor parameters take the fused kernel too.
+    (docs/benchmarks.md, "What each default saves"). Same update, and the same state dict, so checkpoints load
+    either way. FSDP2's DTensor parameters take the fused kernel too.
     """
     params = [p for p in module.parameters() if p.requires_grad]
     return torch.optim.AdamW(

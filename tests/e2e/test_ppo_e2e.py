@@ -25,8 +25,9 @@ VAL_KEY = "val-core/colorl/copy/reward/mean@1"
 
 
 def tiny_config(tmp_path, estimator: str, logger: str = "[file]", device: str = "cpu", n_workers: int = 2,
-                recompute_old_log_prob: bool = True):
-    """Two steps of 4 prompts × 2; by default the old log-probs get their own forward (the general path)."""
+                recompute_old_log_prob: bool = True, extra: tuple[str, ...] = ()):
+    """Two steps of 4 prompts × 2; by default the old log-probs get their own forward (the general path);
+    ``extra`` overrides go last."""
     return load_config([
         f"actor_rollout_ref.actor.skip_on_policy_old_log_prob={str(not recompute_old_log_prob).lower()}",
         f"builtin.cache_dir={tmp_path.parent / 'assets'}", "builtin.hidden_size=32", "builtin.num_train=64",
@@ -35,7 +36,7 @@ def tiny_config(tmp_path, estimator: str, logger: str = "[file]", device: str = 
         "actor_rollout_ref.rollout.n=2", f"actor_rollout_ref.actor.ppo_mini_batch_size={max(4, n_workers)}",
         "actor_rollout_ref.actor.use_kl_loss=true", f"algorithm.adv_estimator={estimator}",
         f"trainer.n_gpus_per_node={n_workers}", f"trainer.device={device}", "trainer.total_training_steps=2", "trainer.test_freq=1",
-        f"trainer.default_local_dir={tmp_path}", f"trainer.logger={logger}",
+        f"trainer.default_local_dir={tmp_path}", f"trainer.logger={logger}", *extra,
     ])
 
 
@@ -112,8 +113,7 @@ def test_critic_loss_falls_on_a_fixed_batch(gae_run):
 
 def test_grpo_runs_without_critic_on_policy_and_with_the_exact_kl_loss(ray_cluster, tmp_path):
     """One optimizer step per batch: the old-log-prob forward is skipped and the PPO ratio is exactly 1."""
-    cfg = tiny_config(tmp_path, "grpo", recompute_old_log_prob=False)
-    cfg.actor_rollout_ref.actor.kl_loss_type = "full"
+    cfg = tiny_config(tmp_path, "grpo", recompute_old_log_prob=False, extra=("actor_rollout_ref.actor.kl_loss_type=full",))
     trainer = build_trainer(cfg)
     trainer.init_workers()
     assert trainer.critic_wg is None
@@ -141,9 +141,8 @@ def test_gae_on_gpus(ray_cluster, tmp_path, n_gpus):
 
 def test_remax_with_gspo_loss(ray_cluster, tmp_path):
     """ReMax generates its greedy baseline in the same step; GSPO's sequence-level ratio trains."""
-    cfg = tiny_config(tmp_path, "remax")
-    cfg.actor_rollout_ref.actor.policy_loss.loss_mode = "gspo"
-    cfg.actor_rollout_ref.actor.kl_loss_type = "k2"
+    cfg = tiny_config(tmp_path, "remax", extra=("actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+                                                 "actor_rollout_ref.actor.kl_loss_type=k2"))
     trainer = build_trainer(cfg)
     trainer.init_workers()
     last = trainer.fit()

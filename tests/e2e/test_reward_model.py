@@ -65,19 +65,20 @@ def test_scores_sit_on_the_last_valid_response_token(tmp_path):
 @pytest.fixture(scope="module")
 def rm_run(ray_cluster, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("rm")
-    cfg = tiny_config(tmp_path, "gae")
-    cfg.reward_model.enable = True
-    cfg.reward_model.model.path = str(tmp_path / "rm")  # written below, once the policy's tokenizer exists
-    cfg.reward_model.micro_batch_size_per_gpu = 3
-    cfg.actor_rollout_ref.model.use_remove_padding = True
-    cfg.actor_rollout_ref.actor.use_dynamic_bsz = True
-    cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 40  # a few rows per micro-batch
-    cfg.critic.model.use_remove_padding = True
-    cfg.critic.use_dynamic_bsz = True
-    cfg.critic.ppo_max_token_len_per_gpu = 40
+    cfg = tiny_config(tmp_path, "gae", extra=(
+        "reward_model.enable=true",
+        f"reward_model.model.path={tmp_path / 'rm'}",  # written below, once the policy's tokenizer exists
+        "reward_model.micro_batch_size_per_gpu=3",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",  # a few rows per micro-batch
+        "critic.model.use_remove_padding=true",
+        "critic.use_dynamic_bsz=true",
+        "critic.ppo_max_token_len_per_gpu=40",
+    ))
     trainer = build_trainer(cfg)  # fills actor_rollout_ref.model.path with the built-in tiny model
-    vocab_size = AutoConfig.from_pretrained(cfg.actor_rollout_ref.model.path).vocab_size
-    build_constant_rm(cfg.reward_model.model.path, vocab_size)
+    vocab_size = AutoConfig.from_pretrained(trainer.config.actor_rollout_ref.model.path).vocab_size
+    build_constant_rm(trainer.config.reward_model.model.path, vocab_size)
     trainer.init_workers()
     trainer.fit()
     return trainer, tmp_path
