@@ -3,7 +3,7 @@
 Everything is written once under a cache directory keyed by the settings, and the trainer loads it back
 through the ordinary ``from_pretrained`` path, exactly as it would load a downloaded checkpoint. A short
 supervised warm-up (cross-entropy on ``answer + <eos>``) teaches the output format before RL, because RL from
-random init collapses onto never emitting ``<eos>`` (see docs on the CPU feasibility study).
+random init collapses onto never emitting ``<eos>`` (docs/benchmarks.md, "How the demo recipe was chosen").
 """
 
 from __future__ import annotations
