@@ -1,6 +1,8 @@
 """ColoRL entry point: ``python main.py [key=value ...]`` trains with PPO/GRPO (by default on the built-in demo).
 
-The configuration is Hydra's: ``conf/ppo_trainer.yaml`` on top of the schema in ``config/schema.py``, e.g.
+The configuration is Hydra's: a preset in ``conf/`` on top of the schema in ``config/schema.py`` — the built-in
+demo (``conf/demo.yaml``) unless the command line names a model or data, then verl's defaults
+(``conf/ppo_trainer.yaml``), e.g.
 ``python main.py data.train_batch_size=32 algorithm.adv_estimator=gae trainer.logger='[console,wandb]'``.
 A config mistake prints one line (``colorl: config error: ...``) and exits with status 2.
 """
@@ -16,6 +18,8 @@ import hydra
 from omegaconf import DictConfig
 
 from config import ConfigError, PPOConfig, load_config, make_plan, num_workers, replace_keys, resolve_device, to_config
+from config.load import preset_for
+from config.verl import ignored_key_warnings, rewrite_aliases
 
 
 def build_trainer(cfg: PPOConfig) -> Any:
@@ -28,6 +32,8 @@ def build_trainer(cfg: PPOConfig) -> Any:
 
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     plan = make_plan(cfg, num_workers(cfg))
+    for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
+        print(f"colorl: warning: {line}", file=sys.stderr)
     compute_score = _load_compute_score(cfg)
     cfg = _fill_paths(cfg)
     model, critic_model = cfg.actor_rollout_ref.model, cfg.critic.model
@@ -141,7 +147,8 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any]:
     def dataset(key: str) -> RLHFDataset:
         files = getattr(data, key)
         try:
-            return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts)
+            return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts,
+                               data.truncation)
         except (FileNotFoundError, ValueError) as exc:  # a missing file or column, every prompt too long
             shown = files if isinstance(files, str) else list(files)
             raise ConfigError.invalid(f"data.{key}", shown, str(exc)) from None
@@ -201,28 +208,33 @@ def _exit_config_error(exc: ConfigError) -> NoReturn:
     sys.exit(2)
 
 
-def _check_overrides(args: list[str]) -> None:
-    """Compose the command line once before Hydra does, so that an unknown key or a wrong type reads like every
-    other config error instead of Hydra's own report. ``--config-name``/``-cn NAME`` picks the preset; Hydra's
-    other flags (--help, --cfg, -m) are left to Hydra."""
-    config_name, overrides = "ppo_trainer", []
+def _prepare_command_line(args: list[str]) -> list[str]:
+    """The arguments Hydra gets: the preset named (``--config-name``/``-cn``, else ``preset_for`` the overrides:
+    the demo, or verl's defaults once a model or data is named) and verl's key paths moved to ColoRL's.
+
+    The command line is composed once here, before Hydra does, so that an unknown key or a wrong type reads like
+    every other config error instead of Hydra's own report; Hydra's other flags (--help, --cfg, -m) skip that.
+    """
+    config_name, overrides = None, []
     rest = iter(args)
     for arg in rest:
         if arg in ("--config-name", "-cn"):
-            config_name = next(rest, config_name)
+            config_name = next(rest, None)
         elif arg.startswith("--config-name="):
             config_name = arg.partition("=")[2]
         else:
             overrides.append(arg)
-    if any(arg.startswith("-") for arg in overrides):
-        return
-    try:
-        load_config(overrides, config_name=config_name)
-    except ConfigError as exc:
-        _exit_config_error(exc)
+    overrides = rewrite_aliases(overrides)
+    config_name = config_name or preset_for(overrides)
+    if not any(arg.startswith("-") for arg in overrides):
+        try:
+            load_config(overrides, config_name=config_name)
+        except ConfigError as exc:
+            _exit_config_error(exc)
+    return [f"--config-name={config_name}", *overrides]
 
 
-@hydra.main(config_path="conf", config_name="ppo_trainer", version_base=None)
+@hydra.main(config_path="conf", config_name="demo", version_base=None)
 def main(cfg: DictConfig) -> None:
     from data.reward import RewardError  # deferred: these import Ray and torch
     from single_controller.ray.health import WorkerDiedError
@@ -240,5 +252,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    _check_overrides(sys.argv[1:])
+    sys.argv[1:] = _prepare_command_line(sys.argv[1:])
     main()

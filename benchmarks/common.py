@@ -93,7 +93,9 @@ def load_bench_config(args: argparse.Namespace, workers: int, local_dir: str) ->
     """The composed, validated ColoRL config for the flags (outputs, if any, go under ``local_dir``)."""
     from config import load_config
 
-    return load_config([*config_overrides(args, workers), f"trainer.default_local_dir={local_dir}"])
+    # the demo's recipe around the benchmark's shapes, also with --model-path (which would pick verl's defaults)
+    return load_config([*config_overrides(args, workers), f"trainer.default_local_dir={local_dir}"],
+                       config_name="demo")
 
 
 def cycle(loader: Iterable) -> Iterator:

@@ -5,6 +5,10 @@
 schema (unknown keys, types, ``Literal`` choices, each component's ranges), and the batch arithmetic is checked
 by computing the step plan (``config.plan``). Every problem is a ``ConfigError`` whose message names the full key,
 the value and what is valid, e.g. ``data.train_batch_size=0: must be a positive integer``.
+
+Which preset: a command line that names a model or data (``actor_rollout_ref.model.path``, ``data.train_files``)
+runs on ``conf/ppo_trainer.yaml``, verl's defaults, so a verl command line means what it means in verl; one that
+names neither runs the built-in offline demo, ``conf/demo.yaml``. ``--config-name`` picks one explicitly.
 """
 
 from __future__ import annotations
@@ -25,20 +29,31 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from config.checks import ConfigError, is_int, is_number
 from config.plan import make_plan, num_workers
 from config.schema import PPOConfig
+from config.verl import rewrite_aliases
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+VERL_PRESET, DEMO_PRESET = "ppo_trainer", "demo"
+USER_ASSET_KEYS = ("actor_rollout_ref.model.path", "data.train_files")  # naming one of these leaves the demo
 T = TypeVar("T")
 
 # The schema's defaults as the base of every composition; the YAML presets and overrides go on top of them.
 ConfigStore.instance().store(name="ppo_config_schema", node=dataclasses.asdict(PPOConfig()))
 
 
-def load_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer") -> PPOConfig:
-    """The typed config of ``conf/<config_name>.yaml`` with Hydra-style ``overrides`` (``["data.train_batch_size=8"]``),
-    checked, including the batch arithmetic for its ``trainer.n_gpus_per_node × trainer.nnodes`` workers."""
+def preset_for(overrides: Sequence[str]) -> str:
+    """verl's defaults when the overrides name a model or data, else the built-in demo."""
+    keys = {override.lstrip("+~").partition("=")[0] for override in overrides}
+    return VERL_PRESET if keys & set(USER_ASSET_KEYS) else DEMO_PRESET
+
+
+def load_config(overrides: Sequence[str] = (), config_name: str | None = None) -> PPOConfig:
+    """The typed config of ``conf/<config_name>.yaml`` (default: ``preset_for(overrides)``) with Hydra-style
+    ``overrides`` (``["data.train_batch_size=8"]``, verl's key paths too), checked, including the batch arithmetic
+    for its ``trainer.n_gpus_per_node × trainer.nnodes`` workers."""
+    overrides = rewrite_aliases(overrides)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            composed = compose(config_name=config_name, overrides=list(overrides))
+            composed = compose(config_name=config_name or preset_for(overrides), overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc) from exc
     cfg = to_config(composed)
@@ -98,6 +113,8 @@ def _typed(owner: type, tp: Any, value: Any, key: str) -> Any:
             raise ConfigError.invalid(key, value, f"must be one of {', '.join(args)}" + (f" ({hint})" if hint else ""))
         return value
     if origin in (list, List):
+        if isinstance(value, str):  # verl takes a single name for a list (trainer.logger=console)
+            value = [value]
         if not isinstance(value, (ListConfig, list)):
             raise ConfigError.invalid(key, value, f"expected {_type_name(tp)}")
         return [_typed(owner, args[0], item, f"{key}[{i}]") for i, item in enumerate(value)]

@@ -84,13 +84,22 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     critic = uses_critic(cfg)
     recompute = not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
                      and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size))
+    ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
+    arr = "actor_rollout_ref"
+    _require_micro(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", rollout.log_prob_micro_batch_size_per_gpu,
+                   recompute and not rollout.log_prob_use_dynamic_bsz, f"{arr}.rollout.log_prob_use_dynamic_bsz")
+    ref = cfg.actor_rollout_ref.ref
+    _require_micro(f"{arr}.ref.log_prob_micro_batch_size_per_gpu", ref.log_prob_micro_batch_size_per_gpu,
+                   ref_log_prob and not ref.log_prob_use_dynamic_bsz, f"{arr}.ref.log_prob_use_dynamic_bsz")
+    _require_micro("critic.forward_micro_batch_size_per_gpu", cfg.critic.forward_micro_batch_size_per_gpu,
+                   critic and not cfg.critic.use_dynamic_bsz, "critic.use_dynamic_bsz")
     return StepPlan(
         n_workers=n_workers,
         use_critic=critic,
         use_reference_policy=bool(actor.use_kl_loss or algo.use_kl_in_reward),
         ref_in_actor=uses_full_kl(actor),
         recompute_old_log_prob=recompute,
-        compute_ref_log_prob=bool(algo.use_kl_in_reward or uses_ref_log_prob(actor)),
+        compute_ref_log_prob=ref_log_prob,
         actor_update_keys=actor_update_keys(actor, old_log_probs=recompute),
         actor_mini_batch_size=_mini_batch_per_rank("actor_rollout_ref.actor", actor, ("actor_rollout_ref.rollout.n",
                                                    rollout.n), data.train_batch_size, n_workers),
@@ -102,6 +111,8 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
 def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch_size: int, n_workers: int) -> int:
     """mini | train_batch_size;  per-rank mini = mini·n / n_workers ∈ ℕ;  min(micro, it) | per-rank mini."""
     (n_key, n_value), mini, micro = n, role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
+    _require_micro(f"{prefix}.ppo_micro_batch_size_per_gpu", micro, not role.use_dynamic_bsz,
+                   f"{prefix}.use_dynamic_bsz")
     mini_text = f"{prefix}.ppo_mini_batch_size={mini}"
     if train_batch_size % mini:
         raise ConfigError(f"{mini_text}: must divide data.train_batch_size={train_batch_size} (both count prompts)")
@@ -113,6 +124,13 @@ def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch
         raise ConfigError(f"{prefix}.ppo_micro_batch_size_per_gpu={micro}: must divide the {per_rank} sequences "
                           f"of each worker's mini-batch ({mini_text} × {n_key}={n_value} / {n_workers} workers)")
     return per_rank
+
+
+def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) -> None:
+    """verl's rule: a micro-batch size has no default; a phase that runs needs it, or micro-batches by tokens."""
+    if needed and value is None:
+        raise ConfigError(f"{key}=null: set the sequences per forward on one worker (e.g. {key}=8), "
+                          f"or micro-batch by token budget with {dynamic_key}=true")
 
 
 def _check_estimator(cfg: Any) -> None:

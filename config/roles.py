@@ -2,13 +2,14 @@
 
 One frozen dataclass per component is the single home of its defaults (``config.schema`` holds the rest and the
 root). Choices are ``Literal`` types, checked when the config is built (``config.load``); ranges are checked in
-``__post_init__``. Key names are verl's where the concept is the same.
+``__post_init__``. Key names and defaults are verl's where the concept is the same; keys for machinery ColoRL
+does not have are accepted with verl's defaults and checked in ``config.verl``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Literal, Optional
+from typing import Any, List, Literal, Optional
 
 from algos.kl import KL_LOSS_TYPES
 from config.checks import (
@@ -18,6 +19,7 @@ from config.checks import (
     is_int,
     is_number,
     non_negative,
+    optional_positive_int,
     positive,
     positive_int,
     unit_interval,
@@ -34,18 +36,27 @@ KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
 @dataclass(frozen=True)
 class ModelConfig:
     path: Optional[str] = None  # HF model dir; null -> the built-in tiny model
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool = True
     trust_remote_code: bool = False
-    use_remove_padding: bool = False  # log-prob and update forwards on packed rows (no pad tokens computed)
+    use_remove_padding: bool = True  # log-prob and update forwards on packed rows (no pad tokens computed)
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of the full model
+    lora_alpha: float = 16
+    target_modules: Any = "all-linear"  # "all-linear" or a list of module names
+    use_shm: bool = False  # verl copies the model to shared memory first; ColoRL reads it where it is
+
+    def __post_init__(self) -> None:
+        check(self, ["lora_rank"], lambda v: is_int(v) and v >= 0, "must be 0 (full fine-tuning) or a positive rank")
+        positive(self, "lora_alpha")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-3
+    lr: float = 1e-6
     lr_warmup_steps: int = -1  # -1 -> use lr_warmup_steps_ratio
     lr_warmup_steps_ratio: float = 0.0
-    weight_decay: float = 0.0
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.99])
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_scheduler_type: Literal["constant"] = "constant"  # after the linear warm-up
 
     def __post_init__(self) -> None:
         positive(self, "lr")
@@ -81,6 +92,7 @@ class FSDPConfig:
     param_offload: bool = False
     optimizer_offload: bool = False
     reshard_after_forward: bool = True
+    fsdp_size: int = -1  # verl's hybrid-shard group size; ColoRL shards over all workers (-1)
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
@@ -103,8 +115,8 @@ class PolicyLossConfig:
 @dataclass(frozen=True)
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_mini_batch_size: int = 16  # prompts (global); × rollout.n / workers per rank (config.plan)
-    ppo_micro_batch_size_per_gpu: int = 64  # sequences per forward/backward on one worker
+    ppo_mini_batch_size: int = 256  # prompts (global); × rollout.n / workers per rank (config.plan)
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # sequences per forward/backward on one worker
     use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu
     ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
     ppo_epochs: int = 1
@@ -125,12 +137,14 @@ class ActorConfig:
     use_torch_compile: bool = False
     grad_clip: float = 1.0
     loss_agg_mode: LossAggMode = "token-mean"
+    ulysses_sequence_parallel_size: int = 1  # verl's sequence parallelism; ColoRL runs whole sequences per rank
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
-        positive_int(self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs",
-                     "ppo_max_token_len_per_gpu")
+        positive_int(self, "ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu",
+                     "ulysses_sequence_parallel_size")
+        optional_positive_int(self, "ppo_micro_batch_size_per_gpu")
         positive(self, "clip_ratio", "grad_clip")
         check(self, ["clip_ratio_low", "clip_ratio_high"], lambda v: v is None or (is_number(v) and v > 0),
               "must be null (use clip_ratio) or > 0")
@@ -154,34 +168,62 @@ class ValKwargs:
 
 
 @dataclass(frozen=True)
+class MultiTurnConfig:
+    enable: bool = False  # tool-calling rollouts: not in ColoRL
+    format: str = "hermes"
+
+    def __post_init__(self) -> None:
+        if self.enable:  # ignoring it would train on single-turn answers instead: refused, not warned
+            raise ConfigError.invalid("enable", True, "ColoRL has no multi-turn (tool-calling) rollout; "
+                                      "its rollout is single-turn generation (set it to false)")
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
-    n: int = 8  # responses per prompt
+    # ColoRL generates with the actor's own FSDP module; vllm/sglang are accepted with a warning (config.verl)
+    name: Literal["hf", "vllm", "sglang"] = "hf"
+    mode: Literal["sync", "async"] = "sync"
+    n: int = 1  # responses per prompt
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     do_sample: bool = True
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
     response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
-    log_prob_micro_batch_size_per_gpu: int = 128
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # rows per old-log-prob forward on one worker
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    # vLLM/SGLang engine settings from verl command lines: accepted, meaningless for the HF rollout (config.verl)
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    load_format: str = "dummy"
+    layered_summon: bool = False
+    max_model_len: Optional[int] = None
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    enforce_eager: bool = False
+    free_cache_engine: bool = True
+    enable_chunked_prefill: bool = True
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
     def __post_init__(self) -> None:
         check_sampling(self)
-        positive_int(self, "n", "prompt_length", "response_length", "log_prob_micro_batch_size_per_gpu",
-                     "log_prob_max_token_len_per_gpu")
+        positive_int(self, "n", "prompt_length", "response_length", "log_prob_max_token_len_per_gpu",
+                     "tensor_model_parallel_size")
+        optional_positive_int(self, "log_prob_micro_batch_size_per_gpu")
 
 
 @dataclass(frozen=True)
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: int = 128
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
 
     def __post_init__(self) -> None:
-        positive_int(self, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
+        positive_int(self, "log_prob_max_token_len_per_gpu")
+        optional_positive_int(self, "log_prob_micro_batch_size_per_gpu")
 
 
 @dataclass(frozen=True)
@@ -195,7 +237,7 @@ class ActorRolloutRefConfig:
 @dataclass(frozen=True)
 class CriticModelConfig:
     path: Optional[str] = None  # null -> actor_rollout_ref.model.path
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool = True
     trust_remote_code: bool = "${actor_rollout_ref.model.trust_remote_code}"  # type: ignore[assignment]
     use_remove_padding: bool = False  # value and update forwards on packed rows
 
@@ -204,25 +246,25 @@ class CriticModelConfig:
 class CriticConfig:
     enable: Optional[bool] = None  # null -> used iff the advantage estimator needs values (gae)
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
-    ppo_micro_batch_size_per_gpu: int = 64
-    forward_micro_batch_size_per_gpu: int = 128
-    use_dynamic_bsz: bool = False  # micro-batches by token budget (the two *_max_token_len_per_gpu below)
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore
+    use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     ppo_max_token_len_per_gpu: int = 32768  # no vocabulary logits, so twice the actor's budget fits
     forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
-    ppo_epochs: int = 1
-    shuffle: bool = False
+    ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
+    shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
     cliprange_value: float = 0.5
     grad_clip: float = 1.0
-    loss_agg_mode: LossAggMode = "token-mean"
+    loss_agg_mode: LossAggMode = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl's critic.model.fsdp_config (an alias)
 
     def __post_init__(self) -> None:
-        positive_int(self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu",
-                     "forward_micro_batch_size_per_gpu", "ppo_epochs", "rollout_n",
+        positive_int(self, "ppo_mini_batch_size", "ppo_epochs", "rollout_n",
                      "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")
+        optional_positive_int(self, "ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu")
         positive(self, "cliprange_value", "grad_clip")
 
 

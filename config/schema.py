@@ -36,13 +36,16 @@ LoggerBackend = Literal["console", "wandb", "file"]
 class DataConfig:
     train_files: Any = None  # str or list[str] of parquet/jsonl; null -> the built-in task's files
     val_files: Any = None
-    train_batch_size: int = 16  # prompts per step
+    train_batch_size: int = 1024  # prompts per step
     val_batch_size: Optional[int] = None  # null -> the whole validation set in one batch
-    max_prompt_length: int = 16
-    max_response_length: int = 8
+    max_prompt_length: int = 512
+    max_response_length: int = 512
     prompt_key: str = "prompt"
     reward_fn_key: str = "data_source"
-    filter_overlong_prompts: bool = True
+    filter_overlong_prompts: bool = False  # drop (and count) prompts longer than max_prompt_length
+    # what happens to a longer prompt that is not filtered: error, or keep its last/first/both-ends tokens
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    return_raw_chat: bool = True  # ColoRL always keeps the untemplated prompt (non-tensor "raw_prompt")
     shuffle: bool = True
     seed: int = 1
     dataloader_drop_last: bool = True
@@ -85,7 +88,7 @@ class KLCtrlConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    adv_estimator: AdvEstimator = "grpo"
+    adv_estimator: AdvEstimator = "gae"
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
@@ -102,17 +105,20 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto -> cuda when visible, else cpu
-    n_gpus_per_node: int = 2  # worker processes per node (also on CPU)
+    n_gpus_per_node: int = 8  # worker processes per node (also on CPU)
     nnodes: int = 1
-    total_epochs: int = 1000
+    total_epochs: int = 30
     total_training_steps: Optional[int] = None  # null -> total_epochs × batches per epoch
-    logger: List[LoggerBackend] = field(default_factory=lambda: ["console", "file"])
-    project_name: str = "colorl"
-    experiment_name: str = "copy_demo"
-    test_freq: int = 10  # <= 0 disables periodic validation
+    logger: List[LoggerBackend] = field(default_factory=lambda: ["console", "wandb"])  # a single name is a list of it
+    project_name: str = "verl_examples"
+    experiment_name: str = "gsm8k"
+    test_freq: int = -1  # <= 0 disables periodic validation
     save_freq: int = -1  # <= 0 disables periodic checkpoints
     val_before_train: bool = True
-    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
+    critic_warmup: int = 0  # the actor is updated from step critic_warmup on; the critic from the first step
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    default_hdfs_dir: Optional[str] = None  # verl's HDFS copy of checkpoints: not in ColoRL (config.verl)
+    use_legacy_worker_impl: Literal["auto", "enable", "disable"] = "auto"  # verl's worker switch: no meaning here
     seed: int = 1
     deterministic: bool = False  # deterministic kernels + RNG restored on resume: bitwise-repeatable runs on CPU
     max_wall_time_s: Optional[float] = None  # stop cleanly after this many seconds
@@ -127,6 +133,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         positive_int(self, "n_gpus_per_node", "nnodes", "total_epochs")
+        check(self, ["critic_warmup"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
         optional_positive_int(self, "total_training_steps")
         check(self, ["max_wall_time_s"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
         check(self, ["phase_timeout_s"], lambda v: v is None or (is_number(v) and v > 0),

@@ -35,7 +35,9 @@ def _load_file(path: str, prompt_key: str) -> datasets.Dataset:
 
 
 class RLHFDataset(Dataset):
-    """Prompts tokenised once at construction; rows longer than ``max_prompt_length`` tokens are dropped.
+    """Prompts tokenised once at construction. Rows longer than ``max_prompt_length`` tokens are dropped (and
+    counted) with ``filter_overlong_prompts``; otherwise ``truncation`` (verl's ``data.truncation``) says what
+    happens to them: ``error``, or keep their ``left`` (last) tokens, ``right`` (first) or ``middle`` (both ends).
 
     A prompt is either a string (tokenised as is) or a list of chat messages (``{"role", "content"}``), which
     go through the tokenizer's chat template with the generation prompt when it has one, else are joined.
@@ -48,6 +50,7 @@ class RLHFDataset(Dataset):
         prompt_key: str = "prompt",
         max_prompt_length: int = 16,
         filter_overlong_prompts: bool = True,
+        truncation: str = "error",
     ) -> None:
         self.files = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
         if not self.files:
@@ -63,12 +66,15 @@ class RLHFDataset(Dataset):
         # Files are chained row by row, not concatenated as tables: files of different data sources may hold
         # different columns (GSM8K's chat prompt and extra_info beside a plain-string task).
         rows = [self._make_row(record) for path in self.files for record in _load_file(path, prompt_key)]
+        if not filter_overlong_prompts and truncation != "error":
+            rows = [{**row, "input_ids": _truncate(row["input_ids"], max_prompt_length, truncation)} for row in rows]
         keep = [row for row in rows if len(row["input_ids"]) <= max_prompt_length]
         self.num_filtered = len(rows) - len(keep)
         if self.num_filtered and not filter_overlong_prompts:
             raise ValueError(
                 f"{self.num_filtered} of {len(rows)} prompts are longer than max_prompt_length={max_prompt_length} "
-                "tokens; raise data.max_prompt_length or set data.filter_overlong_prompts=true"
+                "tokens; raise data.max_prompt_length, set data.filter_overlong_prompts=true to drop them, or "
+                "data.truncation=left|right|middle to cut them"
             )
         if not keep:
             shortest = min(len(row["input_ids"]) for row in rows)
@@ -133,6 +139,18 @@ class RLHFDataset(Dataset):
             column[:] = [row[key] for row in rows]  # slice-assign keeps dicts/lists as objects
             batch[key] = column
         return batch
+
+
+def _truncate(ids: list[int], length: int, side: str) -> list[int]:
+    """The ``length`` tokens of ``ids`` that ``side`` keeps: left -> the last, right -> the first, middle -> both ends."""
+    if len(ids) <= length:
+        return ids
+    if side == "left":
+        return ids[-length:]
+    if side == "right":
+        return ids[:length]
+    head = length // 2
+    return ids[:head] + ids[len(ids) - (length - head):]
 
 
 def make_dataloader(

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -129,3 +130,30 @@ def timed(name: str, timing_raw: dict[str, float]) -> Iterator[Timer]:
             yield timer
     finally:
         timing_raw[name] = timing_raw.get(name, 0.0) + timer.elapsed
+
+
+def validation_metrics(
+    sources: Sequence[str], rewards: Sequence[float], answers: Sequence[Hashable], n: int
+) -> dict[str, float]:
+    """verl's validation metrics per data source, over groups of ``n`` consecutive rows (one prompt's responses).
+
+    ``val-core/<source>/reward/mean@n``; with n > 1 also ``best@n/mean`` and ``maj@n/mean`` (val-core), ``std@n``
+    and ``worst@n/mean`` (val-aux). best/worst: the max/min reward among a prompt's n responses; maj: the reward
+    of its most frequent ``answer`` (ties: the first seen); std: of the n rewards. Each is averaged over prompts
+    (verl bootstraps best/worst/maj from subsets; at the full n these are their exact values).
+    """
+    groups: dict[str, list[tuple[list[float], list[Hashable]]]] = {}
+    for start in range(0, len(rewards), n):
+        group = (list(rewards[start:start + n]), list(answers[start:start + n]))
+        groups.setdefault(sources[start], []).append(group)
+    metrics = {}
+    for source, prompts in groups.items():
+        core, aux = f"val-core/{source}/reward", f"val-aux/{source}/reward"
+        metrics[f"{core}/mean@{n}"] = statistics.fmean(r for scores, _ in prompts for r in scores)
+        if n > 1:
+            majority = [scores[picks.index(Counter(picks).most_common(1)[0][0])] for scores, picks in prompts]
+            metrics[f"{core}/best@{n}/mean"] = statistics.fmean(max(scores) for scores, _ in prompts)
+            metrics[f"{core}/maj@{n}/mean"] = statistics.fmean(majority)
+            metrics[f"{aux}/std@{n}"] = statistics.fmean(statistics.pstdev(scores) for scores, _ in prompts)
+            metrics[f"{aux}/worst@{n}/mean"] = statistics.fmean(min(scores) for scores, _ in prompts)
+    return metrics

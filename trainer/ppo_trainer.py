@@ -25,7 +25,14 @@ from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
-from trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics, reduce_metrics, timed
+from trainer.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_metrics,
+    timed,
+    validation_metrics,
+)
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -128,11 +135,15 @@ class RayPPOTrainer:
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
                 last = self.train_step(DataProto.from_single_dict(next(batches)))
+                last["training/epoch"] = float(self.epoch)
                 self._check_finite(last)
                 done = self.global_step >= self.total_training_steps
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
                 if self.val_dataloader is not None and (done or out_of_time or _every(cfg.test_freq, self.global_step)):
-                    last.update(self.validate())
+                    testing: dict[str, float] = {}
+                    with timed("testing", testing):
+                        last.update(self.validate())
+                    last["timing_s/testing"] = testing["testing"]
                 if done or out_of_time or _every(cfg.save_freq, self.global_step):
                     saving: dict[str, float] = {}
                     with self._phase("save_checkpoint", saving):
@@ -256,8 +267,9 @@ class RayPPOTrainer:
             if self.plan.use_critic:
                 with self._phase("update_critic", timing):
                     metrics.update(self._update(self.critic_wg.update_critic, batch, CRITIC_UPDATE_KEYS))
-            with self._phase("update_actor", timing):
-                metrics.update(self._update(self.actor_rollout_wg.update_actor, batch, self.plan.actor_update_keys))
+            if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
+                with self._phase("update_actor", timing):
+                    metrics.update(self._update(self.actor_rollout_wg.update_actor, batch, self.plan.actor_update_keys))
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
         metrics.update(compute_timing_metrics(batch.batch, timing))
         metrics.update(compute_throughput_metrics(batch.batch, timing, self.plan.n_workers))
@@ -324,15 +336,19 @@ class RayPPOTrainer:
         """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source."""
         val_kwargs = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
         n = val_kwargs.pop("n")
-        scores: dict[str, list[float]] = {}
+        sources: list[str] = []
+        rewards: list[float] = []
+        answers: list[tuple[int, ...]] = []
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict).repeat(n, interleave=True)
             with self.watchdog.phase("validate"):
                 batch = self._generate(batch, {}, meta_info=val_kwargs)
             reward, _ = self.val_reward_fn(batch)
-            for source, score in zip(batch.non_tensor_batch["data_source"], reward.sum(-1).tolist()):
-                scores.setdefault(str(source), []).append(score)
-        return {f"val-core/{source}/reward/mean@{n}": float(np.mean(values)) for source, values in scores.items()}
+            sources += [str(source) for source in batch.non_tensor_batch["data_source"]]
+            rewards += reward.sum(-1).tolist()
+            answers += [tuple(ids[mask.bool()].tolist())
+                        for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])]
+        return validation_metrics(sources, rewards, answers, n)
 
 
 def _forward_inputs(batch: DataProto) -> DataProto:

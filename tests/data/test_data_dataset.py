@@ -33,6 +33,15 @@ def test_overlong_prompts_are_filtered_and_counted(parquet_file, char_tokenizer)
         RLHFDataset(parquet_file, char_tokenizer, max_prompt_length=2)
 
 
+@pytest.mark.parametrize("side, kept", [("left", "4567890>"), ("right", "c1234567"), ("middle", "c1237890>")])
+def test_overlong_prompts_are_truncated_as_data_truncation_says(parquet_file, char_tokenizer, side, kept):
+    width = 9 if side == "middle" else 8
+    ds = RLHFDataset(parquet_file, char_tokenizer, max_prompt_length=width, filter_overlong_prompts=False,
+                     truncation=side)
+    assert len(ds) == 4 and ds.num_filtered == 0
+    assert char_tokenizer.decode(ds[3]["input_ids"]) == kept  # "c1234567890>" cut to its width
+
+
 def test_parquet_and_jsonl_files_are_concatenated(parquet_file, tmp_path, char_tokenizer):
     jsonl = tmp_path / "b.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in _rows(["c9>", "c98>"])))

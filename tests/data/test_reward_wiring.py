@@ -60,7 +60,7 @@ def _trainer(assets, tmp_path, *overrides: str):
         "data.max_prompt_length=256", "data.max_response_length=24", "data.train_batch_size=4",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         f"trainer.default_local_dir={tmp_path}", *overrides,
-    ])
+    ], config_name="demo")  # the demo's small settings around a user model and data
     return build_trainer(cfg)
 
 

@@ -19,7 +19,8 @@ from config import ConfigError, load_config
 
 
 def build(tmp_path, assets, *overrides: str):
-    return build_trainer(load_config([*tiny_overrides(tmp_path, assets), *overrides]))
+    # the demo's settings, also where an override names a model or data (which would pick verl's defaults)
+    return build_trainer(load_config([*tiny_overrides(tmp_path, assets), *overrides], config_name="demo"))
 
 
 @pytest.mark.parametrize(

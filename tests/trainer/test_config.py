@@ -19,15 +19,19 @@ from config import (
 from config.schema import DataConfig
 
 
-def test_defaults_are_the_schema_defaults():
-    cfg = load_config([])
+def test_verls_preset_is_the_schema_and_the_demo_is_a_preset_on_it():
+    verl = load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                        "critic.ppo_micro_batch_size_per_gpu=4"], config_name="ppo_trainer")
+    schema = replace_keys(PPOConfig(), {"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+                                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+                                        "critic.ppo_micro_batch_size_per_gpu": 4})
+    assert verl == to_config(dataclasses.asdict(schema))  # conf/ppo_trainer.yaml adds nothing to the schema
+    assert (verl.algorithm.adv_estimator, verl.actor_rollout_ref.rollout.n, verl.data.train_batch_size) == ("gae", 1, 1024)
+    assert verl.critic.forward_micro_batch_size_per_gpu == 4  # follows critic.ppo_micro_batch_size_per_gpu
+    cfg = load_config([])  # no model or data named: the built-in demo
     assert isinstance(cfg, PPOConfig)
-    # the YAML holds only the demo recipe's presets on top of the schema
-    presets = {"actor_rollout_ref.actor.optim.lr": 3e-4, "critic.optim.lr": 1e-3,
-               "trainer.total_training_steps": 700, "trainer.test_freq": 20,
-               **{f"{role}.fsdp_config.wrap_policy.min_num_params": 5_000_000
-                  for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")}}
-    assert cfg == to_config(dataclasses.asdict(replace_keys(PPOConfig(), presets)))
+    assert (cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n, cfg.trainer.total_training_steps) == ("grpo", 8, 700)
     assert cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length
     assert cfg.critic.rollout_n == cfg.actor_rollout_ref.rollout.n
     assert cfg.trainer.default_local_dir == "outputs/colorl/copy_demo"
@@ -46,7 +50,7 @@ def test_overrides_apply_and_interpolations_follow():
         "algorithm.adv_estimator=gae",
         "trainer.logger=[console,wandb]",
         "data.train_files=[a.parquet,b.parquet]",
-    ])
+    ], config_name="demo")
     assert cfg.actor_rollout_ref.rollout.prompt_length == 32
     assert cfg.critic.ppo_mini_batch_size == 8
     assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-4)

@@ -73,10 +73,11 @@ def test_preset_rejects_a_gpu_count_that_does_not_divide():
 
 def test_config_name_reaches_the_early_check(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main._check_overrides(["--config-name", PRESET, "data.train_batch_size=100"])
+        main._prepare_command_line(["--config-name", PRESET, "data.train_batch_size=100"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "data.train_batch_size=100" in err and "8 workers" in err
-    main._check_overrides([f"--config-name={PRESET}", "trainer.n_gpus_per_node=4"])  # valid: returns
+    args = main._prepare_command_line(["-cn", PRESET, "trainer.n_gpus_per_node=4"])  # valid: returns
+    assert args == [f"--config-name={PRESET}", "trainer.n_gpus_per_node=4"]
 
 
 def test_cli_without_the_model_is_one_line(tmp_path):
