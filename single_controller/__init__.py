@@ -1,5 +1,5 @@
 """The single controller: one driver process drives groups of worker processes through Ray."""
 
-from single_controller.protocol import DataProto, DataProtoFuture
+from single_controller.protocol import DataProto, DataProtoConfig, DataProtoFuture
 
-__all__ = ["DataProto", "DataProtoFuture"]
+__all__ = ["DataProto", "DataProtoConfig", "DataProtoFuture"]
