@@ -78,15 +78,16 @@ class _Switch(type):
         return env.lower() not in ("0", "false", "no")
 
     @auto_padding.setter
-    def auto_padding(cls, value: bool) -> None:
-        cls._auto_padding = bool(value)
+    def auto_padding(cls, value: bool | None) -> None:
+        cls._auto_padding = None if value is None else bool(value)
 
 
 class DataProtoConfig(metaclass=_Switch):
     """Process-wide switch: may worker-group dispatch pad a batch to a multiple of the ranks?
 
     On unless ``DataProtoConfig.auto_padding = False`` or ``COLORL_AUTO_PADDING``/``VERL_AUTO_PADDING``
-    is ``0``. A batch's own ``meta_info["auto_padding"]`` (``from_dict(..., auto_padding=...)``) wins.
+    is ``0`` (setting ``None`` goes back to the environment). A batch's own ``meta_info["auto_padding"]``
+    (``from_dict(..., auto_padding=...)``) wins.
     """
 
     auto_padding_key = "auto_padding"
