@@ -28,10 +28,12 @@ MAGIC_ATTR = "_colorl_register"
 class Dispatch(Enum):
     """Built-in ways to spread a call's arguments over the ranks of a worker group."""
 
+    # used by the trainer
     ONE_TO_ALL = "one_to_all"  # every rank gets the same arguments
+    DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments are chunked over ranks, results concatenated
+    # the seeds' API (and verl's): kept and tested, not used by the trainer
     ALL_TO_ALL = "all_to_all"  # arguments pass through; per-rank lists are split by execute
     DP_COMPUTE = "dp_compute"  # every argument is a list with one item per rank
-    DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments are chunked over ranks, results concatenated
     DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"  # first argument is a function sent to every rank
     DP_COMPUTE_METRIC = "dp_compute_metric"  # chunked like DP_COMPUTE_PROTO, results returned as a list
     MEGATRON_COMPUTE = "megatron_compute"  # lists of length dp_size; see single_controller.ray.megatron
