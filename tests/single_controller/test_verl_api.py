@@ -89,6 +89,11 @@ class VerlStyle(Worker):
             return data
         return DataProto.from_dict({"a": data.batch["a"] + bump})
 
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("dp"))
+    def nd_lengths(self, data: TensorDict) -> TensorDict:
+        lengths = torch.tensor([row.shape[0] for row in data["ids"].unbind(0)])
+        return TensorDict({"len": lengths, "rank": torch.full((len(data),), self.rank)}, batch_size=[len(data)])
+
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("tp"), blocking=False)
     def tp_rows(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"rows": torch.full((len(data),), len(data)), "rank": torch.full((len(data),), self.rank)})
@@ -210,6 +215,12 @@ def test_nd_dispatch_over_dp_ranks(group):
     torch.testing.assert_close(out["a"], torch.tensor([10.0, 10.0, 20.0, 20.0]))
     padded = group.nd_add(DataProto.from_dict({"a": torch.zeros(3)}))
     torch.testing.assert_close(padded.batch["a"], torch.tensor([10.0, 10.0, 20.0]))
+
+
+def test_nd_dispatch_of_jagged_tensors(group):
+    ids = torch.nested.as_nested_tensor([torch.arange(n) for n in (2, 3, 4, 5)], layout=torch.jagged)
+    out = group.nd_lengths(TensorDict({"ids": ids}, batch_size=[4]))
+    assert out["len"].tolist() == [2, 3, 4, 5] and out["rank"].tolist() == [0, 0, 1, 1]
 
 
 def test_nd_dispatch_collects_from_marked_ranks(group):
