@@ -85,10 +85,11 @@ class TensorBatch(dict):
         return self.rows(item)
 
     def rows(self, item: RowIndex) -> TensorBatch:
+        size = self._size or 0
         if isinstance(item, (int, np.integer)):
-            index = int(item) + (self._size or 0 if item < 0 else 0)
-            if not 0 <= index < (self._size or 0):
-                raise IndexError(f"row {item} out of range for a batch of size {self._size or 0}")
+            index = int(item) + (size if item < 0 else 0)
+            if not 0 <= index < size:
+                raise IndexError(f"row {item} out of range for a batch of size {size}")
             item = slice(index, index + 1)
         elif not isinstance(item, slice):
             item = torch.as_tensor(np.asarray(item))

@@ -278,6 +278,9 @@ def test_batch_offers_tensordict_operations():
     assert list(batch.select("b").keys()) == ["b"] and list(batch.exclude("b").keys()) == ["a"]
     assert batch.to("cpu")["a"].device.type == "cpu"
     torch.testing.assert_close(batch[1:3]["b"], td[1:3]["b"])
+    assert batch[1]["a"].tolist() == [1.0] and batch[-1]["a"].tolist() == [5.0]  # an int keeps the batch dim
+    with pytest.raises(IndexError, match="row 6 out of range"):
+        batch[6]
     torch.testing.assert_close(batch[torch.tensor([0, 5])]["a"], td[torch.tensor([0, 5])]["a"])
     torch.testing.assert_close(torch.cat([batch, batch])["a"], torch.cat([td, td])["a"])
     back = batch.to_tensordict()
