@@ -19,6 +19,8 @@ from enum import Enum
 from typing import Any, Callable
 
 from single_controller.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor
+from single_controller.future import concat_results
+from single_controller.tensor_batch import is_tensordict
 
 MAGIC_ATTR = "_colorl_register"
 
@@ -26,10 +28,12 @@ MAGIC_ATTR = "_colorl_register"
 class Dispatch(Enum):
     """Built-in ways to spread a call's arguments over the ranks of a worker group."""
 
+    # used by the trainer
     ONE_TO_ALL = "one_to_all"  # every rank gets the same arguments
+    DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments are chunked over ranks, results concatenated
+    # the seeds' API (and verl's): kept and tested, not used by the trainer
     ALL_TO_ALL = "all_to_all"  # arguments pass through; per-rank lists are split by execute
     DP_COMPUTE = "dp_compute"  # every argument is a list with one item per rank
-    DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments are chunked over ranks, results concatenated
     DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"  # first argument is a function sent to every rank
     DP_COMPUTE_METRIC = "dp_compute_metric"  # chunked like DP_COMPUTE_PROTO, results returned as a list
     MEGATRON_COMPUTE = "megatron_compute"  # lists of length dp_size; see single_controller.ray.megatron
@@ -88,7 +92,12 @@ def _chunk_proto(value, n: int, pad: int) -> list:
         return value.chunk(n)
     if isinstance(value, DataProtoFuture):
         return value.chunk(n)
-    raise TypeError(f"DataProto dispatch needs DataProto (or DataProtoFuture) arguments, got {type(value).__name__}")
+    if is_tensordict(value):
+        if len(value) % n:
+            raise ValueError(f"a TensorDict argument is not padded: its batch size {len(value)} must divide into {n} parts")
+        # clone: a pickled view of a TensorDict would carry its whole storage to every rank
+        return [part.clone() for part in value.chunk(n)]
+    raise TypeError(f"DataProto dispatch needs DataProto, DataProtoFuture or TensorDict arguments, got {type(value).__name__}")
 
 
 def dispatch_dp_compute_data_proto(worker_group, *args, **kwargs):
@@ -108,10 +117,7 @@ def dispatch_dp_compute_data_proto_with_func(worker_group, func, *args, **kwargs
 def collect_dp_compute_data_proto(worker_group, outputs):
     if outputs and all(_is_object_ref(o) for o in outputs):
         return DataProtoFuture(list(outputs))
-    for i, out in enumerate(outputs):
-        if not isinstance(out, DataProto):
-            raise TypeError(f"rank {i} returned {type(out).__name__}; a DataProto-dispatched method must return a DataProto")
-    return DataProto.concat(outputs)
+    return concat_results(outputs)
 
 
 def _is_object_ref(value) -> bool:
@@ -182,6 +188,36 @@ def dispatch_megatron_compute_data_proto(worker_group, *args, **kwargs):
 
 def collect_megatron_compute_data_proto(worker_group, outputs):
     return collect_dp_compute_data_proto(worker_group, collect_megatron_compute(worker_group, outputs))
+
+
+def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict[str, Callable]:
+    """A dispatch mode for ranks laid out in an n-d mesh (e.g. dp x tp): data is split over the dp ranks only.
+
+    Every rank declares ``self._register_dispatch_collect_info(mesh_name, dp_rank, is_collect)``. A call
+    chunks each DataProto (padded) or TensorDict argument into ``dp_size`` parts, gives every rank the part
+    of its dp rank, and concatenates, in dp order, the results of the ranks marked ``is_collect``.
+    """
+
+    def dispatch_fn(worker_group, *args, **kwargs):
+        dp_ranks, _ = worker_group.query_mesh(mesh_name)
+        dp_size = max(dp_ranks) + 1
+        pad = proto_pad_size(dp_size, args, kwargs)
+
+        def spread(value) -> list:
+            parts = [_put_once(part) for part in _chunk_proto(value, dp_size, pad)]
+            return [parts[dp] for dp in dp_ranks]
+
+        return _per_rank(args, kwargs, spread)
+
+    def collect_fn(worker_group, outputs):
+        dp_ranks, collect = worker_group.query_mesh(mesh_name)
+        by_dp = {dp: out for dp, keep, out in zip(dp_ranks, collect, outputs, strict=True) if keep}
+        return collect_dp_compute_data_proto(worker_group, [by_dp[dp] for dp in sorted(by_dp)])
+
+    def pad_divisor(worker_group) -> int:
+        return max(worker_group.query_mesh(mesh_name)[0]) + 1
+
+    return {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn, "pad_divisor": pad_divisor}
 
 
 DISPATCH_MODE_FNS: dict[Dispatch, dict[str, Callable]] = {

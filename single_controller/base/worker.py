@@ -98,6 +98,24 @@ class Worker:
         """Run ``func(self, chunk, ...)`` on every rank with its chunk of the DataProto arguments."""
         return func(self, *args, **kwargs)
 
+    # ---------------------------------------------------------------- n-d dispatch (verl's device-mesh API)
+    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        """Declare this rank's data-parallel rank in ``mesh_name`` and whether its results are collected.
+
+        Read by ``make_nd_compute_dataproto_dispatch_fn(mesh_name)`` methods (every rank must declare).
+        """
+        # __dict__.setdefault: subclasses that skip Worker.__init__ may still declare meshes
+        self.__dict__.setdefault("_dispatch_meshes", {})[mesh_name] = (int(dp_rank), bool(is_collect))
+
+    def _query_dispatch_collect_info(self, mesh_name: str) -> tuple[int, bool]:
+        meshes = self.__dict__.get("_dispatch_meshes", {})
+        if mesh_name not in meshes:
+            raise ValueError(
+                f"{type(self).__name__} rank {os.environ.get('RANK')} declared no mesh {mesh_name!r} "
+                f"(declared: {sorted(meshes)}); call self._register_dispatch_collect_info({mesh_name!r}, dp_rank, is_collect)"
+            )
+        return meshes[mesh_name]
+
     def whoami(self) -> dict:
         """Rank, pid and node of this process (used in tests and error reports)."""
         import socket

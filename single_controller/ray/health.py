@@ -196,6 +196,8 @@ def shutdown_worker_group(worker_group: Any) -> None:
     for worker in worker_group.workers:
         ray.kill(worker, no_restart=True)
     pool = worker_group.resource_pool
+    if pool is None:  # a group attached to running workers holds no placement groups
+        return
     for pg in pool.pgs or []:
         remove_placement_group(pg)
     pool.pgs = None

@@ -1,4 +1,4 @@
-"""Workers in a (pp, dp, tp) mesh: tensor-parallel models behind a worker group."""
+"""Seed-only (not used by the trainer): workers in a (pp, dp, tp) mesh, tensor-parallel models behind a worker group."""
 
 from single_controller.base.megatron.worker import (
     DistGlobalInfo,

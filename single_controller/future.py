@@ -1,0 +1,73 @@
+"""What worker-group dispatch does with a DataProto: pad it for the ranks, and wait for results as futures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from single_controller.data_proto import DataProto
+from single_controller.tensor_batch import is_tensordict
+
+__all__ = ["DataProtoFuture", "concat_results", "pad_dataproto_to_divisor", "unpad_dataproto"]
+
+
+def pad_dataproto_to_divisor(data: DataProto, divisor: int) -> tuple[DataProto, int]:
+    """Return ``(padded, pad_size)``: rows repeated from the start until ``len % divisor == 0``.
+
+    The input is not modified.
+    """
+    pad_size = (-len(data)) % divisor
+    if pad_size == 0:
+        return data, 0
+    if len(data) == 0:
+        raise ValueError("cannot pad an empty DataProto")
+    rows = torch.arange(len(data) + pad_size) % len(data)
+    return data._select_rows(rows), pad_size
+
+
+def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
+    return data[: len(data) - pad_size] if pad_size else data
+
+
+def concat_results(parts: Sequence[Any]) -> Any:
+    """Join the per-rank results of a data-parallel call: DataProtos with ``DataProto.concat``, TensorDicts with ``torch.cat``."""
+    if all(isinstance(p, DataProto) for p in parts):
+        return DataProto.concat(parts)
+    if all(is_tensordict(p) for p in parts):
+        return torch.cat(list(parts), dim=0)
+    kinds = sorted({type(p).__name__ for p in parts})
+    raise TypeError(f"a data-parallel method must return a DataProto (or a TensorDict) on every rank, got {kinds}")
+
+
+@dataclass
+class DataProtoFuture:
+    """A DataProto that workers have not finished computing yet (``blocking=False`` calls).
+
+    It holds the per-rank ObjectRefs. Passing it to a ``DP_COMPUTE_PROTO`` method sends each rank
+    the refs it needs; the worker resolves them, so the driver never materialises the data.
+    """
+
+    futures: list
+    keep: int | None = None  # trim to this many rows after concatenation (undo dispatch padding)
+    part: tuple[int, int] | None = None  # (index, of) chunk to take after concatenation
+
+    def chunk(self, chunks: int) -> list:
+        """One piece per rank. When rank i needs exactly result i, the piece is that ObjectRef itself:
+        Ray then resolves it before the task starts, so the worker never blocks waiting for it."""
+        if self.keep is None and self.part is None and len(self.futures) == chunks:
+            return list(self.futures)
+        return [DataProtoFuture(self.futures, self.keep, (i, chunks)) for i in range(chunks)]
+
+    def get(self) -> DataProto:
+        import ray
+
+        data = concat_results(ray.get(self.futures))
+        if self.keep is not None:
+            data = data[: self.keep]
+        if self.part is not None:
+            index, chunks = self.part
+            data = data.chunk(chunks)[index]
+        return data
