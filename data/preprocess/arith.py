@@ -1,8 +1,9 @@
 """Arithmetic word problems in GSM8K's layout, generated from a seed: ``python -m data.preprocess.arith --out_dir DIR``.
 
-Each problem is one or two steps of addition or subtraction of 1-2 digit numbers, told as a story that never
-goes below zero (``Mia has 23 marbles. Mia finds 5 more. Then Mia gives away 7. How many marbles does Mia have
-now?``). The rows follow ``data.preprocess.gsm8k``'s layout, so the GSM8K scorer grades them (strict ``#### N``)::
+Each problem is one or two steps (``--max_steps``) of addition or subtraction of numbers from 1 to 99
+(``--max_number``), told as a story that never goes below zero (``Mia has 23 marbles. Mia finds 5 more. Then Mia
+gives away 7. How many marbles does Mia have now?``). The rows follow ``data.preprocess.gsm8k``'s layout, so the
+GSM8K scorer grades them (strict ``#### N``)::
 
     {"data_source": "colorl/arith", "ability": "math",
      "prompt": [{"role": "user", "content": question + ' Work it out, then write the final number after "####".'}],
@@ -36,15 +37,15 @@ STEPS = {
 }
 
 
-def make_problem(rng: random.Random, max_steps: int = 2) -> tuple[str, str, int]:
-    """(question, expression, result) of one problem: a start in [1, 99], then 1..max_steps steps of +/- n with
-    n in [1, 99] and the running total never below 0."""
+def make_problem(rng: random.Random, max_steps: int = 2, max_number: int = MAX_NUMBER) -> tuple[str, str, int]:
+    """(question, expression, result) of one problem: a start in [1, max_number], then 1..max_steps steps of +/- n
+    with n in [1, max_number] and the running total never below 0."""
     name, items = rng.choice(NAMES), rng.choice(ITEMS)
-    total = rng.randint(1, MAX_NUMBER)
+    total = rng.randint(1, max_number)
     sentences, expression = [f"{name} has {total} {items}."], str(total)
     for _ in range(rng.randint(1, max_steps)):
         op = "+" if total == 0 else rng.choice("+-")
-        n = rng.randint(1, MAX_NUMBER if op == "+" else min(total, MAX_NUMBER))
+        n = rng.randint(1, max_number if op == "+" else min(total, max_number))
         total = total + n if op == "+" else total - n
         sentences.append(rng.choice(STEPS[op]).format(name=name, n=n))
         expression += f" {op} {n}"
@@ -64,10 +65,13 @@ def make_row(question: str, expression: str, result: int, split: str, index: int
     }
 
 
-def make_splits(sizes: dict[str, int], seed: int = 0, max_steps: int = 2) -> dict[str, list[dict[str, Any]]]:
+def make_splits(
+    sizes: dict[str, int], seed: int = 0, max_steps: int = 2, max_number: int = MAX_NUMBER
+) -> dict[str, list[dict[str, Any]]]:
     """Rows of every split (split -> size), deterministic in ``seed``; no expression is in two rows."""
-    if any(size < 0 for size in sizes.values()) or max_steps < 1:
-        raise ValueError(f"split sizes must be >= 0 and max_steps >= 1, got sizes={sizes}, max_steps={max_steps}")
+    if any(size < 0 for size in sizes.values()) or max_steps < 1 or max_number < 1:
+        raise ValueError(f"split sizes must be >= 0, max_steps and max_number >= 1; got sizes={sizes}, "
+                         f"max_steps={max_steps}, max_number={max_number}")
     rng = random.Random(seed)
     seen: set[str] = set()
     splits: dict[str, list[dict[str, Any]]] = {}
@@ -76,9 +80,10 @@ def make_splits(sizes: dict[str, int], seed: int = 0, max_steps: int = 2) -> dic
         rows = splits[split] = []
         while len(rows) < size:
             tries += 1
-            if tries > 10 * sum(sizes.values()) + 1000:  # more distinct problems asked for than exist (max_steps=1)
-                raise ValueError(f"only {len(seen)} distinct problems found for sizes={sizes}, max_steps={max_steps}")
-            question, expression, result = make_problem(rng, max_steps)
+            if tries > 10 * sum(sizes.values()) + 1000:  # more distinct problems asked for than exist
+                raise ValueError(f"only {len(seen)} distinct problems found for sizes={sizes}, "
+                                 f"max_steps={max_steps}, max_number={max_number}")
+            question, expression, result = make_problem(rng, max_steps, max_number)
             if expression not in seen:
                 seen.add(expression)
                 rows.append(make_row(question, expression, result, split, len(rows)))
@@ -107,9 +112,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--test_size", type=int, default=500, help="held-out test problems (default 500)")
     parser.add_argument("--seed", type=int, default=0, help="the problems are a function of the seed")
     parser.add_argument("--max_steps", type=int, default=2, help="at most this many +/- steps per problem")
+    parser.add_argument("--max_number", type=int, default=MAX_NUMBER, help="numbers in [1, max_number]")
     args = parser.parse_args(argv)
     try:
-        splits = make_splits({"train": args.train_size, "test": args.test_size}, args.seed, args.max_steps)
+        sizes = {"train": args.train_size, "test": args.test_size}
+        splits = make_splits(sizes, args.seed, args.max_steps, args.max_number)
         written = write_splits(splits, args.out_dir)
     except (OSError, ValueError) as exc:
         parser.exit(2, f"arith: error: {exc}\n")

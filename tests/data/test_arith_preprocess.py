@@ -114,3 +114,9 @@ def test_write_splits_leaves_no_staging_files(tmp_path):
     written = write_splits(make_splits({"train": 3, "test": 2}), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"] == sorted(
         p.name for p in written.values())
+
+
+def test_max_number_bounds_every_number():
+    rows = make_splits({"train": 50}, seed=4, max_number=9)["train"]
+    numbers = {int(n) for r in rows for n in _SENTENCE_NUMBER.findall(r["extra_info"]["question"])}
+    assert numbers <= set(range(1, 10))
