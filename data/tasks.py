@@ -12,7 +12,7 @@ and adds ``extra_info["stopped_by_eos"]``: True when the last valid token was th
 without the flag (e.g. by hand) treats ``solution_str`` as a finished answer.
 
 ``default_compute_score`` is the reward manager's default: it picks the reward by ``data_source`` among the
-built-in tasks and the public data sets of ``data/rewards/`` (GSM8K).
+built-in tasks and the data sets of ``data/rewards/`` (GSM8K, the arithmetic word problems).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from data.rewards import gsm8k
+from data.rewards import arith, gsm8k
 
 DATA_SOURCE_PREFIX = "colorl/"
 # Half of the built-in reward is exact match: partial credit alone lets RL settle on "mostly right" answers
 # (the recipe search saw greedy reward plateau below 0.9 without it).
 EXACT_WEIGHT = 0.5
+Score = float | dict[str, float]  # a reward, or a dict of its "score" and extra per-row values
 
 
 @dataclass(frozen=True)
@@ -124,22 +125,24 @@ def compute_score(
 
 
 @functools.cache  # built once: the reward manager dispatches on it for every response
-def _reward_table() -> dict[str, Callable[..., float]]:
+def _reward_table() -> dict[str, Callable[..., Score]]:
     return reward_functions()
 
 
-def reward_functions() -> dict[str, Callable[..., float]]:
+def reward_functions() -> dict[str, Callable[..., Score]]:
     """Every data source with a rule-based reward -> its ``compute_score(data_source, solution_str, ground_truth,
-    extra_info)``: the built-in tasks and GSM8K. This is the one table ``default_compute_score`` dispatches on."""
-    functions: dict[str, Callable[..., float]] = {task.data_source: compute_score for task in TASKS.values()}
+    extra_info)``: the built-in tasks, GSM8K and the arithmetic word problems (whose score is a dict: GSM8K's strict
+    ``score`` and the ``flexible`` one). This is the one table ``default_compute_score`` dispatches on."""
+    functions: dict[str, Callable[..., Score]] = {task.data_source: compute_score for task in TASKS.values()}
     functions[gsm8k.DATA_SOURCE] = gsm8k.compute_score_by_source
+    functions[arith.DATA_SOURCE] = arith.compute_score
     return functions
 
 
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
-) -> float:
-    """Dispatch on ``data_source`` to the matching rule-based reward."""
+) -> Score:
+    """Dispatch on ``data_source`` to the matching rule-based reward (a float, or a dict with ``score``)."""
     functions = _reward_table()
     if data_source not in functions:
         raise ValueError(

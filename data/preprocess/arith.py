@@ -1,0 +1,128 @@
+"""Arithmetic word problems in GSM8K's layout, generated from a seed: ``python -m data.preprocess.arith --out_dir DIR``.
+
+Each problem is one or two steps (``--max_steps``) of addition or subtraction of numbers from 1 to 99
+(``--max_number``), told as a story that never goes below zero (``Mia has 23 marbles. Mia finds 5 more. Then Mia
+gives away 7. How many marbles does Mia have now?``). The rows follow ``data.preprocess.gsm8k``'s layout, so the
+GSM8K scorer grades them (strict ``#### N``)::
+
+    {"data_source": "colorl/arith", "ability": "math",
+     "prompt": [{"role": "user", "content": question + ' Work it out, then write the final number after "####".'}],
+     "reward_model": {"style": "rule", "ground_truth": "21"},
+     "extra_info": {"split": "test", "index": 0, "answer": "23 + 5 - 7 = 21\\n#### 21", "question": question}}
+
+No expression appears in two rows, so the test split is held out from the train split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from data.rewards.arith import DATA_SOURCE
+
+INSTRUCTION = 'Work it out, then write the final number after "####".'
+MAX_NUMBER = 99
+NAMES = ("Mia", "Tom", "Ava", "Leo", "Sara", "Ben", "Nora", "Omar", "Lily", "Sam")
+ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "coins", "books", "shells")
+# One sentence per step; ``{name}`` and ``{n}`` are filled in. Several phrasings, so that the policy must read.
+STEPS = {
+    "+": ("{name} finds {n} more.", "Then {name} buys {n} more.", "A friend gives {name} {n} more."),
+    "-": ("{name} gives away {n}.", "Then {name} loses {n}.", "Then {name} uses {n} of them."),
+}
+
+
+def make_problem(rng: random.Random, max_steps: int = 2, max_number: int = MAX_NUMBER) -> tuple[str, str, int]:
+    """(question, expression, result) of one problem: a start in [1, max_number], then 1..max_steps steps of +/- n
+    with n in [1, max_number] and the running total never below 0."""
+    name, items = rng.choice(NAMES), rng.choice(ITEMS)
+    total = rng.randint(1, max_number)
+    sentences, expression = [f"{name} has {total} {items}."], str(total)
+    for _ in range(rng.randint(1, max_steps)):
+        op = "+" if total == 0 else rng.choice("+-")
+        n = rng.randint(1, max_number if op == "+" else min(total, max_number))
+        total = total + n if op == "+" else total - n
+        sentences.append(rng.choice(STEPS[op]).format(name=name, n=n))
+        expression += f" {op} {n}"
+    sentences.append(f"How many {items} does {name} have now?")
+    return " ".join(sentences), expression, total
+
+
+def make_row(question: str, expression: str, result: int, split: str, index: int) -> dict[str, Any]:
+    """One row in GSM8K's layout (``data.preprocess.gsm8k.make_row``), with a worked reference answer."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(result)},
+        "extra_info": {"split": split, "index": index, "answer": f"{expression} = {result}\n#### {result}",
+                       "question": question},
+    }
+
+
+def make_splits(
+    sizes: dict[str, int], seed: int = 0, max_steps: int = 2, max_number: int = MAX_NUMBER
+) -> dict[str, list[dict[str, Any]]]:
+    """Rows of every split (split -> size), deterministic in ``seed``; no expression is in two rows."""
+    if any(size < 0 for size in sizes.values()) or max_steps < 1 or max_number < 1:
+        raise ValueError(f"split sizes must be >= 0, max_steps and max_number >= 1; got sizes={sizes}, "
+                         f"max_steps={max_steps}, max_number={max_number}")
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    splits: dict[str, list[dict[str, Any]]] = {}
+    tries = 0
+    for split, size in sizes.items():
+        rows = splits[split] = []
+        while len(rows) < size:
+            tries += 1
+            if tries > 10 * sum(sizes.values()) + 1000:  # more distinct problems asked for than exist
+                raise ValueError(f"only {len(seen)} distinct problems found for sizes={sizes}, "
+                                 f"max_steps={max_steps}, max_number={max_number}")
+            question, expression, result = make_problem(rng, max_steps, max_number)
+            if expression not in seen:
+                seen.add(expression)
+                rows.append(make_row(question, expression, result, split, len(rows)))
+    return splits
+
+
+def write_splits(splits: dict[str, list[dict[str, Any]]], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """``<out_dir>/<split>.parquet`` for every split, each renamed into place whole; returns split -> path."""
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for split, rows in splits.items():
+        path = out / f"{split}.parquet"
+        staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        pq.write_table(pa.Table.from_pylist(rows), staging)
+        os.replace(staging, path)  # a reader never sees a half-written file
+        written[split] = path
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command line; a bad size is one line on stderr and exit status 2."""
+    parser = argparse.ArgumentParser(prog="python -m data.preprocess.arith", description=__doc__.splitlines()[0])
+    parser.add_argument("--out_dir", default="~/data/arith", help="where train.parquet/test.parquet go")
+    parser.add_argument("--train_size", type=int, default=5000, help="train problems (default 5000)")
+    parser.add_argument("--test_size", type=int, default=500, help="held-out test problems (default 500)")
+    parser.add_argument("--seed", type=int, default=0, help="the problems are a function of the seed")
+    parser.add_argument("--max_steps", type=int, default=2, help="at most this many +/- steps per problem")
+    parser.add_argument("--max_number", type=int, default=MAX_NUMBER, help="numbers in [1, max_number]")
+    args = parser.parse_args(argv)
+    try:
+        sizes = {"train": args.train_size, "test": args.test_size}
+        splits = make_splits(sizes, args.seed, args.max_steps, args.max_number)
+        written = write_splits(splits, args.out_dir)
+    except (OSError, ValueError) as exc:
+        parser.exit(2, f"arith: error: {exc}\n")
+    for split, path in written.items():
+        print(f"{split}: {pq.read_metadata(path).num_rows} rows -> {path}")
+
+
+if __name__ == "__main__":
+    main()
