@@ -133,14 +133,17 @@ def timed(name: str, timing_raw: dict[str, float]) -> Iterator[Timer]:
 
 
 def validation_metrics(
-    sources: Sequence[str], rewards: Sequence[float], answers: Sequence[Hashable], n: int
+    sources: Sequence[str], rewards: Sequence[float], answers: Sequence[Hashable], n: int,
+    extras: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, float]:
     """verl's validation metrics per data source, over groups of ``n`` consecutive rows (one prompt's responses).
 
     ``val-core/<source>/reward/mean@n``; with n > 1 also ``best@n/mean`` and ``maj@n/mean`` (val-core), ``std@n``
     and ``worst@n/mean`` (val-aux). best/worst: the max/min reward among a prompt's n responses; maj: the reward
     of its most frequent ``answer`` (ties: the first seen); std: of the n rewards. Each is averaged over prompts
-    (verl bootstraps best/worst/maj from subsets; at the full n these are their exact values).
+    (verl bootstraps best/worst/maj from subsets; at the full n these are their exact values). Each other
+    numeric per-row value a reward function returned (``extras``, e.g. a flexible score) is ``val-aux/<source>/
+    <key>/mean@n``.
     """
     groups: dict[str, list[tuple[list[float], list[Hashable]]]] = {}
     for start in range(0, len(rewards), n):
@@ -156,4 +159,8 @@ def validation_metrics(
             metrics[f"{core}/maj@{n}/mean"] = statistics.fmean(majority)
             metrics[f"{aux}/std@{n}"] = statistics.fmean(statistics.pstdev(scores) for scores, _ in prompts)
             metrics[f"{aux}/worst@{n}/mean"] = statistics.fmean(min(scores) for scores, _ in prompts)
+    for key, values in (extras or {}).items():
+        for source in groups:
+            picked = [float(v) for s, v in zip(sources, values) if s == source]
+            metrics[f"val-aux/{source}/{key}/mean@{n}"] = statistics.fmean(picked)
     return metrics

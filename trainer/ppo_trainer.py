@@ -339,16 +339,20 @@ class RayPPOTrainer:
         sources: list[str] = []
         rewards: list[float] = []
         answers: list[tuple[int, ...]] = []
+        extras: dict[str, list[float]] = {}
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict).repeat(n, interleave=True)
             with self.watchdog.phase("validate"):
                 batch = self._generate(batch, {}, meta_info=val_kwargs)
-            reward, _ = self.val_reward_fn(batch)
+            reward, reward_extras = self.val_reward_fn(batch)
+            for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
+                if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
+                    extras.setdefault(key, []).extend(values)
             sources += [str(source) for source in batch.non_tensor_batch["data_source"]]
             rewards += reward.sum(-1).tolist()
             answers += [tuple(ids[mask.bool()].tolist())
                         for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])]
-        return validation_metrics(sources, rewards, answers, n)
+        return validation_metrics(sources, rewards, answers, n, extras)
 
 
 def _forward_inputs(batch: DataProto) -> DataProto:

@@ -1,0 +1,93 @@
+"""verl's quickstart and example command lines load with verl's meaning: the algorithm they resolve to, the keys
+ColoRL accepts with a warning, and what it still refuses."""
+
+import pytest
+
+from config import ConfigError, load_config, make_plan, num_workers
+from config.verl import ignored_key_warnings
+from tests.verl import commands
+
+PATHS = {"model": "/models/Qwen2.5-0.5B-Instruct", "train": "/data/gsm8k/train.parquet",
+         "val": "/data/gsm8k/test.parquet"}
+
+# command -> (estimator, critic, rollout.n, KL loss type or None, KL in the reward, keys that warn)
+EXPECTED = {
+    "quickstart": ("gae", True, 1, None, False, {"rollout.gpu_memory_utilization"}),
+    "ppo": ("gae", True, 1, None, False,
+            {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"}),
+    "grpo": ("grpo", False, 5, "low_var_kl", False,
+             {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"}),
+    "grpo_lora": ("grpo", False, 5, "low_var_kl", False,
+                  {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization",
+                   "rollout.load_format", "rollout.layered_summon"}),
+    "rloo": ("rloo", False, 5, None, True,
+             {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"}),
+    "remax": ("remax", False, 4, None, True,
+              {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"}),
+    "reinforce_plus_plus": ("reinforce_plus_plus", False, 8, "mse", False,
+                            {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"}),
+}
+COMMANDS = {"quickstart": commands.QUICKSTART, "ppo": commands.PPO, "grpo": commands.GRPO,
+            "grpo_lora": commands.GRPO_LORA, "rloo": commands.RLOO, "remax": commands.REMAX,
+            "reinforce_plus_plus": commands.REINFORCE_PP}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_verl_command_lines_resolve_to_verls_algorithm(name):
+    cfg = load_config(commands.overrides(COMMANDS[name], **PATHS))
+    estimator, critic, n, kl_loss, kl_in_reward, warned = EXPECTED[name]
+    plan = make_plan(cfg, num_workers(cfg))
+    actor = cfg.actor_rollout_ref.actor
+    assert (cfg.algorithm.adv_estimator, plan.use_critic, cfg.actor_rollout_ref.rollout.n) == (estimator, critic, n)
+    assert (actor.kl_loss_type if actor.use_kl_loss else None, cfg.algorithm.use_kl_in_reward) == (kl_loss, kl_in_reward)
+    assert plan.use_reference_policy == (kl_loss is not None or kl_in_reward)
+    assert cfg.actor_rollout_ref.model.path == PATHS["model"] and cfg.data.val_files == PATHS["val"]
+    assert cfg.trainer.total_training_steps is None  # the length comes from trainer.total_epochs, as in verl
+    assert cfg.data.truncation == "error" and cfg.trainer.critic_warmup == 0
+    lines = ignored_key_warnings(cfg)
+    assert {line.split("=")[0].removeprefix("actor_rollout_ref.") for line in lines} == warned
+    assert all("set " in line and "to silence this" in line for line in lines)
+
+
+def test_the_quickstart_keeps_verls_other_defaults():
+    cfg = load_config(commands.overrides(commands.QUICKSTART, **PATHS))
+    assert cfg.trainer.logger == ["console"] and cfg.trainer.total_epochs == 15 and not cfg.trainer.val_before_train
+    assert cfg.critic.optim.lr == 1e-5 and cfg.critic.model.path == PATHS["model"]
+    assert cfg.critic.forward_micro_batch_size_per_gpu == 4  # follows critic.ppo_micro_batch_size_per_gpu
+    optim = cfg.actor_rollout_ref.actor.optim
+    assert (optim.lr, optim.weight_decay, optim.betas) == (1e-6, 0.01, [0.9, 0.999])
+    assert cfg.trainer.default_local_dir == "checkpoints/verl_examples/gsm8k"
+
+
+def test_verl_spellings_carry_over():
+    base = commands.overrides(commands.QUICKSTART, **PATHS)
+    cfg = load_config([*base, "trainer.logger=console", "critic.model.fsdp_config.param_offload=true",
+                       "actor_rollout_ref.rollout.name=hf"])
+    assert cfg.trainer.logger == ["console"]  # a single backend name is a list of one
+    assert cfg.critic.fsdp_config.param_offload  # verl's critic.model.fsdp_config is ColoRL's critic.fsdp_config
+    assert not ignored_key_warnings(replace_rollout_defaults(cfg))
+
+
+def replace_rollout_defaults(cfg):
+    from config import replace_keys
+
+    return replace_keys(cfg, {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.5})
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.enable=True: ColoRL "
+                                                         "has no multi-turn"),
+    ("actor_rollout_ref.rollout.name=trtllm", "actor_rollout_ref.rollout.name='trtllm': must be one of hf, vllm"),
+    ("actor_rollout_ref.rollout.no_such_key=1", "unknown config key 'actor_rollout_ref.rollout.no_such_key'"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null", "ppo_micro_batch_size_per_gpu=null: set"),
+])
+def test_what_would_change_the_result_is_refused(override, expected):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
+        load_config([*commands.overrides(commands.QUICKSTART, **PATHS), override])
+
+
+def test_without_a_model_or_data_the_demo_runs_and_with_one_verls_defaults():
+    demo = load_config([])
+    assert (demo.algorithm.adv_estimator, demo.actor_rollout_ref.rollout.n) == ("grpo", 8)
+    with pytest.raises(ConfigError, match="micro_batch_size_per_gpu=null"):  # verl's: no default micro-batches
+        load_config([f"actor_rollout_ref.model.path={PATHS['model']}"])
