@@ -84,9 +84,12 @@ def _load_compute_score(cfg: DictConfig) -> Any:
 
 
 def _fill_paths(cfg: DictConfig) -> None:
-    """Point null model/data paths at the built-in demo assets (built once, then reused from the cache)."""
+    """Point null model/data paths at the built-in demo assets (built once, then reused from the cache); make the
+    output directory absolute, since every worker writes checkpoint shards there from its own working directory
+    (on another node, or under ``ray job submit`` a per-node copy of the job's)."""
     from data.builtin import prepare_builtin
 
+    cfg.trainer.default_local_dir = os.path.abspath(cfg.trainer.default_local_dir)
     model, data, builtin = cfg.actor_rollout_ref.model, cfg.data, cfg.builtin
     if model.path is None or data.train_files is None:
         assets = prepare_builtin(

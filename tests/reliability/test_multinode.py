@@ -1,7 +1,7 @@
 """Two Ray nodes on this machine: ``trainer.nnodes=2`` puts one worker on each, they rendezvous at rank 0's node
 address, train and checkpoint; the run resumes on one node; ``ray job submit`` runs it on the same cluster.
 
-Each node is its own ``ray start --block`` (a dedicated temp dir, token and ports), so ending those two processes
+Each node is its own ``ray start --block`` (its own temp dir and ports, one token), so ending those two processes
 stops this cluster and nothing else on the machine. Each node has 1 CPU, so Ray cannot put both workers on one
 node; the second node has its own IP (127.0.0.2, on loopback), so another node is another node id *and* another
 address, and a rank that joined the world reached rank 0 through Ray's node address, not a local one.
@@ -65,18 +65,19 @@ def cluster():
     port, dashboard_port = free_port(), free_port()
     dashboard = has_dashboard()
 
-    def common() -> list[str]:  # two nodes on one machine: each dashboard agent needs a port of its own
-        return ["--num-cpus=1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+    def common(name: str) -> list[str]:
+        # two nodes on one machine, each with a temp dir (logs, sockets, unpacked job files) and agent port of its own
+        return ["--num-cpus=1", f"--temp-dir={temp_dir / name}", "--disable-usage-stats",
                 f"--dashboard-agent-listen-port={free_port()}"]
 
     nodes = []
     try:
         nodes.append(start_node(
             ["--head", f"--port={port}", f"--include-dashboard={str(dashboard).lower()}",
-             f"--dashboard-port={dashboard_port}", *common()],
+             f"--dashboard-port={dashboard_port}", *common("h")],
             env, temp_dir / "head.log"))
         nodes.append(start_node(
-            [f"--address=127.0.0.1:{port}", f"--node-ip-address={SECOND_NODE_IP}", *common()],
+            [f"--address=127.0.0.1:{port}", f"--node-ip-address={SECOND_NODE_IP}", *common("n")],
             env, temp_dir / "node2.log"))
         yield Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}" if dashboard else None,
                       {k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")})
@@ -138,10 +139,12 @@ def test_two_nodes_train_and_checkpoint_then_resume_on_one(cluster, tmp_path, as
 def test_ray_job_submit_runs_on_both_nodes(cluster, tmp_path, assets):
     if cluster.dashboard is None:
         pytest.skip("`ray job submit` needs Ray's dashboard: pip install 'ray[default]==2.60.0'")
+    # a relative output dir: each node's workers run in their own copy of the job's working dir, yet all of
+    # them must write the checkpoint's shards into the one the driver made
+    run_dir = Path("outputs/job")
     job = run_child([*RAY[1:], "job", "submit", f"--address={cluster.dashboard}", f"--working-dir={REPO}", "--",
-                     sys.executable, "main.py", *overrides(tmp_path, assets, nnodes=2, steps=1), "trainer.save_freq=-1"],
+                     sys.executable, "main.py", *overrides(run_dir, assets, nnodes=2, steps=1)],
                     cwd=tmp_path, env=cluster.env)
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
     assert "succeeded" in job.stdout + job.stderr
     assert len({node for _, _, node in placement(job.stdout)}) == 2  # the job's output is streamed back
-    assert '"step": 1' in (tmp_path / "metrics.jsonl").read_text()
