@@ -24,7 +24,7 @@ import pytest
 from tests.reliability.conftest import REPO, Run, child_env, run_child, tiny_overrides
 from tests.reliability.test_ray_cluster import free_port
 
-pytestmark = pytest.mark.slow  # two nodes, four child runs: about three minutes on 2 cores
+pytestmark = pytest.mark.slow  # two nodes started, four child runs: about two minutes on 2 cores
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` CLI of this interpreter
 SECOND_NODE_IP = "127.0.0.2"
