@@ -92,11 +92,13 @@ def _load_compute_score(cfg: PPOConfig) -> Any:
 
 def _fill_paths(cfg: PPOConfig) -> PPOConfig:
     """``cfg`` with null model/data paths pointing at the built-in demo assets (built once, then reused from the
-    cache), and a null critic path at the actor's model."""
+    cache), a null critic path at the actor's model, and the output directory absolute, since every worker writes
+    checkpoint shards there from its own working directory (on another node, or under ``ray job submit`` a
+    per-node copy of the job's)."""
     from data.builtin import prepare_builtin
 
     model, data, builtin = cfg.actor_rollout_ref.model, cfg.data, cfg.builtin
-    paths: dict[str, Any] = {}
+    paths: dict[str, Any] = {"trainer.default_local_dir": os.path.abspath(cfg.trainer.default_local_dir)}
     if model.path is None or data.train_files is None:
         assets = prepare_builtin(
             cache_dir=os.path.abspath(builtin.cache_dir),  # absolute: Ray workers load the model from it too

@@ -103,6 +103,9 @@ class RayPPOTrainer:
         if cfg.reward_model.enable:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
         self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles))
+        where = ", ".join(f"rank {rank} pid {p['pid']} on {p['node_ip']} (node {p['node_id'][:8]})"
+                          for rank, p in enumerate(self.fused_wg.processes))
+        print(f"[colorl] workers: {where}", flush=True)
         views = self.fused_wg.spawn(prefix_set=roles.keys())
         self.actor_rollout_wg = views["actor_rollout"]
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
