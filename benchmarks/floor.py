@@ -7,7 +7,7 @@ Same model (the same HF dir as ``benchmarks.step``), same batches (the trainer's
 times), same code: ``workers.rollout.generate_sequences`` on the plain module, the actor's
 ``compute_log_prob`` (old; ref with ``--kl``), the critic's ``compute_values`` (ppo), and the actor's (and
 critic's) ``update_*``: forward + backward + grad clip + AdamW, one optimizer step over the whole batch.
-Rewards and advantages come from the trainer's reward function and ``core_algos.compute_advantage``.
+Rewards and advantages come from the trainer's reward function and ``algos.compute_advantage``.
 
 Prints JSON: the median of each phase (reward and adv too, though the floors leave them out), and the
 per-step sums gen+train (no extra forwards), gen+fwd+train (with old/ref log-prob and value forwards) and
@@ -118,7 +118,7 @@ class Floor:
     def step(self, prompts: DataProto) -> dict[str, float]:
         """One step's work on ``prompts`` (repeated n times, with ``uid`` per prompt); seconds per phase.
 
-        Rewards and advantages are the trainer's (its reward function, ``core_algos.compute_advantage``), so
+        Rewards and advantages are the trainer's (its reward function, ``algos.compute_advantage``), so
         the policy learns as in ``benchmarks.step`` and response lengths evolve alike.
         """
         timing: dict[str, float] = {}

@@ -93,11 +93,14 @@ def test_step_flops_count_each_pass_that_ran(tmp_path):
     from transformers import LlamaConfig
 
     from benchmarks.step import flops_model, step_flops
-    from config import PPOConfig, replace_keys
+    import dataclasses
+
+    from config import PPOConfig, replace_keys, to_config
 
     LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4).save_pretrained(tmp_path)
-    cfg = replace_keys(PPOConfig(), {"actor_rollout_ref.model.path": str(tmp_path)})  # one epoch, no KL loss
+    schema = replace_keys(PPOConfig(), {"actor_rollout_ref.model.path": str(tmp_path)})  # one epoch, no KL loss
+    cfg = to_config(dataclasses.asdict(schema))
     metrics = {"prompt_length/mean": 5.0, "response_length/mean": 3.0, "timing_s/gen": 1.0, "timing_s/update_actor": 1.0}
     forward = flops_model(str(tmp_path)).forward_flops(torch.full((4,), 8))
     assert step_flops(cfg, metrics, 4) == 4 * forward

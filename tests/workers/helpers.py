@@ -99,6 +99,11 @@ def critic_config(path: str, **overrides) -> CriticConfig:
         ppo_micro_batch_size_per_gpu=2,
         forward_micro_batch_size_per_gpu=3,
         rollout_n=1,
+        # what the schema's interpolations resolve to from the actor's defaults (this section is built alone)
+        use_dynamic_bsz=False,
+        ppo_epochs=1,
+        shuffle=False,
+        loss_agg_mode="token-mean",
     )
     kwargs.update(overrides)
     return CriticConfig(**kwargs)
@@ -121,9 +126,10 @@ def worker_config(
     arr: ActorRolloutRefConfig, critic: CriticConfig | None = None, n_workers: int = 2, prompts: int = 4
 ) -> tuple[PPOConfig, StepPlan]:
     """The resolved config (interpolations followed, as ``load_config`` gives it) around hand-built role sections,
-    and its step plan for ``n_workers`` (GAE when a critic is given, so the plan has one)."""
-    sections = {"actor_rollout_ref": arr, "data": DataConfig(train_batch_size=prompts)}
+    and its step plan for ``n_workers`` (GAE when a critic is given, so the plan has one; GRPO otherwise)."""
+    sections = {"actor_rollout_ref": arr, "data": DataConfig(train_batch_size=prompts),
+                "algorithm": AlgorithmConfig(adv_estimator="gae" if critic is not None else "grpo")}
     if critic is not None:
-        sections.update(critic=critic, algorithm=AlgorithmConfig(adv_estimator="gae"))
+        sections["critic"] = critic
     cfg = to_config(dataclasses.asdict(PPOConfig(**sections)))
     return cfg, make_plan(cfg, n_workers)
