@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from workers.checkpoint import UnsafeCheckpointError, load_plain
+
 LATEST = "latest_checkpointed_iteration.txt"
 COMPLETE = "COMPLETE"
 PREFIX = "global_step_"
@@ -132,4 +134,8 @@ class CheckpointManager:
 
 
 def load_driver_state(path: Path) -> dict[str, Any]:
-    return torch.load(Path(path) / "driver.pt", weights_only=False)
+    """The driver's state in checkpoint ``path`` (tensors and plain types only: see ``load_plain``)."""
+    try:
+        return load_plain(Path(path) / "driver.pt")
+    except UnsafeCheckpointError as exc:
+        raise CheckpointError(str(exc)) from None

@@ -13,6 +13,7 @@ Gathering and scattering are collectives: every rank calls these functions; rank
 
 from __future__ import annotations
 
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,33 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file holding pickled objects beyond tensors and plain types (loading it could run code)."""
+
+
+def load_plain(file: str | Path) -> Any:
+    """``torch.load`` restricted to tensors and plain Python types (``weights_only``): a checkpoint may come from a
+    shared file system or ``trainer.resume_from_path``, and unpickling anything else can run arbitrary code."""
+    try:
+        return torch.load(file, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        first_line = (str(exc).splitlines() or [""])[0]
+        raise UnsafeCheckpointError(
+            f"refusing to load {file}: it holds pickled Python objects other than tensors and plain types, which "
+            f"could run code when loaded (a crafted file, or one written by an older ColoRL): {first_line}"
+        ) from None
+
+
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every generator's state as tensors and plain types, so that :func:`load_plain` can read it back."""
+    numpy_state = np.random.get_state(legacy=False)
+    version, mt_state, gauss = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {**numpy_state, "state": {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                                           "pos": int(numpy_state["state"]["pos"])}},
+        "python": [version, list(mt_state), gauss],
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -42,8 +68,11 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    key = numpy_state["state"]["key"].numpy().astype(np.uint32)
+    np.random.set_state({**numpy_state, "state": {**numpy_state["state"], "key": key}})
+    version, mt_state, gauss = state["python"]
+    random.setstate((version, tuple(mt_state), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -81,13 +110,13 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
         raise FileNotFoundError(f"checkpoint {src} is incomplete: missing {missing}")
     model_state = _load_weights(src, module) if _rank() == 0 else {}
     fsdp.load_full_state_dict(module, model_state, broadcast_from_rank0=dist.is_initialized())
-    optim_state = torch.load(src / "optimizer.pt", weights_only=False) if _rank() == 0 else {}
+    optim_state = load_plain(src / "optimizer.pt") if _rank() == 0 else {}
     fsdp.load_full_optimizer_state_dict(module, optimizer, optim_state)
-    extra = torch.load(src / "extra.pt", weights_only=False)
+    extra = load_plain(src / "extra.pt")
     scheduler.load_state_dict(extra["lr_scheduler"])
     rng_file = src / f"rng_rank{_rank()}.pt"
     if extra["world_size"] == _world_size() and rng_file.exists():  # elastic resume starts fresh streams
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(load_plain(rng_file))
 
 
 def _load_weights(src: Path, module: nn.Module) -> dict[str, torch.Tensor]:
