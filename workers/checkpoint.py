@@ -13,6 +13,7 @@ Gathering and scattering are collectives: every rank calls these functions; rank
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 from pathlib import Path
@@ -32,6 +33,16 @@ def _rank() -> int:
 
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def fsync(path: str | Path) -> None:
+    """Flush ``path`` (a file, or a directory's entries) to stable storage: a rename or a ``COMPLETE`` marker
+    that reaches the disk before the data it vouches for would survive a power cut that the data does not."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class UnsafeCheckpointError(ValueError):
@@ -100,6 +111,9 @@ def save_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     if error is not None:
         raise OSError(f"rank 0 could not write the checkpoint to {out}: {error}")
     torch.save(rng_state(), out / f"rng_rank{_rank()}.pt")
+    written = [p for p in out.iterdir() if p.is_file()] if _rank() == 0 else [out / f"rng_rank{_rank()}.pt"]
+    for file in [*written, out]:
+        fsync(file)
 
 
 def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:

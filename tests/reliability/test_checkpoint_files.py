@@ -1,5 +1,6 @@
 """The checkpoint files themselves, in one process: what loading refuses, what survives a crash, what is verified."""
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.workers.helpers import build_tiny_checkpoint
-from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager, check_checkpoint, load_driver_state
 from workers import checkpoint
 
 
@@ -75,3 +76,86 @@ def test_driver_state_is_plain(tmp_path):
              "kl_ctrl": {"value": 0.1}, "wandb_run_id": None}
     final = manager.commit(staging, 1, state)
     assert load_driver_state(final)["kl_ctrl"] == {"value": 0.1}
+
+
+def committed(manager: CheckpointManager, step: int, role=None) -> Path:
+    """Commit checkpoint ``step`` under ``manager``: the tiny role's files when given, else a stand-in file."""
+    staging = manager.staging_path(step)
+    manager.make_staging(staging)
+    if role is None:
+        (staging / "actor").mkdir()
+        (staging / "actor" / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+    else:
+        checkpoint.save_role(str(staging / "actor"), *role)
+    return manager.commit(staging, step, {"global_step": step})
+
+
+def test_a_flipped_byte_is_found_and_the_file_named(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    final = committed(manager, 1)
+    weights = final / "actor" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[100] ^= 1  # same size: only a checksum sees it
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="actor/model.safetensors does not match its SHA-256 checksum"):
+        manager.find("resume_path", str(final))
+
+
+class PowerCut(Exception):
+    pass
+
+
+@pytest.mark.parametrize("resave", [False, True], ids=["next_step", "same_step"])
+def test_a_crash_at_any_point_of_a_commit_leaves_a_loadable_checkpoint(tmp_path, monkeypatch, resave):
+    """With one checkpoint kept, cut the commit short before each of its renames and deletions in turn."""
+    import os
+    import shutil
+
+    for cut_at in range(8):
+        root = tmp_path / str(cut_at)
+        committed(CheckpointManager(str(root), max_actor_ckpt_to_keep=1), 1)
+        calls = [0]
+
+        def cut(real):
+            def call(*args, **kwargs):
+                calls[0] += 1
+                if calls[0] == cut_at + 1:
+                    raise PowerCut
+                return real(*args, **kwargs)
+            return call
+
+        with monkeypatch.context() as patch:
+            for module, name in ((os, "rename"), (os, "replace"), (shutil, "rmtree")):
+                patch.setattr(module, name, cut(getattr(module, name)))
+            with contextlib.suppress(PowerCut):
+                committed(CheckpointManager(str(root), max_actor_ckpt_to_keep=1), 1 if resave else 2)
+        found = CheckpointManager(str(root), max_actor_ckpt_to_keep=1).find("auto")
+        assert found is not None, f"no loadable checkpoint after a cut at operation {cut_at}"
+        check_checkpoint(found)
+
+
+def test_every_file_and_directory_is_on_disk_before_the_commit_rename(tmp_path, monkeypatch, role):
+    import os
+
+    events = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def rename(src, dst):
+        events.append(("rename", os.fspath(src), os.fspath(dst)))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    manager = CheckpointManager(str(tmp_path))
+    final = committed(manager, 1, role)
+    commit = events.index(("rename", os.fspath(manager.staging_path(1)), os.fspath(final)))
+    # COMPLETE is written as .COMPLETE.tmp, flushed, then renamed over
+    synced = {path.replace(os.fspath(manager.staging_path(1)), os.fspath(final)).replace(".COMPLETE.tmp", COMPLETE)
+              for _, path in events[:commit]}
+    on_disk = {os.fspath(p) for p in [final, *final.rglob("*")]}
+    assert on_disk - synced == set()
+    assert ("fsync", os.fspath(tmp_path)) in events[commit:]  # the rename itself, before anything is pruned
