@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from workers.checkpoint import UnsafeCheckpointError, fsync, load_plain
+from workers.checkpoint import WRITE_ERRORS, UnsafeCheckpointError, fsync, load_plain, write_error
 
 LATEST = "latest_checkpointed_iteration.txt"
 COMPLETE = "COMPLETE"
@@ -120,8 +120,11 @@ class CheckpointManager:
     def commit(self, staging: Path, step: int, driver_state: dict[str, Any]) -> Path:
         """Seal ``staging`` (driver state, checksum manifest, all on disk), move it into place, point ``latest`` at
         it, then prune: nothing older is deleted before the new checkpoint is durable."""
-        torch.save(driver_state, staging / "driver.pt")
-        _write_atomically(staging / COMPLETE, json.dumps({"step": step, "files": _seal(staging)}))
+        try:
+            torch.save(driver_state, staging / "driver.pt")
+            _write_atomically(staging / COMPLETE, json.dumps({"step": step, "files": _seal(staging)}))
+        except WRITE_ERRORS as exc:  # a full disk: the caller abandons the staging directory
+            raise write_error(staging, exc, "the driver ") from exc
         self._recover()
         final = self.root / f"{PREFIX}{step}"
         replaced = self._replaced_path(step)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 from torch import nn
 
 from workers import fsdp
@@ -43,6 +45,26 @@ def fsync(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# What the writers raise when a write fails part-way (e.g. a full disk): OSError from plain files, SafetensorError
+# from safetensors, RuntimeError from torch.save's zip writer.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint file that could not be written (e.g. a full disk); the message names the path and free space."""
+
+
+def write_error(path: str | Path, exc: BaseException, who: str = "") -> CheckpointWriteError:
+    """A :class:`CheckpointWriteError` for writing under ``path`` failing with ``exc``, with the space left there."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    first_line = (str(exc).splitlines() or [""])[0]
+    return CheckpointWriteError(f"{who}could not write the checkpoint to {path}: {type(exc).__name__}: {first_line} "
+                                f"({free / 2**20:.1f} MiB free on that file system)")
 
 
 class UnsafeCheckpointError(ValueError):
@@ -88,32 +110,53 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _agree(error: CheckpointWriteError | None) -> None:
+    """Raise on every rank if any rank failed to write: a rank that raised alone would leave the others
+    waiting for it in their next collective (also a barrier: rank 0's files exist once it returns)."""
+    errors = [str(error) if error else None]
+    if dist.is_initialized():
+        errors = [None] * _world_size()
+        dist.all_gather_object(errors, str(error) if error else None)
+    failed = [(rank, message) for rank, message in enumerate(errors) if message]
+    if failed:
+        rank, message = failed[0]
+        raise CheckpointWriteError(f"rank {rank} {message}")
+
+
+def _attempt(out: Path, write: Any) -> CheckpointWriteError | None:
+    try:
+        write()
+    except WRITE_ERRORS as exc:
+        return write_error(out, exc)
+    return None
+
+
 def save_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, tokenizer: Any) -> None:
-    """Write ``module`` (HF format), optimizer, scheduler and this rank's RNG under ``path``."""
+    """Write ``module`` (HF format), optimizer, scheduler and this rank's RNG under ``path``; every file is
+    flushed to disk. A failed write (a full disk) raises :class:`CheckpointWriteError` on every rank."""
     model_state = fsdp.full_state_dict(module)
     optim_state = fsdp.full_optimizer_state_dict(module, optimizer)
     out = Path(path)
-    error = None
-    if _rank() == 0:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            # save_pretrained with an explicit state dict drops tied duplicates (lm_head = embed_tokens)
-            module.save_pretrained(out, state_dict=model_state, safe_serialization=True)
-            tokenizer.save_pretrained(out)
-            torch.save(optim_state, out / "optimizer.pt")
-            torch.save({"lr_scheduler": scheduler.state_dict(), "world_size": _world_size()}, out / "extra.pt")
-        except OSError as exc:  # e.g. a full disk: every rank must learn it, or they would wait for rank 0
-            error = f"{type(exc).__name__}: {exc}"
-    if dist.is_initialized():
-        shared = [error]
-        dist.broadcast_object_list(shared, src=0)  # also orders rank 0's mkdir before the others' writes
-        error = shared[0]
-    if error is not None:
-        raise OSError(f"rank 0 could not write the checkpoint to {out}: {error}")
-    torch.save(rng_state(), out / f"rng_rank{_rank()}.pt")
-    written = [p for p in out.iterdir() if p.is_file()] if _rank() == 0 else [out / f"rng_rank{_rank()}.pt"]
-    for file in [*written, out]:
-        fsync(file)
+
+    def write_shared() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        # save_pretrained with an explicit state dict drops tied duplicates (lm_head = embed_tokens)
+        module.save_pretrained(out, state_dict=model_state, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        torch.save(optim_state, out / "optimizer.pt")
+        torch.save({"lr_scheduler": scheduler.state_dict(), "world_size": _world_size()}, out / "extra.pt")
+        for file in out.iterdir():
+            fsync(file)
+
+    _agree(_attempt(out, write_shared) if _rank() == 0 else None)
+    rng_file = out / f"rng_rank{_rank()}.pt"
+
+    def write_own() -> None:
+        torch.save(rng_state(), rng_file)
+        fsync(rng_file)
+        fsync(out)
+
+    _agree(_attempt(out, write_own))
 
 
 def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
