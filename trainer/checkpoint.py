@@ -169,9 +169,21 @@ class CheckpointManager:
             if not any((old / role).exists() for role in self.keep):
                 shutil.rmtree(old)
 
+    def _refuse_to_mix(self) -> None:
+        """A fresh run must not overwrite an earlier run's checkpoints or append to its metrics."""
+        earlier = [p.name for p in self.checkpoints()] + [p.name for p in self.root.glob("metrics.jsonl")]
+        if earlier:
+            raise CheckpointError(
+                f"trainer.resume_mode=disable, but trainer.default_local_dir={self.root} already holds a run "
+                f"({', '.join(earlier[-3:])}): a fresh run there would overwrite its checkpoints and mix into its "
+                "metrics. Continue it with trainer.resume_mode=auto, or start afresh in another "
+                "trainer.default_local_dir (or remove this one)"
+            )
+
     def find(self, resume_mode: str, resume_from_path: str | None = None) -> Path | None:
         """The checkpoint to resume from: None for a fresh start."""
         if resume_mode == "disable":
+            self._refuse_to_mix()
             return None
         self._recover()
         if resume_mode == "resume_path":

@@ -13,11 +13,18 @@ import argparse
 import shutil
 from pathlib import Path
 
-from trainer.checkpoint import CheckpointManager, check_checkpoint
+from trainer.checkpoint import CheckpointError, CheckpointManager, check_checkpoint
 
 
-def export(checkpoint: str, out: str, role: str = "actor") -> Path:
-    """Copy ``role`` of ``checkpoint`` (a ``global_step_N`` dir, or a run dir: its latest) to ``out``."""
+def export(checkpoint: str, out: str, role: str = "actor", overwrite: bool = False) -> Path:
+    """Copy ``role`` of ``checkpoint`` (a ``global_step_N`` dir, or a run dir: its latest) to ``out``; an ``out``
+    that exists and is not empty is refused unless ``overwrite`` (then it is replaced, never merged into)."""
+    target = Path(out)
+    if target.exists() and any(target.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"--out {target} exists and is not empty; exporting into it would mix two models' "
+                                  "files. Pass --overwrite to replace it, or choose another --out")
+        shutil.rmtree(target)
     path = Path(checkpoint)
     if not path.name.startswith("global_step_"):
         latest = CheckpointManager(str(path)).find("auto")
@@ -25,7 +32,6 @@ def export(checkpoint: str, out: str, role: str = "actor") -> Path:
             raise FileNotFoundError(f"{path} holds no complete checkpoint")
         path = latest
     check_checkpoint(path)
-    target = Path(out)
     shutil.copytree(path / role, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("optimizer.pt", "extra.pt", "rng_rank*.pt"))
     _verify(target)
     return target
@@ -44,9 +50,13 @@ def main() -> None:
     parser.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its latest checkpoint)")
     parser.add_argument("--out", help="target directory (default: <checkpoint>/hf_<role>)")
     parser.add_argument("--role", default="actor", choices=["actor", "critic"])
+    parser.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     args = parser.parse_args()
     out = args.out or str(Path(args.checkpoint) / f"hf_{args.role}")
-    print(f"exported {export(args.checkpoint, out, args.role)}")
+    try:
+        print(f"exported {export(args.checkpoint, out, args.role, args.overwrite)}")
+    except (FileExistsError, FileNotFoundError, CheckpointError) as exc:
+        raise SystemExit(f"colorl: export: {exc}") from None
 
 
 if __name__ == "__main__":

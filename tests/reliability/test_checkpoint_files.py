@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.workers.helpers import build_tiny_checkpoint
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager, check_checkpoint, load_driver_state
+from trainer.export import export
 from workers import checkpoint
 
 
@@ -159,3 +160,31 @@ def test_every_file_and_directory_is_on_disk_before_the_commit_rename(tmp_path, 
     on_disk = {os.fspath(p) for p in [final, *final.rglob("*")]}
     assert on_disk - synced == set()
     assert ("fsync", os.fspath(tmp_path)) in events[commit:]  # the rename itself, before anything is pruned
+
+
+@pytest.mark.parametrize("earlier", ["checkpoint", "metrics"])
+def test_a_fresh_run_refuses_a_directory_holding_an_earlier_run(tmp_path, earlier):
+    manager = CheckpointManager(str(tmp_path))
+    (tmp_path / "hydra").mkdir()  # Hydra's own output is there from the start: not a run
+    assert manager.find("disable") is None
+    if earlier == "checkpoint":
+        committed(manager, 3)
+    else:
+        (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(CheckpointError, match="trainer.resume_mode=disable, but trainer.default_local_dir=.* already "
+                       "holds a run .*trainer.resume_mode=auto"):
+        manager.find("disable")
+
+
+def test_export_refuses_a_non_empty_out_unless_told_to_replace_it(tmp_path, role):
+    run = tmp_path / "run"
+    committed(CheckpointManager(str(run)), 1, role)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model-00001-of-00002.safetensors").write_bytes(b"an earlier export")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        export(str(run), str(out))
+    assert (out / "model-00001-of-00002.safetensors").exists()  # untouched
+    export(str(run), str(out), overwrite=True)
+    assert not (out / "model-00001-of-00002.safetensors").exists()  # replaced, not merged into
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
