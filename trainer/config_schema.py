@@ -357,7 +357,7 @@ class TrainerConfig:
     project_name: str = "colorl"
     experiment_name: str = "copy_demo"
     test_freq: int = 10  # <= 0 disables periodic validation
-    save_freq: int = -1  # <= 0 disables periodic checkpoints
+    save_freq: int = 20  # <= 0 disables periodic checkpoints (a run still saves at its end and on SIGTERM/SIGINT)
     val_before_train: bool = True
     default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     seed: int = 1
