@@ -49,13 +49,30 @@ def test_rng_state_round_trips_through_plain_files(tmp_path):
     assert torch.equal(expected[0], got[0]) and np.array_equal(expected[1], got[1]) and expected[2] == got[2]
 
 
-@pytest.mark.parametrize("name", ["optimizer.pt", "extra.pt", "rng_rank0.pt"])
+def craft(role_dir: Path, name: str, payload: Payload, model, optimizer) -> None:
+    """Put ``payload`` into file ``name`` of a saved role, as an attacker with write access could."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    if name == ".metadata":
+        (role_dir / name).write_bytes(pickle.dumps(payload))
+    elif name.endswith(".distcp"):  # a shard whose optimizer hyper-parameter unpickles into the payload
+        optim_state = get_optimizer_state_dict(model, optimizer)
+        optim_state["param_groups"][0]["lr"] = payload
+        dcp.save({"model": get_model_state_dict(model), "optimizer": optim_state}, checkpoint_id=role_dir)
+    else:
+        torch.save({"state": payload}, role_dir / name)
+
+
+@pytest.mark.parametrize("name", [".metadata", "__0_0.distcp", "extra.pt", "rng_rank0.pt"])
 def test_a_crafted_pickle_in_a_role_is_refused_and_runs_nothing(role, tmp_path, name):
     model, optimizer, scheduler, tokenizer = role
     checkpoint.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
     marker = tmp_path / "pwned"
-    torch.save({"state": Payload(marker)}, tmp_path / "actor" / name)
-    with pytest.raises(checkpoint.UnsafeCheckpointError, match=f"refusing to load .*{name}: it holds pickled"):
+    craft(tmp_path / "actor", name, Payload(marker), model, optimizer)
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="refusing to load .*(not part of|holds pickled)"):
         checkpoint.load_role(str(tmp_path / "actor"), model, optimizer, scheduler)
     assert not marker.exists()
 
@@ -154,9 +171,10 @@ def test_every_file_and_directory_is_on_disk_before_the_commit_rename(tmp_path, 
     manager = CheckpointManager(str(tmp_path))
     final = committed(manager, 1, role)
     commit = events.index(("rename", os.fspath(manager.staging_path(1)), os.fspath(final)))
-    # COMPLETE is written as .COMPLETE.tmp, flushed, then renamed over
-    synced = {path.replace(os.fspath(manager.staging_path(1)), os.fspath(final)).replace(".COMPLETE.tmp", COMPLETE)
-              for _, path in events[:commit]}
+    # COMPLETE and DCP's .metadata are written as .COMPLETE.tmp / .metadata.tmp, flushed, then renamed
+    synced = {event[1].replace(os.fspath(manager.staging_path(1)), os.fspath(final))
+              .replace(".COMPLETE.tmp", COMPLETE).replace(".metadata.tmp", ".metadata")
+              for event in events[:commit] if event[0] == "fsync"}
     on_disk = {os.fspath(p) for p in [final, *final.rglob("*")]}
     assert on_disk - synced == set()
     assert ("fsync", os.fspath(tmp_path)) in events[commit:]  # the rename itself, before anything is pruned
