@@ -4,9 +4,11 @@
 
 Each world size runs in fresh spawned processes (gloo on CPU): build the built-in Llama of the given size
 (33.6 M parameters by default), shard it with ``workers.fsdp.apply_fsdp`` (a world of one stays unsharded, as in
-the trainer), give AdamW its state with one step, then ``workers.checkpoint.save_role`` and ``load_role`` into a
-fresh directory, ``--repeats`` times. Per rank: the median seconds of each, and the peak RSS above the RSS just
-before the call (the kernel's VmHWM, reset before each call): the host memory the checkpoint code itself needs.
+the trainer), give AdamW its state with one step; then, ``--repeats`` times: ``workers.checkpoint.save_role`` into
+a checkpoint's staging directory, which rank 0 commits as the driver does (``CheckpointManager.commit``) and
+verifies as a resume does (``check_checkpoint``), then ``load_role`` from it. Per rank: the median seconds of each, and
+the peak RSS above the RSS just before save/load (the kernel's VmHWM, reset before each call): the host memory the
+checkpoint code itself needs (a lower bound: memory that malloc reuses from earlier frees is not counted).
 Prints one JSON line with every world size's ranks and the checkpoint's size on disk.
 """
 
@@ -74,6 +76,7 @@ def _measured(call: Any) -> tuple[float, float]:
 def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> None:
     import torch.distributed as dist
 
+    from trainer.checkpoint import CheckpointManager, check_checkpoint
     from workers import checkpoint
 
     torch.set_num_threads(1)
@@ -82,17 +85,25 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(minutes=10))
     model, optimizer, scheduler, tokenizer = _build(args)
     rows = []
-    for i in range(args["repeats"]):
-        path = Path(args["dir"]) / f"world{world}_{i}"
-        save_s, save_mb = _measured(lambda: checkpoint.save_role(str(path), model, optimizer, scheduler, tokenizer))
-        load_s, load_mb = _measured(lambda: checkpoint.load_role(str(path), model, optimizer, scheduler))
-        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-        rows.append({"save_s": save_s, "save_peak_mb": save_mb, "load_s": load_s, "load_peak_mb": load_mb,
-                     "size_mb": size / 2**20})
+    manager = CheckpointManager(str(Path(args["dir"]) / f"world{world}"))
+    for step in range(1, args["repeats"] + 1):
+        staging = manager.staging_path(step)
+        if rank == 0:
+            manager.make_staging(staging)
+        save_s, save_mb = _measured(lambda: checkpoint.save_role(str(staging / "actor"), model, optimizer, scheduler,
+                                                                 tokenizer))
+        # the driver's part, here on rank 0: checksum + fsync everything, rename; and verify before a resume
+        commit_s, _ = _measured(lambda: manager.commit(staging, step, {"global_step": step}) if rank == 0 else None)
+        final = Path(manager.root) / f"global_step_{step}"
+        verify_s, _ = _measured(lambda: check_checkpoint(final) if rank == 0 else None)
+        load_s, load_mb = _measured(lambda: checkpoint.load_role(str(final / "actor"), model, optimizer, scheduler))
+        size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
+        rows.append({"save_s": save_s, "save_peak_mb": save_mb, "commit_s": commit_s, "verify_s": verify_s,
+                     "load_s": load_s, "load_peak_mb": load_mb, "size_mb": size / 2**20})
         if world > 1:
             dist.barrier()
         if rank == 0:
-            shutil.rmtree(path)
+            shutil.rmtree(final)
     results.put({"rank": rank, **{k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}})
     if world > 1:
         dist.destroy_process_group()
