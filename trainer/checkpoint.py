@@ -3,7 +3,8 @@
 Layout under ``trainer.default_local_dir``::
 
     global_step_6/
-        actor/            HF model dir + optimizer.pt, extra.pt, rng_rank<r>.pt   (written by the workers)
+        actor/            model + optimizer shards (DCP: .metadata, __<r>_0.distcp), config.json, tokenizer,
+                          extra.pt, rng_rank<r>.pt   (written by the workers: workers/checkpoint.py)
         critic/           the same for the value model (when there is a critic)
         driver.pt         step, data position, KL controller, wandb run id
         COMPLETE          size and SHA-256 of every file above: written last, verified on load
