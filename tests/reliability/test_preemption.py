@@ -11,7 +11,7 @@ from tests.reliability.conftest import REPO, run_child, tiny_overrides
 from trainer.checkpoint import check_checkpoint
 from trainer.preemption import EXIT_PREEMPTED
 
-STEPS = 6
+STEPS = 12  # tiny steps are fast: room for the signal to land well before the last one
 
 
 def logged_steps(run_dir) -> list[int]:
