@@ -188,7 +188,8 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     src = Path(path)
     missing = [name for name in ("config.json", ".metadata", "extra.pt") if not (src / name).exists()]
     if missing:
-        raise FileNotFoundError(f"checkpoint {src} is incomplete: missing {missing}")
+        unsharded = " (an unsharded checkpoint of an older ColoRL: not resumable)" if (src / "optimizer.pt").exists() else ""
+        raise FileNotFoundError(f"checkpoint {src} is incomplete: missing {missing}{unsharded}")
     reader = PlainReader(src)
     check_fits(src, reader.read_metadata(), module.state_dict(), "model.")
     for group in fsdp.fsdp_modules(module):  # a gathered copy left by an earlier forward would go stale
