@@ -242,6 +242,7 @@ def main(cfg: DictConfig) -> None:
     from single_controller.ray.health import WorkerDiedError
     from trainer.checkpoint import CheckpointError
     from trainer.ppo_trainer import NonFiniteLossError
+    from trainer.preemption import EXIT_PREEMPTED, Preempted
 
     try:
         run_ppo(to_config(cfg))
@@ -251,6 +252,9 @@ def main(cfg: DictConfig) -> None:
     except (WorkerDiedError, NonFiniteLossError, CheckpointError, RewardError) as exc:
         print(f"colorl: {exc}", file=sys.stderr)
         sys.exit(1)
+    except Preempted as exc:  # SIGTERM/SIGINT: the step was finished and checkpointed
+        print(f"colorl: {exc}", file=sys.stderr)
+        sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

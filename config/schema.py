@@ -113,7 +113,7 @@ class TrainerConfig:
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
     test_freq: int = -1  # <= 0 disables periodic validation
-    save_freq: int = -1  # <= 0 disables periodic checkpoints
+    save_freq: int = 20  # <= 0 disables periodic checkpoints (a run still saves at its end and on SIGTERM/SIGINT)
     val_before_train: bool = True
     critic_warmup: int = 0  # the actor is updated from step critic_warmup on; the critic from the first step
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"

@@ -3,26 +3,33 @@
 Layout under ``trainer.default_local_dir``::
 
     global_step_6/
-        actor/            HF model dir + optimizer.pt, extra.pt, rng_rank<r>.pt   (written by the workers)
+        actor/            model + optimizer shards (DCP: .metadata, __<r>_0.distcp), config.json, tokenizer,
+                          extra.pt, rng_rank<r>.pt   (written by the workers: workers/checkpoint.py)
         critic/           the same for the value model (when there is a critic)
         driver.pt         step, data position, KL controller, wandb run id
-        COMPLETE          the size of every file above: written last, checked on load
+        COMPLETE          size and SHA-256 of every file above: written last, verified on load
     latest_checkpointed_iteration.txt
 
-A checkpoint is written into a hidden staging directory and renamed into place only once complete, so a
-crash (or a full disk) at any moment leaves the previous checkpoint untouched and loadable.
+A checkpoint is written into a hidden staging directory, every file and directory of it flushed to disk (fsync),
+and only then renamed into place; older checkpoints are pruned once the rename itself is on disk. So a crash, a
+power cut or a full disk at any moment leaves the previous checkpoint untouched and loadable.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from workers.checkpoint import WRITE_ERRORS, UnsafeCheckpointError, fsync, load_plain, write_error
 
 LATEST = "latest_checkpointed_iteration.txt"
 COMPLETE = "COMPLETE"
@@ -37,32 +44,69 @@ def _step_of(path: Path) -> int:
     return int(path.name[len(PREFIX) :])
 
 
-def _file_sizes(root: Path) -> dict[str, int]:
-    return {os.fspath(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+def _digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _parallel(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    """``fn`` over ``items`` in threads: hashing and fsync release the GIL, and a checkpoint has a shard per rank."""
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(fn, items))
+
+
+def _seal(root: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of every file below ``root``, each file and directory flushed to disk on the way."""
+    paths = sorted(root.rglob("*"))
+    files = [p for p in paths if p.is_file()]
+    digests = _parallel(_digest, files)
+    _parallel(fsync, [*paths, root])
+    return {os.fspath(p.relative_to(root)): {"size": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` so that a crash leaves the old or the new content, both on disk."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync(path.parent)
+
+
+def _manifest(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        files = json.loads((path / COMPLETE).read_text())["files"]
+        if not all(isinstance(v, dict) and {"size", "sha256"} <= v.keys() for v in files.values()):
+            raise ValueError("no size and sha256 for every file")
+        return files
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{path}/{COMPLETE} is unreadable ({exc})") from None
+
+
+def _damage(path: Path, name: str, expected: dict[str, Any]) -> str | None:
+    """What is wrong with file ``name`` of checkpoint ``path`` (None: it has its recorded size and checksum)."""
+    file = path / name
+    if not file.is_file():
+        return f"{name} is missing"
+    size = file.stat().st_size
+    if size != expected["size"]:
+        return f"{name} has {size} bytes instead of {expected['size']} (truncated or overwritten)"
+    if _digest(file) != expected["sha256"]:
+        return f"{name} does not match its SHA-256 checksum (damaged on disk or altered)"
+    return None
 
 
 def check_checkpoint(path: Path) -> None:
-    """Raise CheckpointError unless ``path`` is a complete checkpoint whose files all have their saved sizes."""
-    marker = path / COMPLETE
-    if not marker.exists():
+    """Raise CheckpointError unless ``path`` is a complete checkpoint whose every file has its recorded checksum."""
+    if not (path / COMPLETE).exists():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE} marker: interrupted while saving?)")
-    try:
-        expected = json.loads(marker.read_text())["files"]
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path}/{COMPLETE} is unreadable ({exc})") from None
-    actual = {k: v for k, v in _file_sizes(path).items() if k != COMPLETE}
-    damaged = sorted(k for k in expected if actual.get(k) != expected[k])
+    manifest = sorted(_manifest(path).items())
+    damaged = [d for d in _parallel(lambda item: _damage(path, *item), manifest) if d]
     if damaged:
-        raise CheckpointError(f"{path} is corrupted: {len(damaged)} file(s) missing or truncated, e.g. {damaged[:3]}")
+        more = f" (and {len(damaged) - 1} more damaged file(s))" if len(damaged) > 1 else ""
+        raise CheckpointError(f"{path} is corrupted: {damaged[0]}{more}")
 
 
 class CheckpointManager:
@@ -82,16 +126,37 @@ class CheckpointManager:
         staging.mkdir(parents=True)
 
     def commit(self, staging: Path, step: int, driver_state: dict[str, Any]) -> Path:
-        """Seal ``staging`` (driver state, size manifest), move it into place, point ``latest`` at it, prune."""
-        torch.save(driver_state, staging / "driver.pt")
-        _write_atomically(staging / COMPLETE, json.dumps({"step": step, "files": _file_sizes(staging)}))
+        """Seal ``staging`` (driver state, checksum manifest, all on disk), move it into place, point ``latest`` at
+        it, then prune: nothing older is deleted before the new checkpoint is durable."""
+        try:
+            torch.save(driver_state, staging / "driver.pt")
+            _write_atomically(staging / COMPLETE, json.dumps({"step": step, "files": _seal(staging)}))
+        except WRITE_ERRORS as exc:  # a full disk: the caller abandons the staging directory
+            raise write_error(staging, exc, "the driver ") from exc
+        self._recover()
         final = self.root / f"{PREFIX}{step}"
-        if final.exists():  # re-saving the same step (e.g. after a restart): replace it whole
-            shutil.rmtree(final)
+        replaced = self._replaced_path(step)
+        if final.exists():  # re-saving the same step: set the old one aside until the new one is in place
+            os.rename(final, replaced)
         os.rename(staging, final)
+        fsync(self.root)
         _write_atomically(self.root / LATEST, str(step))
+        shutil.rmtree(replaced, ignore_errors=True)
         self._prune()
         return final
+
+    def _replaced_path(self, step: int) -> Path:
+        return self.root / f".{PREFIX}{step}.replaced"
+
+    def _recover(self) -> None:
+        """Finish a replacement that a crash cut short: the old checkpoint goes back unless the new one made it."""
+        for replaced in self.root.glob(f".{PREFIX}*.replaced"):
+            final = self.root / replaced.name[1 : -len(".replaced")]
+            if final.exists():
+                shutil.rmtree(replaced)
+            else:
+                os.rename(replaced, final)
+                fsync(self.root)
 
     def abandon(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
@@ -112,10 +177,23 @@ class CheckpointManager:
             if not any((old / role).exists() for role in self.keep):
                 shutil.rmtree(old)
 
+    def _refuse_to_mix(self) -> None:
+        """A fresh run must not overwrite an earlier run's checkpoints or append to its metrics."""
+        earlier = [p.name for p in self.checkpoints()] + [p.name for p in self.root.glob("metrics.jsonl")]
+        if earlier:
+            raise CheckpointError(
+                f"trainer.resume_mode=disable, but trainer.default_local_dir={self.root} already holds a run "
+                f"({', '.join(earlier[-3:])}): a fresh run there would overwrite its checkpoints and mix into its "
+                "metrics. Continue it with trainer.resume_mode=auto, or start afresh in another "
+                "trainer.default_local_dir (or remove this one)"
+            )
+
     def find(self, resume_mode: str, resume_from_path: str | None = None) -> Path | None:
         """The checkpoint to resume from: None for a fresh start."""
         if resume_mode == "disable":
+            self._refuse_to_mix()
             return None
+        self._recover()
         if resume_mode == "resume_path":
             path = Path(resume_from_path)
             if not path.is_dir():
@@ -132,4 +210,8 @@ class CheckpointManager:
 
 
 def load_driver_state(path: Path) -> dict[str, Any]:
-    return torch.load(Path(path) / "driver.pt", weights_only=False)
+    """The driver's state in checkpoint ``path`` (tensors and plain types only: see ``load_plain``)."""
+    try:
+        return load_plain(Path(path) / "driver.pt")
+    except UnsafeCheckpointError as exc:
+        raise CheckpointError(str(exc)) from None

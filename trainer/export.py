@@ -1,23 +1,37 @@
-"""Export a checkpoint's actor as a Hugging Face model directory.
+"""Export a checkpoint's actor (or critic) as a Hugging Face model directory.
 
     python -m trainer.export outputs/colorl/reverse_demo            # the latest checkpoint of a run
-    python -m trainer.export outputs/colorl/reverse_demo/global_step_40 --out my_model
+    python -m trainer.export outputs/colorl/reverse_demo/global_step_40 --out my_model [--overwrite]
 
-Every checkpoint's ``actor/`` already is an HF directory (safetensors, config, tokenizer); export checks that
-the checkpoint is complete, copies that directory and loads it back with ``from_pretrained`` to be sure.
+A checkpoint holds each role as sharded ``torch.distributed.checkpoint`` files (written by every rank at once);
+export checks the checkpoint (complete, checksums), builds the model from its ``config.json``, reads the shards
+into it in this one process (from any number of ranks they were written by), writes it with ``save_pretrained``
+beside the tokenizer, and loads the result back with ``from_pretrained`` to be sure.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import warnings
 from pathlib import Path
 
-from trainer.checkpoint import CheckpointManager, check_checkpoint
+import torch.distributed.checkpoint as dcp
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, GenerationConfig
+
+from trainer.checkpoint import CheckpointError, CheckpointManager, check_checkpoint
+from workers.checkpoint import PlainLoadPlanner, PlainReader, check_fits
 
 
-def export(checkpoint: str, out: str, role: str = "actor") -> Path:
-    """Copy ``role`` of ``checkpoint`` (a ``global_step_N`` dir, or a run dir: its latest) to ``out``."""
+def export(checkpoint: str, out: str, role: str = "actor", overwrite: bool = False) -> Path:
+    """Write ``role`` of ``checkpoint`` (a ``global_step_N`` dir, or a run dir: its latest) to ``out``; an ``out``
+    that exists and is not empty is refused unless ``overwrite`` (then it is replaced, never merged into)."""
+    target = Path(out)
+    if target.exists() and any(target.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"--out {target} exists and is not empty; exporting into it would mix two models' "
+                                  "files. Pass --overwrite to replace it, or choose another --out")
+        shutil.rmtree(target)
     path = Path(checkpoint)
     if not path.name.startswith("global_step_"):
         latest = CheckpointManager(str(path)).find("auto")
@@ -25,18 +39,31 @@ def export(checkpoint: str, out: str, role: str = "actor") -> Path:
             raise FileNotFoundError(f"{path} holds no complete checkpoint")
         path = latest
     check_checkpoint(path)
-    target = Path(out)
-    shutil.copytree(path / role, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("optimizer.pt", "extra.pt", "rng_rank*.pt"))
-    _verify(target)
+    model = _load(path / role)
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(path / role).save_pretrained(target)
+    _model_class(target).from_pretrained(target)
     return target
 
 
-def _verify(path: Path) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
-
+def _model_class(path: Path) -> type:
     config = AutoConfig.from_pretrained(path)
     is_lm = any(arch.endswith("ForCausalLM") for arch in config.architectures or [])
-    (AutoModelForCausalLM if is_lm else AutoModelForTokenClassification).from_pretrained(path)
+    return AutoModelForCausalLM if is_lm else AutoModelForTokenClassification
+
+
+def _load(src: Path):
+    """The role's model, built from its config and filled from its shards."""
+    model = _model_class(src).from_config(AutoConfig.from_pretrained(src))
+    if (src / "generation_config.json").exists():
+        model.generation_config = GenerationConfig.from_pretrained(src)
+    reader = PlainReader(src)
+    state = model.state_dict()
+    check_fits(src, reader.read_metadata(), state, "model.")
+    with warnings.catch_warnings():  # one process reading every rank's shards is the point here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": state}, storage_reader=reader, planner=PlainLoadPlanner(), no_dist=True)
+    return model
 
 
 def main() -> None:
@@ -44,9 +71,13 @@ def main() -> None:
     parser.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its latest checkpoint)")
     parser.add_argument("--out", help="target directory (default: <checkpoint>/hf_<role>)")
     parser.add_argument("--role", default="actor", choices=["actor", "critic"])
+    parser.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     args = parser.parse_args()
     out = args.out or str(Path(args.checkpoint) / f"hf_{args.role}")
-    print(f"exported {export(args.checkpoint, out, args.role)}")
+    try:
+        print(f"exported {export(args.checkpoint, out, args.role, args.overwrite)}")
+    except (FileExistsError, FileNotFoundError, ValueError, CheckpointError) as exc:
+        raise SystemExit(f"colorl: export: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from trainer.metrics import (
     timed,
     validation_metrics,
 )
+from trainer.preemption import StopSignals
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -130,7 +131,7 @@ class RayPPOTrainer:
             resume_id=self.wandb_run_id,
         )
         self.wandb_run_id = self.logger.wandb_run_id
-        start, last = time.monotonic(), {}
+        start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
                 self.logger.log(self.validate(), step=self.global_step)
@@ -147,16 +148,20 @@ class RayPPOTrainer:
                     with timed("testing", testing):
                         last.update(self.validate())
                     last["timing_s/testing"] = testing["testing"]
-                if done or out_of_time or _every(cfg.save_freq, self.global_step):
+                preempted = stop.signal is not None  # read once: a signal after the save waits for the next step
+                if done or out_of_time or preempted or _every(cfg.save_freq, self.global_step):
                     saving: dict[str, float] = {}
                     with self._phase("save_checkpoint", saving):
                         self.save_checkpoint()
                     last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
                 self.logger.log(last, step=self.global_step)
-                if out_of_time:
+                if out_of_time or preempted:
                     break
         finally:
+            stop.restore()
             self.logger.finish()
+        if stop.signal and self.global_step < self.total_training_steps:
+            raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
 
     def _check_finite(self, metrics: dict[str, float]) -> None:

@@ -16,9 +16,7 @@ from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
-    set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -270,18 +268,3 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, Tensor], broadc
     _reshard_all(model)  # a gathered copy left by an earlier forward would otherwise go stale
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=broadcast_from_rank0)
     set_model_state_dict(model, state_dict, options=options)
-
-
-def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer state keyed by parameter name, unsharded, on CPU, on rank 0 ({} elsewhere).
-
-    Keyed by name and unsharded, it loads into any world size (a collective: every rank must call it).
-    """
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_optimizer_state_dict(model, optimizer, options=options)
-
-
-def load_full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
-    """Load a state dict from :func:`full_optimizer_state_dict`; only rank 0 needs to hold it."""
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=dist.is_initialized())
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state_dict, options=options)

@@ -23,6 +23,7 @@ from config.roles import (
     RolloutConfig,
 )
 from workers import attention, fsdp
+from workers.checkpoint import PlainReader
 from workers.fsdp_workers import ActorRolloutRefWorker
 from workers.role import shard_role
 
@@ -112,8 +113,9 @@ def test_a_bf16_cpu_worker_samples_updates_and_saves_fp32_weights(tiny_model_dir
 
     updated = group.compute_log_prob(gen).batch["old_log_probs"]
     group.save_checkpoint(str(tmp_path / "actor"))
-    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "actor", dtype="auto")
-    assert saved.dtype == torch.float32  # the fp32 master weights, not their bf16 compute copies
+    saved = PlainReader(tmp_path / "actor").read_metadata().state_dict_metadata
+    # the fp32 master weights, not their bf16 compute copies
+    assert {m.properties.dtype for k, m in saved.items() if k.startswith("model.")} == {torch.float32}
     group.update_actor(batch)
     group.load_checkpoint(str(tmp_path / "actor"))  # the masters, and the bf16 weights computed from them
     assert torch.equal(group.compute_log_prob(gen).batch["old_log_probs"], updated)
