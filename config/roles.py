@@ -8,7 +8,7 @@ root). Choices are ``Literal`` types, checked when the config is built (``config
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Literal, Optional
+from typing import Any, List, Literal, Optional
 
 from algos.kl import KL_LOSS_TYPES
 from config.checks import (
@@ -37,6 +37,13 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     use_remove_padding: bool = False  # log-prob and update forwards on packed rows (no pad tokens computed)
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of the full model
+    lora_alpha: float = 16
+    target_modules: Any = "all-linear"  # "all-linear" or a list of module names
+
+    def __post_init__(self) -> None:
+        check(self, ["lora_rank"], lambda v: is_int(v) and v >= 0, "must be 0 (full fine-tuning) or a positive rank")
+        positive(self, "lora_alpha")
 
 
 @dataclass(frozen=True)
