@@ -3,7 +3,8 @@
 A role directory holds:
 
 - a Hugging Face model directory (``config.json``, ``model.safetensors``, tokenizer files): the weights,
-  unsharded, loadable with ``from_pretrained`` — so every actor checkpoint is also an HF export;
+  unsharded, loadable with ``from_pretrained`` — so every actor checkpoint is also an HF export; for a LoRA
+  model, peft's adapter directory instead (``adapter_config.json``, ``adapter_model.safetensors``: ``workers.lora``);
 - ``optimizer.pt``: the AdamW state, unsharded and keyed by parameter name;
 - ``extra.pt``: the LR-scheduler state;
 - ``rng_rank<r>.pt``: each rank's random-number-generator state (restored when the world size matches).
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workers import fsdp
+from workers import fsdp, lora
 
 
 def _rank() -> int:
@@ -50,7 +51,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, tokenizer: Any) -> None:
     """Write ``module`` (HF format), optimizer, scheduler and this rank's RNG under ``path``."""
-    model_state = fsdp.full_state_dict(module)
+    # a LoRA model's save_pretrained writes only the adapters (and the base model's path)
+    model_state = fsdp.trainable_state_dict(module) if lora.is_lora(module) else fsdp.full_state_dict(module)
     optim_state = fsdp.full_optimizer_state_dict(module, optimizer)
     out = Path(path)
     error = None
@@ -76,11 +78,16 @@ def save_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
 def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
     """Restore what :func:`save_role` wrote, into a model sharded over any number of ranks."""
     src = Path(path)
-    missing = [name for name in ("config.json", "optimizer.pt", "extra.pt") if not (src / name).exists()]
+    lora.check_checkpoint_kind(src, module)
+    weights = "adapter_config.json" if lora.is_lora(module) else "config.json"
+    missing = [name for name in (weights, "optimizer.pt", "extra.pt") if not (src / name).exists()]
     if missing:
         raise FileNotFoundError(f"checkpoint {src} is incomplete: missing {missing}")
-    model_state = _load_weights(src, module) if _rank() == 0 else {}
-    fsdp.load_full_state_dict(module, model_state, broadcast_from_rank0=dist.is_initialized())
+    if lora.is_lora(module):
+        lora.load_adapters(src, module)
+    else:
+        model_state = _load_weights(src, module) if _rank() == 0 else {}
+        fsdp.load_full_state_dict(module, model_state, broadcast_from_rank0=dist.is_initialized())
     optim_state = torch.load(src / "optimizer.pt", weights_only=False) if _rank() == 0 else {}
     fsdp.load_full_optimizer_state_dict(module, optimizer, optim_state)
     extra = torch.load(src / "extra.pt", weights_only=False)

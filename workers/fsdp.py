@@ -261,6 +261,28 @@ def full_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str, Tens
     return {k: v.cpu() for k, v in state.items()}
 
 
+def trainable_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The parameters that train (a LoRA model's adapters), unsharded, as CPU tensors, on every rank.
+
+    A collective for FSDP models: every rank gathers the same parameters in the same order. Only these are
+    gathered, so saving adapters never unshards the frozen base model.
+    """
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def load_partial_state_dict(model: nn.Module, state_dict: dict[str, Tensor]) -> None:
+    """Load full (unsharded) tensors for some of ``model``'s parameters, held by every rank; the rest are kept."""
+    if not is_fsdp(model):
+        model.load_state_dict(state_dict, strict=False)
+        return
+    _reshard_all(model)
+    set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
 def load_full_state_dict(model: nn.Module, state_dict: dict[str, Tensor], broadcast_from_rank0: bool = False) -> None:
     """Load a full (unsharded) state dict into a sharded model; with ``broadcast_from_rank0`` only rank 0
     needs to hold it. A collective for FSDP models."""

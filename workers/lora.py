@@ -1,0 +1,90 @@
+"""LoRA through peft: adapters on a causal LM, the reference policy as the same module with them disabled.
+
+With ``actor_rollout_ref.model.lora_rank`` > 0 the actor trains low-rank adapters ΔW = (α/r)·B·A beside frozen
+base weights (peft initialises B = 0, so the adapted model starts as the base model). The reference policy is
+then the base model itself: the actor's module run inside :func:`as_reference`, so the base weights are held
+once (verl does the same). Checkpoints hold only the adapters, in peft's format (``adapter_config.json``, whose
+``base_model_name_or_path`` names the base model, and ``adapter_model.safetensors``); ``trainer.export``
+merges them into the base weights.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file
+from torch import nn
+
+from workers import fsdp
+
+ADAPTER = "default"  # peft's name of the one adapter; its checkpoint keys leave it out
+
+
+def is_lora(module: nn.Module) -> bool:
+    return isinstance(module, PeftModel)
+
+
+def add_adapters(model: nn.Module, model_config: Any) -> nn.Module:
+    """``model`` with LoRA adapters on ``target_modules`` (only they train) when ``lora_rank`` > 0, else as is.
+
+    Before sharding: FSDP then shards the peft model, whose transformer blocks it still finds through the
+    base model's ``_no_split_modules``.
+    """
+    if model_config.lora_rank == 0:
+        return model
+    targets = model_config.target_modules
+    config = LoraConfig(
+        r=int(model_config.lora_rank),
+        lora_alpha=float(model_config.lora_alpha),
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # e.g. a module name the model does not have
+        raise ValueError(f"actor_rollout_ref.model.target_modules={targets!r}: {exc}") from None
+
+
+def as_reference(module: nn.Module) -> AbstractContextManager:
+    """Run ``module`` as the reference policy: a LoRA model with its adapters disabled, any other as it is."""
+    return module.disable_adapter() if is_lora(module) else nullcontext()
+
+
+def rank(module: nn.Module) -> int:
+    """The module's ``lora_rank``: 0 for a model that trains all its weights."""
+    return module.peft_config[ADAPTER].r if is_lora(module) else 0
+
+
+def check_checkpoint_kind(src: Path, module: nn.Module) -> None:
+    """A clear error when a role directory holds adapters and the model trains all weights, or the other way."""
+    holds_adapters = (src / "adapter_config.json").exists()
+    if holds_adapters != is_lora(module):
+        saved = "LoRA adapters" if holds_adapters else "full weights"
+        raise ValueError(f"checkpoint {src} holds {saved}, but actor_rollout_ref.model.lora_rank={rank(module)}: "
+                         "resume with the lora_rank the run was saved with")
+
+
+def checkpoint_key(name: str) -> str:
+    """The key peft's adapter checkpoint stores parameter ``name`` under (peft drops the adapter's name)."""
+    return name.replace(f".{ADAPTER}.", ".")
+
+
+def load_adapters(src: Path, module: nn.Module) -> None:
+    """Load the adapters that ``save_pretrained`` wrote under ``src`` into ``module``, sharded over any ranks.
+
+    Every rank reads the (small) file and keeps its own shard; the frozen base weights are left as loaded.
+    """
+    saved = load_file(src / "adapter_model.safetensors")
+    expected = {name: p.shape for name, p in module.named_parameters() if p.requires_grad}
+    state = {name: saved[checkpoint_key(name)] for name in expected if checkpoint_key(name) in saved}
+    wrong = {k: (tuple(v.shape), tuple(expected[k])) for k, v in state.items() if v.shape != expected[k]}
+    missing = sorted(set(expected) - set(state))
+    if wrong or missing:
+        raise ValueError(
+            f"checkpoint {src} does not fit this model (a different model config or lora_rank?): "
+            f"missing {missing[:5]}, shape mismatches (saved, expected) {dict(list(wrong.items())[:5])}"
+        )
+    fsdp.load_partial_state_dict(module, state)
