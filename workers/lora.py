@@ -10,11 +10,13 @@ merges them into the base weights.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file
 from torch import nn
 
@@ -48,9 +50,22 @@ def add_adapters(model: nn.Module, model_config: Any) -> nn.Module:
         raise ValueError(f"actor_rollout_ref.model.target_modules={targets!r}: {exc}") from None
 
 
-def as_reference(module: nn.Module) -> AbstractContextManager:
-    """Run ``module`` as the reference policy: a LoRA model with its adapters disabled, any other as it is."""
-    return module.disable_adapter() if is_lora(module) else nullcontext()
+@contextmanager
+def as_reference(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` as the reference policy: a LoRA model with its adapters disabled, any other as it is.
+
+    Only the flag each LoRA layer's forward reads is switched. peft's ``disable_adapter()`` also flips the
+    adapters' ``requires_grad``, and under FSDP2 that lands on whichever parameter objects are registered at
+    that moment (sharded or gathered), so a gathered root left the sharded adapters frozen for the next update.
+    """
+    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def rank(module: nn.Module) -> int:

@@ -52,6 +52,7 @@ def test_adapters_at_init_change_nothing_and_disabled_they_give_the_base_model(t
     with lora.as_reference(role.module):
         assert torch.equal(_log_probs(role.module, batch), expected)
     assert not torch.equal(_log_probs(role.module, batch), expected)  # adapters back on after the reference
+    assert all(p.requires_grad for n, p in role.module.named_parameters() if ".lora_" in n)  # and still trained
 
 
 def test_only_the_adapters_are_trained(tiny_model_dir, base):
