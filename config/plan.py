@@ -49,7 +49,9 @@ class StepPlan:
     n_workers: int
     use_critic: bool
     use_reference_policy: bool  # a reference model exists: a KL loss or the in-reward KL
-    ref_in_actor: bool  # kl_loss_type=full: the actor's process holds the reference for its update
+    # the actor's process holds the reference: kl_loss_type=full reads it in the update; a LoRA actor is its
+    # own reference (its module with the adapters disabled), so the base model is held once
+    ref_in_actor: bool
     recompute_old_log_prob: bool  # False: one on-policy optimizer step, whose own log-probs are the old ones
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
     actor_update_keys: tuple[str, ...]
@@ -82,6 +84,8 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         )
     _check_estimator(cfg)
     critic = uses_critic(cfg)
+    use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
+    lora = cfg.actor_rollout_ref.model.lora_rank > 0
     recompute = not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
                      and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size))
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
@@ -96,8 +100,8 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     return StepPlan(
         n_workers=n_workers,
         use_critic=critic,
-        use_reference_policy=bool(actor.use_kl_loss or algo.use_kl_in_reward),
-        ref_in_actor=uses_full_kl(actor),
+        use_reference_policy=use_reference_policy,
+        ref_in_actor=uses_full_kl(actor) or (use_reference_policy and lora),
         recompute_old_log_prob=recompute,
         compute_ref_log_prob=ref_log_prob,
         actor_update_keys=actor_update_keys(actor, old_log_probs=recompute),

@@ -6,7 +6,9 @@
 A checkpoint holds each role as sharded ``torch.distributed.checkpoint`` files (written by every rank at once);
 export checks the checkpoint (complete, checksums), builds the model from its ``config.json``, reads the shards
 into it in this one process (from any number of ranks they were written by), writes it with ``save_pretrained``
-beside the tokenizer, and loads the result back with ``from_pretrained`` to be sure.
+beside the tokenizer, and loads the result back with ``from_pretrained`` to be sure. A LoRA run's shards hold only
+the adapters: export loads the base model ``adapter_config.json`` names (``base_model_name_or_path``), reads the
+adapters into it, merges them into its weights (W + (α/r)·B·A) and writes the merged model, which loads without peft.
 """
 
 from __future__ import annotations
@@ -53,17 +55,34 @@ def _model_class(path: Path) -> type:
 
 
 def _load(src: Path):
-    """The role's model, built from its config and filled from its shards."""
+    """The role's model, built from its config and filled from its shards (LoRA: adapters merged into the base)."""
+    if (src / "adapter_config.json").exists():
+        return _merged_lora(src)
     model = _model_class(src).from_config(AutoConfig.from_pretrained(src))
     if (src / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(src)
+    _read_shards(src, model.state_dict())
+    return model
+
+
+def _merged_lora(src: Path):
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig.from_pretrained(src)
+    if not config.base_model_name_or_path:
+        raise ValueError(f"{src}/adapter_config.json names no base_model_name_or_path to merge the adapters into")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path), config)
+    _read_shards(src, {name: p.data for name, p in model.named_parameters() if p.requires_grad})
+    return model.merge_and_unload()
+
+
+def _read_shards(src: Path, state: dict) -> None:
+    """Fill ``state`` (name -> tensor, in place) from the role's shards under ``src``."""
     reader = PlainReader(src)
-    state = model.state_dict()
     check_fits(src, reader.read_metadata(), state, "model.")
     with warnings.catch_warnings():  # one process reading every rank's shards is the point here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load({"model": state}, storage_reader=reader, planner=PlainLoadPlanner(), no_dist=True)
-    return model
 
 
 def main() -> None:

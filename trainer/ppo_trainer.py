@@ -93,7 +93,8 @@ class RayPPOTrainer:
             [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
         )
         plan = self.plan
-        # the exact KL loss reads reference logits inside the update: then one object holds actor and ref
+        # the exact KL loss reads reference logits inside the update, and a LoRA actor is its own reference
+        # (adapters disabled): then one object holds actor and ref
         actor_role = "actor_rollout_ref" if plan.ref_in_actor else "actor_rollout"
         arr = cfg.actor_rollout_ref
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan)}

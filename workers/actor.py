@@ -22,6 +22,7 @@ from algos import (
 )
 from config.plan import LOG_PROB_KEYS, actor_update_keys, is_single_step, uses_full_kl
 from single_controller import DataProto
+from workers.lora import as_reference
 from workers.packing import pack_batch, pack_width, restore_order
 from workers.update import configured_update, micro_batches, model_device
 
@@ -85,7 +86,8 @@ class DataParallelPPOActor:
             ``ppo_mini_batch_size``·n / world size); None means ``config.ppo_mini_batch_size`` as is.
         use_remove_padding: run every forward on packed rows (``actor_rollout_ref.model.use_remove_padding``).
         ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
-            exact KL compares the two models' whole next-token distributions inside the update.
+            exact KL compares the two models' whole next-token distributions inside the update. A LoRA
+            ``module`` may be its own reference: it then runs with its adapters disabled.
     """
 
     def __init__(
@@ -202,7 +204,8 @@ class DataParallelPPOActor:
         """Per-token KL(π ‖ π_ref) (B, R) for the KL loss: a sampled-token estimator, or exact over the vocab."""
         if not uses_full_kl(self.config):
             return kl_penalty(log_prob, micro["ref_log_prob"], self.config.kl_loss_type)
-        with torch.no_grad():  # same packing as the actor's forward, so rows of the two logits line up
+        # same packing as the actor's forward, so rows of the two logits line up; a LoRA actor is its own reference
+        with torch.no_grad(), as_reference(self.ref_module):
             ref_logits, _, _ = response_token_logits(
                 self.ref_module, micro, micro["responses"].shape[-1], temperature, self.use_remove_padding
             )

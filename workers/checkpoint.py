@@ -6,7 +6,9 @@ A role directory holds:
   it: each rank writes only its own shards, all ranks at once, keyed by parameter name, so that it loads into any
   number of ranks (DCP reshards on load) and no rank ever holds the whole model;
 - ``config.json`` (+ ``generation_config.json``) and the tokenizer files: what ``trainer.export`` needs to turn
-  the shards into a Hugging Face model directory;
+  the shards into a Hugging Face model directory; for a LoRA model (``workers.lora``) the shards hold only the
+  adapters (the trainable parameters: the frozen base is the pretrained model) and ``adapter_config.json`` names
+  the base model;
 - ``extra.pt``: the LR-scheduler state and the world size;
 - ``rng_rank<r>.pt``: each rank's random-number-generator state (restored when the world size matches).
 
@@ -35,13 +37,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint import metadata as metadata_module
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
 
-from workers import fsdp
+from workers import fsdp, lora
 
 
 def _rank() -> int:
@@ -151,7 +154,11 @@ def _attempt(out: Path, write: Any) -> CheckpointWriteError | None:
 def _state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """This rank's part of the model and optimizer state, keyed by parameter name: DTensor shards under FSDP
     (views of the parameters themselves, so a DCP load writes straight into them)."""
-    return {"model": get_model_state_dict(module), "optimizer": get_optimizer_state_dict(module, optimizer)}
+    model = get_model_state_dict(module)
+    if lora.is_lora(module):  # the adapters only: the frozen base is the pretrained model, unchanged by training
+        trainable = {name for name, param in module.named_parameters() if param.requires_grad}
+        model = {name: tensor for name, tensor in model.items() if name in trainable}
+    return {"model": model, "optimizer": get_optimizer_state_dict(module, optimizer)}
 
 
 def save_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, tokenizer: Any) -> None:
@@ -166,6 +173,8 @@ def save_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
         if getattr(module, "generation_config", None) is not None:
             module.generation_config.save_pretrained(out)
         tokenizer.save_pretrained(out)
+        if lora.is_lora(module):
+            module.peft_config[lora.ADAPTER].save_pretrained(out)  # adapter_config.json, with the base model's path
         torch.save({"lr_scheduler": scheduler.state_dict(), "world_size": _world_size()}, out / "extra.pt")
         for file in out.iterdir():
             fsync(file)
@@ -190,11 +199,12 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     if missing:
         unsharded = " (an unsharded checkpoint of an older ColoRL: not resumable)" if (src / "optimizer.pt").exists() else ""
         raise FileNotFoundError(f"checkpoint {src} is incomplete: missing {missing}{unsharded}")
+    lora.check_checkpoint_kind(src, module)
     reader = PlainReader(src)
-    check_fits(src, reader.read_metadata(), module.state_dict(), "model.")
     for group in fsdp.fsdp_modules(module):  # a gathered copy left by an earlier forward would go stale
         group.reshard()
     state = _state(module, optimizer)
+    check_fits(src, reader.read_metadata(), state["model"], "model.")
     try:
         dcp.load(state, storage_reader=reader, planner=PlainLoadPlanner(), no_dist=not dist.is_initialized())
     except CheckpointException as exc:  # every rank's errors, wrapped: raise the first as what it is
@@ -202,7 +212,8 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
         if isinstance(first, UnsafeCheckpointError):
             raise first from None
         raise ValueError(f"cannot read checkpoint {src}: {type(first).__name__}: {first}") from None
-    set_model_state_dict(module, state["model"])
+    # a LoRA checkpoint fills the adapters only (the frozen base stays as loaded); check_fits checked the rest
+    set_model_state_dict(module, state["model"], options=StateDictOptions(strict=not lora.is_lora(module)))
     set_optimizer_state_dict(module, optimizer, state["optimizer"])
     extra = load_plain(src / "extra.pt")
     scheduler.load_state_dict(extra["lr_scheduler"])

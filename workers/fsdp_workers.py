@@ -17,11 +17,11 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config.plan import StepPlan
+from config.plan import StepPlan, uses_full_kl
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
-from workers import fsdp, malloc
+from workers import fsdp, lora, malloc
 from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.reward_model import compute_rm_scores, load_reward_model
@@ -67,7 +67,9 @@ class ActorRolloutRefWorker(Worker):
     ``config`` is the ``actor_rollout_ref`` section; ``role`` is one of ``ROLES``; ``plan`` the step plan (the
     per-rank mini-batch, whether the reference lives in the actor's process). Rollout runs on the actor's own
     FSDP module (no second copy of the weights); ``ref`` holds a separate frozen copy. ``actor_rollout_ref``
-    holds both in one object, which ``kl_loss_type=full`` needs: its loss reads the reference logits.
+    holds both in one object, which ``kl_loss_type=full`` needs: its loss reads the reference logits. With
+    ``model.lora_rank`` > 0 the reference is the actor's own module with its adapters disabled
+    (``workers.lora``), so a LoRA actor is always ``actor_rollout_ref`` when there is a reference.
     """
 
     def __init__(self, config: Any, role: str, plan: StepPlan) -> None:
@@ -78,6 +80,9 @@ class ActorRolloutRefWorker(Worker):
         self.config, self.role, self.plan = config, role, plan
         self._is_actor = role in ("actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
+        if role == "ref" and config.model.lora_rank > 0:
+            raise ValueError(f"actor_rollout_ref.model.lora_rank={config.model.lora_rank}: the reference of a LoRA "
+                             "actor is its own module with the adapters disabled; use role 'actor_rollout_ref'")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
@@ -86,18 +91,22 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         remove_padding = cfg.model.use_remove_padding
-        if self._is_ref:
+        if self._is_ref and cfg.model.lora_rank == 0:
             self.ref = FrozenRole(self, _load_causal_lm(cfg.model), cfg.ref.fsdp_config)
-            self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor, use_remove_padding=remove_padding)
         if self._is_actor:
-            self.trained = TrainedRole(self, _load_causal_lm(cfg.model), cfg.actor.fsdp_config, cfg.actor.optim,
-                                       total_training_steps, compile=cfg.actor.use_torch_compile)
+            model = lora.add_adapters(_load_causal_lm(cfg.model), cfg.model)
+            self.trained = TrainedRole(self, model, cfg.actor.fsdp_config, cfg.actor.optim, total_training_steps,
+                                       compile=cfg.actor.use_torch_compile)
+            if self._is_ref and cfg.model.lora_rank > 0:  # runs under lora.as_reference: adapters disabled
+                self.ref = self.trained
             self.actor = DataParallelPPOActor(
                 self.trained.module, self.trained.optimizer, self.trained.lr_scheduler, cfg.actor,
                 self.plan.actor_mini_batch_size, use_remove_padding=remove_padding,
-                ref_module=self.ref.module if self._is_ref and self.plan.ref_in_actor else None,
+                ref_module=self.ref.module if self._is_ref and uses_full_kl(cfg.actor) else None,
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
+        if self._is_ref:
+            self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor, use_remove_padding=remove_padding)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -148,7 +157,7 @@ class ActorRolloutRefWorker(Worker):
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob needs the reference model; this worker's role is {self.role!r}")
         ref = self.config.ref
-        with self.ref.onloaded():
+        with self.ref.onloaded(), lora.as_reference(self.ref.module):
             log_probs, _ = self.ref_policy.compute_log_prob(
                 data,
                 micro_batch_size=ref.log_prob_micro_batch_size_per_gpu,
@@ -165,8 +174,9 @@ class ActorRolloutRefWorker(Worker):
         data = dataclasses.replace(data, meta_info={**data.meta_info, "temperature": self.config.rollout.temperature})
         # kl_loss_type=full runs the reference model inside the update (role actor_rollout_ref)
         with_ref = self.actor.ref_module is not None
+        separate_ref = with_ref and self.ref is not self.trained  # not a LoRA actor's own module
         return self.trained.update("actor", data, lambda: self.actor.update_policy(data), self.config.actor.ppo_epochs,
-                                   reference_forward=with_ref, also_onloaded=self.ref.onloaded() if with_ref else None)
+                                   reference_forward=with_ref, also_onloaded=self.ref.onloaded() if separate_ref else None)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

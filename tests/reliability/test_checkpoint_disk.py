@@ -4,6 +4,7 @@ import contextlib
 import subprocess
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,9 +12,11 @@ import torch.multiprocessing as mp
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from config.roles import FSDPConfig
 from tests.workers.helpers import build_tiny_checkpoint, free_port, init_gloo
 from trainer.checkpoint import CheckpointManager
-from workers import checkpoint, fsdp
+from workers import checkpoint
+from workers.role import shard_role
 
 
 @pytest.fixture
@@ -38,7 +41,10 @@ def fill(disk: Path, leave: int) -> None:
 
 
 def build_role(model_dir: str):
-    model = fsdp.apply_fsdp(AutoModelForCausalLM.from_pretrained(model_dir))
+    """A model as a worker places it (FSDP over the ranks of the process group, plain in a single process)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    where = SimpleNamespace(device=torch.device("cpu"), world_size=world)
+    model, _ = shard_role(where, AutoModelForCausalLM.from_pretrained(model_dir), FSDPConfig(), trained=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     ids = torch.randint(3, 40, (2, 8))

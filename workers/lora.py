@@ -1,0 +1,80 @@
+"""LoRA through peft: adapters on a causal LM, the reference policy as the same module with them disabled.
+
+With ``actor_rollout_ref.model.lora_rank`` > 0 the actor trains low-rank adapters ΔW = (α/r)·B·A beside frozen
+base weights (peft initialises B = 0, so the adapted model starts as the base model). The reference policy is
+then the base model itself: the actor's module run inside :func:`as_reference`, so the base weights are held
+once (verl does the same). Checkpoints hold only the adapters (``workers.checkpoint``: the trainable parameters'
+shards, and peft's ``adapter_config.json``, whose ``base_model_name_or_path`` names the base model);
+``trainer.export`` merges them into the base weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.tuners_utils import BaseTunerLayer
+from torch import nn
+
+
+ADAPTER = "default"  # peft's name of the one adapter; its checkpoint keys leave it out
+
+
+def is_lora(module: nn.Module) -> bool:
+    return isinstance(module, PeftModel)
+
+
+def add_adapters(model: nn.Module, model_config: Any) -> nn.Module:
+    """``model`` with LoRA adapters on ``target_modules`` (only they train) when ``lora_rank`` > 0, else as is.
+
+    Before sharding: FSDP then shards the peft model, whose transformer blocks it still finds through the
+    base model's ``_no_split_modules``.
+    """
+    if model_config.lora_rank == 0:
+        return model
+    targets = model_config.target_modules
+    config = LoraConfig(
+        r=int(model_config.lora_rank),
+        lora_alpha=float(model_config.lora_alpha),
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # e.g. a module name the model does not have
+        raise ValueError(f"actor_rollout_ref.model.target_modules={targets!r}: {exc}") from None
+
+
+@contextmanager
+def as_reference(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` as the reference policy: a LoRA model with its adapters disabled, any other as it is.
+
+    Only the flag each LoRA layer's forward reads is switched. peft's ``disable_adapter()`` also flips the
+    adapters' ``requires_grad``, and under FSDP2 that lands on whichever parameter objects are registered at
+    that moment (sharded or gathered), so a gathered root left the sharded adapters frozen for the next update.
+    """
+    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
+
+
+def rank(module: nn.Module) -> int:
+    """The module's ``lora_rank``: 0 for a model that trains all its weights."""
+    return module.peft_config[ADAPTER].r if is_lora(module) else 0
+
+
+def check_checkpoint_kind(src: Path, module: nn.Module) -> None:
+    """A clear error when a role directory holds adapters and the model trains all weights, or the other way."""
+    holds_adapters = (src / "adapter_config.json").exists()
+    if holds_adapters != is_lora(module):
+        saved = "LoRA adapters" if holds_adapters else "full weights"
+        raise ValueError(f"checkpoint {src} holds {saved}, but actor_rollout_ref.model.lora_rank={rank(module)}: "
+                         "resume with the lora_rank the run was saved with")
