@@ -146,16 +146,16 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any]:
 
     data = cfg.data
 
-    def dataset(key: str) -> RLHFDataset:
+    def dataset(key: str, max_samples: int) -> RLHFDataset:
         files = getattr(data, key)
         try:
             return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts,
-                               data.truncation)
+                               data.truncation, max_samples)
         except (FileNotFoundError, ValueError) as exc:  # a missing file or column, every prompt too long
             shown = files if isinstance(files, str) else list(files)
             raise ConfigError.invalid(f"data.{key}", shown, str(exc)) from None
 
-    train = dataset("train_files")
+    train = dataset("train_files", data.train_max_samples)
     train_dataloader = make_dataloader(
         train, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=data.dataloader_drop_last
     )
@@ -164,7 +164,7 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any]:
                           "prompts (with data.dataloader_drop_last=true no batch is left)")
     if data.val_files is None:
         return train_dataloader, None
-    val = dataset("val_files")
+    val = dataset("val_files", data.val_max_samples)
     val_dataloader = make_dataloader(val, data.val_batch_size or len(val), shuffle=False, drop_last=False)
     return train_dataloader, val_dataloader
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from algos import compute_advantage
 from benchmarks.common import (
     add_batch_args,
     add_model_args,
@@ -47,7 +48,6 @@ from benchmarks.common import (
     medians,
     stdout_to_stderr,
 )
-from algos import compute_advantage
 from config.plan import uses_full_kl
 from single_controller import DataProto
 from workers import attention, fsdp, malloc, perf

@@ -30,8 +30,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import emit, machine, stdout_to_stderr
-from single_controller import DataProto
 from config.roles import ActorConfig, OptimConfig
+from single_controller import DataProto
 from workers.actor import DataParallelPPOActor
 
 VARIANTS = {  # name -> (remove_padding, dynamic batch size)

@@ -49,9 +49,13 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 1
     dataloader_drop_last: bool = True
+    train_max_samples: int = -1  # > 0: use only the first this many prompts of the files (-1: all)
+    val_max_samples: int = -1
 
     def __post_init__(self) -> None:
         positive_int(self, "train_batch_size", "max_prompt_length", "max_response_length")
+        check(self, ["train_max_samples", "val_max_samples"], lambda v: is_int(v) and (v == -1 or v > 0),
+              "must be -1 (all) or a positive number of prompts")
         optional_positive_int(self, "val_batch_size")
         check(self, ["train_files", "val_files"], is_files, "must be null, a path or a list of paths")
 

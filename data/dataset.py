@@ -38,6 +38,7 @@ class RLHFDataset(Dataset):
     """Prompts tokenised once at construction. Rows longer than ``max_prompt_length`` tokens are dropped (and
     counted) with ``filter_overlong_prompts``; otherwise ``truncation`` (verl's ``data.truncation``) says what
     happens to them: ``error``, or keep their ``left`` (last) tokens, ``right`` (first) or ``middle`` (both ends).
+    ``max_samples`` > 0 keeps only the first that many prompts (verl's ``data.train_max_samples``/``val_max_samples``).
 
     A prompt is either a string (tokenised as is) or a list of chat messages (``{"role", "content"}``), which
     go through the tokenizer's chat template with the generation prompt when it has one, else are joined.
@@ -51,6 +52,7 @@ class RLHFDataset(Dataset):
         max_prompt_length: int = 16,
         filter_overlong_prompts: bool = True,
         truncation: str = "error",
+        max_samples: int = -1,
     ) -> None:
         self.files = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
         if not self.files:
@@ -87,7 +89,7 @@ class RLHFDataset(Dataset):
                 "filtered %d of %d prompts longer than max_prompt_length=%d tokens (%s)",
                 self.num_filtered, len(rows), max_prompt_length, self.files,
             )
-        self.rows = keep
+        self.rows = keep[:max_samples] if max_samples > 0 else keep
 
     def _prompt_text(self, prompt: Any) -> str:
         if isinstance(prompt, str):

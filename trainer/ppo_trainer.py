@@ -38,6 +38,7 @@ from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
+
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps with NaN/inf losses or gradients."""
 

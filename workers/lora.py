@@ -19,7 +19,6 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
-
 ADAPTER = "default"  # peft's name of the one adapter; its checkpoint keys leave it out
 
 

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 

@@ -18,8 +18,8 @@ import inspect
 from enum import Enum
 from typing import Any, Callable
 
-from single_controller.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor
 from single_controller.future import concat_results
+from single_controller.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor
 from single_controller.tensor_batch import is_tensordict
 
 MAGIC_ATTR = "_colorl_register"

@@ -90,11 +90,11 @@ def test_step_reports_trainer_phases_and_throughput(cache_dir):
 
 def test_step_flops_count_each_pass_that_ran(tmp_path):
     """GRPO: generation + forward and backward = 4 forwards; PPO with a KL adds ref and the critic's 1 + 3."""
+    import dataclasses
+
     from transformers import LlamaConfig
 
     from benchmarks.step import flops_model, step_flops
-    import dataclasses
-
     from config import PPOConfig, replace_keys, to_config
 
     LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

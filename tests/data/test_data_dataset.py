@@ -42,6 +42,11 @@ def test_overlong_prompts_are_truncated_as_data_truncation_says(parquet_file, ch
     assert char_tokenizer.decode(ds[3]["input_ids"]) == kept  # "c1234567890>" cut to its width
 
 
+def test_max_samples_keeps_the_first_prompts(parquet_file, char_tokenizer):
+    ds = RLHFDataset(parquet_file, char_tokenizer, max_prompt_length=16, max_samples=2)
+    assert [char_tokenizer.decode(row["input_ids"]) for row in ds] == ["c1>", "c12345>"]
+
+
 def test_parquet_and_jsonl_files_are_concatenated(parquet_file, tmp_path, char_tokenizer):
     jsonl = tmp_path / "b.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in _rows(["c9>", "c98>"])))

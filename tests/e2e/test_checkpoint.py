@@ -3,18 +3,18 @@ checkpoints, a full disk."""
 
 import contextlib
 import json
-import subprocess
 import shutil
+import subprocess
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from config import load_config
 from main import build_trainer
 from tests.e2e.test_ppo_e2e import read_jsonl
 from tests.wandb_offline import history, run_files, wandb_records
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager
-from config import load_config
 from trainer.export import export
 
 # metrics that are pure functions of the computation (not of wall time)

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
+from config import load_config
 from main import build_trainer
 from single_controller import DataProto
 from tests.wandb_offline import history, run_file, wandb_records
-from config import load_config
 from workers.fsdp import fsdp_modules
 
 REQUIRED = [

@@ -9,13 +9,13 @@ import pytest
 import torch
 from transformers import DistilBertConfig
 
+from config import ConfigError, load_config
 from data.builtin import build_char_tokenizer
 from data.dataset import RLHFDataset
 from data.reward import RewardError, RewardManager
 from main import build_trainer
 from single_controller import DataProto
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
-from config import ConfigError, load_config
 
 
 def build(tmp_path, assets, *overrides: str):

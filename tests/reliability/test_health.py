@@ -14,8 +14,7 @@ import torch.distributed as dist
 
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from single_controller.ray import health
+from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, health
 from single_controller.ray.health import WorkerDiedError, shutdown_worker_group, stall_report
 
 

@@ -15,7 +15,12 @@ from single_controller.base.decorator import (
     dispatch_megatron_compute_data_proto,
     register,
 )
-from single_controller.base.megatron.worker import DistRankInfo, MegatronWorker, TensorParallelWorker, model_parallel_shape
+from single_controller.base.megatron.worker import (
+    DistRankInfo,
+    MegatronWorker,
+    TensorParallelWorker,
+    model_parallel_shape,
+)
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool
 from single_controller.ray.megatron import NVMegatronRayWorkerGroup, TensorParallelRayWorkerGroup
 

@@ -18,7 +18,13 @@ from tensordict import TensorDict
 
 from single_controller import DataProto, DataProtoConfig, DataProtoFuture
 from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, Execute, collect_all_to_all, make_nd_compute_dataproto_dispatch_fn, register
+from single_controller.base.decorator import (
+    Dispatch,
+    Execute,
+    collect_all_to_all,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 
 

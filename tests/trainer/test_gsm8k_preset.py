@@ -1,14 +1,14 @@
 """The GPU recipe conf/qwen2_5_0_5b_gsm8k.yaml, checked on CPU without a run: verl's quickstart hyper-parameters,
 valid batch arithmetic on 2, 4 and 8 workers, and one-line errors from ``python main.py --config-name ...``."""
 
+import dataclasses
 import os
 import subprocess
 import sys
+from functools import reduce
 from pathlib import Path
 
 import pytest
-import dataclasses
-from functools import reduce
 
 import main
 from config import ConfigError, load_config, make_plan, num_workers, uses_critic

@@ -13,10 +13,10 @@ import torch.distributed as dist
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from single_controller import DataProto
 from config import PPOConfig, StepPlan, make_plan, to_config
 from config.roles import ActorConfig, ActorRolloutRefConfig, CriticConfig, CriticModelConfig, OptimConfig
 from config.schema import AlgorithmConfig, DataConfig
+from single_controller import DataProto
 
 PAD, EOS, BOS = 0, 1, 2
 TOKENS = ["<pad>", "<eos>", "<bos>", *"abcdefghijklmnopqrstuvwxyz", *"0123456789", *"<>=+-*/.,"]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.workers.helpers import actor_config, make_update_batch
 from algos import entropy_from_logits
+from tests.workers.helpers import actor_config, make_update_batch
 from workers.actor import DataParallelPPOActor
 from workers.optim import build_optimizer
 

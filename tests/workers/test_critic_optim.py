@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from tests.workers.helpers import critic_config, make_update_batch
 from config.roles import OptimConfig
+from tests.workers.helpers import critic_config, make_update_batch
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.optim import build_lr_scheduler, build_optimizer
 

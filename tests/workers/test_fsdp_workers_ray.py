@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
+from config.roles import ActorRolloutRefConfig, ModelConfig, RefConfig, RolloutConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from tests.workers.helpers import actor_config, critic_config, make_prompts, worker_config
-from config.roles import ActorRolloutRefConfig, ModelConfig, RefConfig, RolloutConfig
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 P, R, N, PROMPTS = 6, 5, 2, 4  # 4 prompts × n=2 = 8 rows, 4 per rank

@@ -6,9 +6,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
+from algos import LOSS_AGG_MODES, agg_loss
 from config.roles import CriticModelConfig
 from tests.workers.helpers import actor_config, critic_config, free_port, init_gloo, make_update_batch
-from algos import LOSS_AGG_MODES, agg_loss
 from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.packing import (

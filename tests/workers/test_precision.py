@@ -10,9 +10,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
-from single_controller import DataProto
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from tests.workers.helpers import actor_config, free_port, init_gloo, make_prompts, worker_config
 from config.roles import (
     ActorRolloutRefConfig,
     FSDPConfig,
@@ -22,6 +19,9 @@ from config.roles import (
     RefFSDPConfig,
     RolloutConfig,
 )
+from single_controller import DataProto
+from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from tests.workers.helpers import actor_config, free_port, init_gloo, make_prompts, worker_config
 from workers import attention, fsdp
 from workers.checkpoint import PlainReader
 from workers.fsdp_workers import ActorRolloutRefWorker
