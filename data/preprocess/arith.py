@@ -16,14 +16,12 @@ No expression appears in two rows, so the test split is held out from the train 
 from __future__ import annotations
 
 import argparse
-import os
 import random
-from pathlib import Path
 from typing import Any, Sequence
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data.preprocess.splits import write_splits
 from data.rewards.arith import DATA_SOURCE
 
 INSTRUCTION = 'Work it out, then write the final number after "####".'
@@ -88,20 +86,6 @@ def make_splits(
                 seen.add(expression)
                 rows.append(make_row(question, expression, result, split, len(rows)))
     return splits
-
-
-def write_splits(splits: dict[str, list[dict[str, Any]]], out_dir: str | os.PathLike) -> dict[str, Path]:
-    """``<out_dir>/<split>.parquet`` for every split, each renamed into place whole; returns split -> path."""
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for split, rows in splits.items():
-        path = out / f"{split}.parquet"
-        staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        pq.write_table(pa.Table.from_pylist(rows), staging)
-        os.replace(staging, path)  # a reader never sees a half-written file
-        written[split] = path
-    return written
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -25,9 +25,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data.preprocess.splits import write_splits
 from data.rewards.gsm8k import DATA_SOURCE, extract_answer
 
 SPLITS = ("train", "test")
@@ -103,16 +103,7 @@ def preprocess(
         split: [make_row(r["question"], r["answer"], split, i) for i, r in enumerate(load_split(local_dir, split))]
         for split in splits
     }
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for split, split_rows in rows.items():
-        path = out / f"{split}.parquet"
-        staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        pq.write_table(pa.Table.from_pylist(split_rows), staging)
-        os.replace(staging, path)  # a reader never sees a half-written file
-        written[split] = path
-    return written
+    return write_splits(rows, out_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
