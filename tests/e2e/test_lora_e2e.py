@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
 from config import load_config
-from main import build_trainer
+from tests.e2e.test_checkpoint import run
 from tests.e2e.test_ppo_e2e import read_jsonl
 from workers.checkpoint import PlainLoadPlanner, PlainReader
 
@@ -32,13 +32,6 @@ def config(tmp_path, steps: int, n_workers: int = 2, *extra: str):
         "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=2",
         f"trainer.default_local_dir={tmp_path}", "trainer.logger=[file]", *extra,
     ])
-
-
-def run(cfg):
-    trainer = build_trainer(cfg)
-    trainer.init_workers()
-    trainer.fit()
-    return trainer
 
 
 @pytest.fixture(scope="module")
