@@ -58,7 +58,9 @@ def test_floor_computes_in_the_actors_configured_precision(cache_dir):
     out = run_benchmark("floor", *TINY, "--steps", "1", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir,
                         "--set", bf16)
     assert out["floor_phases"] == ["gen", "update_actor"] and out["floor_s"] > 0
-    assert 0 < out["perf"]["mfu/actor"] < 1
+    # > 0 only: the CPU's bf16 peak is a matmul timed under whatever else the machine runs, so on a busy machine
+    # the ratio can pass 1 (it did once in a full suite); the fp32 tests above keep the < 1 bound
+    assert out["perf"]["mfu/actor"] > 0
 
 
 @pytest.mark.gpu
