@@ -3,12 +3,13 @@
     python -m benchmarks.checkpoint [--hidden 512 --layers 8] [--world 1 2] [--repeats 3] [--dir /tmp]
 
 Each world size runs in fresh spawned processes (gloo on CPU): build the built-in Llama of the given size
-(33.6 M parameters by default), shard it with ``workers.fsdp.apply_fsdp`` (a world of one stays unsharded, as in
-the trainer), give AdamW its state with one step; then, ``--repeats`` times: ``workers.checkpoint.save_role`` into
-a checkpoint's staging directory, which rank 0 commits as the driver does (``CheckpointManager.commit``) and
-verifies as a resume does (``check_checkpoint``), then ``load_role`` from it. Per rank: the median seconds of each, and
-the peak RSS above the RSS just before save/load (the kernel's VmHWM, reset before each call): the host memory the
-checkpoint code itself needs (a lower bound: memory that malloc reuses from earlier frees is not counted).
+(33.6 M parameters by default), place it as a worker does (``workers.role.shard_role``: FSDP over the ranks,
+a world of one unsharded), give AdamW its state with one step; then, ``--repeats`` times:
+``workers.checkpoint.save_role`` into a checkpoint's staging directory, which rank 0 commits as the driver does
+(``CheckpointManager.commit``) and verifies as a resume does (``check_checkpoint``), then ``load_role`` from it.
+Per rank: the median seconds of each, and the peak RSS above the RSS just before save/load (the kernel's VmHWM,
+reset before each call): the host memory the checkpoint code itself needs (a lower bound: memory that malloc
+reuses from earlier frees is not counted).
 Prints one JSON line with every world size's ranks and the checkpoint's size on disk.
 """
 
@@ -16,20 +17,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import shutil
-import socket
 import statistics
 import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
-from benchmarks.common import add_model_args, emit, machine, stdout_to_stderr
+from benchmarks.common import add_model_args, emit, machine, run_ranks, stdout_to_stderr
 from benchmarks.memory import peak_rss_mb, reset_peak_rss, rss_mb
 
 
@@ -45,11 +44,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _build(args: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """(module, optimizer, scheduler, tokenizer) as a trainer rank holds them, AdamW state filled by one step."""
+    from config.roles import FSDPConfig
     from data.builtin import build_char_tokenizer, build_tiny_model
-    from workers import fsdp
+    from workers.role import shard_role
 
     tokenizer = build_char_tokenizer()
-    model = fsdp.apply_fsdp(build_tiny_model(tokenizer, args["hidden"], args["layers"]))
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    model = build_tiny_model(tokenizer, args["hidden"], args["layers"])
+    where = SimpleNamespace(device=torch.device("cpu"), world_size=world)
+    model, _ = shard_role(where, model, FSDPConfig(), trained=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     ids = torch.randint(3, len(tokenizer), (2, 16))
@@ -109,34 +112,11 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
         dist.destroy_process_group()
 
 
-def run_world(world: int, args: dict[str, Any]) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        args = {**args, "port": sock.getsockname()[1]}
-    procs = [ctx.Process(target=_rank_main, args=(rank, world, args, results)) for rank in range(world)]
-    for p in procs:
-        p.start()
-    rows: list[dict[str, Any]] = []
-    try:
-        while len(rows) < world:
-            try:
-                rows.append(results.get(timeout=5))
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError(f"a rank of the world-{world} run failed (its traceback is above)") from None
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-    return sorted(rows, key=lambda r: r["rank"])
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="colorl-bench-ckpt-", dir=args.dir) as root, stdout_to_stderr():
         shared = {"hidden": args.hidden, "layers": args.layers, "repeats": args.repeats, "dir": root}
-        worlds = {str(world): run_world(world, shared) for world in args.world}
+        worlds = {str(world): run_ranks(_rank_main, world, shared) for world in args.world}
     n_params = 16 * args.hidden**2 * args.layers  # attention 4·h², MLP 3·h·4h per block; embeddings are tiny
     emit({"benchmark": "checkpoint", "params_m": round(n_params / 1e6, 1), "worlds": worlds,
           "machine": machine("cpu")})

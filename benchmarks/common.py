@@ -11,9 +11,11 @@ import contextlib
 import json
 import os
 import platform
+import queue
+import socket
 import statistics
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -139,3 +141,30 @@ def machine(device: str) -> dict[str, Any]:
 def emit(result: dict[str, Any]) -> None:
     """Print the result as one JSON line on stdout."""
     print(json.dumps(result), flush=True)
+
+
+def run_ranks(rank_main: Callable[..., None], world: int, args: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run ``rank_main(rank, world, args, results)`` in ``world`` fresh spawned processes (``args`` gets a free
+    ``port`` for their process group); the dicts they put on ``results``, by ``"rank"``. A rank that dies fails it."""
+    import torch.multiprocessing as mp  # deferred: the other helpers here need no torch
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        args = {**args, "port": sock.getsockname()[1]}
+    procs = [ctx.Process(target=rank_main, args=(rank, world, args, results)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    rows: list[dict[str, Any]] = []
+    try:
+        while len(rows) < world:
+            try:
+                rows.append(results.get(timeout=5))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError(f"a rank of the world-{world} run failed (its traceback is above)") from None
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+    return sorted(rows, key=lambda r: r["rank"])

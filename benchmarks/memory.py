@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
-import socket
 import tempfile
 import threading
 import time
@@ -39,11 +37,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import add_model_args, default_device, emit, machine, stdout_to_stderr
+from benchmarks.common import add_model_args, default_device, emit, machine, run_ranks, stdout_to_stderr
 from workers import malloc
 
 MB = 2**20
@@ -262,30 +259,6 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
         torch.distributed.destroy_process_group()
 
 
-def run_world(world: int, args: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run ``world`` fresh rank processes (world 1: one plain process, no FSDP); their results by rank."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        args = {**args, "port": sock.getsockname()[1]}
-    procs = [ctx.Process(target=_rank_main, args=(rank, world, args, results)) for rank in range(world)]
-    for p in procs:
-        p.start()
-    rows = []
-    try:
-        while len(rows) < world:
-            try:
-                rows.append(results.get(timeout=5))
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError(f"a rank of the world-{world} run failed (its traceback is above)")
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-    return sorted(rows, key=lambda r: r["rank"])
-
-
 def _ratios(fsdp_ranks: list[dict[str, Any]], plain: dict[str, Any]) -> dict[str, float]:
     """Max over FSDP ranks / unsharded, for each memory figure."""
     keys = [k for k in plain if k.endswith("_mb") and isinstance(plain[k], float)]
@@ -316,8 +289,8 @@ def main(argv: list[str] | None = None) -> None:
         "response_length": args.response_length, "updates": args.updates, "seed": args.seed,
         "threads": os.cpu_count() or 1, "min_num_params": args.min_num_params,
     }
-    sharded = run_world(args.world, shared)
-    plain = run_world(1, shared)[0]
+    sharded = run_ranks(_rank_main, args.world, shared)
+    plain = run_ranks(_rank_main, 1, shared)[0]
     emit({
         "benchmark": "memory", "hidden": args.hidden, "layers": args.layers, "model_path": model_path,
         "n_params": _n_params(model_config), "sequences": shared["sequences"],

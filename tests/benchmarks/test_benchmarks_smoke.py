@@ -191,3 +191,13 @@ def test_compare_passes_switches_and_paths_to_every_benchmark():
     assert flags[-1] == "--set=trainer.seed=3"
     assert "--model-path" not in shared_flags(parse_args([]))  # unset: the built-in model
     assert "--kl" not in shared_flags(parse_args([]))
+
+
+def test_checkpoint_saves_and_loads_on_one_and_two_ranks():
+    out = run_benchmark("checkpoint", "--hidden", "32", "--layers", "2", "--repeats", "1", "--world", "1", "2")
+    assert [[r["rank"] for r in out["worlds"][w]] for w in ("1", "2")] == [[0], [0, 1]]
+    assert all(r["save_s"] > 0 and r["load_s"] > 0 for ranks in out["worlds"].values() for r in ranks)
+
+
+def test_tensordict_storage_compares_both_storages():
+    run_benchmark("tensordict_storage", "--rows", "64", "--width", "16", "--repeats", "1")

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from data.builtin import build_tiny_model
+from single_controller import DataProto
 
 GSM8K = {
     "train": [
@@ -67,3 +69,20 @@ def save_tiny_model(path: Path, tokenizer: PreTrainedTokenizerFast) -> str:
     tokenizer.save_pretrained(path)
     build_tiny_model(tokenizer, hidden_size=16, num_layers=1, max_position_embeddings=512).save_pretrained(path)
     return str(path)
+
+
+def response_batch(tokenizer: PreTrainedTokenizerFast, texts: list[str], data_source: str, ground_truth: str
+                   ) -> DataProto:
+    """Responses ``texts`` (each ending in EOS, right-padded) to one question, as the reward manager receives them."""
+    width = max(len(t) for t in texts) + 1
+    ids = torch.full((len(texts), width), tokenizer.pad_token_id)
+    mask = torch.zeros((len(texts), width), dtype=torch.long)
+    for i, text in enumerate(texts):
+        row = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return DataProto.from_dict(
+        {"responses": ids, "response_mask": mask},
+        {"data_source": [data_source] * len(texts), "reward_model": [{"ground_truth": ground_truth}] * len(texts),
+         "extra_info": [{}] * len(texts)},
+    )

@@ -5,7 +5,6 @@ import re
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from data.dataset import RLHFDataset
 from data.preprocess import gsm8k
@@ -13,8 +12,7 @@ from data.preprocess.arith import INSTRUCTION, MAX_NUMBER, main, make_splits, wr
 from data.reward import RewardManager
 from data.rewards.arith import DATA_SOURCE
 from data.tasks import default_compute_score
-from single_controller import DataProto
-from tests.data.gsm8k_fixture import printable_tokenizer
+from tests.data.gsm8k_fixture import printable_tokenizer, response_batch
 
 SIZES = {"train": 300, "test": 100}
 _SENTENCE_NUMBER = re.compile(r"\b(\d+)\b")
@@ -73,17 +71,7 @@ def test_gsm8k_scorer_strict_score_and_flexible_extra():
 def test_reward_manager_puts_the_strict_score_on_the_tensor_and_flexible_in_the_extras():
     tok = printable_tokenizer()
     texts = ["#### 7", "it is 7", "#### 8"]
-    width = max(len(t) for t in texts) + 1
-    ids = torch.full((3, width), tok.pad_token_id)
-    mask = torch.zeros((3, width), dtype=torch.long)
-    for i, text in enumerate(texts):
-        row = tok(text)["input_ids"] + [tok.eos_token_id]
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    data = DataProto.from_dict(
-        {"responses": ids, "response_mask": mask},
-        {"data_source": [DATA_SOURCE] * 3, "reward_model": [{"ground_truth": "7"}] * 3, "extra_info": [{}] * 3},
-    )
+    data = response_batch(tok, texts, DATA_SOURCE, "7")
     reward, extra = RewardManager(tok)(data)
     assert reward.sum(-1).tolist() == [1.0, 0.0, 0.0]
     assert extra == {"score": [1.0, 0.0, 0.0], "flexible": [1.0, 1.0, 0.0]}

@@ -1,13 +1,11 @@
 """GSM8K reward: strict/flexible answer extraction, scores, and dispatch by data source."""
 
 import pytest
-import torch
 
 from data.reward import RewardManager
 from data.rewards.gsm8k import DATA_SOURCE, compute_score, extract_answer
 from data.tasks import default_compute_score, reward_functions
-from single_controller import DataProto
-from tests.data.gsm8k_fixture import printable_tokenizer
+from tests.data.gsm8k_fixture import printable_tokenizer, response_batch
 
 
 @pytest.mark.parametrize(
@@ -53,17 +51,7 @@ def test_default_dispatch_routes_gsm8k_and_the_builtin_tasks():
 def test_reward_manager_scores_gsm8k_responses():
     tok = printable_tokenizer()
     texts = ["4 + 3 = 7 #### 7", "#### 8", "seven"]
-    width = max(len(t) for t in texts) + 1
-    ids = torch.full((3, width), tok.pad_token_id)
-    mask = torch.zeros((3, width), dtype=torch.long)
-    for i, text in enumerate(texts):
-        row = tok(text)["input_ids"] + [tok.eos_token_id]
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    data = DataProto.from_dict(
-        {"responses": ids, "response_mask": mask},
-        {"data_source": [DATA_SOURCE] * 3, "reward_model": [{"ground_truth": "7"}] * 3, "extra_info": [{}] * 3},
-    )
+    data = response_batch(tok, texts, DATA_SOURCE, "7")
     reward, extra = RewardManager(tok)(data)
     assert extra["score"] == [1.0, 0.0, 0.0]
     assert reward[0, len(texts[0])].item() == 1.0 and reward.sum().item() == 1.0  # on the eos token of row 0

@@ -65,13 +65,9 @@ def test_verl_spellings_carry_over():
                        "actor_rollout_ref.rollout.name=hf"])
     assert cfg.trainer.logger == ["console"]  # a single backend name is a list of one
     assert cfg.critic.fsdp_config.param_offload  # verl's critic.model.fsdp_config is ColoRL's critic.fsdp_config
-    assert not ignored_key_warnings(replace_rollout_defaults(cfg))
-
-
-def replace_rollout_defaults(cfg):
-    from config import replace_keys
-
-    return replace_keys(cfg, {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.5})
+    # the quickstart's one off-default engine key is the only warning left: rollout.name=hf is ColoRL's own
+    warned = [line.split("=")[0] for line in ignored_key_warnings(cfg)]
+    assert warned == ["actor_rollout_ref.rollout.gpu_memory_utilization"]
 
 
 @pytest.mark.parametrize("override, expected", [
