@@ -20,6 +20,16 @@ ColoRL run's whole step, ``workers.perf``; on a CPU against a measured matmul ra
 datasheet peak). ``best_ratios`` are the same ratios taken between each contender's
 fastest round (its lowest s/step): on a shared machine other processes only ever add time, so the minimum is
 the least disturbed estimate of each contender's own cost (``timeit``'s rule); the medians are the default.
+Each round also reports ``response_tokens_per_s`` (non-pad response tokens sampled per second of the floor, or
+of a ColoRL step) and ``peak_rss_gb_per_worker`` (the floor's process, the mean of ColoRL's worker processes);
+the output has their medians and, for the memory, the highest round.
+
+LoRA: ``--set actor_rollout_ref.model.lora_rank=16 --set actor_rollout_ref.model.lora_alpha=32`` reaches every
+benchmark of the round, so the floor then does a LoRA step's work too: the same peft adapters
+(``workers.lora.add_adapters``), AdamW over them only, and with a KL the reference log-probs from the policy
+with its adapters off instead of a second model. The same command without those two flags gives the
+full fine-tuning figures; ``overrides`` in the output tells the runs apart. TRL's baseline knows nothing of
+LoRA: leave it out (``--no-trl``).
 """
 
 from __future__ import annotations
@@ -73,21 +83,24 @@ def run(name: str, flags: list[str]) -> dict[str, Any]:
 
 
 def one_round(args: argparse.Namespace) -> dict[str, Any]:
-    """This round's s/step of every contender (the floor: the one that applies), the floor's and ColoRL's phases
-    and MFU (the floor's, and each ColoRL run's whole step)."""
+    """This round's s/step of every contender (the floor: the one that applies), the floor's and ColoRL's phases,
+    MFU (the floor's, and each ColoRL run's whole step), response tokens/s and peak RSS per process."""
     flags = shared_flags(args)
     floor = run("floor", [*flags, "--threads", str(os.cpu_count())])
     row = {"floor": floor["floor_s"]}
     phases = {"floor": floor["timing_s"]}
     mfu = {"floor": floor["perf"]["mfu/floor"]}
+    tokens_per_s = {"floor": floor["response_tokens_per_s_floor"]}
+    peak_rss = {"floor": floor["peak_rss_gb"]}
     for workers in args.workers:
         step = run("step", [*flags, "--workers", str(workers)])
-        row[f"colorl_w{workers}"] = step["s_per_step"]
-        phases[f"colorl_w{workers}"] = step["timing_s"]
-        mfu[f"colorl_w{workers}"] = step["perf"]["mfu/step"]
+        name = f"colorl_w{workers}"
+        row[name], phases[name], mfu[name] = step["s_per_step"], step["timing_s"], step["perf"]["mfu/step"]
+        tokens_per_s[name], peak_rss[name] = step["response_tokens_per_s"], step["peak_rss_gb_per_worker"]
     if not args.no_trl:
         row["trl"] = run("trl", [*flags, "--threads", str(os.cpu_count())])["s_per_step"]
-    return {"s_per_step": row, "ratios": ratios(row, args.workers), "phases_s": phases, "mfu": mfu}
+    return {"s_per_step": row, "ratios": ratios(row, args.workers), "phases_s": phases, "mfu": mfu,
+            "response_tokens_per_s": tokens_per_s, "peak_rss_gb_per_worker": peak_rss}
 
 
 def ratios(row: dict[str, float], workers: list[int]) -> dict[str, float]:
@@ -118,11 +131,16 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": "compare",
         "algo": args.algo, "kl": args.kl, "hidden": args.hidden, "layers": args.layers, "prompts": args.prompts,
         "n": args.n, "response_length": args.response_length, "steps": args.steps, "rounds": args.rounds,
+        "overrides": args.overrides,
         "median_ratios": {k: round(statistics.median(r["ratios"][k] for r in rounds), 3) for k in keys},
         "median_s_per_step": {k: round(statistics.median(r["s_per_step"][k] for r in rounds), 4)
                               for k in rounds[0]["s_per_step"]},
         "best_ratios": best_ratios([r["s_per_step"] for r in rounds], args.workers),
         "median_mfu": {k: round(statistics.median(r["mfu"][k] for r in rounds), 4) for k in rounds[0]["mfu"]},
+        "median_response_tokens_per_s": {k: round(statistics.median(r["response_tokens_per_s"][k] for r in rounds), 1)
+                                         for k in rounds[0]["response_tokens_per_s"]},
+        "max_peak_rss_gb_per_worker": {k: max(r["peak_rss_gb_per_worker"][k] for r in rounds)
+                                       for k in rounds[0]["peak_rss_gb_per_worker"]},
         "rounds_detail": rounds,
         "machine": machine(args.device),
     })

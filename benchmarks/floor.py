@@ -7,13 +7,18 @@ Same model (the same HF dir as ``benchmarks.step``), same batches (the trainer's
 times), same code: ``workers.rollout.generate_sequences`` on the plain module, the actor's
 ``compute_log_prob`` (old; ref with ``--kl``), the critic's ``compute_values`` (ppo), and the actor's (and
 critic's) ``update_*``: forward + backward + grad clip + AdamW, one optimizer step over the whole batch.
-Rewards and advantages come from the trainer's reward function and ``algos.compute_advantage``.
+Rewards and advantages come from the trainer's reward function and ``algos.compute_advantage``. With
+``actor_rollout_ref.model.lora_rank`` > 0 (``--set``) the policy carries the workers' adapters
+(``workers.lora.add_adapters``), AdamW steps only them, and the reference is the policy with its adapters
+disabled (``workers.lora.as_reference``), as in the trainer.
 
 Prints JSON: the median of each phase (reward and adv too, though the floors leave them out), and the
 per-step sums gen+train (no extra forwards), gen+fwd+train (with old/ref log-prob and value forwards) and
 ``floor_s``: gen + train + the forwards the trainer runs in this configuration (``floor_phases``: ref with a
 KL, values with a critic, old log-probs unless the update is one on-policy step) — the floor that applies;
-``perf``: its MFU (``mfu/floor``, counted as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's).
+``perf``: its MFU (``mfu/floor``, counted as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's);
+``response_tokens_per_s_floor``: the non-pad response tokens sampled / ``floor_s``; ``peak_rss_gb``: this
+process's peak resident memory from the model load on (after the dataloader and any built-in assets).
 Precision follows each role's ``fsdp_config.mixed_precision`` as in the workers (bf16 on CUDA by default, fp32 on
 CPU): in bf16 the models compute with bf16 weights and activations, and the optimizer steps fp32 master weights
 (``workers.master_weights.MasterWeights``, as a single worker rank does; FSDP's mixed precision without FSDP).
@@ -48,9 +53,10 @@ from benchmarks.common import (
     medians,
     stdout_to_stderr,
 )
+from benchmarks.memory import reset_peak_rss
 from config.plan import uses_full_kl
 from single_controller import DataProto
-from workers import attention, fsdp, malloc, perf
+from workers import attention, fsdp, lora, malloc, perf
 from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.master_weights import on_one_rank, optimizer_for
@@ -91,18 +97,25 @@ class Floor:
         def causal_lm(path: str) -> torch.nn.Module:
             return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
+        def policy_lm(path: str) -> torch.nn.Module:  # with lora_rank > 0 AdamW sees only the adapters
+            return lora.add_adapters(causal_lm(path), arr.model)
+
         self.dtype = fsdp.compute_dtype(device, arr.actor.fsdp_config.mixed_precision)
-        policy, optimizer = _load(arr.model.path, device, self.dtype, arr.actor.optim, causal_lm)
+        policy, optimizer = _load(arr.model.path, device, self.dtype, arr.actor.optim, policy_lm)
         self.n_params = sum(p.numel() for p in policy.parameters())
+        self.trainable_params = sum(p.numel() for p in policy.parameters() if p.requires_grad)
         self.eos_ids = eos_token_ids(getattr(policy, "generation_config", None), self.tokenizer)
         if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
             policy.compile()
         packed = bool(arr.model.use_remove_padding)
         self.ref, ref = None, None
         if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the trainer's use_reference_policy
-            ref_dtype = fsdp.compute_dtype(device, arr.ref.fsdp_config.mixed_precision)
-            ref, _ = _load(arr.model.path, device, ref_dtype, None, causal_lm)
-            ref = ref.requires_grad_(False).eval()
+            if lora.is_lora(policy):  # as the workers: the policy itself, run under lora.as_reference
+                ref = policy
+            else:
+                ref_dtype = fsdp.compute_dtype(device, arr.ref.fsdp_config.mixed_precision)
+                ref, _ = _load(arr.model.path, device, ref_dtype, None, causal_lm)
+                ref = ref.requires_grad_(False).eval()
             self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed)
         self.actor = DataParallelPPOActor(  # kl_loss_type=full reads the reference logits inside the update
             policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed,
@@ -132,7 +145,7 @@ class Floor:
         with timer("old_log_prob"):
             tensors["old_log_probs"], _ = self.actor.compute_log_prob(data, micro, rollout.temperature)
         if self.ref is not None:
-            with timer("ref"):
+            with timer("ref"), lora.as_reference(self.ref.module):
                 tensors["ref_log_prob"], _ = self.ref.compute_log_prob(data, micro, rollout.temperature)
         if self.critic is not None:
             with timer("values"):
@@ -245,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_bench_config(args, 1, local_dir)
         with stdout_to_stderr():
             trainer = build_trainer(cfg)  # builds/loads the assets and the dataloader; starts no workers
+        with contextlib.suppress(OSError):  # Linux: the peak RSS counts from here, as a worker's has no asset build
+            reset_peak_rss()
         cfg, plan = trainer.config, trainer.plan  # with the assets' paths filled in
         floor = Floor(cfg, device, trainer.reward_fn)
         runs = {"old_log_prob": plan.recompute_old_log_prob, "ref": plan.compute_ref_log_prob,
@@ -261,13 +276,16 @@ def main(argv: list[str] | None = None) -> None:
     sequences = args.prompts * args.n
     emit({
         "benchmark": "floor", "algo": args.algo, "kl": args.kl, "hidden": args.hidden, "layers": args.layers,
-        "n_params": floor.n_params, "model_path": cfg.actor_rollout_ref.model.path, "prompts": args.prompts,
+        "n_params": floor.n_params, "trainable_params": floor.trainable_params,
+        "lora_rank": cfg.actor_rollout_ref.model.lora_rank, "model_path": cfg.actor_rollout_ref.model.path,
+        "prompts": args.prompts,
         "n": args.n, "prompt_length": args.prompt_length, "response_length": args.response_length,
         "steps": args.steps, "warmup": args.warmup,
         "threads": torch.get_num_threads() if args.device == "cpu" else None,
         **summarize(rows, forwards),
         "perf": floor_mfu(cfg, rows, forwards, sequences, device),
         "response_length_mean": round(statistics.median(r["response_tokens"] for r in rows) / sequences, 3),
+        "peak_rss_gb": round(perf.peak_rss_bytes() / perf.GiB, 3),
         "machine": machine(args.device),
     })
 

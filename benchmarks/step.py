@@ -7,9 +7,11 @@ Builds the trainer exactly as ``main.py`` does (``main.build_trainer``), starts 
 ``trainer.train_step`` on training batches: ``--warmup`` unmeasured steps, then ``--steps`` measured ones.
 Prints JSON: medians of ``timing_s/step`` and of every phase (``timing_s/*``: driver-side wall time of each
 phase, including dispatch; ``worker_*``: time inside the workers), s/step, and response tokens/s
-(= mean response length × prompts·n / step time, per step, then the median); ``perf``: the workers' MFU of
-the updates (``mfu/actor``, ``mfu/critic``), their peak and memory, and ``mfu/step``, the whole step's model
-FLOPs over step time × workers × peak (``workers/perf.py``).
+(= mean response length × prompts·n / step time, per step, then the median: the non-pad tokens sampled);
+``peak_rss_gb_per_worker``: a worker process's peak resident memory over its life up to the last step
+(``workers.perf.peak_rss_bytes``; the mean over workers); ``perf``: the workers' MFU of the updates
+(``mfu/actor``, ``mfu/critic``), their peak and memory, and ``mfu/step``, the whole step's model FLOPs over
+step time × workers × peak (``workers/perf.py``).
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ def summarize(measured: list[dict[str, float]], sequences: int, n_workers: int) 
         "response_tokens_per_s": round(statistics.median(t / s for t, s in zip(tokens, step_s)), 1),
         "response_length_mean": round(statistics.median(m["response_length/mean"] for m in measured), 3),
         "perf_throughput_tokens_per_s_per_worker": round(statistics.median(m["perf/throughput"] for m in measured), 1),
+        # VmHWM only grows: the last step's is the run's; the driver averages the workers' figures
+        "peak_rss_gb_per_worker": round(max(m["perf/cpu_memory_peak_gb"] for m in measured), 3),
         "timing_s": {k.removeprefix("timing_s/"): v for k, v in timings.items()},
         "perf": {k.removeprefix("perf/"): v for k, v in perf.items()},
         "score_mean": round(statistics.median(m["critic/score/mean"] for m in measured), 4),
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         "kl": args.kl,
         "hidden": args.hidden,
         "layers": args.layers,
+        "lora_rank": cfg.actor_rollout_ref.model.lora_rank,
         "model_path": cfg.actor_rollout_ref.model.path,
         "prompts": args.prompts,
         "n": args.n,

@@ -150,7 +150,11 @@ def colorl_settings(args: argparse.Namespace) -> tuple[float, bool]:
     from workers import fsdp
 
     with tempfile.TemporaryDirectory(prefix="colorl-bench-trl-") as local_dir:
-        actor = load_bench_config(args, 1, local_dir).actor_rollout_ref.actor
+        arr = load_bench_config(args, 1, local_dir).actor_rollout_ref
+    actor = arr.actor
+    if arr.model.lora_rank > 0:  # TRL here trains every weight: its figure would not be the same work
+        raise SystemExit(f"benchmarks.trl: actor_rollout_ref.model.lora_rank={arr.model.lora_rank}: the TRL "
+                         "baseline trains all weights; compare LoRA runs against the floor (compare --no-trl)")
     bf16 = fsdp.compute_dtype(torch.device(args.device), actor.fsdp_config.mixed_precision) == torch.bfloat16
     if not args.kl:
         return 0.0, bf16

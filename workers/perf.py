@@ -11,6 +11,7 @@ the forward.
 from __future__ import annotations
 
 import functools
+import resource
 import time
 from dataclasses import dataclass
 
@@ -116,9 +117,24 @@ def mfu(flops: float, seconds: float, peak: float) -> float:
     return flops / (seconds * peak) if seconds > 0 else 0.0
 
 
+def peak_rss_bytes() -> int:
+    """This process's highest resident set size so far: the kernel's VmHWM, or ``ru_maxrss`` without procfs.
+
+    VmHWM first: ``ru_maxrss`` keeps the peak from before an ``exec``, so a process spawned from a big parent
+    would report the parent's (and it counts KiB on Linux, bytes on macOS, which has no procfs).
+    """
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def memory_metrics(device: torch.device) -> dict[str, float]:
-    """``perf/cpu_memory_used_gb`` (this process's resident memory) and, on CUDA, the allocator's peaks (GiB)."""
-    metrics = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / GiB}
+    """``perf/cpu_memory_used_gb`` (this process's resident memory now), ``perf/cpu_memory_peak_gb`` (its highest
+    so far) and, on CUDA, the allocator's peaks (GiB)."""
+    metrics = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / GiB,
+               "perf/cpu_memory_peak_gb": peak_rss_bytes() / GiB}
     if device.type == "cuda":
         metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / GiB
         metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GiB

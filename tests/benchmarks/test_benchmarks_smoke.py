@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end at tiny sizes and print one JSON object with the documented keys."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -48,8 +49,20 @@ def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
     assert out["gen_plus_train_s"] < out["floor_s"] < out["gen_fwd_train_s"]
     assert out["response_tokens_per_s_gen_train"] > out["response_tokens_per_s_gen_fwd_train"] > 0
     assert 1 <= out["response_length_mean"] <= R
-    assert out["n_params"] > 0 and out["threads"] == 1
+    assert out["n_params"] == out["trainable_params"] > 0 and out["threads"] == 1 and out["lora_rank"] == 0
     assert 0 < out["perf"]["mfu/floor"] < 1 and 0 < out["perf"]["mfu/actor"] < 1
+    assert out["response_tokens_per_s_floor"] > 0 and out["peak_rss_gb"] > 0
+
+
+def test_floor_with_lora_trains_the_adapters_and_takes_ref_from_the_base(cache_dir):
+    """lora_rank > 0: the floor does a LoRA step's work (adapters only trained, ref = adapters off, no 2nd model)."""
+    lora = ["--set", "actor_rollout_ref.model.lora_rank=4", "--set", "actor_rollout_ref.model.lora_alpha=8"]
+    out = run_benchmark("floor", *TINY, "--kl", "--steps", "1", "--warmup", "1", "--threads", "1",
+                        "--cache-dir", cache_dir, *lora)
+    assert out["lora_rank"] == 4 and 0 < out["trainable_params"] < out["n_params"] / 2
+    assert out["floor_phases"] == ["gen", "ref", "update_actor"] and out["timing_s"]["ref"] > 0
+    for key in ("floor_s", "response_tokens_per_s_floor", "peak_rss_gb"):
+        assert math.isfinite(out[key]) and out[key] > 0, key
 
 
 def test_floor_computes_in_the_actors_configured_precision(cache_dir):
@@ -88,6 +101,8 @@ def test_step_reports_trainer_phases_and_throughput(cache_dir):
     assert out["response_tokens_per_s"] == pytest.approx(expected, rel=0.01)
     perf = out["perf"]
     assert all(0 < perf[k] < 1 for k in ("mfu/actor", "mfu/critic", "mfu/step")) and perf["peak_tflops"] > 0
+    assert 0 < perf["cpu_memory_used_gb"] <= perf["cpu_memory_peak_gb"]
+    assert out["peak_rss_gb_per_worker"] == pytest.approx(perf["cpu_memory_peak_gb"], abs=1e-3)  # one step
 
 
 def test_step_flops_count_each_pass_that_ran(tmp_path):

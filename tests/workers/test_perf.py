@@ -70,9 +70,10 @@ def test_cpu_peak_is_a_measured_matmul_rate_and_mfu_divides_by_it():
     assert perf.mfu(1.0, 0.0, peak) == 0.0
 
 
-def test_memory_metrics_on_cpu_are_this_processes_rss():
+def test_memory_metrics_on_cpu_are_this_processes_rss_and_its_peak():
     metrics = perf.memory_metrics(torch.device("cpu"))
-    assert set(metrics) == {"perf/cpu_memory_used_gb"} and 0.01 < metrics["perf/cpu_memory_used_gb"] < 64
+    assert set(metrics) == {"perf/cpu_memory_used_gb", "perf/cpu_memory_peak_gb"}
+    assert 0.01 < metrics["perf/cpu_memory_used_gb"] <= metrics["perf/cpu_memory_peak_gb"] < 64
 
 
 @pytest.mark.gpu
