@@ -1,16 +1,19 @@
 """Arithmetic word problems in GSM8K's layout, generated from a seed: ``python -m data.preprocess.arith --out_dir DIR``.
 
-Each problem is one or two steps (``--max_steps``) of addition or subtraction of numbers from 1 to 99
-(``--max_number``), told as a story that never goes below zero (``Mia has 23 marbles. Mia finds 5 more. Then Mia
-gives away 7. How many marbles does Mia have now?``). The rows follow ``data.preprocess.gsm8k``'s layout, so the
-GSM8K scorer grades them (strict ``#### N``)::
+Each problem is one or more steps (``--max_steps``, default 1) of addition or subtraction of numbers from 1 to
+``--max_number`` (default 20), told as a story that never goes below zero (``Mia has 13 marbles. Then Mia gives
+away 7. How many marbles does Mia have now?``). The defaults are the ``smollm2_arith`` benchmark's task: problems
+SmolLM2-135M-Instruct solves some of the time, so that RL has a signal to amplify; with two steps and numbers up
+to 99 it is right far less often (docs/benchmarks.md, "A real model"). The rows follow
+``data.preprocess.gsm8k``'s layout, so the GSM8K scorer grades them (strict ``#### N``)::
 
     {"data_source": "colorl/arith", "ability": "math",
-     "prompt": [{"role": "user", "content": question + ' Work it out, then write the final number after "####".'}],
-     "reward_model": {"style": "rule", "ground_truth": "21"},
-     "extra_info": {"split": "test", "index": 0, "answer": "23 + 5 - 7 = 21\\n#### 21", "question": question}}
+     "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+     "reward_model": {"style": "rule", "ground_truth": "6"},
+     "extra_info": {"split": "test", "index": 0, "answer": "13 - 7 = 6\\n#### 6", "question": question}}
 
-No expression appears in two rows, so the test split is held out from the train split.
+No expression appears in two rows, so the test split is held out from the train split (one step up to 20 has
+610 distinct expressions: the default sizes use most of them).
 """
 
 from __future__ import annotations
@@ -24,8 +27,13 @@ import pyarrow.parquet as pq
 from data.preprocess.splits import write_splits
 from data.rewards.arith import DATA_SOURCE
 
-INSTRUCTION = 'Work it out, then write the final number after "####".'
-MAX_NUMBER = 99
+# The instruction and one worked example, as a system message: a 135 M model told only "end with ####" in the user
+# turn rarely follows the format, and with the example in the user turn it tends to copy the example verbatim
+# (docs/benchmarks.md, "A real model").
+SYSTEM = ('You solve arithmetic word problems. Reply with the calculation and then "#### <number>", for example:\n'
+          "5 + 3 - 2 = 6\n#### 6")
+MAX_STEPS = 1
+MAX_NUMBER = 20
 NAMES = ("Mia", "Tom", "Ava", "Leo", "Sara", "Ben", "Nora", "Omar", "Lily", "Sam")
 ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "coins", "books", "shells")
 # One sentence per step; ``{name}`` and ``{n}`` are filled in. Several phrasings, so that the policy must read.
@@ -35,7 +43,9 @@ STEPS = {
 }
 
 
-def make_problem(rng: random.Random, max_steps: int = 2, max_number: int = MAX_NUMBER) -> tuple[str, str, int]:
+def make_problem(
+    rng: random.Random, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER
+) -> tuple[str, str, int]:
     """(question, expression, result) of one problem: a start in [1, max_number], then 1..max_steps steps of +/- n
     with n in [1, max_number] and the running total never below 0."""
     name, items = rng.choice(NAMES), rng.choice(ITEMS)
@@ -55,7 +65,7 @@ def make_row(question: str, expression: str, result: int, split: str, index: int
     """One row in GSM8K's layout (``data.preprocess.gsm8k.make_row``), with a worked reference answer."""
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+        "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(result)},
         "extra_info": {"split": split, "index": index, "answer": f"{expression} = {result}\n#### {result}",
@@ -64,7 +74,7 @@ def make_row(question: str, expression: str, result: int, split: str, index: int
 
 
 def make_splits(
-    sizes: dict[str, int], seed: int = 0, max_steps: int = 2, max_number: int = MAX_NUMBER
+    sizes: dict[str, int], seed: int = 0, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows of every split (split -> size), deterministic in ``seed``; no expression is in two rows."""
     if any(size < 0 for size in sizes.values()) or max_steps < 1 or max_number < 1:
@@ -92,10 +102,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     """The command line; a bad size is one line on stderr and exit status 2."""
     parser = argparse.ArgumentParser(prog="python -m data.preprocess.arith", description=__doc__.splitlines()[0])
     parser.add_argument("--out_dir", default="~/data/arith", help="where train.parquet/test.parquet go")
-    parser.add_argument("--train_size", type=int, default=5000, help="train problems (default 5000)")
-    parser.add_argument("--test_size", type=int, default=500, help="held-out test problems (default 500)")
+    parser.add_argument("--train_size", type=int, default=500, help="train problems (default 500)")
+    parser.add_argument("--test_size", type=int, default=100, help="held-out test problems (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="the problems are a function of the seed")
-    parser.add_argument("--max_steps", type=int, default=2, help="at most this many +/- steps per problem")
+    parser.add_argument("--max_steps", type=int, default=MAX_STEPS, help="at most this many +/- steps per problem")
     parser.add_argument("--max_number", type=int, default=MAX_NUMBER, help="numbers in [1, max_number]")
     args = parser.parse_args(argv)
     try:

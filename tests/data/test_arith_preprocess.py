@@ -8,7 +8,7 @@ import pytest
 
 from data.dataset import RLHFDataset
 from data.preprocess import gsm8k
-from data.preprocess.arith import INSTRUCTION, MAX_NUMBER, main, make_splits, write_splits
+from data.preprocess.arith import MAX_NUMBER, SYSTEM, main, make_splits, write_splits
 from data.reward import RewardManager
 from data.rewards.arith import DATA_SOURCE
 from data.tasks import default_compute_score
@@ -28,9 +28,9 @@ def _evaluate(expression: str) -> int:
 
 
 def test_splits_are_deterministic_and_held_out():
-    splits = make_splits(SIZES, seed=5)
-    assert splits == make_splits(SIZES, seed=5)
-    assert splits != make_splits(SIZES, seed=6)
+    splits = make_splits(SIZES, seed=5, max_steps=2, max_number=99)
+    assert splits == make_splits(SIZES, seed=5, max_steps=2, max_number=99)
+    assert splits != make_splits(SIZES, seed=6, max_steps=2, max_number=99)
     assert {split: len(rows) for split, rows in splits.items()} == SIZES
     expressions = [r["extra_info"]["answer"].split(" = ")[0] for rows in splits.values() for r in rows]
     assert len(set(expressions)) == len(expressions)  # no problem in both splits, none twice
@@ -45,7 +45,7 @@ def test_rows_have_gsm8k_layout_and_correct_answers():
         assert row["reward_model"].keys() == reference["reward_model"].keys()
         assert row["data_source"] == DATA_SOURCE and row["extra_info"]["index"] == index
         question = row["extra_info"]["question"]
-        assert row["prompt"] == [{"role": "user", "content": f"{question} {INSTRUCTION}"}]
+        assert row["prompt"] == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
         expression, result = row["extra_info"]["answer"].split("\n")[0].split(" = ")
         truth = row["reward_model"]["ground_truth"]
         assert truth == result == str(_evaluate(expression)) and int(truth) >= 0
@@ -85,7 +85,8 @@ def test_cli_writes_parquet_that_rlhf_dataset_reads(tmp_path, capsys):
     tok = printable_tokenizer()
     dataset = RLHFDataset(str(tmp_path / "test.parquet"), tok, max_prompt_length=512)
     assert len(dataset) == 8 and dataset[0]["data_source"] == DATA_SOURCE
-    assert tok.decode(dataset[0]["input_ids"]) == f"<|user|>{rows[0]['prompt'][0]['content']}<|assistant|>"
+    system, user = (m["content"] for m in rows[0]["prompt"])
+    assert tok.decode(dataset[0]["input_ids"]) == f"<|system|>{system}<|user|>{user}<|assistant|>"
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
