@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import add_model_args, default_device, emit, machine, run_ranks, stdout_to_stderr
-from workers import malloc
+from workers import malloc, perf
 
 MB = 2**20
 
@@ -70,7 +70,7 @@ def rss_mb() -> float:
 
 def peak_rss_mb() -> float:
     """The highest RSS since the process started or since the last ``reset_peak_rss`` (the kernel's VmHWM)."""
-    return _status_kb("VmHWM") / 1024
+    return perf.peak_rss_bytes() / 2**20
 
 
 def reset_peak_rss() -> None:
