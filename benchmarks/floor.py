@@ -226,7 +226,7 @@ def summarize(rows: list[dict[str, float]], forwards: list[str]) -> dict[str, An
 def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], sequences: int,
               device: torch.device) -> dict[str, float]:
     """MFU of the floor (gen + ``forwards`` + train, as ``benchmarks.step`` counts a step) and of the actor update."""
-    from benchmarks.step import flops_model, step_flops
+    from benchmarks.step import actor_flops_model, step_flops
 
     actor = cfg.actor_rollout_ref.actor
     peak, _ = perf.peak_flops(device, fsdp.compute_dtype(device, actor.fsdp_config.mixed_precision))
@@ -238,7 +238,7 @@ def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], seque
         seconds = sum(ran.values())
         floor.append(step_flops(cfg, {**lengths, **ran}, sequences) / (seconds * peak))
         seq_lens = torch.full((sequences,), r["tokens"] / sequences)
-        actor_flops = flops_model(cfg.actor_rollout_ref.model.path).update_flops(
+        actor_flops = actor_flops_model(cfg).update_flops(
             seq_lens, actor.ppo_epochs, reference_forward=uses_full_kl(actor))
         update.append(actor_flops / (r["update_actor"] * peak))
     return {"peak_tflops": round(peak / 1e12, 5), "mfu/floor": round(statistics.median(floor), 5),

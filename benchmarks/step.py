@@ -69,17 +69,32 @@ def run_steps(trainer: Any, warmup: int, steps: int) -> list[dict[str, float]]:
 
 
 @functools.cache
-def flops_model(path: str, value_model: bool = False) -> Any:
-    """The ``workers.perf.FlopsModel`` of the checkpoint at ``path`` (a value model: its scalar head, no lm_head)."""
+def flops_model(path: str, value_model: bool = False, lora_rank: int = 0,
+                target_modules: str | tuple[str, ...] = "all-linear") -> Any:
+    """The ``workers.perf.FlopsModel`` of the checkpoint at ``path`` (a value model: its scalar head, no lm_head),
+    with the workers' LoRA adapters where ``lora_rank`` > 0 (its frozen base computes no weight gradients)."""
+    from types import SimpleNamespace
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
+    from workers import lora
     from workers.perf import FlopsModel
 
     config = AutoConfig.from_pretrained(path, **({"num_labels": 1} if value_model else {}))
     auto_class = AutoModelForTokenClassification if value_model else AutoModelForCausalLM
+    # alpha only scales the adapters' output: the FLOPs do not depend on it
+    adapters = SimpleNamespace(lora_rank=lora_rank, lora_alpha=lora_rank, target_modules=target_modules)
     with torch.device("meta"):  # parameter shapes only, no memory
-        return FlopsModel.of(auto_class.from_config(config))
+        return FlopsModel.of(lora.add_adapters(auto_class.from_config(config), adapters))
+
+
+def actor_flops_model(cfg: Any) -> Any:
+    """:func:`flops_model` of the actor that ``cfg`` trains (LoRA or not)."""
+    model = cfg.actor_rollout_ref.model
+    targets = model.target_modules
+    return flops_model(model.path, lora_rank=int(model.lora_rank),
+                       target_modules=targets if isinstance(targets, str) else tuple(targets))
 
 
 def step_flops(cfg: Any, metrics: dict[str, float], sequences: int) -> float:
@@ -95,7 +110,7 @@ def step_flops(cfg: Any, metrics: dict[str, float], sequences: int) -> float:
     seq_lens = torch.full((sequences,), metrics["prompt_length/mean"] + metrics["response_length/mean"])
     ran = {k.removeprefix("timing_s/") for k in metrics if k.startswith("timing_s/")}
     actor_cfg, actor_path = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model.path
-    actor = flops_model(actor_path)
+    actor = actor_flops_model(cfg)
     forwards = 1 + ("old_log_prob" in ran) + ("ref" in ran)  # generation, old and ref log-probs
     flops = forwards * actor.forward_flops(seq_lens)
     flops += actor.update_flops(seq_lens, actor_cfg.ppo_epochs, reference_forward=uses_full_kl(actor_cfg))

@@ -4,8 +4,9 @@ MFU = model FLOPs of the work done / (seconds × the device's peak FLOP/s). Mode
 needs, not what ran: padding, activation recomputation and re-read weights add time but no FLOPs, so they
 lower MFU (the PaLM paper's appendix B; torchtitan and verl count the same way). Per token a forward pass
 multiplies by every weight matrix once (2·N FLOPs, N = the matmul parameters) and, in each of L layers,
-attends to the sequence's s tokens (QKᵀ and AV: 4·d_attn·s, non-causal, as PaLM counts); backward is twice
-the forward.
+attends to the sequence's s tokens (QKᵀ and AV: 4·d_attn·s, non-causal, as PaLM counts). Backward is twice the
+forward when every weight trains: the gradients of the activations (one forward's FLOPs) and of the weights
+(2·N). Frozen weights (LoRA's base model) get no weight gradients, so their 2 FLOPs per weight and token drop.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class FlopsModel:
     matmul_params: int  # N: weights a token is multiplied by (not the input embedding, a lookup)
     layers: int
     attn_dim: int  # query heads × head dim
+    trained_params: int | None = None  # of the N, those whose weight gradients backward computes (None: all)
 
     @classmethod
     def of(cls, model: nn.Module) -> FlopsModel:
@@ -57,8 +59,10 @@ class FlopsModel:
             embedding = None
         output = model.get_output_embeddings()
         tied = embedding is not None and output is not None and output.weight is embedding  # lm_head multiplies
-        matmul = sum(p.numel() for p in model.parameters() if p.dim() >= 2 and p is not embedding)
-        return cls(matmul + (embedding.numel() if tied else 0), config.num_hidden_layers, heads * head_dim)
+        matrices = [p for p in model.parameters() if p.dim() >= 2 and p is not embedding]
+        matrices += [embedding] if tied else []
+        return cls(sum(p.numel() for p in matrices), config.num_hidden_layers, heads * head_dim,
+                   trained_params=sum(p.numel() for p in matrices if p.requires_grad))
 
     def forward_flops(self, seq_lens: Tensor) -> float:
         """FLOPs of one forward over sequences of ``seq_lens`` (B,) valid tokens: Σ_b 2·N·s_b + 4·L·d_attn·s_b²."""
@@ -66,8 +70,9 @@ class FlopsModel:
         return float((2 * self.matmul_params * s + 4 * self.layers * self.attn_dim * s * s).sum())
 
     def train_flops(self, seq_lens: Tensor) -> float:
-        """FLOPs of forward + backward (backward = 2 × forward)."""
-        return 3 * self.forward_flops(seq_lens)
+        """FLOPs of forward + backward: 3 × forward, less 2·(N − N_trained)·s_b for the frozen weights' gradients."""
+        frozen = 0 if self.trained_params is None else self.matmul_params - self.trained_params
+        return 3 * self.forward_flops(seq_lens) - float(2 * frozen * seq_lens.double().sum())
 
     def update_flops(self, seq_lens: Tensor, epochs: int = 1, reference_forward: bool = False) -> float:
         """A PPO update: per epoch forward + backward, plus the reference model's forward where the loss reads it."""

@@ -106,7 +106,9 @@ def test_step_reports_trainer_phases_and_throughput(cache_dir):
 
 
 def test_step_flops_count_each_pass_that_ran(tmp_path):
-    """GRPO: generation + forward and backward = 4 forwards; PPO with a KL adds ref and the critic's 1 + 3."""
+    """GRPO: generation + forward and backward = 4 forwards; PPO with a KL adds ref and the critic's 1 + 3.
+
+    LoRA's update computes weight gradients for the adapters only."""
     import dataclasses
 
     from transformers import LlamaConfig
@@ -125,6 +127,10 @@ def test_step_flops_count_each_pass_that_ran(tmp_path):
     assert critic < forward  # a scalar head instead of the lm_head
     ppo = {**metrics, "timing_s/ref": 1.0, "timing_s/values": 1.0, "timing_s/update_critic": 1.0}
     assert step_flops(cfg, ppo, 4) == pytest.approx(5 * forward + 4 * critic)
+    lora = flops_model(str(tmp_path), lora_rank=4)
+    lora_cfg = to_config(dataclasses.asdict(replace_keys(schema, {"actor_rollout_ref.model.lora_rank": 4})))
+    lengths = torch.full((4,), 8)
+    assert step_flops(lora_cfg, metrics, 4) == lora.forward_flops(lengths) + lora.train_flops(lengths) < 4 * forward
 
 
 def test_transfer_round_trips_a_dataproto_through_the_workers():

@@ -1,11 +1,13 @@
 """MFU accounting: the FLOPs formula against torch's own FLOP counter, the peak, the memory metrics."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, LlamaConfig
 
-from workers import perf
+from workers import lora, perf
 
 B, S = 3, 10
 
@@ -33,6 +35,22 @@ def test_flops_match_torchs_count_of_a_forward_and_a_training_pass(tied, head_di
     lengths = torch.full((B,), S)
     assert flops.forward_flops(lengths) == _counted(model, backward=False)
     assert flops.train_flops(lengths) == _counted(model, backward=True)
+
+
+def test_lora_training_counts_no_weight_gradients_for_the_frozen_base():
+    """Backward computes activation gradients through every matrix but weight gradients only for the adapters."""
+    model = AutoModelForCausalLM.from_config(_config(tie_word_embeddings=True))
+    model = lora.add_adapters(model, SimpleNamespace(lora_rank=4, lora_alpha=8, target_modules="all-linear"))
+    flops = perf.FlopsModel.of(model)
+    assert 0 < flops.trained_params < flops.matmul_params
+    ids = torch.randint(0, 50, (B, S), generator=torch.Generator().manual_seed(0))
+    # embeddings that require grad, as the blocks after the first see: the counter then sees every input gradient
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
+    with FlopCounterMode(display=False) as counter:
+        model(inputs_embeds=embeds).logits.sum().backward()
+    lengths = torch.full((B,), S)
+    assert flops.train_flops(lengths) == counter.get_total_flops()
+    assert flops.train_flops(lengths) < 3 * flops.forward_flops(lengths)
 
 
 def test_the_value_models_scalar_head_is_counted_and_no_lm_head():
