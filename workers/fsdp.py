@@ -6,6 +6,8 @@ This is the only module that imports ``fully_shard``; the actor, critic and roll
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,8 +43,18 @@ def mixed_precision(
     if param_dtype == "auto":
         param_dtype = "bf16" if device.type == "cuda" else "fp32"
     param = None if DTYPES[param_dtype] == torch.float32 else DTYPES[param_dtype]
+    if param is not None and device.type == "cpu" and not cpu_has_bf16():
+        warnings.warn(f"fsdp_config.mixed_precision.param_dtype={param_dtype} on a CPU without bf16 matmul "
+                      "instructions (AVX512-BF16, AMX): its bf16 matmuls are emulated, orders of magnitude slower "
+                      "than fp32; fp32 (or auto) is faster here", stacklevel=2)
     reduce = None if param is None and DTYPES[reduce_dtype] == torch.float32 else DTYPES[reduce_dtype]
     return param, reduce
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (oneDNN's check: AVX512-BF16 or AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def role_precision(device: torch.device, config: Any) -> tuple[torch.dtype | None, torch.dtype | None]:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -39,6 +40,18 @@ def test_auto_is_bf16_on_cuda_and_fp32_elsewhere():
     assert fsdp.mixed_precision(CUDA, "fp32") == (None, None)
     assert fsdp.mixed_precision(CPU, "fp32", "bf16") == (None, torch.bfloat16)
     assert fsdp.mixed_precision(CPU, "bfloat16", "float32") == (torch.bfloat16, torch.float32)  # verl's spellings
+
+
+def test_bf16_on_a_cpu_that_emulates_it_warns_with_the_key():
+    """Without AVX512-BF16 or AMX a bf16 matmul runs ~100x slower than fp32: say so, do not just crawl."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fsdp.mixed_precision(CPU, "bf16")
+        fsdp.mixed_precision(CPU)  # auto: fp32 on a CPU, nothing to warn about
+        fsdp.mixed_precision(CUDA, "bf16")
+    messages = [str(w.message) for w in caught if "mixed_precision" in str(w.message)]
+    assert len(messages) == (0 if fsdp.cpu_has_bf16() else 1)
+    assert all(m.startswith("fsdp_config.mixed_precision.param_dtype=bf16 on a CPU without") for m in messages)
 
 
 ONE_RANK = SimpleNamespace(device=CPU, world_size=1)  # what shard_role reads of its worker
