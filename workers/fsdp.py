@@ -54,7 +54,10 @@ def mixed_precision(
 @functools.cache
 def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices natively (oneDNN's check: AVX512-BF16 or AMX)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN: unknown, so no warning
+        return True
 
 
 def role_precision(device: torch.device, config: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
