@@ -1,4 +1,4 @@
-"""Everything FSDP2 in ColoRL: sharding, gathering for generation, grad clipping, offload, full state dicts.
+"""Everything FSDP2 in ColoRL: sharding, gathering for generation, grad clipping, offload.
 
 This is the only module that imports ``fully_shard``; the actor, critic and rollout code take a plain
 ``nn.Module`` and work the same whether it is sharded or not (a world of one process needs no FSDP).
@@ -15,11 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -261,25 +256,3 @@ def onloaded(
         if offload_optimizer_state and optimizer is not None:
             offload_optimizer(optimizer)
 
-
-def full_state_dict(model: nn.Module, rank0_only: bool = True) -> dict[str, Tensor]:
-    """The unsharded state dict as CPU tensors (a collective: every rank must call it).
-
-    With ``rank0_only`` the other ranks get ``{}``, which saves one full copy of the weights per rank.
-    """
-    if not is_fsdp(model):
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
-    state = get_model_state_dict(model, options=options)
-    return {k: v.cpu() for k, v in state.items()}
-
-
-def load_full_state_dict(model: nn.Module, state_dict: dict[str, Tensor], broadcast_from_rank0: bool = False) -> None:
-    """Load a full (unsharded) state dict into a sharded model; with ``broadcast_from_rank0`` only rank 0
-    needs to hold it. A collective for FSDP models."""
-    if not is_fsdp(model):
-        model.load_state_dict(state_dict)
-        return
-    _reshard_all(model)  # a gathered copy left by an earlier forward would otherwise go stale
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=broadcast_from_rank0)
-    set_model_state_dict(model, state_dict, options=options)

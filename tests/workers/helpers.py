@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -70,7 +71,6 @@ def make_update_batch(batch: int, prompt_len: int, response_len: int, seed: int 
     responses = responses.masked_fill(response_mask == 0, PAD)
     offsets = torch.arange(1, response_len + 1)
     tensors = {
-        "prompts": input_ids,
         "responses": responses,
         "input_ids": torch.cat([input_ids, responses], -1),
         "attention_mask": torch.cat([attention_mask, response_mask], -1),
@@ -107,6 +107,13 @@ def critic_config(path: str, **overrides) -> CriticConfig:
     )
     kwargs.update(overrides)
     return CriticConfig(**kwargs)
+
+
+def full_weights(model: torch.nn.Module, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+    """The unsharded weights on CPU, gathered as the checkpoints' ``get_model_state_dict`` does (a collective under
+    FSDP; without ``all_ranks`` only rank 0 gets them, the others ``{}``)."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks))
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def free_port() -> int:

@@ -7,8 +7,8 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 from tests.reliability.test_checkpoint_disk import build_role
-from tests.workers.helpers import build_tiny_checkpoint, free_port, init_gloo
-from workers import checkpoint, fsdp
+from tests.workers.helpers import build_tiny_checkpoint, free_port, full_weights, init_gloo
+from workers import checkpoint
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -18,7 +18,7 @@ def full_state(model, optimizer) -> dict:
     optim = get_optimizer_state_dict(model, optimizer, options=FULL)
     moments = {name: {k: v for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")}
                for name, state in optim.get("state", {}).items()}
-    return {"model": fsdp.full_state_dict(model), "moments": moments}
+    return {"model": full_weights(model), "moments": moments}
 
 
 def _rank(rank: int, world: int, port: int, model_dir: str, role_dir: str, mode: str, out: str) -> None:

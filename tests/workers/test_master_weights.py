@@ -5,7 +5,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
-from tests.workers.helpers import actor_config, free_port, init_gloo, make_update_batch
+from tests.workers.helpers import actor_config, free_port, full_weights, init_gloo, make_update_batch
 from workers import fsdp
 from workers.actor import DataParallelPPOActor
 from workers.master_weights import MasterWeights, cast_parameters
@@ -76,7 +76,7 @@ def _updates(rank: int, port: int, model_dir: str, out: str) -> None:
         actor = DataParallelPPOActor(module, optimizer, None, config, mini_batch_size=ROWS)
         metrics = [actor.update_policy(data) for _ in range(2)]
         results[name] = {"grad_norm": [m["actor/grad_norm"] for m in metrics],
-                         "state": fsdp.full_state_dict(weights_module),
+                         "state": full_weights(weights_module),
                          "log_probs": actor.compute_log_prob(data, ROWS, 1.0)[0]}
     torch.save(results, out)
     dist.destroy_process_group()
