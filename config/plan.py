@@ -1,24 +1,28 @@
 """The step plan: what one PPO step does, computed once from the config and the number of workers.
 
-The driver reads it to decide which phases run and which keys each worker call is sent; the workers read their
+The driver reads it to decide which phases run and which tensors each worker call moves; the workers read their
 per-rank batch sizes from it. Both import it from here (below them), so the decision is made in one place.
 Computing the plan checks the batch arithmetic: every error names the keys and values that do not divide.
+
+``declare_flows`` is the one declaration of per-token data: which keys each phase of a step (and of validation,
+and of ReMax's greedy baseline) reads and writes. What the driver sends and keeps, what the workers keep for a
+later phase and what they return all follow from it (``config.dataflow``). A new per-token quantity is one edit
+there: add it to the writes of the phase that makes it and to the reads of each phase that uses it.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from algos.advantages import ADV_ESTIMATORS, estimator_needs_critic
 from config.checks import ConfigError, is_int
+from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 
-# What each worker call needs from the batch: sending only these keeps Ray transfers small.
-GEN_KEYS = ("input_ids", "attention_mask", "position_ids")
-LOG_PROB_KEYS = (*GEN_KEYS, "responses")
-FORWARD_KEYS = (*LOG_PROB_KEYS, "response_mask")
-CRITIC_UPDATE_KEYS = (*FORWARD_KEYS, "values", "returns")
+PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
+SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
+STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
 
 
 def uses_full_kl(actor: Any) -> bool:
@@ -36,10 +40,46 @@ def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
     return ppo_epochs == 1 and mini_batch_size >= rows
 
 
-def actor_update_keys(actor: Any, old_log_probs: bool) -> tuple[str, ...]:
-    """The batch keys ``update_actor`` reads: without old_log_probs the update is on-policy (see is_single_step)."""
-    return (*FORWARD_KEYS, "advantages", *(("old_log_probs",) if old_log_probs else ()),
-            *(("ref_log_prob",) if uses_ref_log_prob(actor) else ()))
+def forward_keys(remove_padding: bool) -> tuple[str, ...]:
+    """What a forward over the responses reads (``responses``: their width R); packed rows (remove-padding) take
+    their positions from the attention mask."""
+    return ("input_ids", "attention_mask", *when(not remove_padding, "position_ids"), "responses")
+
+
+def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool) -> dict[str, Dataflow]:
+    """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
+
+    ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run.
+    """
+    actor, rm = cfg.actor_rollout_ref.actor, cfg.reward_model.enable
+    policy = forward_keys(cfg.actor_rollout_ref.model.use_remove_padding)  # actor and reference
+    value = forward_keys(cfg.critic.model.use_remove_padding)
+    prompts = Phase("prompts", DRIVER, writes=PROMPT)  # the dataloader's batch
+    gen = Phase("gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask"))
+    scored = Phase("reward", DRIVER, reads=("responses", "response_mask"))  # the reward function (+ answers)
+    step = (
+        prompts,
+        gen,
+        *when(rm, Phase("rm_score", WORKER, reads=(*SEQUENCE, "response_mask"), writes=("rm_scores",))),
+        Phase("reward", DRIVER, reads=("responses", "response_mask", *when(rm, "rm_scores")),
+              writes=("token_level_scores",)),
+        *when(old_log_prob, Phase("old_log_prob", WORKER, reads=policy, writes=("old_log_probs",))),
+        *when(ref_log_prob, Phase("ref", WORKER, reads=policy, writes=("ref_log_prob",))),
+        *when(critic, Phase("values", WORKER, reads=(*value, "response_mask"), writes=("values",))),
+        # the in-reward KL penalty and the actor/ref_kl metric read both log-probs when both are computed
+        Phase("adv", DRIVER, reads=("token_level_scores", "response_mask", *when(critic, "values"),
+                                    *when(old_log_prob and ref_log_prob, "old_log_probs", "ref_log_prob")),
+              writes=("token_level_rewards", "advantages", "returns")),
+        *when(critic, Phase("update_critic", WORKER, reads=(*value, "response_mask", "values", "returns"))),
+        # without old_log_probs the update is on-policy (see is_single_step)
+        Phase("update_actor", WORKER, reads=(*policy, "response_mask", "advantages",
+                                             *when(old_log_prob, "old_log_probs"),
+                                             *when(uses_ref_log_prob(actor), "ref_log_prob"))),
+        Phase("metrics", DRIVER, reads=("responses", "response_mask", "attention_mask", "token_level_scores",
+                                        "token_level_rewards", "advantages", "returns", *when(critic, "values"))),
+    )
+    return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of((prompts, gen, scored)),
+            GREEDY_FLOW: Dataflow.of((prompts, gen, scored))}
 
 
 @dataclass(frozen=True)
@@ -54,9 +94,9 @@ class StepPlan:
     ref_in_actor: bool
     recompute_old_log_prob: bool  # False: one on-policy optimizer step, whose own log-probs are the old ones
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
-    actor_update_keys: tuple[str, ...]
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
+    flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
 
 
 def num_workers(cfg: Any) -> int:
@@ -104,11 +144,11 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         ref_in_actor=uses_full_kl(actor) or (use_reference_policy and lora),
         recompute_old_log_prob=recompute,
         compute_ref_log_prob=ref_log_prob,
-        actor_update_keys=actor_update_keys(actor, old_log_probs=recompute),
         actor_mini_batch_size=_mini_batch_per_rank("actor_rollout_ref.actor", actor, ("actor_rollout_ref.rollout.n",
                                                    rollout.n), data.train_batch_size, n_workers),
         critic_mini_batch_size=_mini_batch_per_rank("critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n),
                                                     data.train_batch_size, n_workers) if critic else 0,
+        flows=declare_flows(cfg, critic=critic, old_log_prob=recompute, ref_log_prob=ref_log_prob),
     )
 
 

@@ -1,8 +1,10 @@
 """The PPO driver: one process that writes the RL dataflow as plain calls on worker groups.
 
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
-the reference policy and the critic (colocation). The driver only moves ``DataProto`` batches between
-them and computes advantages, which are cheap tensor maths over the whole batch.
+the reference policy and the critic (colocation). The driver calls them phase by phase and computes rewards
+and advantages, which are cheap tensor maths over the whole batch. Tensors stay where they are next read: each
+call sends only what the driver holds of what the phase reads, and takes back only what a driver phase reads
+(the routes of ``config.plan.declare_flows``); the rest stays in the workers' step store.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 
 import algos
-from config.plan import CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
+from config.plan import GREEDY_FLOW, STEP_FLOW, VALIDATION_FLOW, StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
@@ -37,6 +39,10 @@ from trainer.preemption import StopSignals
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from workers.step_store import ROWS, STEP, StepCall
+
+
+STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -252,34 +258,32 @@ class RayPPOTrainer:
         n = self.config.actor_rollout_ref.rollout.n
         with timed("step", timing):
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this step is under it
             if self.config.algorithm.adv_estimator == "remax":  # ReMax's baseline: the greedy answer's reward
                 with self._phase("gen_max", timing):
                     batch.batch["reward_baselines"] = self._greedy_reward(batch)
             batch = batch.repeat(n, interleave=True)
             with self._phase("gen", timing):
-                batch = self._generate(batch, metrics)
+                metrics.update(self._call(self.actor_rollout_wg.generate_sequences, batch, "gen"))
             with self._phase("reward", timing):
-                scores, _ = self.reward_fn(batch)
-                if self.rm_wg is not None:  # the learned score, on the last response token, adds to the rule's
-                    scores = scores + self.rm_wg.compute_rm_score(_forward_inputs(batch)).batch["rm_scores"]
-                batch.batch["token_level_scores"] = scores
+                batch.batch["token_level_scores"] = self._scores(batch)
             if self.plan.recompute_old_log_prob:
                 with self._phase("old_log_prob", timing):
-                    batch.union(self.actor_rollout_wg.compute_log_prob(_forward_inputs(batch)))
+                    self._call(self.actor_rollout_wg.compute_log_prob, batch, "old_log_prob")
             if self.plan.compute_ref_log_prob:
                 with self._phase("ref", timing):
-                    batch.union(self.ref_wg.compute_ref_log_prob(_forward_inputs(batch)))
+                    self._call(self.ref_wg.compute_ref_log_prob, batch, "ref")
             if self.plan.use_critic:
                 with self._phase("values", timing):
-                    batch.union(self.critic_wg.compute_values(_forward_inputs(batch)))
+                    self._call(self.critic_wg.compute_values, batch, "values")
             with self._phase("adv", timing):
                 self._compute_advantage(batch, metrics)
             if self.plan.use_critic:
                 with self._phase("update_critic", timing):
-                    metrics.update(self._update(self.critic_wg.update_critic, batch, CRITIC_UPDATE_KEYS))
+                    metrics.update(self._call(self.critic_wg.update_critic, batch, "update_critic"))
             if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
                 with self._phase("update_actor", timing):
-                    metrics.update(self._update(self.actor_rollout_wg.update_actor, batch, self.plan.actor_update_keys))
+                    metrics.update(self._call(self.actor_rollout_wg.update_actor, batch, "update_actor"))
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
         metrics.update(compute_timing_metrics(batch.batch, timing))
         metrics.update(compute_throughput_metrics(batch.batch, timing, self.plan.n_workers))
@@ -293,20 +297,35 @@ class RayPPOTrainer:
         with self.watchdog.phase(name), timed(name, timing):
             yield
 
-    def _generate(self, batch: DataProto, metrics: dict, meta_info: dict | None = None) -> DataProto:
-        """Replace the prompt tensors by prompt+response ones from the rollout workers."""
-        prompts = batch.pop(batch_keys=GEN_KEYS)
-        prompts.meta_info.update(meta_info or {})
-        out = self.actor_rollout_wg.generate_sequences(prompts)
-        metrics.update(reduce_metrics(out.meta_info.pop("metrics", {})))
-        return batch.union(out)
+    def _call(self, method: Callable[[DataProto], DataProto], batch: DataProto, phase: str, flow: str = STEP_FLOW,
+              meta_info: dict | None = None) -> dict[str, float]:
+        """Run worker ``phase`` of ``flow`` as its route says: send the keys it reads that the driver holds, then
+        drop from ``batch`` what the phase rewrote and add what it gave back. Returns the phase's metrics."""
+        route = self.plan.flows[flow].route(phase)
+        step = StepCall(batch.meta_info[STEP_TOKEN], route)
+        sent = {ROWS: torch.arange(len(batch)), **{k: batch.batch[k] for k in route.send}}
+        out = method(DataProto.from_dict(sent, meta_info={**(meta_info or {}), STEP: step}))
+        for key in route.writes:
+            batch.batch.pop(key, None)
+        metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
+        batch.union(out)
+        return metrics
+
+    def _scores(self, batch: DataProto) -> torch.Tensor:
+        """(B, R) token-level scores: the reward function's, plus the reward model's on the last response token."""
+        scores, _ = self.reward_fn(batch)
+        if self.rm_wg is not None:
+            self._call(self.rm_wg.compute_rm_score, batch, "rm_score")
+            scores = scores + batch.batch["rm_scores"]
+        return scores
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
         """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
         greedy = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
         greedy.pop("n")
-        out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
-        return self.reward_fn(out)[0].sum(-1)
+        prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)
+        self._call(self.actor_rollout_wg.generate_sequences, prompts, "gen", GREEDY_FLOW, meta_info=greedy)
+        return self.reward_fn(prompts)[0].sum(-1)
 
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
         """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns."""
@@ -336,11 +355,6 @@ class RayPPOTrainer:
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         )
 
-    @staticmethod
-    def _update(method: Callable[[DataProto], DataProto], batch: DataProto, keys: tuple[str, ...]) -> dict[str, float]:
-        out = method(batch.select(batch_keys=keys, non_tensor_batch_keys=[]))
-        return reduce_metrics(out.meta_info["metrics"])
-
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source."""
@@ -351,9 +365,10 @@ class RayPPOTrainer:
         answers: list[tuple[int, ...]] = []
         extras: dict[str, list[float]] = {}
         for batch_dict in self.val_dataloader:
-            batch = DataProto.from_single_dict(batch_dict).repeat(n, interleave=True)
+            batch = DataProto.from_single_dict(batch_dict, meta_info={STEP_TOKEN: uuid.uuid4().hex})
+            batch = batch.repeat(n, interleave=True)
             with self.watchdog.phase("validate"):
-                batch = self._generate(batch, {}, meta_info=val_kwargs)
+                self._call(self.actor_rollout_wg.generate_sequences, batch, "gen", VALIDATION_FLOW, val_kwargs)
             reward, reward_extras = self.val_reward_fn(batch)
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
@@ -363,11 +378,6 @@ class RayPPOTrainer:
             answers += [tuple(ids[mask.bool()].tolist())
                         for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])]
         return validation_metrics(sources, rewards, answers, n, extras)
-
-
-def _forward_inputs(batch: DataProto) -> DataProto:
-    """What a forward pass over prompt+response needs (only these keys travel to the workers)."""
-    return batch.select(batch_keys=FORWARD_KEYS, non_tensor_batch_keys=[])
 
 
 def _every(freq: int, step: int) -> bool:

@@ -20,7 +20,7 @@ from algos import (
     kl_penalty,
     logprobs_from_logits,
 )
-from config.plan import LOG_PROB_KEYS, actor_update_keys, is_single_step, uses_full_kl
+from config.plan import forward_keys, is_single_step, uses_full_kl
 from single_controller import DataProto
 from workers.lora import as_reference
 from workers.packing import pack_batch, pack_width, restore_order
@@ -114,7 +114,7 @@ class DataParallelPPOActor:
         self,
         input_ids: Tensor,
         attention_mask: Tensor,
-        position_ids: Tensor,
+        position_ids: Tensor | None,
         response_length: int,
         temperature: float = 1.0,
         calculate_entropy: bool = False,
@@ -122,7 +122,7 @@ class DataParallelPPOActor:
         """log π(response token) (B, R) and optionally the entropy (B, R) of the temperature-scaled policy.
 
         The response is the last ``response_length`` tokens of ``input_ids``; sampling used the same temperature.
-        With remove-padding, positions without a valid response token are 0.
+        With remove-padding, positions without a valid response token are 0 (and ``position_ids`` is not read).
         """
         micro = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         logits, labels, unpack = response_token_logits(
@@ -146,7 +146,7 @@ class DataParallelPPOActor:
         Micro-batches of ``micro_batch_size`` rows, or of at most ``max_token_len`` valid tokens when it is set.
         """
         self.module.eval()
-        tensors = {k: data.batch[k] for k in LOG_PROB_KEYS}
+        tensors = {k: data.batch[k] for k in forward_keys(self.use_remove_padding)}
         response_length = tensors["responses"].shape[-1]
         device = model_device(self.module)
         log_probs, entropys = [], []
@@ -156,7 +156,7 @@ class DataParallelPPOActor:
             lp, ent = self.forward_log_prob(
                 micro["input_ids"],
                 micro["attention_mask"],
-                micro["position_ids"],
+                micro.get("position_ids"),
                 response_length,
                 temperature,
                 calculate_entropy,
@@ -214,24 +214,24 @@ class DataParallelPPOActor:
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update on this rank's rows: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch.
 
-        Needs batch keys input_ids, attention_mask, position_ids, responses, response_mask, advantages,
-        old_log_probs (+ ref_log_prob with ``use_kl_loss``, unless ``kl_loss_type=full``);
-        ``meta_info["temperature"]`` (default 1) must be the sampling temperature. Without old_log_probs the
-        update is on-policy: allowed only for a single optimizer step on unchanged weights (see
-        :func:`is_single_step`), where the old log-probs equal this forward's, detached. The LR scheduler
-        steps once per call, i.e. once per training step (as verl does), so warm-up is counted in training
-        steps. Returns metric name -> list of floats.
+        Reads batch keys input_ids, attention_mask, position_ids (not with remove-padding), responses,
+        response_mask, advantages, old_log_probs (+ ref_log_prob with ``use_kl_loss``, unless
+        ``kl_loss_type=full``): the update_actor phase of ``config.plan.declare_flows``, which the worker gives it
+        exactly (other keys would be micro-batched along). ``meta_info["temperature"]`` (default 1) must be the
+        sampling temperature. Without old_log_probs the update is on-policy: allowed only for a single optimizer
+        step on unchanged weights (see :func:`is_single_step`), where the old log-probs equal this forward's,
+        detached. The LR scheduler steps once per call, i.e. once per training step (as verl does), so warm-up is
+        counted in training steps. Returns metric name -> list of floats.
         """
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer; this actor was built as a frozen reference")
         cfg = self.config
         temperature = float(data.meta_info.get("temperature", 1.0))
         rows, mini = len(data.batch["responses"]), self.mini_batch_size or cfg.ppo_mini_batch_size
-        keys = actor_update_keys(cfg, old_log_probs="old_log_probs" in data.batch)
         if "old_log_probs" not in data.batch and not is_single_step(cfg.ppo_epochs, mini, rows):
             raise ValueError(f"update without old_log_probs is on-policy only for one optimizer step: "
                              f"ppo_epochs={cfg.ppo_epochs}, mini-batch {mini} of {rows} rows")
         return configured_update(
-            self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in keys},
+            self.module, self.optimizer, self.lr_scheduler, dict(data.batch),
             lambda micro: self._micro_loss(micro, temperature), cfg, self.mini_batch_size, prefix="actor",
         )

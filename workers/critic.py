@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from algos import compute_value_loss
-from config.plan import CRITIC_UPDATE_KEYS, LOG_PROB_KEYS
+from config.plan import forward_keys
 from single_controller import DataProto
 from workers.packing import pack_batch, pack_width, restore_order
 from workers.update import configured_update, micro_batches, model_device
@@ -47,14 +47,14 @@ def response_values(
     module: nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,
-    position_ids: Tensor,
+    position_ids: Tensor | None,
     response_length: int,
     remove_padding: bool = False,
 ) -> Tensor:
     """Values (B, R) at the positions that predict each response token, i.e. the states before each action.
 
-    With ``remove_padding`` the valid tokens run as packed rows and positions without a valid response
-    token are 0.
+    With ``remove_padding`` the valid tokens run as packed rows (``position_ids`` is not read) and positions
+    without a valid response token are 0.
     """
     if remove_padding:
         packed = pack_batch(input_ids, attention_mask, response_length, pack_width(module, attention_mask))
@@ -92,7 +92,7 @@ class DataParallelPPOCritic:
             self.module,
             micro["input_ids"],
             micro["attention_mask"],
-            micro["position_ids"],
+            micro.get("position_ids"),
             response_length,
             self.remove_padding,
         )
@@ -106,7 +106,7 @@ class DataParallelPPOCritic:
         """
         cfg = self.config
         self.module.eval()
-        tensors = {k: data.batch[k] for k in LOG_PROB_KEYS}
+        tensors = {k: data.batch[k] for k in forward_keys(self.remove_padding)}
         response_length = tensors["responses"].shape[-1]
         device = model_device(self.module)
         max_token_len = cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
@@ -129,11 +129,12 @@ class DataParallelPPOCritic:
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """Value-loss update: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch; LR scheduler once
-        per call. Needs input_ids, attention_mask, position_ids, responses, response_mask, values, returns.
+        per call. Reads input_ids, attention_mask, position_ids, responses, response_mask, values, returns (the
+        update_critic phase of ``config.plan.declare_flows``; other keys given would be micro-batched along).
         Metrics: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm, critic/lr."""
         cfg = self.config
         return configured_update(
-            self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in CRITIC_UPDATE_KEYS},
+            self.module, self.optimizer, self.lr_scheduler, dict(data.batch),
             self._micro_loss, cfg, self.mini_batch_size, prefix="critic",
         )
 

@@ -1,9 +1,11 @@
 """Ray-side role workers: the actor/rollout/reference worker, the critic and the reward model, on FSDP2.
 
 Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed
-method runs on every rank with that rank's chunk of the batch. Methods return only the keys they add, as
-CPU tensors, so little data travels back to the driver. The config sections and the step plan they are built
-with are the typed ones of ``config``.
+method runs on every rank with that rank's chunk of the batch. Each data method is one phase of
+``config.plan.declare_flows``: it takes its inputs from ``STORE.inputs`` (what the call carries, plus what an
+earlier phase of the step kept in this process) and hands what it computed to ``STORE.outputs``, which keeps
+what a later worker phase reads and returns what the driver reads (``workers/step_store.py``), as CPU tensors.
+The config sections and the step plan they are built with are the typed ones of ``config``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.reward_model import compute_rm_scores, load_reward_model
 from workers.role import FrozenRole, TrainedRole
 from workers.rollout import eos_token_ids, generate_sequences
+from workers.step_store import STORE
 
 ROLES = ("actor_rollout", "ref", "actor_rollout_ref")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
@@ -55,10 +58,6 @@ def _load_causal_lm(model_config: Any) -> nn.Module:
     if model_config.enable_gradient_checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return model
-
-
-def _proto(tensors: dict[str, torch.Tensor], meta_info: dict | None = None) -> DataProto:
-    return DataProto.from_dict({k: v.detach().cpu() for k, v in tensors.items()}, meta_info=meta_info)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -112,14 +111,15 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample one response per prompt row (the driver repeats prompts n times beforehand).
 
-        Sampling settings come from ``config.rollout``; ``prompts.meta_info`` may override temperature, top_p,
-        top_k and do_sample (validation passes ``val_kwargs``). Returns prompts, responses, input_ids,
-        attention_mask, position_ids and response_mask.
+        Sampling settings come from ``config.rollout``; ``meta_info`` may override temperature, top_p,
+        top_k and do_sample (validation passes ``val_kwargs``). Writes responses, input_ids, attention_mask,
+        position_ids and response_mask.
         """
+        inputs = STORE.inputs(prompts)
         if not self._is_actor:
             raise RuntimeError(f"generate_sequences needs the actor; this worker's role is {self.role!r}")
         rollout = self.config.rollout
-        sampling = {k: prompts.meta_info.get(k, getattr(rollout, k)) for k in SAMPLING_KEYS}
+        sampling = {k: inputs.meta_info.get(k, getattr(rollout, k)) for k in SAMPLING_KEYS}
         pad_id = self.tokenizer.pad_token_id
         eos_ids = eos_token_ids(self.generation_config, self.tokenizer)
         start = time.perf_counter()
@@ -127,56 +127,60 @@ class ActorRolloutRefWorker(Worker):
             module.eval()
             out = generate_sequences(
                 module,
-                prompts.batch["input_ids"],
-                prompts.batch["attention_mask"],
-                prompts.batch["position_ids"],
+                inputs.batch["input_ids"],
+                inputs.batch["attention_mask"],
+                inputs.batch["position_ids"],
                 response_length=int(rollout.response_length),
                 eos_token_id=eos_ids,
                 pad_token_id=pad_id if pad_id is not None else eos_ids[0],
                 **sampling,
             )
         metrics = {"timing_s/worker_gen": time.perf_counter() - start}
-        return _proto(out, meta_info={"metrics": metrics})
+        return STORE.outputs(prompts, out, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` (B, R) of the responses under the current policy (``actor/entropy`` is the update's)."""
-        rollout = self.config.rollout
+        inputs, rollout = STORE.inputs(data), self.config.rollout
         with self.trained.onloaded():
             log_probs, _ = self.actor.compute_log_prob(
-                data,
+                inputs,
                 micro_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
                 temperature=rollout.temperature,
                 max_token_len=rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
             )
-        return _proto({"old_log_probs": log_probs})
+        return STORE.outputs(data, {"old_log_probs": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) of the responses under the frozen reference policy."""
+        inputs = STORE.inputs(data)
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob needs the reference model; this worker's role is {self.role!r}")
         ref = self.config.ref
         with self.ref.onloaded(), lora.as_reference(self.ref.module):
             log_probs, _ = self.ref_policy.compute_log_prob(
-                data,
+                inputs,
                 micro_batch_size=ref.log_prob_micro_batch_size_per_gpu,
                 temperature=self.config.rollout.temperature,
                 max_token_len=ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None,
             )
-        return _proto({"ref_log_prob": log_probs})
+        return STORE.outputs(data, {"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update on this rank's rows; returns ``meta_info["metrics"]`` (name -> list of floats)."""
         if not self._is_actor:
             raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
-        data = dataclasses.replace(data, meta_info={**data.meta_info, "temperature": self.config.rollout.temperature})
+        inputs = STORE.inputs(data)
+        inputs = dataclasses.replace(inputs, meta_info={**inputs.meta_info,
+                                                        "temperature": self.config.rollout.temperature})
         # kl_loss_type=full runs the reference model inside the update (role actor_rollout_ref)
         with_ref = self.actor.ref_module is not None
         separate_ref = with_ref and self.ref is not self.trained  # not a LoRA actor's own module
-        return self.trained.update("actor", data, lambda: self.actor.update_policy(data), self.config.actor.ppo_epochs,
-                                   reference_forward=with_ref, also_onloaded=self.ref.onloaded() if separate_ref else None)
+        return self.trained.update("actor", inputs, lambda: self.actor.update_policy(inputs),
+                                   self.config.actor.ppo_epochs, reference_forward=with_ref,
+                                   also_onloaded=self.ref.onloaded() if separate_ref else None)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -214,13 +218,14 @@ class CriticWorker(Worker):
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, R): V(s) before each response token, zero outside the response mask."""
         with self.trained.onloaded():
-            values = self.critic.compute_values(data)
-        return _proto({"values": values})
+            values = self.critic.compute_values(STORE.inputs(data))
+        return STORE.outputs(data, {"values": values})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """One value-loss update on this rank's rows; returns ``meta_info["metrics"]``."""
-        return self.trained.update("critic", data, lambda: self.critic.update_critic(data), self.config.ppo_epochs)
+        inputs = STORE.inputs(data)
+        return self.trained.update("critic", inputs, lambda: self.critic.update_critic(inputs), self.config.ppo_epochs)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -254,5 +259,5 @@ class RewardModelWorker(Worker):
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` (B, R): each sequence's score at its last valid response token, 0 elsewhere."""
         with self.rm.onloaded():
-            scores = compute_rm_scores(self.rm.module, data, self.config.micro_batch_size_per_gpu)
-        return _proto({"rm_scores": scores})
+            scores = compute_rm_scores(self.rm.module, STORE.inputs(data), self.config.micro_batch_size_per_gpu)
+        return STORE.outputs(data, {"rm_scores": scores})

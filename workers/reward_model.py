@@ -12,10 +12,9 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForSequenceClassification
 
+from config.plan import SEQUENCE
 from single_controller import DataProto
 from workers.update import model_device
-
-RM_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
 
 
 def load_reward_model(path: str) -> nn.Module:
@@ -62,7 +61,7 @@ def compute_rm_scores(module: nn.Module, data: DataProto, micro_batch_size: int)
     device = model_device(module)
     scores = []
     for start in range(0, len(data), micro_batch_size):
-        micro = {k: data.batch[k][start : start + micro_batch_size].to(device) for k in RM_KEYS[:3]}
+        micro = {k: data.batch[k][start : start + micro_batch_size].to(device) for k in SEQUENCE}
         scores.append(sequence_scores(module, **micro).cpu())
     score = torch.cat(scores)
     response_mask = data.batch["response_mask"]

@@ -94,7 +94,7 @@ def generate_sequences(
     """Sample up to ``response_length`` tokens per left-padded prompt (B, P); each row stops at its EOS.
 
     Returns, on the model's device:
-      prompts (B, P); responses (B, R) right-padded with ``pad_token_id``; input_ids = [prompts, responses]
+      responses (B, R) right-padded with ``pad_token_id``; input_ids = [prompts, responses]
       (B, P+R); attention_mask (B, P+R) and response_mask (B, R), 1 on generated tokens up to and including
       EOS; position_ids (B, P+R) continuing from each prompt's last position. ``eos_token_id=None`` never stops.
     """
@@ -164,7 +164,6 @@ def _rollout_batch(
     """Join prompts (B, P) and responses (B, R) into the rollout batch; response positions continue the prompt's."""
     offsets = torch.arange(1, responses.shape[1] + 1, device=responses.device, dtype=prompt_positions.dtype)
     return {
-        "prompts": prompts,
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=-1),
         "attention_mask": torch.cat([prompt_mask, response_mask], dim=-1),

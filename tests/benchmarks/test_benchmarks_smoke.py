@@ -139,6 +139,22 @@ def test_transfer_round_trips_a_dataproto_through_the_workers():
     assert len(out["round_trip_s_all"]) == 2 and out["payload_gb_per_s"] > 0
 
 
+def test_transfer_counts_the_bytes_a_step_moves(cache_dir):
+    """The demo's GRPO step on one worker: the prompts go out, the advantages follow; the responses, their masks
+    and the attention mask come back; the rollout's sequences never travel again."""
+    sets = [f"builtin.cache_dir={cache_dir}", "builtin.hidden_size=32", "builtin.num_layers=1",
+            "builtin.sft_warmup_steps=0", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=1"]
+    out = run_benchmark("transfer", "--per-step", "--steps", "1", *(arg for s in sets for arg in ("--set", s)))
+    rows, p, r = 4, out["shapes"]["prompt_length"], out["shapes"]["response_length"]
+    gen, update = out["by_call"]["generate_sequences"], out["by_call"]["update_actor"]
+    assert set(out["by_call"]) == {"generate_sequences", "update_actor"}  # one on-policy step: no other phase
+    assert gen["to_workers"] == rows * (3 * p + 1) * 8  # input_ids, attention_mask, position_ids + the row index
+    assert gen["to_driver"] == rows * (p + r + 2 * r) * 8  # attention_mask, responses, response_mask
+    assert update["to_workers"] == rows * (r * 4 + 8) and update["to_driver"] == 0  # advantages + the row index
+    assert out["to_workers_bytes_per_step"] == gen["to_workers"] + update["to_workers"]
+
+
 @pytest.mark.slow
 def test_memory_compares_fsdp_ranks_with_one_process(cache_dir):
     out = run_benchmark("memory", "--hidden", "32", "--layers", "2", "--prompts", "2", "--n", "2", "--device", "cpu",

@@ -9,6 +9,7 @@ import torch
 from config import load_config
 from trainer.build import build_trainer
 from single_controller import DataProto
+from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.wandb_offline import history, run_file, wandb_records
 from workers.fsdp import fsdp_modules
 
@@ -59,14 +60,15 @@ def gae_run(ray_cluster, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("gae")
     trainer = build_trainer(tiny_config(tmp_path, "gae", logger="[file,wandb]"))
     trainer.init_workers()
+    trainer.fused_wg.execute_all_sync("__ray_call__", record_reads)
     before = trainer.fused_wg.execute_all_sync("__ray_call__", local_param_sums)
     trainer.fit()
     after = trainer.fused_wg.execute_all_sync("__ray_call__", local_param_sums)
-    return trainer, tmp_path, before, after
+    return trainer, tmp_path, before, after, trainer.fused_wg.execute_all_sync("__ray_call__", recorded_reads)
 
 
 def test_gae_metrics_are_logged_finite_and_complete(gae_run):
-    trainer, tmp_path, _, _ = gae_run
+    trainer, tmp_path, *_ = gae_run
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert VAL_KEY in records[0]
@@ -84,17 +86,23 @@ def test_actor_and_ref_agree_at_the_first_step(gae_run):
 
 
 def test_update_changes_actor_but_not_ref(gae_run):
-    _, _, before, after = gae_run
+    _, _, before, after, _ = gae_run
     for rank_before, rank_after in zip(before, after):
         assert rank_before["ref"] == rank_after["ref"]
         assert rank_before["actor"] != rank_after["actor"]
 
 
 def test_wandb_offline_run_holds_the_metrics(gae_run):
-    trainer, tmp_path, _, _ = gae_run
+    trainer, tmp_path, *_ = gae_run
     rows = history(wandb_records(run_file(tmp_path, trainer.logger.wandb_run_id)))
     assert [row["_step"] for row in rows] == [0, 1, 2]
     assert rows[-1]["actor/pg_loss"] == pytest.approx(read_jsonl(tmp_path / "metrics.jsonl")[-1]["actor/pg_loss"])
+
+
+def test_each_worker_phase_reads_exactly_what_the_plan_declares(gae_run):
+    """The worker phases compute with every key their route brings them, and with nothing else."""
+    trainer, reads = gae_run[0], gae_run[4]
+    assert_declared(trainer, reads, {"gen", "old_log_prob", "ref", "values", "update_critic", "update_actor"})
 
 
 def test_critic_loss_falls_on_a_fixed_batch(gae_run):

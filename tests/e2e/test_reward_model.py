@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from trainer.build import build_trainer
+from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.e2e.test_ppo_e2e import CRITIC_REQUIRED, REQUIRED, read_jsonl, tiny_config
 from tests.workers.helpers import PAD, VOCAB, make_update_batch
 from workers.reward_model import compute_rm_scores, load_reward_model
@@ -80,12 +81,13 @@ def rm_run(ray_cluster, tmp_path_factory):
     vocab_size = AutoConfig.from_pretrained(trainer.config.actor_rollout_ref.model.path).vocab_size
     build_constant_rm(trainer.config.reward_model.model.path, vocab_size)
     trainer.init_workers()
+    trainer.fused_wg.execute_all_sync("__ray_call__", record_reads)
     trainer.fit()
-    return trainer, tmp_path
+    return trainer, tmp_path, trainer.fused_wg.execute_all_sync("__ray_call__", recorded_reads)
 
 
 def test_rm_score_is_added_to_the_rule_reward(rm_run):
-    trainer, tmp_path = rm_run
+    trainer, tmp_path, _ = rm_run
     records = read_jsonl(tmp_path / "metrics.jsonl")[1:]
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
@@ -97,7 +99,7 @@ def test_rm_score_is_added_to_the_rule_reward(rm_run):
 
 
 def test_rm_worker_group_scores_each_row_once(rm_run):
-    trainer, _ = rm_run
+    trainer, *_ = rm_run
     data = make_update_batch(6, P, R)
     keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
     rm_scores = trainer.rm_wg.compute_rm_score(data.select(batch_keys=keys)).batch["rm_scores"]
@@ -105,6 +107,13 @@ def test_rm_worker_group_scores_each_row_once(rm_run):
     assert rm_scores.shape == (6, R)
     torch.testing.assert_close(rm_scores.sum(-1), torch.full((6,), CONSTANT), rtol=1e-5, atol=0)
     assert torch.equal(rm_scores.nonzero()[:, 1], lengths - 1)
+
+
+def test_packed_phases_read_exactly_what_the_plan_declares(rm_run):
+    """As in test_ppo_e2e, here with the reward model and packed rows with token-budget micro-batches."""
+    trainer, _, reads = rm_run
+    assert_declared(trainer, reads, {"gen", "rm_score", "old_log_prob", "ref", "values", "update_critic",
+                                     "update_actor"})
 
 
 def test_a_checkpoint_without_a_score_head_is_refused(tmp_path):

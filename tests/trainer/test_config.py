@@ -143,15 +143,19 @@ def test_consistent_batches_pass_for_several_worker_counts():
 def test_the_plan_decides_phases_keys_and_per_rank_batches():
     grpo = make_plan(load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]), 2)
     assert grpo.actor_mini_batch_size == 16 * 8 // 2 and grpo.critic_mini_batch_size == 0 and not grpo.use_critic
-    assert not grpo.recompute_old_log_prob and "old_log_probs" not in grpo.actor_update_keys  # one on-policy step
+    assert not grpo.recompute_old_log_prob and "old_log_probs" not in update_reads(grpo)  # one on-policy step
     ppo = make_plan(load_config(["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
                                  "actor_rollout_ref.actor.ppo_epochs=2"]), 2)
     assert ppo.use_critic and ppo.recompute_old_log_prob and ppo.compute_ref_log_prob and not ppo.ref_in_actor
-    assert {"old_log_probs", "ref_log_prob"} <= set(ppo.actor_update_keys) and ppo.critic_mini_batch_size == 64
+    assert {"old_log_probs", "ref_log_prob"} <= set(update_reads(ppo)) and ppo.critic_mini_batch_size == 64
     full = make_plan(load_config(["actor_rollout_ref.actor.use_kl_loss=true",
                                   "actor_rollout_ref.actor.kl_loss_type=full"]), 2)
     assert full.ref_in_actor and full.use_reference_policy and not full.compute_ref_log_prob
-    assert "ref_log_prob" not in full.actor_update_keys  # the update reads the reference logits itself
+    assert "ref_log_prob" not in update_reads(full)  # the update reads the reference logits itself
+
+
+def update_reads(plan):
+    return plan.flows["step"].route("update_actor").reads
 
 
 def test_critic_enabled_without_use_warns_but_passes():

@@ -26,7 +26,9 @@ def test_output_layout_and_eos(model):
     g = torch.Generator().manual_seed(0)
     eos = int(_generate(model, do_sample=True, generator=g)["responses"][:, 2].mode().values)
     out = _generate(model, do_sample=True, eos_token_id=eos, generator=torch.Generator().manual_seed(0))
-    prompts, responses, mask = out["prompts"], out["responses"], out["response_mask"]
+    prompts = make_prompts(6, P, seed=1)[0]
+    responses, mask = out["responses"], out["response_mask"]
+    assert set(out) == {"responses", "input_ids", "attention_mask", "position_ids", "response_mask"}
     assert responses.shape == mask.shape == (6, R)
     assert out["input_ids"].shape == out["attention_mask"].shape == out["position_ids"].shape == (6, P + R)
     assert torch.equal(out["input_ids"], torch.cat([prompts, responses], -1))
