@@ -1,4 +1,4 @@
-"""Seed-only (not used by the trainer): workers in a (pp, dp, tp) mesh, tensor-parallel models behind a worker group."""
+"""The seed's import path for the tensor-parallel (Megatron-style) worker; the code is in single_controller/compat/megatron_worker.py."""
 
 from single_controller.base.megatron.worker import (
     DistGlobalInfo,
