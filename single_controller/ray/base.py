@@ -78,6 +78,7 @@ class RayWorkerGroup(VerlWorkerGroupMethods):
         self.name_prefix = name_prefix if name_prefix is not None else uuid.uuid4().hex[:6]
         self._role: str | None = None  # in a role view (spawn): the colocated role its calls run on
         self._master_addr = self._master_port = None
+        self._methods = self._bind()  # before any worker starts: a name clash is refused at no cost
         if worker_names is not None or worker_handles is not None:
             self._workers = list(worker_handles) if worker_handles is not None else [ray.get_actor(n) for n in worker_names]
             self._worker_names = list(worker_names) if worker_names is not None else [None] * len(self._workers)
@@ -88,7 +89,6 @@ class RayWorkerGroup(VerlWorkerGroupMethods):
             self._worker_names = [f"{self.name_prefix}_{ray_cls_with_init.user_cls.__name__}_{rank}" for rank in range(resource_pool.world_size)]
             self._workers = self._start_workers(use_gpu, detached, worker_env or {}, start_timeout_s)
         self.processes = describe_processes(self._workers)  # pid and node per rank, for error reports
-        self._methods = self._bind()
 
     @property
     def world_size(self) -> int:

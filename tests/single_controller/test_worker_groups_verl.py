@@ -164,3 +164,12 @@ def test_update_options_reach_every_worker(pool):
     group = RayWorkerGroup(split_resource_pool(pool, 1)[0], cls)
     assert ray.get([group.execute_rank_zero_async("meet") for _ in range(2)], timeout=90) == [True, True]
     shutdown_worker_group(group)
+
+
+@pytest.mark.gpu
+def test_the_device_is_the_gpu_ray_assigned(ray_cluster):
+    pool = RayResourcePool([1], use_gpu=True, max_colocate_count=2)
+    on_gpu = RayWorkerGroup(pool, RayClassWithInitArgs(Probe), name_prefix="gpu")
+    on_cpu = RayWorkerGroup(pool, RayClassWithInitArgs(Probe), name_prefix="cpu", device_name="cpu")  # asks Ray for no GPU
+    assert on_gpu.execute_all_sync("env")[0]["device"].startswith("cuda:") and on_cpu.execute_all_sync("env")[0]["device"] == "cpu"
+    shutdown_worker_group(on_gpu)
