@@ -72,9 +72,8 @@ def count_calls(trainer: Any, totals: dict[str, collections.Counter]) -> None:
     """Wrap every method of the trainer's worker-group views so that it adds its bytes to ``totals[name]``."""
     views = {id(v): v for v in (trainer.actor_rollout_wg, trainer.ref_wg, trainer.critic_wg, trainer.rm_wg) if v}
     for view in views.values():
-        for name, method in list(vars(view).items()):
-            if callable(method):
-                setattr(view, name, _counted(name, method, totals))
+        for name in set(dir(view)) - set(vars(view)) - set(dir(type(view))):  # the group's worker methods
+            setattr(view, name, _counted(name, getattr(view, name), totals))
 
 
 def _counted(name: str, method: Any, totals: dict[str, collections.Counter]) -> Any:
