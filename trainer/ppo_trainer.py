@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import algos
-from config.plan import CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
+from config.plan import AGENT_KEYS, CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
@@ -29,6 +29,7 @@ from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    multi_turn_metrics,
     reduce_metrics,
     timed,
     validation_metrics,
@@ -44,6 +45,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
+VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
 
 
 class RayPPOTrainer:
@@ -296,16 +298,19 @@ class RayPPOTrainer:
     def _generate(self, batch: DataProto, metrics: dict, meta_info: dict | None = None) -> DataProto:
         """Replace the prompt tensors by prompt+response ones from the rollout workers."""
         prompts = batch.pop(batch_keys=GEN_KEYS)
+        prompts.non_tensor_batch.update({k: batch.non_tensor_batch[k] for k in AGENT_KEYS if k in batch.non_tensor_batch})
         prompts.meta_info.update(meta_info or {})
         out = self.actor_rollout_wg.generate_sequences(prompts)
         metrics.update(reduce_metrics(out.meta_info.pop("metrics", {})))
+        metrics.update(multi_turn_metrics(out.non_tensor_batch))
         return batch.union(out)
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
         """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
         greedy = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
         greedy.pop("n")
-        out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
+        agent_keys = [k for k in AGENT_KEYS if k in batch.non_tensor_batch]
+        out = self._generate(batch.select(batch_keys=GEN_KEYS, non_tensor_batch_keys=agent_keys), {}, meta_info=greedy)
         return self.reward_fn(out)[0].sum(-1)
 
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
@@ -355,6 +360,7 @@ class RayPPOTrainer:
             with self.watchdog.phase("validate"):
                 batch = self._generate(batch, {}, meta_info=val_kwargs)
             reward, reward_extras = self.val_reward_fn(batch)
+            reward_extras.update({k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch})
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
                     extras.setdefault(key, []).extend(values)

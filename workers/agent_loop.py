@@ -284,3 +284,13 @@ class AgentLoop:
 
 def _common_prefix(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def build_agent_loop(tokenizer: Any, rollout: Any) -> AgentLoop:
+    """The agent loop of ``rollout`` (the ``actor_rollout_ref.rollout`` config): its tools loaded from
+    ``multi_turn.tool_config_path`` / ``function_tool_path`` (which runs the code they name)."""
+    from workers.tools import load_tools
+
+    multi_turn = rollout.multi_turn
+    tools = load_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
+    return AgentLoop(tokenizer, ToolBox(tools, multi_turn), multi_turn, rollout.agent.default_agent_loop)

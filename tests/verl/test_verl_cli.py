@@ -71,8 +71,10 @@ def test_verl_spellings_carry_over():
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.enable=True: ColoRL "
-                                                         "has no multi-turn"),
+    ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=x.yaml",
+     "actor_rollout_ref.rollout.multi_turn.interaction_config_path='x.yaml': verl's simulated-user"),
+    ("actor_rollout_ref.rollout.multi_turn.format=gpt-oss", "actor_rollout_ref.rollout.multi_turn.format='gpt-oss': "
+                                                            "must be one of hermes"),
     ("actor_rollout_ref.rollout.name=trtllm", "actor_rollout_ref.rollout.name='trtllm': must be one of hf, vllm"),
     ("actor_rollout_ref.rollout.no_such_key=1", "unknown config key 'actor_rollout_ref.rollout.no_such_key'"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null", "ppo_micro_batch_size_per_gpu=null: set"),

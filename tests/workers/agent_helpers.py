@@ -147,3 +147,36 @@ def run(loop: AgentLoop, model, tokenizer, questions: list[str], turns: list[lis
     return loop.generate(model, batch, non_tensors, response_length=response_length,
                          eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
                          sampling={"do_sample": False}, logits_processor=Script(tokenizer, turns))
+
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>'
+
+
+def save_tool_calling_model(path, question: str = "1+2?", steps: int = 200, seed: int = 0) -> str:
+    """A 1-layer model taught (supervised, seconds) to answer ``question`` by calling the calculator on 1+2 and
+    then writing ``#### 3``: greedy it does exactly that; sampled at temperature 1 its calls are sometimes
+    malformed. Saved with its tokenizer."""
+    from data.builtin import build_tiny_model
+
+    tokenizer = chat_tokenizer()
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=1, max_position_embeddings=512, seed=seed)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                           add_generation_prompt=True)
+    parts = [(prompt, False), (CALL + "<eos>", True), ("\n<|tool|>3<eos>\n<|assistant|>", False), ("#### 3<eos>", True)]
+    ids, labels = [], []
+    for text, learned in parts:
+        part = tokenizer.encode(text, add_special_tokens=False)
+        ids += part
+        labels += part if learned else [-100] * len(part)
+    batch = {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels])}
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return str(path)
