@@ -34,7 +34,7 @@ from transformers import StaticCache
 
 from config.plan import GEN_KEYS
 from workers.rollout import _last_logits, _rollout_batch, sample_next_token
-from workers.tools import ToolBox, ToolSession
+from workers.tools import ToolBox, ToolConfigError, ToolSession, load_tools
 from workers.tools.parser import parse_tool_calls
 
 TOOL_AGENT = "tool_agent"
@@ -286,11 +286,23 @@ def _common_prefix(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def check_tools(tokenizer: Any, multi_turn: Any) -> list[dict]:
+    """Load ``multi_turn``'s tools (running the code their config names, as each rollout worker will) and check
+    that ``tokenizer``'s chat template renders a tool turn; returns the tools' schemas. ToolConfigError otherwise."""
+    schemas = [tool.get_openai_tool_schema().to_dict()
+               for tool in load_tools(multi_turn.tool_config_path, multi_turn.function_tool_path).values()]
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}]
+    try:
+        tokenizer.apply_chat_template(probe, tools=schemas or None, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # no template, or one that refuses a tool turn
+        raise ToolConfigError(f"the model's tokenizer cannot render a tool turn with its chat template "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0]})", "enable") from None
+    return schemas
+
+
 def build_agent_loop(tokenizer: Any, rollout: Any) -> AgentLoop:
     """The agent loop of ``rollout`` (the ``actor_rollout_ref.rollout`` config): its tools loaded from
     ``multi_turn.tool_config_path`` / ``function_tool_path`` (which runs the code they name)."""
-    from workers.tools import load_tools
-
     multi_turn = rollout.multi_turn
     tools = load_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
     return AgentLoop(tokenizer, ToolBox(tools, multi_turn), multi_turn, rollout.agent.default_agent_loop)

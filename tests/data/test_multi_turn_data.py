@@ -98,16 +98,16 @@ def test_the_reward_manager_scores_the_whole_conversation_and_adds_tool_rewards(
 
 
 def test_the_driver_checks_tools_and_the_chat_template_before_any_model_loads(tmp_path):
-    import main
+    from trainer import build
 
     base = ["actor_rollout_ref.rollout.multi_turn.enable=true"]
     (tmp_path / "bad.yaml").write_text("tools:\n  - class_name: no.such.Tool\n")
     cfg = load_config([*base, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'bad.yaml'}"])
     with pytest.raises(ConfigError, match=r"multi_turn.tool_config_path=.*cannot import 'no.such'"):
-        main._check_tools(cfg, printable_tokenizer())
+        build._tool_schemas(cfg, printable_tokenizer())
     cfg = load_config([*base, "actor_rollout_ref.rollout.multi_turn.tool_config_path=conf/tools/calculator.yaml"])
     with pytest.raises(ConfigError, match="multi_turn.enable=True: the model's tokenizer cannot render a tool turn"):
-        main._check_tools(cfg, printable_tokenizer(chat_template=None))
-    schemas = main._check_tools(cfg, printable_tokenizer(TOOLS_TEMPLATE))
+        build._tool_schemas(cfg, printable_tokenizer(chat_template=None))
+    schemas = build._tool_schemas(cfg, printable_tokenizer(TOOLS_TEMPLATE))
     assert [s["function"]["name"] for s in schemas] == ["calculator"]
     assert json.loads(json.dumps(schemas)) == schemas

@@ -8,7 +8,7 @@ import pytest
 
 from config import load_config
 from data.builtin import write_parquet
-from main import build_trainer
+from trainer.build import build_trainer
 from tests.workers.agent_helpers import save_tool_calling_model
 
 TOOL_CONFIG = """tools:

@@ -19,7 +19,12 @@ from typing import Any, Optional
 
 
 class ToolConfigError(ValueError):
-    """A tool configuration or tool class cannot be used; the message names the file or key and the fix."""
+    """A tool configuration or tool class cannot be used; the message names the file and the fix, ``key`` the
+    ``rollout.multi_turn`` key whose value is at fault (when known)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass

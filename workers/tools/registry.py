@@ -157,16 +157,18 @@ def load_function_tools(path: str) -> list[BaseTool]:
 
 
 def load_tools(tool_config_path: Optional[str], function_tool_path: Optional[str]) -> dict[str, BaseTool]:
-    """Name -> tool of both sources; the same name twice is an error."""
+    """Name -> tool of both sources; the same name twice is an error. ToolConfigError.key names the source."""
     tools: list[BaseTool] = []
-    if tool_config_path:
-        tools += load_tool_config(tool_config_path)
-    if function_tool_path:
-        tools += load_function_tools(function_tool_path)
+    for key, path, load in (("tool_config_path", tool_config_path, load_tool_config),
+                            ("function_tool_path", function_tool_path, load_function_tools)):
+        try:
+            tools += load(path) if path else []
+        except ToolConfigError as exc:
+            raise ToolConfigError(str(exc), key) from None
     by_name: dict[str, BaseTool] = {}
     for tool in tools:
         if tool.name in by_name:
             raise ToolConfigError(f"two tools are named {tool.name!r} (tool_config_path={tool_config_path}, "
-                                  f"function_tool_path={function_tool_path})")
+                                  f"function_tool_path={function_tool_path})", "tool_config_path")
         by_name[tool.name] = tool
     return by_name
