@@ -85,11 +85,8 @@ def decode_with_turns(
         responses[rows, t], valid[rows, t] = token, live.long()
         model_mask[rows, t] = (live & (plan < 0)).long()
         ended = live & (plan < 0) & torch.isin(token, eos)
-        for row, ids in (end_turns(rows[ended].tolist(), t, responses) if ended.any() else {}).items():
-            if ids is None:
-                finished[row] = True
-            else:
-                forced[row, t + 1: t + 1 + len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
+        if ended.any():
+            _plan_turns(end_turns(rows[ended].tolist(), t, responses), t, finished, forced)
         live = ~finished[rows]
         if t == length - 1 or not live.any():
             return responses, model_mask, valid, finished
@@ -109,6 +106,15 @@ def decode_with_turns(
         feed = torch.cat([token[:, None], chunk], dim=-1)
         logits = _last_logits(model, feed, full_mask, positions, cache, cache_position)
         t += span
+
+
+def _plan_turns(plans: dict[int, Optional[list[int]]], t: int, finished: Tensor, forced: Tensor) -> None:
+    """Rows whose plan is None are finished; the others feed their tool turn's ids from position t + 1."""
+    for row, ids in plans.items():
+        if ids is None:
+            finished[row] = True
+        else:
+            forced[row, t + 1: t + 1 + len(ids)] = torch.tensor(ids, dtype=torch.long, device=forced.device)
 
 
 @dataclass
@@ -241,7 +247,9 @@ class AgentLoop:
     def _check_tokenization(self, input_ids: Tensor, attention_mask: Tensor, responses: Tensor, valid: Tensor) -> None:
         """verl's sanity check: the turn-by-turn ids are a prefix of the whole conversation's tokenization."""
         mode = self.config.tokenization_sanity_check_mode
-        if mode == "disable":
+        if mode == "disable":  # nothing is reported, not even a template that rewrote an earlier turn
+            for trajectory in self.trajectories:
+                trajectory.mismatch = False
             return
         reported = False
         for row, trajectory in enumerate(self.trajectories):

@@ -157,3 +157,16 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
         per_token = grad[:, :-1].abs().sum(-1)
     assert per_token[tool_tokens].abs().max() == 0
     assert (per_token[response_mask.bool()] > 0).float().mean() > 0.9
+
+
+def test_a_template_that_rewrites_history_is_reported_not_hidden(model):
+    """A chat template that renders an earlier assistant turn differently from what the model generated (as Qwen3
+    drops reasoning): the turn-by-turn ids are not the whole conversation's; the sanity check flags the row."""
+    from tests.data.gsm8k_fixture import printable_tokenizer
+    from tests.workers.agent_helpers import TEMPLATE
+
+    rewriting = printable_tokenizer(TEMPLATE.replace("{{ m['content'] }}", "{{ m['content'] | replace('7', 'x') }}"))
+    turns = [[call("calculator", expression="6*7"), "#### 42"]]
+    for mode, flagged in (("strict", True), ("disable", False)):
+        _, stats, _ = run(make_loop(rewriting, tokenization_sanity_check_mode=mode), model, rewriting, ["q"], turns, R)
+        assert stats["tokenization_mismatch"][0] == flagged and stats["stop_reason"][0] == "answer"

@@ -11,6 +11,7 @@ that is not a tool result. Only the first ``max_parallel_calls`` calls of a turn
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -143,7 +144,8 @@ class ToolBox:
 
         for (session, name, _), outcome in zip(owned, stage("calc_reward")):
             value = outcome.value
-            valid = outcome.error is None and isinstance(value, (int, float)) and not isinstance(value, bool)
+            valid = outcome.error is None and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value)
             session.reward_scores[name] = float(value) if valid else 0.0
             session.errors += not valid
         for (session, _, _), outcome in zip(owned, stage("release")):
