@@ -16,9 +16,9 @@ No expression appears in two rows, so the test split is held out from the train 
 610 distinct expressions: the default sizes use most of them).
 
 ``--tools`` writes the same problems for the multi-turn rollout (``conf/smollm2_tools.yaml``): ``"agent_name":
-"tool_agent"`` and a system prompt that shows the calculator call in the hermes format. The prompt states the
-format itself because SmolLM2's chat template does not render tool schemas (``tools=``): any template that
-does shows the model the schema as well.
+"tool_agent"``, and before the question a worked example as earlier turns: a problem, the hermes calculator call,
+the calculator's turn and the answer. The prompt shows the format itself because SmolLM2's chat template does not
+render tool schemas (``tools=``); a template that does shows the model the schema as well.
 """
 
 from __future__ import annotations
@@ -37,11 +37,19 @@ from data.rewards.arith import DATA_SOURCE
 # (docs/benchmarks.md, "A real model").
 SYSTEM = ('You solve arithmetic word problems. Reply with the calculation and then "#### <number>", for example:\n'
           "5 + 3 - 2 = 6\n#### 6")
-# The calculator variant: the call, the tool's turn, then the answer (a 135 M model copies a shown format)
-TOOL_SYSTEM = ("You solve arithmetic word problems with a calculator. First write the problem's calculation as a "
-               'calculator call, for example:\n<tool_call>{"name": "calculator", "arguments": {"expression": '
-               '"5 + 3 - 2"}}</tool_call>\nThe calculator replies with the result, for example 6. Then reply with '
-               '"#### <result>", for example:\n#### 6')
+# The calculator variant: a worked example as earlier turns of the conversation (a question, the model's call, the
+# calculator's turn, the model's answer), which a 135 M model follows far more often than a format described in the
+# system message (docs/benchmarks.md, "Tool use")
+TOOL_SYSTEM = ("You solve arithmetic word problems with a calculator: call it with the problem's calculation, then "
+               'reply with "#### <result>".')
+TOOL_EXAMPLE = [
+    {"role": "user", "content": "Ben has 12 pencils. Then Ben buys 30 more. Then Ben loses 5. How many pencils does "
+                                "Ben have now?"},
+    {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30 - 5"}}'
+                                     "</tool_call>"},
+    {"role": "tool", "content": "37"},
+    {"role": "assistant", "content": "#### 37"},
+]
 MAX_STEPS = 1
 MAX_NUMBER = 20
 NAMES = ("Mia", "Tom", "Ava", "Leo", "Sara", "Ben", "Nora", "Omar", "Lily", "Sam")
@@ -74,10 +82,12 @@ def make_problem(
 def make_row(question: str, expression: str, result: int, split: str, index: int, tools: bool = False
              ) -> dict[str, Any]:
     """One row in GSM8K's layout (``data.preprocess.gsm8k.make_row``), with a worked reference answer; with
-    ``tools`` a tool_agent row whose system prompt shows the calculator call."""
+    ``tools`` a tool_agent row whose prompt shows a worked calculator call first."""
+    system = [{"role": "system", "content": TOOL_SYSTEM}, *TOOL_EXAMPLE] if tools else [{"role": "system",
+                                                                                         "content": SYSTEM}]
     row = {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "system", "content": TOOL_SYSTEM if tools else SYSTEM}, {"role": "user", "content": question}],
+        "prompt": [*system, {"role": "user", "content": question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(result)},
         "extra_info": {"split": split, "index": index, "answer": f"{expression} = {result}\n#### {result}",

@@ -27,7 +27,8 @@ def test_arith_tool_rows_are_tool_agent_rows_rendered_with_the_tools(tmp_path):
     arith.main(["--out_dir", str(tmp_path / "plain"), "--train_size", "6", "--test_size", "2"])
     tool_rows, plain_rows = (pq.read_table(tmp_path / d / "train.parquet").to_pylist() for d in ("tools", "plain"))
     assert [r["reward_model"] for r in tool_rows] == [r["reward_model"] for r in plain_rows]  # the same problems
-    assert all(r["agent_name"] == "tool_agent" and "<tool_call>" in r["prompt"][0]["content"] for r in tool_rows)
+    assert all(r["agent_name"] == "tool_agent" and r["prompt"][-1] == plain["prompt"][-1]  # the same question
+               and any("<tool_call>" in m["content"] for m in r["prompt"][:-1]) for r, plain in zip(tool_rows, plain_rows))
     tokenizer = printable_tokenizer(TOOLS_TEMPLATE)
     files = [str(tmp_path / "tools" / "train.parquet"), str(tmp_path / "plain" / "train.parquet")]
     dataset = RLHFDataset(files, tokenizer, max_prompt_length=1024, tool_schemas=[SCHEMA])
