@@ -16,8 +16,8 @@ No expression appears in two rows, so the test split is held out from the train 
 610 distinct expressions: the default sizes use most of them).
 
 ``--tools`` writes the same problems for the multi-turn rollout (``conf/smollm2_tools.yaml``): ``"agent_name":
-"tool_agent"``, and before the question a worked example as earlier turns: a problem, the hermes calculator call,
-the calculator's turn and the answer. The prompt shows the format itself because SmolLM2's chat template does not
+"tool_agent"``, and before the question an example as earlier turns: a problem, the hermes calculator call and
+the calculator's turn. The prompt shows the format itself because SmolLM2's chat template does not
 render tool schemas (``tools=``); a template that does shows the model the schema as well.
 """
 
@@ -37,9 +37,9 @@ from data.rewards.arith import DATA_SOURCE
 # (docs/benchmarks.md, "A real model").
 SYSTEM = ('You solve arithmetic word problems. Reply with the calculation and then "#### <number>", for example:\n'
           "5 + 3 - 2 = 6\n#### 6")
-# The calculator variant: a worked example as earlier turns of the conversation (a question, the model's call, the
-# calculator's turn, the model's answer), which a 135 M model follows far more often than a format described in the
-# system message (docs/benchmarks.md, "Tool use")
+# The calculator variant: an example as earlier turns of the conversation (a question, the call, the calculator's
+# turn). So untrained SmolLM2-135M-Instruct sometimes calls; with the format only described in the system message it
+# does not, and with the example's answer turn too it copies that answer instead (docs/benchmarks.md, "Tool use")
 TOOL_SYSTEM = ("You solve arithmetic word problems with a calculator: call it with the problem's calculation, then "
                'reply with "#### <result>".')
 TOOL_EXAMPLE = [
@@ -48,7 +48,6 @@ TOOL_EXAMPLE = [
     {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30 - 5"}}'
                                      "</tool_call>"},
     {"role": "tool", "content": "37"},
-    {"role": "assistant", "content": "#### 37"},
 ]
 MAX_STEPS = 1
 MAX_NUMBER = 20
