@@ -309,8 +309,7 @@ class RayPPOTrainer:
         """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
         greedy = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
         greedy.pop("n")
-        agent_keys = [k for k in AGENT_KEYS if k in batch.non_tensor_batch]
-        out = self._generate(batch.select(batch_keys=GEN_KEYS, non_tensor_batch_keys=agent_keys), {}, meta_info=greedy)
+        out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
         return self.reward_fn(out)[0].sum(-1)
 
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
