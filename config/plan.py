@@ -44,9 +44,11 @@ def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
 
 
 def actor_update_keys(actor: Any, old_log_probs: bool) -> tuple[str, ...]:
-    """The batch keys ``update_actor`` reads: without old_log_probs the update is on-policy (see is_single_step)."""
+    """The batch keys ``update_actor`` reads: without old_log_probs the update is on-policy (see is_single_step);
+    the policy loss's own needs (``algos.POLICY_LOSSES``, e.g. rollout_log_probs) come along."""
     return (*FORWARD_KEYS, "advantages", *(("old_log_probs",) if old_log_probs else ()),
-            *(("ref_log_prob",) if uses_ref_log_prob(actor) else ()))
+            *(("ref_log_prob",) if uses_ref_log_prob(actor) else ()),
+            *validate_policy_loss(actor.policy_loss.loss_mode).needs)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ verl is a test-only dependency (``make setup`` installs it with --no-deps); with
 """
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import algos as ca
 from config.roles import ActorConfig, PolicyLossConfig, RolloutCorrectionConfig
 from config.schema import AlgorithmConfig
 
+_environ = set(os.environ)
 verl = pytest.importorskip("verl", reason="verl is not installed (make setup installs verl==0.9.1 for the tests)")
 if verl.__version__ != "0.9.1":
     pytest.skip(f"these tests compare with verl 0.9.1, found {verl.__version__}", allow_module_level=True)
@@ -22,6 +24,9 @@ from verl.trainer.config import RolloutCorrectionConfig as VerlRolloutCorrection
 from verl.trainer.ppo import core_algos as verl_algos  # noqa: E402
 from verl.workers.config import FSDPActorConfig as VerlActorConfig  # noqa: E402
 from verl.workers.config import PolicyLossConfig as VerlPolicyLossConfig  # noqa: E402
+
+for _name in set(os.environ) - _environ:  # importing verl sets defaults for Ray; the later tests must not see them
+    del os.environ[_name]
 
 torch.set_num_threads(1)
 BS, P, R = 12, 3, 7
@@ -141,7 +146,10 @@ def _configs(loss_mode, agg, correction):
 def test_policy_losses_match_verl(loss_mode, correction, agg):
     _, mask, _, gen = _batch(7)
     old = torch.log(torch.rand(BS, R, generator=gen) * 0.9 + 0.05)
-    new = (old + 0.3 * torch.randn(BS, R, generator=gen)).clamp(max=-1e-3)
+    # most rows near the old policy, a few far from it (clips, dual clip, GSPO's unclipped A < 0 side)
+    shift = torch.tensor([0.0, 0.0, 0.0, 1.0, -1.0, 0.0, 2.5, 0.0, 0.0, -0.5, 0.0, 2.0]).unsqueeze(-1)
+    old = torch.where(shift > 0, old - 3.0, old)  # room below log 1 for the far rows to move up
+    new = (old + shift + 0.3 * torch.randn(BS, R, generator=gen)).clamp(max=-1e-3)
     adv = torch.randn(BS, R, generator=gen) * mask
     ours, theirs = _configs(loss_mode, agg, correction)
     mine, verls = new.clone().requires_grad_(), new.clone().requires_grad_()
