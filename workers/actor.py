@@ -33,6 +33,7 @@ TOKEN_STATS: dict[str, Callable[[Tensor], Tensor]] = {
     "sum_pi_squared": sum_pi_squared_from_logits,
 }
 
+
 def response_logits(
     module: nn.Module,
     input_ids: Tensor,
