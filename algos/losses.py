@@ -71,8 +71,8 @@ def aggregate(
     local = agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor)
     if not global_batch:
         return local, local.detach()
-    return agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor, **global_batch), \
-        local.detach()
+    share = agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor, **global_batch)
+    return share, local.detach()
 
 
 class PolicyLoss(NamedTuple):
@@ -118,17 +118,12 @@ def policy_loss_options(loss_mode: str, config: Any) -> dict[str, Any]:
     """
     options = {}
     for name in validate_policy_loss(loss_mode).options:
-        section = config.policy_loss if _has(config.policy_loss, name) else config
+        section = config.policy_loss if hasattr(config.policy_loss, name.partition(".")[0]) else config
         value = reduce(getattr, name.split("."), section)
         if name in CLIP and value is None:
             value = config.clip_ratio
         options[name.rpartition(".")[2]] = value
     return options
-
-
-def _has(section: Any, dotted: str) -> bool:
-    head = dotted.partition(".")[0]
-    return hasattr(section, head)
 
 
 def compute_policy_loss(
