@@ -98,7 +98,8 @@ def table(results: dict[str, dict[str, Any]] | None = None) -> str:
         if result is None:
             step = "refused (config error)" if _refused(case) else ""
         elif "error" in result:
-            step = f"{result['status']}: {result['error']}"
+            step = "refused, one line (exit 2)" if _refused(case) and result["status"] == "exit 2" else \
+                f"{result['status']}: {result['error']}"
         else:
             step = f"{result['status']}; pg_loss {result['pg_loss']:.4g}, grad_norm {result['grad_norm']:.3g}"
         keys = ", ".join(filter(None, [_keys(case["reads"]), case.get("note", "")])) or "—"
