@@ -22,21 +22,26 @@ DRIVER, WORKER = "driver", "worker"
 
 @dataclass(frozen=True)
 class Phase:
-    """One step of a flow: where it runs and the per-token keys it reads and writes."""
+    """One step of a flow: where it runs and the per-token keys it reads and writes; ``columns`` are per-row
+    non-tensors (the dataloader's) a worker phase reads when the driver's batch has them."""
 
     name: str
     on: str  # DRIVER or WORKER
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.on not in (DRIVER, WORKER):
             raise ValueError(f"phase {self.name!r}: on={self.on!r}, expected {DRIVER!r} or {WORKER!r}")
+        object.__setattr__(self, "reads", tuple(dict.fromkeys(self.reads)))  # a key named twice is read once
 
 
 @dataclass(frozen=True)
 class Route:
-    """How one worker phase's tensors move (see the module docstring); ``writes`` are all the keys it writes."""
+    """How one worker phase's tensors move (see the module docstring); ``writes`` are all the keys it writes,
+    ``columns`` the non-tensors sent along when the driver has them. Non-tensors a phase returns (the agent loop's
+    per-row statistics) always go to the driver."""
 
     phase: str
     send: tuple[str, ...]
@@ -44,6 +49,7 @@ class Route:
     keep: tuple[str, ...]
     give: tuple[str, ...]
     writes: tuple[str, ...]
+    columns: tuple[str, ...] = ()
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -78,6 +84,7 @@ class Dataflow:
                     keep=tuple(k for k in phase.writes if _read_later(k, later, WORKER)),
                     give=tuple(k for k in phase.writes if _read_later(k, later, DRIVER)),
                     writes=phase.writes,
+                    columns=phase.columns,
                 ))
             writer.update(dict.fromkeys(phase.writes, phase))
         return cls(phases=tuple(phases), routes=tuple(routes))

@@ -16,12 +16,21 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from algos.advantages import ADV_ESTIMATORS, estimator_needs_critic
+from algos.advantages import estimator_needs, estimator_needs_critic
+from algos.losses import validate_policy_loss
 from config.checks import ConfigError, is_int
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 
+# inputs a registry entry may need (algos.ADV_ESTIMATORS, algos.POLICY_LOSSES) that no phase produces yet, and why
+UNAVAILABLE_INPUTS = {
+    "rollout_log_probs": "needs the rollout's per-token log-probs (verl's actor_rollout_ref.rollout."
+                         "calculate_log_probs), which ColoRL's rollout does not return yet",
+}
+
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
 SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
+AGENT_KEYS = ("raw_prompt", "agent_name", "tools_kwargs")  # non-tensors the multi-turn rollout reads, when present
+WORKER_ESTIMATOR_INPUTS = ("values", "old_log_probs", "sum_pi_squared")  # what workers compute for an estimator
 STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
 
 
@@ -46,40 +55,45 @@ def forward_keys(remove_padding: bool) -> tuple[str, ...]:
     return ("input_ids", "attention_mask", *when(not remove_padding, "position_ids"), "responses")
 
 
-def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool) -> dict[str, Dataflow]:
+def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool, sum_pi_squared: bool
+                  ) -> dict[str, Dataflow]:
     """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
 
-    ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run.
+    ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run;
+    ``sum_pi_squared``: whether the old-log-prob forward also writes Σπ².
     """
-    actor, rm = cfg.actor_rollout_ref.actor, cfg.reward_model.enable
+    actor, algo, rm = cfg.actor_rollout_ref.actor, cfg.algorithm, cfg.reward_model.enable
     policy = forward_keys(cfg.actor_rollout_ref.model.use_remove_padding)  # actor and reference
     value = forward_keys(cfg.critic.model.use_remove_padding)
+    estimator = [k for k in WORKER_ESTIMATOR_INPUTS if estimator_needs(algo.adv_estimator, k)]
     prompts = Phase("prompts", DRIVER, writes=PROMPT)  # the dataloader's batch
-    gen = Phase("gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask"))
-    scored = Phase("reward", DRIVER, reads=("responses", "response_mask"))  # the reward function (+ answers)
+    gen = Phase("gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask"), columns=AGENT_KEYS)
+    # the reward function (with tool turns, a response's length is its attended tokens), and validation's answers
+    scored = ("responses", "response_mask", "attention_mask")
     step = (
         prompts,
         gen,
         *when(rm, Phase("rm_score", WORKER, reads=(*SEQUENCE, "response_mask"), writes=("rm_scores",))),
-        Phase("reward", DRIVER, reads=("responses", "response_mask", *when(rm, "rm_scores")),
-              writes=("token_level_scores",)),
-        *when(old_log_prob, Phase("old_log_prob", WORKER, reads=policy, writes=("old_log_probs",))),
+        Phase("reward", DRIVER, reads=(*scored, *when(rm, "rm_scores")), writes=("token_level_scores",)),
+        *when(old_log_prob, Phase("old_log_prob", WORKER, reads=policy,
+                                  writes=("old_log_probs", *when(sum_pi_squared, "sum_pi_squared")))),
         *when(ref_log_prob, Phase("ref", WORKER, reads=policy, writes=("ref_log_prob",))),
         *when(critic, Phase("values", WORKER, reads=(*value, "response_mask"), writes=("values",))),
-        # the in-reward KL penalty and the actor/ref_kl metric read both log-probs when both are computed
-        Phase("adv", DRIVER, reads=("token_level_scores", "response_mask", *when(critic, "values"),
+        # the estimator's inputs; the in-reward KL penalty and actor/ref_kl read both log-probs when both exist
+        Phase("adv", DRIVER, reads=("token_level_scores", "response_mask", *when(critic, "values"), *estimator,
                                     *when(old_log_prob and ref_log_prob, "old_log_probs", "ref_log_prob")),
               writes=("token_level_rewards", "advantages", "returns")),
         *when(critic, Phase("update_critic", WORKER, reads=(*value, "response_mask", "values", "returns"))),
-        # without old_log_probs the update is on-policy (see is_single_step)
+        # without old_log_probs the update is on-policy (see is_single_step); the policy loss may need more
         Phase("update_actor", WORKER, reads=(*policy, "response_mask", "advantages",
                                              *when(old_log_prob, "old_log_probs"),
-                                             *when(uses_ref_log_prob(actor), "ref_log_prob"))),
+                                             *when(uses_ref_log_prob(actor), "ref_log_prob"),
+                                             *validate_policy_loss(actor.policy_loss.loss_mode).needs)),
         Phase("metrics", DRIVER, reads=("responses", "response_mask", "attention_mask", "token_level_scores",
                                         "token_level_rewards", "advantages", "returns", *when(critic, "values"))),
     )
-    return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of((prompts, gen, scored)),
-            GREEDY_FLOW: Dataflow.of((prompts, gen, scored))}
+    side = (prompts, gen, Phase("reward", DRIVER, reads=scored))
+    return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of(side), GREEDY_FLOW: Dataflow.of(side)}
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,8 @@ class StepPlan:
     ref_in_actor: bool
     recompute_old_log_prob: bool  # False: one on-policy optimizer step, whose own log-probs are the old ones
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
+    compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
+    compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
     flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
@@ -126,9 +142,12 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     critic = uses_critic(cfg)
     use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
     lora = cfg.actor_rollout_ref.model.lora_rank > 0
-    recompute = not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
-                     and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size))
+    # the estimator reading old log-probs (or Σπ², computed with them) needs them before the update
+    needs_old = estimator_needs(algo.adv_estimator, "old_log_probs")
+    on_policy = is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size)
+    recompute = needs_old or not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
+    sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
     arr = "actor_rollout_ref"
     _require_micro(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", rollout.log_prob_micro_batch_size_per_gpu,
                    recompute and not rollout.log_prob_use_dynamic_bsz, f"{arr}.rollout.log_prob_use_dynamic_bsz")
@@ -144,11 +163,14 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         ref_in_actor=uses_full_kl(actor) or (use_reference_policy and lora),
         recompute_old_log_prob=recompute,
         compute_ref_log_prob=ref_log_prob,
+        compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
+        compute_sum_pi_squared=sum_pi_squared,
         actor_mini_batch_size=_mini_batch_per_rank("actor_rollout_ref.actor", actor, ("actor_rollout_ref.rollout.n",
                                                    rollout.n), data.train_batch_size, n_workers),
         critic_mini_batch_size=_mini_batch_per_rank("critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n),
                                                     data.train_batch_size, n_workers) if critic else 0,
-        flows=declare_flows(cfg, critic=critic, old_log_prob=recompute, ref_log_prob=ref_log_prob),
+        flows=declare_flows(cfg, critic=critic, old_log_prob=recompute, ref_log_prob=ref_log_prob,
+                            sum_pi_squared=sum_pi_squared),
     )
 
 
@@ -179,7 +201,11 @@ def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) 
 
 def _check_estimator(cfg: Any) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if "index" in ADV_ESTIMATORS[estimator].needs and n < 2:  # the baseline comes from the prompt's group
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    for need in validate_policy_loss(loss_mode).needs:
+        if need in UNAVAILABLE_INPUTS:
+            raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: {UNAVAILABLE_INPUTS[need]}")
+    if estimator_needs(estimator, "index") and n < 2:  # the baseline comes from the prompt's group
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
                           "responses to one prompt, so it needs rollout.n > 1")
     needs_critic = estimator_needs_critic(estimator)

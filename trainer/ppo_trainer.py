@@ -31,6 +31,7 @@ from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    multi_turn_metrics,
     reduce_metrics,
     timed,
     validation_metrics,
@@ -39,8 +40,7 @@ from trainer.preemption import StopSignals
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
-from workers.step_store import ROWS, STEP, StepCall
-
+from workers.step_store import request, take_back
 
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
 
@@ -50,6 +50,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
+VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
 
 
 class RayPPOTrainer:
@@ -259,14 +260,14 @@ class RayPPOTrainer:
         with timed("step", timing):
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
             batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this step is under it
-            if self.config.algorithm.adv_estimator == "remax":  # ReMax's baseline: the greedy answer's reward
+            if self.plan.compute_greedy_baseline:  # ReMax's baseline: the greedy answer's reward
                 with self._phase("gen_max", timing):
                     batch.batch["reward_baselines"] = self._greedy_reward(batch)
             batch = batch.repeat(n, interleave=True)
             with self._phase("gen", timing):
-                metrics.update(self._call(self.actor_rollout_wg.generate_sequences, batch, "gen"))
+                metrics.update(self._generate(batch))
             with self._phase("reward", timing):
-                batch.batch["token_level_scores"] = self._scores(batch)
+                reward_extras = self._reward(batch)
             if self.plan.recompute_old_log_prob:
                 with self._phase("old_log_prob", timing):
                     self._call(self.actor_rollout_wg.compute_log_prob, batch, "old_log_prob")
@@ -277,7 +278,7 @@ class RayPPOTrainer:
                 with self._phase("values", timing):
                     self._call(self.critic_wg.compute_values, batch, "values")
             with self._phase("adv", timing):
-                self._compute_advantage(batch, metrics)
+                self._compute_advantage(batch, metrics, reward_extras)
             if self.plan.use_critic:
                 with self._phase("update_critic", timing):
                     metrics.update(self._call(self.critic_wg.update_critic, batch, "update_critic"))
@@ -299,36 +300,41 @@ class RayPPOTrainer:
 
     def _call(self, method: Callable[[DataProto], DataProto], batch: DataProto, phase: str, flow: str = STEP_FLOW,
               meta_info: dict | None = None) -> dict[str, float]:
-        """Run worker ``phase`` of ``flow`` as its route says: send the keys it reads that the driver holds, then
-        drop from ``batch`` what the phase rewrote and add what it gave back. Returns the phase's metrics."""
+        """Worker ``phase`` of ``flow`` on ``batch``, moving what its route says (workers/step_store.py); returns
+        the phase's metrics."""
         route = self.plan.flows[flow].route(phase)
-        step = StepCall(batch.meta_info[STEP_TOKEN], route)
-        sent = {ROWS: torch.arange(len(batch)), **{k: batch.batch[k] for k in route.send}}
-        out = method(DataProto.from_dict(sent, meta_info={**(meta_info or {}), STEP: step}))
-        for key in route.writes:
-            batch.batch.pop(key, None)
+        out = method(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
         metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
-        batch.union(out)
+        take_back(batch, route, out)
         return metrics
 
-    def _scores(self, batch: DataProto) -> torch.Tensor:
-        """(B, R) token-level scores: the reward function's, plus the reward model's on the last response token."""
-        scores, _ = self.reward_fn(batch)
+    def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
+        """Responses to ``batch``'s prompts (its gen phase in ``flow``); the rollout's metrics, multi-turn's too."""
+        metrics = self._call(self.actor_rollout_wg.generate_sequences, batch, "gen", flow, meta_info)
+        return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}
+
+    def _reward(self, batch: DataProto) -> dict[str, list]:
+        """Token-level scores into ``batch``: the reward function's, plus the reward model's on the last response
+        token; returns the reward function's per-row extra values."""
+        scores, reward_extras = self.reward_fn(batch)
         if self.rm_wg is not None:
             self._call(self.rm_wg.compute_rm_score, batch, "rm_score")
             scores = scores + batch.batch["rm_scores"]
-        return scores
+        batch.batch["token_level_scores"] = scores
+        return reward_extras
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
         """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
         greedy = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
         greedy.pop("n")
-        prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)
-        self._call(self.actor_rollout_wg.generate_sequences, prompts, "gen", GREEDY_FLOW, meta_info=greedy)
+        prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)  # every non-tensor too
+        self._generate(prompts, GREEDY_FLOW, meta_info=greedy)
         return self.reward_fn(prompts)[0].sum(-1)
 
-    def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
-        """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns."""
+    def _compute_advantage(self, batch: DataProto, metrics: dict, reward_extras: dict[str, list]) -> None:
+        """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns.
+
+        ``reward_extras`` are the reward function's per-row extra values (GDPO's reward components)."""
         algo = self.config.algorithm
         tensors = batch.batch
         mask = tensors["response_mask"]
@@ -347,12 +353,13 @@ class RayPPOTrainer:
             algo.adv_estimator,
             token_level_rewards=tensors["token_level_rewards"],
             response_mask=mask,
+            config=algo,
             values=tensors.get("values"),
             index=batch.non_tensor_batch["uid"],
             reward_baselines=tensors.get("reward_baselines"),
-            gamma=algo.gamma,
-            lam=algo.lam,
-            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            old_log_probs=tensors.get("old_log_probs"),
+            sum_pi_squared=tensors.get("sum_pi_squared"),
+            reward_components=_reward_components(reward_extras, algo.gdpo_reward_keys),
         )
 
     # ------------------------------------------------------------------ validation
@@ -368,8 +375,9 @@ class RayPPOTrainer:
             batch = DataProto.from_single_dict(batch_dict, meta_info={STEP_TOKEN: uuid.uuid4().hex})
             batch = batch.repeat(n, interleave=True)
             with self.watchdog.phase("validate"):
-                self._call(self.actor_rollout_wg.generate_sequences, batch, "gen", VALIDATION_FLOW, val_kwargs)
+                self._generate(batch, VALIDATION_FLOW, val_kwargs)
             reward, reward_extras = self.val_reward_fn(batch)
+            reward_extras.update({k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch})
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
                     extras.setdefault(key, []).extend(values)
@@ -382,3 +390,14 @@ class RayPPOTrainer:
 
 def _every(freq: int, step: int) -> bool:
     return freq > 0 and step % freq == 0
+
+
+def _reward_components(reward_extras: dict[str, list], keys: list[str] | None) -> list[torch.Tensor] | None:
+    """The (B,) reward components ``algorithm.gdpo_reward_keys`` names, from the reward function's extra values."""
+    if not keys:
+        return None
+    missing = [key for key in keys if key not in reward_extras]
+    if missing:
+        raise ValueError(f"algorithm.gdpo_reward_keys={keys}: compute_score returned no {missing} (its dict has "
+                         f"{sorted(reward_extras)})")
+    return [torch.tensor(reward_extras[key], dtype=torch.float32) for key in keys]

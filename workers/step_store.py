@@ -5,16 +5,18 @@ store per process (``STORE``) serves them all: the rollout's sequences stay wher
 phases read them, and the driver gets only what it computes with. Which keys are sent, fetched, kept and given
 back is each phase's ``Route`` (``config.dataflow``, derived from ``config.plan.declare_flows``).
 
-A routed call carries ``meta_info[STEP] = StepCall(token, route)`` and the global index of each of its rows
-(``ROWS``). The first phase of a step that keeps something opens the store for that token and those rows; a phase
-that fetches must come with the same token and rows, else it fails loudly (a worker restarted, a run resumed on
-another world size, a call from another step) instead of computing on foreign data. A call without
-``meta_info[STEP]`` (verl's way: tests, ported code) carries every input itself and gets every output back.
+A routed call (``request``, on the driver) carries ``meta_info[STEP] = StepCall(token, route)`` and the global
+index of each of its rows (``ROWS``); ``take_back`` merges the answer into the driver's batch. The first phase
+of a step that keeps something opens the store for that token and those rows; a phase that fetches must come
+with the same token and rows, else it fails loudly (a worker restarted, a run resumed on another world size, a
+call from another step) instead of computing on foreign data. A call without ``meta_info[STEP]`` (verl's way:
+tests, ported code) carries every input itself and gets every output back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,7 +50,7 @@ class StepStore:
 
     def inputs(self, call: DataProto) -> DataProto:
         """The inputs of a phase called with ``call``: ``call`` itself when direct; else the keys it was sent plus
-        those kept here, and nothing else."""
+        those kept here (and the non-tensor columns it was sent), nothing else."""
         step = call.meta_info.get(STEP)
         if step is None:
             return call
@@ -60,22 +62,24 @@ class StepStore:
                 raise StepStoreError(f"phase {step.route.phase!r} of step {step.token} fetches {missing}, which no "
                                      f"earlier phase kept here (kept: {sorted(self.tensors)})")
             tensors.update({k: self.tensors[k] for k in step.route.fetch})
-        return DataProto.from_dict(tensors, meta_info=call.meta_info)
+        return DataProto.from_dict(tensors, call.non_tensor_batch, meta_info=call.meta_info)
 
-    def outputs(self, call: DataProto, produced: dict[str, Tensor], meta_info: dict | None = None) -> DataProto:
+    def outputs(self, call: DataProto, produced: dict[str, Tensor], meta_info: dict | None = None,
+                non_tensors: dict[str, Any] | None = None) -> DataProto:
         """What the phase called with ``call`` returns: every key ``produced`` when direct; else it keeps
-        ``route.keep`` here and returns ``route.give``. Tensors are detached and on CPU."""
+        ``route.keep`` here and returns ``route.give``. Tensors are detached and on CPU; per-row ``non_tensors``
+        (the agent loop's statistics) always go back."""
         produced = {k: v.detach().cpu() for k, v in produced.items()}
         step = call.meta_info.get(STEP)
         if step is None:
-            return DataProto.from_dict(produced, meta_info=meta_info)
+            return DataProto.from_dict(produced, non_tensors, meta_info=meta_info)
         if step.route.keep:
             if step.token != self.token:  # the step's first phase that keeps something: the store is this step's
                 self.token, self.rows, self.tensors = step.token, call.batch[ROWS], {}
             else:
                 self._check(step, call.batch[ROWS])
             self.tensors.update({k: produced[k] for k in step.route.keep})
-        return DataProto.from_dict({k: produced[k] for k in step.route.give}, meta_info=meta_info)
+        return DataProto.from_dict({k: produced[k] for k in step.route.give}, non_tensors, meta_info=meta_info)
 
     def _check(self, step: StepCall, rows: Tensor) -> None:
         if step.token != self.token:
@@ -84,6 +88,21 @@ class StepStore:
         if self.rows is None or not torch.equal(rows, self.rows):
             raise StepStoreError(f"phase {step.route.phase!r} of step {step.token} is for rows {_span(rows)}, but "
                                  f"this worker holds rows {_span(self.rows)}")
+
+
+def request(batch: DataProto, token: str, route: Route, meta_info: dict | None = None) -> DataProto:
+    """The driver's call of ``route``'s phase on ``batch``: each row's index, the keys the phase reads that the driver
+    holds, and the non-tensor columns it reads that ``batch`` has; ``meta_info`` goes along (sampling settings)."""
+    tensors = {ROWS: torch.arange(len(batch)), **{k: batch.batch[k] for k in route.send}}
+    columns = {k: batch.non_tensor_batch[k] for k in route.columns if k in batch.non_tensor_batch}
+    return DataProto.from_dict(tensors, columns, meta_info={**(meta_info or {}), STEP: StepCall(token, route)})
+
+
+def take_back(batch: DataProto, route: Route, out: DataProto) -> None:
+    """Into the driver's ``batch``, what ``route``'s phase answered: the keys it rewrote go, those it gave come in."""
+    for key in route.writes:
+        batch.batch.pop(key, None)
+    batch.union(out)
 
 
 def _span(rows: Tensor | None) -> str:

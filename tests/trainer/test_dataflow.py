@@ -7,7 +7,7 @@ import torch
 from config import load_config, make_plan
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase
 from single_controller import DataProto
-from workers.step_store import ROWS, STEP, StepCall, StepStore, StepStoreError
+from workers.step_store import ROWS, STEP, StepCall, StepStore, StepStoreError, request, take_back
 
 ROLLOUT = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
@@ -58,7 +58,7 @@ def test_the_plan_routes_the_demo_and_ppo_with_kl_in_the_reward():
     assert ppo.route("update_critic").send == ("returns",)
     assert set(ppo.route("update_actor").fetch) == {*ROLLOUT, "old_log_probs", "ref_log_prob"}
     validation = make_plan(load_config([]), 2).flows["validation"].route("gen")
-    assert validation.keep == () and set(validation.give) == {"responses", "response_mask"}
+    assert validation.keep == () and set(validation.give) == {"responses", "response_mask", "attention_mask"}
 
 
 def _call(route, token: str, rows: torch.Tensor, **tensors) -> DataProto:
@@ -84,6 +84,21 @@ def test_the_store_keeps_one_steps_rows_and_refuses_another_steps():
     assert store.token == "t2"
     with pytest.raises(StepStoreError, match="holds no step"):
         StepStore().inputs(_call(update, "t1", rows, advantages=torch.zeros(4, 5)))  # a restarted worker
+
+
+def test_the_driver_sends_what_it_holds_of_the_reads_and_takes_back_what_was_given():
+    gen = make_plan(load_config([]), 2).flows["step"].route("gen")
+    prompts = {k: torch.ones(4, 3, dtype=torch.long) for k in gen.send}
+    batch = DataProto.from_dict({**prompts, "reward_baselines": torch.zeros(4)},
+                                {"agent_name": ["tool_agent"] * 4, "data_source": ["x"] * 4})
+    call = request(batch, "t1", gen, {"temperature": 0.0})
+    assert set(call.batch) == {ROWS, *gen.send} and torch.equal(call.batch[ROWS], torch.arange(4))
+    assert set(call.non_tensor_batch) == {"agent_name"}  # the columns the rollout reads that the batch has
+    assert call.meta_info[STEP] == StepCall("t1", gen) and call.meta_info["temperature"] == 0.0
+    answer = DataProto.from_dict({k: torch.zeros(4, 5, dtype=torch.long) for k in gen.give})
+    take_back(batch, gen, answer)
+    # the prompt's input_ids and position_ids were rewritten on the workers: stale here, so gone
+    assert set(batch.batch) == {"reward_baselines", *gen.give} and batch.batch["attention_mask"].shape == (4, 5)
 
 
 def test_a_direct_call_carries_every_input_and_gets_every_output():
