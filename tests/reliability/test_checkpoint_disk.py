@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from config.roles import FSDPConfig
 from tests.workers.helpers import build_tiny_checkpoint, free_port, init_gloo
 from trainer.checkpoint import CheckpointManager
-from workers import checkpoint
+from workers import checkpoint, safe_files
 from workers.role import shard_role
 
 
@@ -100,6 +100,6 @@ def test_a_driver_state_that_does_not_fit_is_an_os_error_naming_the_path(small_d
     staging = manager.staging_path(1)
     manager.make_staging(staging)
     fill(small_disk, 0)
-    with pytest.raises(checkpoint.CheckpointWriteError, match=rf"the driver could not write the checkpoint to "
+    with pytest.raises(safe_files.CheckpointWriteError, match=rf"the driver could not write the checkpoint to "
                        rf"{staging}: .*MiB free"):
         manager.commit(staging, 1, {"global_step": 1, "blob": torch.zeros(100_000)})

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.workers.helpers import build_tiny_checkpoint
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager, check_checkpoint, load_driver_state
 from trainer.export import export
-from workers import checkpoint
+from workers import checkpoint, safe_files
 
 
 class Payload:
@@ -44,7 +44,7 @@ def test_rng_state_round_trips_through_plain_files(tmp_path):
     torch.save(checkpoint.rng_state(), tmp_path / "rng.pt")
     expected = torch.rand(3), np.random.rand(3), random.random()
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
-    checkpoint.set_rng_state(checkpoint.load_plain(tmp_path / "rng.pt"))
+    checkpoint.set_rng_state(safe_files.load_plain(tmp_path / "rng.pt"))
     got = torch.rand(3), np.random.rand(3), random.random()
     assert torch.equal(expected[0], got[0]) and np.array_equal(expected[1], got[1]) and expected[2] == got[2]
 
@@ -72,7 +72,7 @@ def test_a_crafted_pickle_in_a_role_is_refused_and_runs_nothing(role, tmp_path, 
     checkpoint.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
     marker = tmp_path / "pwned"
     craft(tmp_path / "actor", name, Payload(marker), model, optimizer)
-    with pytest.raises(checkpoint.UnsafeCheckpointError, match="refusing to load .*(not part of|holds pickled)"):
+    with pytest.raises(safe_files.UnsafeCheckpointError, match="refusing to load .*(not part of|holds pickled)"):
         checkpoint.load_role(str(tmp_path / "actor"), model, optimizer, scheduler)
     assert not marker.exists()
 
