@@ -173,6 +173,8 @@ def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
     """Start a local Ray cluster, or join ray_init.address / RAY_ADDRESS; False when Ray was already running."""
     import ray
 
+    from trainer.preemption import signals_left_to_driver
+
     if ray.is_initialized():  # the caller (a test, a notebook) owns Ray and will shut it down
         return False
     address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
@@ -181,7 +183,8 @@ def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
     else:
         # On CPU every worker holds one CPU slot, plus one for the driver's tasks; Ray counts the cores on GPU.
         cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
-        ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default)
+        with signals_left_to_driver():  # SIGTERM/SIGINT to the process group: the driver saves, then stops Ray
+            ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default, include_dashboard=cfg.ray_init.include_dashboard)
     return True
 
 

@@ -129,6 +129,8 @@ class TrainerConfig:
     # auto: latest complete checkpoint in default_local_dir | disable | resume_path
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: Optional[str] = None  # a global_step_N directory (resume_mode=resume_path)
+    # keys (or prefixes) that may differ from the config a resumed checkpoint was saved with (trainer.fingerprint)
+    resume_accept_changes: List[str] = field(default_factory=list)
     max_actor_ckpt_to_keep: Optional[int] = None  # null keeps every checkpoint
     max_critic_ckpt_to_keep: Optional[int] = None
     max_nonfinite_steps: int = 5  # abort after this many steps in a row whose loss/gradients were NaN/inf
@@ -154,6 +156,7 @@ class TrainerConfig:
 class RayInitConfig:
     address: Optional[str] = None  # null -> start a local cluster (or join RAY_ADDRESS when set)
     num_cpus: Optional[int] = None  # null -> n_workers + 1 on CPU, Ray's own count on GPU
+    include_dashboard: bool = False  # a cluster the driver starts runs Ray's dashboard only when asked to
 
     def __post_init__(self) -> None:
         optional_positive_int(self, "num_cpus")

@@ -143,13 +143,32 @@ class CheckpointManager:
                 raise CheckpointError(f"trainer.resume_from_path={resume_from_path}: no such checkpoint directory")
             check_checkpoint(path)
             return path
-        for path in reversed(self.checkpoints()):  # auto: the newest sound one
+        path, damaged = self._newest_intact(warn=True)
+        if path is None and damaged:  # starting again from step 1 here would mix two runs
+            raise CheckpointError(
+                f"trainer.default_local_dir={self.root} holds checkpoints, but none is intact: {'; '.join(damaged)}. "
+                "Nothing was changed. Resume from an intact copy (trainer.resume_mode=resume_path "
+                "trainer.resume_from_path=...), or start afresh in another trainer.default_local_dir (or remove "
+                "these checkpoints)"
+            )
+        return path
+
+    def latest(self) -> Path | None:
+        """The newest intact checkpoint, or None (for messages: nothing is printed about the others)."""
+        return self._newest_intact(warn=False)[0]
+
+    def _newest_intact(self, warn: bool) -> tuple[Path | None, list[str]]:
+        """The newest checkpoint that passes ``check_checkpoint``, and what is wrong with each newer one."""
+        damaged = []
+        for path in reversed(self.checkpoints()):
             try:
                 check_checkpoint(path)
-                return path
+                return path, damaged
             except CheckpointError as exc:
-                warnings.warn(f"skipping checkpoint: {exc}; trying the previous one", stacklevel=2)
-        return None
+                damaged.append(str(exc))
+                if warn:
+                    warnings.warn(f"skipping checkpoint: {exc}; trying the previous one", stacklevel=3)
+        return None, damaged
 
 
 def load_driver_state(path: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.fingerprint import config_record
 from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -34,6 +35,7 @@ from trainer.metrics import (
     validation_metrics,
 )
 from trainer.preemption import StopSignals
+from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -79,6 +81,7 @@ class RayPPOTrainer:
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep
         )
+        self.resume_from = open_run(config, self.checkpoints)  # locked; the checkpoint to continue from, config checked
         self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
             {}, config.trainer.phase_timeout_s,
             dump_fn=lambda: stall_report(self.fused_wg.processes),
@@ -131,6 +134,7 @@ class RayPPOTrainer:
             local_dir=cfg.default_local_dir,
             total_steps=self.total_training_steps,
             resume_id=self.wandb_run_id,
+            resume_step=self.global_step,  # steps logged after it are computed again: one history
         )
         self.wandb_run_id = self.logger.wandb_run_id
         start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
@@ -177,7 +181,7 @@ class RayPPOTrainer:
         if self.nonfinite_streak >= limit:
             raise NonFiniteLossError(
                 f"{limit} steps in a row (up to step {self.global_step}) had NaN/inf losses or gradients and were "
-                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.find('auto') or 'none yet'}. "
+                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.latest() or 'none yet'}. "
                 "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
             )
 
@@ -207,7 +211,7 @@ class RayPPOTrainer:
             return self.checkpoints.commit(staging, self.global_step, self._driver_state())
         except OSError as exc:  # a worker's OSError reaches us as a RayTaskError that is also an OSError
             self.checkpoints.abandon(staging)
-            previous = self.checkpoints.find("auto")
+            previous = self.checkpoints.latest()
             raise CheckpointError(
                 f"saving the checkpoint of step {self.global_step} failed ({getattr(exc, 'cause', exc)}); "
                 f"the previous checkpoint is intact: {previous or 'none yet'}"
@@ -221,12 +225,12 @@ class RayPPOTrainer:
             "epoch_start_rng": self._epoch_start_rng,
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
+            "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
         }
 
     def load_checkpoint(self) -> bool:
         """Resume as ``trainer.resume_mode`` says; True when a checkpoint was loaded."""
-        cfg = self.config.trainer
-        path = self.checkpoints.find(cfg.resume_mode, cfg.resume_from_path)
+        path = self.resume_from
         if path is None:
             return False
         if self.critic_wg is not None and not (path / "critic").exists():

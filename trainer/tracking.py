@@ -3,8 +3,10 @@
 Backends (``trainer.logger``):
 - ``console``: a tqdm bar over the training steps plus one compact line per step;
 - ``wandb``: a W&B run under ``<local_dir>/wandb``, offline unless ``WANDB_MODE`` says otherwise;
-- ``file``: ``<local_dir>/metrics.jsonl``, one JSON object per step with a ``step`` key (appended, so a resumed
-  run continues the same file).
+- ``file``: ``<local_dir>/metrics.jsonl``, one JSON object per step with a ``step`` key. A resumed run continues
+  the same file, which then holds one history: the steps logged after the checkpoint it continues from (by an
+  attempt that crashed or was killed; all of them when it left no checkpoint) are removed first, since they are
+  computed again, and so is a partial last line (a full disk, a crash mid-write).
 ``finish()`` also draws ``<local_dir>/reward_curve.png``: training score and validation reward against step.
 """
 
@@ -14,6 +16,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, get_args
 
@@ -22,6 +25,7 @@ from tqdm import tqdm
 
 from config.checks import ConfigError
 from config.schema import LoggerBackend
+from workers.safe_files import write_atomically
 
 LOGGER_BACKENDS = get_args(LoggerBackend)
 
@@ -50,6 +54,7 @@ class Tracking:
         local_dir: str,
         total_steps: int | None = None,
         resume_id: str | None = None,
+        resume_step: int = 0,
     ) -> None:
         unknown = [b for b in backends if b not in LOGGER_BACKENDS]
         if unknown:
@@ -60,13 +65,31 @@ class Tracking:
         self.plot_path = self.local_dir / "reward_curve.png"
         self._history: list[dict[str, Any]] = []  # this run's plotted values, for the plot when there is no file
         self._bar = tqdm(total=total_steps, desc=experiment_name, unit="step") if "console" in backends else None
-        self._file = open(self.metrics_path, "a", encoding="utf-8") if "file" in backends else None
+        self._to_file = "file" in backends
+        self._file = self._open_history(resume_step) if self._to_file else None
         self._wandb_run = None
         self.wandb_run_id: str | None = None
         if "wandb" in backends:
             self._wandb_run = self._init_wandb(project_name, experiment_name, config, resume_id)
             self.wandb_run_id = self._wandb_run.id
         self._finished = False
+
+    def _open_history(self, resume_step: int) -> Any:
+        """metrics.jsonl opened for appending, holding only the steps up to ``resume_step`` (see the module's doc)."""
+        if self.metrics_path.exists():
+            records, partial = _read_records(self.metrics_path)
+            kept = [r for r in records if r.get("step", 0) <= resume_step]
+            dropped = sorted({r["step"] for r in records if r.get("step", 0) > resume_step})
+            if dropped:
+                since = f"the checkpoint of step {resume_step}" if resume_step else "the start (no checkpoint was left)"
+                print(f"colorl: metrics.jsonl: removing steps {dropped[0]}-{dropped[-1]}, logged by an earlier attempt "
+                      f"after {since}: this run computes them again", file=sys.stderr)
+            if partial:
+                print("colorl: metrics.jsonl: removing a partial line (a full disk or a crash while writing)",
+                      file=sys.stderr)
+            if dropped or partial:
+                write_atomically(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        return open(self.metrics_path, "a", encoding="utf-8")
 
     def _init_wandb(self, project: str, name: str, config: dict[str, Any], resume_id: str | None) -> Any:
         import wandb  # imported only when asked for: it is slow to import and starts a service process
@@ -87,8 +110,13 @@ class Tracking:
         record = {"step": step, **values}
         self._history.append({k: v for k, v in record.items() if k == "step" or _is_plotted(k)})
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()  # a crashed or killed run keeps every finished step
+            try:
+                self._file.write(json.dumps(record) + "\n")
+                self._file.flush()  # a crashed or killed run keeps every finished step
+            except OSError as exc:  # a full disk: the run goes on (its checkpoint save will say more)
+                print(f"colorl: warning: cannot write {self.metrics_path} ({exc}); no more metrics go there",
+                      file=sys.stderr)
+                self._close_file()
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
         if self._bar is not None:
@@ -100,15 +128,25 @@ class Tracking:
         if self._finished:
             return
         self._finished = True
-        if self._file is not None:
-            self._file.close()
+        self._close_file()
         if self._bar is not None:
             self._bar.close()
         if self._wandb_run is not None:
             self._wandb_run.finish()
         # metrics.jsonl also holds the steps of earlier (resumed) runs, so it plots the whole curve
-        records = read_metrics(self.metrics_path) if self._file is not None else self._history
-        plot_reward_curve(records, self.plot_path)
+        records = read_metrics(self.metrics_path) if self._to_file else self._history
+        try:
+            plot_reward_curve(records, self.plot_path)
+        except OSError as exc:  # a full disk must not hide how the run ended
+            print(f"colorl: warning: cannot write {self.plot_path} ({exc})", file=sys.stderr)
+
+    def _close_file(self) -> None:
+        try:
+            if self._file is not None:
+                self._file.close()
+        except OSError:  # the last flush failed (a full disk): its partial line is removed on the next open
+            pass
+        self._file = None
 
 
 def _plain(value: Any) -> Any:
@@ -135,9 +173,24 @@ def _is_number(value: Any) -> bool:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, in the order they were logged."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a ``metrics.jsonl`` file, in the order they were logged (a partial line is skipped)."""
+    return _read_records(path)[0]
+
+
+def _read_records(path: str | os.PathLike) -> tuple[list[dict[str, Any]], bool]:
+    """(the records, whether a line was unreadable: a write cut short by a full disk or a crash)."""
+    records, partial = [], False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in filter(str.strip, f):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                partial = True
+    return records, partial
 
 
 def plot_reward_curve(records: list[dict[str, Any]], path: str | os.PathLike) -> bool:

@@ -161,6 +161,7 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     for group in fsdp.fsdp_modules(module):  # a gathered copy left by an earlier forward would go stale
         group.reshard()
     state = _state(module, optimizer)
+    configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     check_fits(src, reader.read_metadata(), state["model"], "model.")
     try:
         dcp.load(state, storage_reader=reader, planner=PlainLoadPlanner(), no_dist=not dist.is_initialized())
@@ -173,10 +174,22 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     set_model_state_dict(module, state["model"], options=StateDictOptions(strict=not lora.is_lora(module)))
     set_optimizer_state_dict(module, optimizer, state["optimizer"])
     extra = load_plain(src / "extra.pt")
-    scheduler.load_state_dict(extra["lr_scheduler"])
+    scheduler.load_state_dict({**extra["lr_scheduler"], "base_lrs": scheduler.base_lrs})
+    _keep_configured(optimizer, scheduler, configured)
     rng_file = src / f"rng_rank{_rank()}.pt"
     if extra["world_size"] == _world_size() and rng_file.exists():  # elastic resume starts fresh streams
         set_rng_state(load_plain(rng_file))
+
+
+def _keep_configured(optimizer: torch.optim.Optimizer, scheduler: Any, configured: list[dict[str, Any]]) -> None:
+    """The hyper-parameters this run's config built the optimizer and schedule with, not the checkpoint's: a
+    changed learning rate, betas or weight decay applies from the next update (the driver prints it:
+    ``trainer.fingerprint``); the moments (exp_avg, exp_avg_sq, step) and the schedule's position are the
+    checkpoint's, and the learning rate is the schedule's at that position."""
+    for group, values in zip(optimizer.param_groups, configured):
+        group.update(values)
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
 
 
 def check_fits(src: Path, metadata: Metadata, expected: dict[str, torch.Tensor], prefix: str) -> None:

@@ -58,10 +58,14 @@ class Run:
 
 
 def run_child(args: list[str], cwd: Path, timeout_s: float = 300.0, env: dict[str, str] | None = None) -> Run:
-    """Run ``python *args`` in ``cwd`` (``env`` added to ``child_env()``), recording its process tree as it runs."""
+    """Run ``python *args`` in ``cwd`` (``env`` added to ``child_env()``), recording its process tree as it runs.
+
+    The child leads a process group of its own, as a command started from a shell or by Slurm does, so a test can
+    signal the whole group without signalling itself."""
     start = time.monotonic()
     child = subprocess.Popen([sys.executable, *args], cwd=cwd, env={**child_env(), **(env or {})}, text=True,
-                             stdout=open(cwd / "stdout.txt", "w"), stderr=open(cwd / "stderr.txt", "w"))
+                             stdout=open(cwd / "stdout.txt", "w"), stderr=open(cwd / "stderr.txt", "w"),
+                             process_group=0)
     seen: set = set()
     parent = psutil.Process(child.pid)
     while child.poll() is None:

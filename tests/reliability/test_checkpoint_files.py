@@ -206,3 +206,19 @@ def test_export_refuses_a_non_empty_out_unless_told_to_replace_it(tmp_path, role
     export(str(run), str(out), overwrite=True)
     assert not (out / "model-00001-of-00002.safetensors").exists()  # replaced, not merged into
     assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_a_resume_loads_the_saved_state_but_keeps_the_configured_hyper_parameters(role, tmp_path):
+    """Weights and Adam moments are the checkpoint's; lr, betas and weight decay this run's (the driver says so)."""
+    model, optimizer, scheduler, tokenizer = role
+    checkpoint.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
+    fresh = AutoModelForCausalLM.from_pretrained(tokenizer.name_or_path)
+    optim = torch.optim.AdamW(fresh.parameters(), lr=5e-3, betas=(0.8, 0.99), weight_decay=0.1)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optim, lambda step: min(1.0, (step + 1) / 4))
+    checkpoint.load_role(str(tmp_path / "actor"), fresh, optim, warmup)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), fresh.parameters()))
+    saved, loaded = optimizer.state_dict()["state"], optim.state_dict()["state"]
+    assert all(torch.equal(saved[i][k], loaded[i][k]) for i in saved for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert warmup.last_epoch == scheduler.last_epoch == 1  # the schedule's position is the checkpoint's
+    group = optim.param_groups[0]
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (5e-3 * 2 / 4, (0.8, 0.99), 0.1)
