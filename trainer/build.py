@@ -19,6 +19,7 @@ from data.builtin import prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
 from data.reward import RewardManager, load_custom_compute_score
 from trainer.ppo_trainer import RayPPOTrainer
+from workers.lora import check_target_modules
 
 
 def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer:
@@ -36,14 +37,20 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
     if plan.use_critic and critic_model.path != model.path:
         _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
+    if cfg.reward_model.enable:
+        _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
+    check_target_modules(model)
     tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer)
+    reward_fn = RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key)
+    if compute_score is not None:  # the user's function, tried once on the first prompt before any model loads
+        reward_fn.probe(train_dataloader.dataset[0], "custom_reward_function.name")
     return RayPPOTrainer(
         config=cfg,
         tokenizer=tokenizer,
         train_dataloader=train_dataloader,
         val_dataloader=val_dataloader,
-        reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
+        reward_fn=reward_fn,
         val_reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
         plan=plan,
     )
@@ -120,8 +127,9 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any]:
         files = getattr(data, key)
         try:
             return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts,
-                               data.truncation, max_samples)
-        except (FileNotFoundError, ValueError) as exc:  # a missing file or column, every prompt too long
+                               data.truncation, max_samples, data.reward_fn_key)
+        except (FileNotFoundError, ValueError) as exc:  # a missing, unreadable or empty file, a missing column,
+            # a prompt cell that is not a prompt, every prompt too long
             shown = files if isinstance(files, str) else list(files)
             raise ConfigError.invalid(f"data.{key}", shown, str(exc)) from None
 
