@@ -117,9 +117,10 @@ class RayPPOTrainer:
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
-        for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
-            if wg is not None:
-                wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
+        with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
+            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
+                if wg is not None:
+                    wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -229,16 +230,17 @@ class RayPPOTrainer:
         }
 
     def load_checkpoint(self) -> bool:
-        """Resume as ``trainer.resume_mode`` says; True when a checkpoint was loaded."""
+        """Load the checkpoint ``open_run`` picked (``trainer.resume_mode``); True when there was one."""
         path = self.resume_from
         if path is None:
             return False
         if self.critic_wg is not None and not (path / "critic").exists():
             raise CheckpointError(f"{path} has no critic/ to resume the critic from (saved by a run without one?)")
         try:
-            self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
-            if self.critic_wg is not None:
-                self.critic_wg.load_checkpoint(str(path / "critic"))
+            with self.watchdog.phase("load_checkpoint"):
+                self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
+                if self.critic_wg is not None:
+                    self.critic_wg.load_checkpoint(str(path / "critic"))
         except (ValueError, FileNotFoundError) as exc:  # raised in a worker: a different model, missing files
             raise CheckpointError(f"cannot resume from {path}: {getattr(exc, 'cause', exc)}") from exc
         state = load_driver_state(path)
@@ -356,9 +358,9 @@ class RayPPOTrainer:
         extras: dict[str, list[float]] = {}
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict).repeat(n, interleave=True)
-            with self.watchdog.phase("validate"):
+            with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 batch = self._generate(batch, {}, meta_info=val_kwargs)
-            reward, reward_extras = self.val_reward_fn(batch)
+                reward, reward_extras = self.val_reward_fn(batch)
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
                     extras.setdefault(key, []).extend(values)

@@ -208,6 +208,29 @@ def test_export_refuses_a_non_empty_out_unless_told_to_replace_it(tmp_path, role
     assert AutoModelForCausalLM.from_pretrained(out) is not None
 
 
+def test_export_overwrite_never_deletes_a_run_and_checks_the_checkpoint_first(tmp_path, role):
+    run = tmp_path / "runs" / "a"
+    committed(CheckpointManager(str(run)), 1, role)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    for out, named in ((run, "holds the checkpoint being exported"), (tmp_path / "runs", "holds the checkpoint"),
+                       (run / "global_step_1", "holds the checkpoint")):
+        with pytest.raises(FileExistsError, match=f"--out {out} {named}.*--overwrite would delete it"):
+            export(str(run / "global_step_1"), str(out), overwrite=True)
+    other = tmp_path / "other"
+    committed(CheckpointManager(str(other / "nested")), 1, role)
+    with pytest.raises(FileExistsError, match=rf"--out {other} is or holds a run directory \({other}/nested/"):
+        export(str(run), str(other), overwrite=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # an earlier export
+    weights = run / "global_step_1" / "actor" / "__0_0.distcp"
+    weights.write_bytes(weights.read_bytes()[:-1])
+    with pytest.raises(CheckpointError, match="__0_0.distcp has .* bytes instead of"):
+        export(str(run / "global_step_1"), str(out), overwrite=True)
+    assert (out / "config.json").exists() and (run / "metrics.jsonl").exists()  # nothing deleted
+    assert len(list(run.rglob("*.distcp"))) == 1
+
+
 def test_a_resume_loads_the_saved_state_but_keeps_the_configured_hyper_parameters(role, tmp_path):
     """Weights and Adam moments are the checkpoint's; lr, betas and weight decay this run's (the driver says so)."""
     model, optimizer, scheduler, tokenizer = role
