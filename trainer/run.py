@@ -3,6 +3,7 @@ turn each failure a user can act on into one line on stderr and an exit status (
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import sys
@@ -61,8 +62,12 @@ def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
     else:
         # On CPU every worker holds one CPU slot, plus one for the driver's tasks; Ray counts the cores on GPU.
         cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
+        dashboard = cfg.ray_init.include_dashboard  # off unless asked for: anyone who reaches it can run code
+        if dashboard and importlib.util.find_spec("aiohttp") is None:  # what ray[default] adds to the minimal ray
+            raise ConfigError.invalid("ray_init.include_dashboard", dashboard, "Ray's dashboard needs ray[default]: "
+                                      f"pip install 'ray[default]=={ray.__version__}'")
         with signals_left_to_driver():  # SIGTERM/SIGINT to the process group: the driver saves, then stops Ray
-            ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default, include_dashboard=cfg.ray_init.include_dashboard)
+            ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default, include_dashboard=dashboard)
     return True
 
 

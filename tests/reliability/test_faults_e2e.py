@@ -33,6 +33,7 @@ def test_out_of_memory_in_a_worker_is_one_line_naming_rank_node_and_keys(tmp_pat
     assert run.returncode == 1, run.stderr[-3000:]
     message = [line for line in run.stderr.splitlines() if line.startswith("colorl: ")]
     assert len(message) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert "View the dashboard" not in run.stderr  # ray_init.include_dashboard defaults to false
     assert message[0].startswith("colorl: worker rank 1 of 2 raised OutOfMemoryError during actor_rollout.update_actor: "
                                  "pid ")
     assert message[0].endswith("CUDA out of memory. Tried to allocate 20.00 GiB; out of memory: lower "
