@@ -78,12 +78,12 @@ class Tracking:
         """metrics.jsonl opened for appending, holding only the steps up to ``resume_step`` (see the module's doc)."""
         if self.metrics_path.exists():
             records, partial = _read_records(self.metrics_path)
-            kept = [r for r in records if r.get("step", 0) <= resume_step]
-            dropped = sorted({r["step"] for r in records if r.get("step", 0) > resume_step})
+            kept = [r for r in records if r.get("step", 0) <= resume_step] if resume_step else []  # 0: a fresh start
+            dropped = sorted({r.get("step", 0) for r in records} - {r.get("step", 0) for r in kept})
             if dropped:
-                since = f"the checkpoint of step {resume_step}" if resume_step else "the start (no checkpoint was left)"
+                when = f"after the checkpoint of step {resume_step}" if resume_step else "that left no checkpoint"
                 print(f"colorl: metrics.jsonl: removing steps {dropped[0]}-{dropped[-1]}, logged by an earlier attempt "
-                      f"after {since}: this run computes them again", file=sys.stderr)
+                      f"{when}: this run computes them again", file=sys.stderr)
             if partial:
                 print("colorl: metrics.jsonl: removing a partial line (a full disk or a crash while writing)",
                       file=sys.stderr)

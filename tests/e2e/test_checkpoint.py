@@ -4,7 +4,6 @@ checkpoints, a full disk."""
 import contextlib
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from config import ConfigError, load_config
 from trainer.build import build_trainer
 from tests.e2e.test_ppo_e2e import read_jsonl
+from tests.reliability.conftest import tmpfs
 from tests.wandb_offline import history, run_files, wandb_records
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager
 from trainer.export import export
@@ -205,12 +205,8 @@ def test_resume_with_a_different_model_is_a_clear_error(straight_and_resumed, tm
 @pytest.fixture
 def small_disk(tmp_path):
     """A 3 MiB tmpfs: big enough for one tiny checkpoint, easy to fill up."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "disk", "3M") as mount:
+        yield mount
 
 
 def test_full_disk_keeps_the_previous_checkpoint(ray_cluster, tmp_path, small_disk):

@@ -11,7 +11,7 @@ from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from single_controller.ray.health import shutdown_worker_group
-from tests.reliability.conftest import REPO, child_env
+from tests.reliability.conftest import REPO, child_env, tmpfs
 from trainer.faults import STORE_HINT, named
 
 
@@ -52,19 +52,10 @@ def test_out_of_memory_also_names_the_micro_batch_keys_to_lower(group):
         "(ppo_max_token_len_per_gpu with use_dynamic_bsz)")
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    mount = tmp_path / "store"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100M", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def test_a_full_object_store_is_named_as_such(small_disk):
-    probe = subprocess.run([sys.executable, str(REPO / "tests/reliability/object_store_probe.py"), str(small_disk)],
-                           env=child_env(), capture_output=True, text=True, timeout=240)
+def test_a_full_object_store_is_named_as_such(tmp_path):
+    with tmpfs(tmp_path / "store", "100M") as store:
+        probe = subprocess.run([sys.executable, str(REPO / "tests/reliability/object_store_probe.py"), str(store)],
+                               env=child_env(), capture_output=True, text=True, timeout=240)
     assert probe.returncode == 0, probe.stderr[-3000:]
     seen = json.loads(probe.stdout.splitlines()[-1])
     assert seen["worker"] == (f"worker rank 1 of 2 raised OutOfDiskError during Hoarder.generate_sequences: "

@@ -108,7 +108,8 @@ def test_metrics_keep_one_history(tmp_path, capsys, resume_step):
     logger.finish()
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, resume_step + 3))
     err = capsys.readouterr().err
-    assert f"colorl: metrics.jsonl: removing steps {resume_step + 1}-5, logged by an earlier attempt after" in err
+    when = f"after the checkpoint of step {resume_step}" if resume_step else "that left no checkpoint"
+    assert f"colorl: metrics.jsonl: removing steps {resume_step + 1}-5, logged by an earlier attempt {when}" in err
     assert "removing a partial line (a full disk or a crash while writing)" in err
     assert (tmp_path / "reward_curve.png").exists()
 
