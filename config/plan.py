@@ -16,6 +16,7 @@ from config.checks import ConfigError, is_int
 
 # What each worker call needs from the batch: sending only these keeps Ray transfers small.
 GEN_KEYS = ("input_ids", "attention_mask", "position_ids")
+AGENT_KEYS = ("raw_prompt", "agent_name", "tools_kwargs")  # non-tensors the multi-turn rollout reads, when present
 LOG_PROB_KEYS = (*GEN_KEYS, "responses")
 FORWARD_KEYS = (*LOG_PROB_KEYS, "response_mask")
 CRITIC_UPDATE_KEYS = (*FORWARD_KEYS, "values", "returns")

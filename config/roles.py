@@ -169,13 +169,53 @@ class ValKwargs:
 
 @dataclass(frozen=True)
 class MultiTurnConfig:
-    enable: bool = False  # tool-calling rollouts: not in ColoRL
-    format: str = "hermes"
+    """Tool-calling rollouts (``workers.agent_loop``): verl's ``rollout.multi_turn`` keys with verl's meaning.
+
+    Rows whose ``agent_name`` (or ``rollout.agent.default_agent_loop``) is ``tool_agent`` generate assistant
+    turns, call the tools of ``tool_config_path`` / ``function_tool_path`` (docs/tools.md) and continue until an
+    answer without a call or a limit. null turn limits mean no limit (the response length still bounds a row).
+    """
+
+    enable: bool = False
+    max_assistant_turns: Optional[int] = None
+    tool_config_path: Optional[str] = None  # verl's tool YAML: tools: [{class_name, config, tool_schema}]
+    function_tool_path: Optional[str] = None  # a Python file of @function_tool functions
+    max_user_turns: Optional[int] = None  # tool-response turns count as user turns (verl)
+    max_parallel_calls: int = 1  # calls run per assistant turn; later ones in the same turn are dropped
+    max_tool_response_length: int = 256  # characters of one tool response; the rest is cut on truncate_side
+    # which part is cut: left keeps the start, right keeps the end, middle keeps both ends (verl's meaning)
+    tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
+    interaction_config_path: Optional[str] = None  # verl's simulated user: refused (not in ColoRL)
+    use_inference_chat_template: bool = False  # false: later turns see the recorded token ids (ColoRL always)
+    # compare the turn-by-turn token ids with a tokenization of the whole conversation at the end of each rollout
+    tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = "strict"
+    format: Literal["hermes"] = "hermes"  # <tool_call>{"name": ..., "arguments": ...}</tool_call>
+    num_repeat_rollouts: Optional[int] = None  # verl's per-row repeats; ColoRL repeats prompts with rollout.n
+    tool_timeout_s: float = 30.0  # ColoRL: a tool call (or create/release) running longer ends with an error
 
     def __post_init__(self) -> None:
-        if self.enable:  # ignoring it would train on single-turn answers instead: refused, not warned
-            raise ConfigError.invalid("enable", True, "ColoRL has no multi-turn (tool-calling) rollout; "
-                                      "its rollout is single-turn generation (set it to false)")
+        optional_positive_int(self, "max_assistant_turns", "max_user_turns")
+        positive_int(self, "max_parallel_calls", "max_tool_response_length")
+        positive(self, "tool_timeout_s")
+        if self.interaction_config_path is not None:  # ignoring it would train without the simulated user
+            raise ConfigError.invalid("interaction_config_path", self.interaction_config_path,
+                                      "verl's simulated-user interactions are not in ColoRL; set it to null")
+
+
+@dataclass(frozen=True)
+class AgentLoopConfig:
+    """verl's ``rollout.agent``: which loop a row without ``agent_name`` uses."""
+
+    num_workers: int = 8  # verl's agent-loop processes; ColoRL runs the loop in each rollout worker
+    default_agent_loop: Literal["single_turn_agent", "tool_agent"] = "single_turn_agent"
+    agent_loop_config_path: Optional[str] = None  # custom agent-loop classes: refused (not in ColoRL)
+
+    def __post_init__(self) -> None:
+        positive_int(self, "num_workers")
+        if self.agent_loop_config_path is not None:
+            raise ConfigError.invalid("agent_loop_config_path", self.agent_loop_config_path,
+                                      "custom agent loops are not in ColoRL (single_turn_agent and tool_agent "
+                                      "are built in); set it to null")
 
 
 @dataclass(frozen=True)
@@ -206,6 +246,7 @@ class RolloutConfig:
     free_cache_engine: bool = True
     enable_chunked_prefill: bool = True
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
     def __post_init__(self) -> None:
         check_sampling(self)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import algos
-from config.plan import CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
+from config.plan import AGENT_KEYS, CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
@@ -30,6 +30,7 @@ from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    multi_turn_metrics,
     reduce_metrics,
     timed,
     validation_metrics,
@@ -46,6 +47,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
+VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
 
 
 class RayPPOTrainer:
@@ -302,9 +304,11 @@ class RayPPOTrainer:
     def _generate(self, batch: DataProto, metrics: dict, meta_info: dict | None = None) -> DataProto:
         """Replace the prompt tensors by prompt+response ones from the rollout workers."""
         prompts = batch.pop(batch_keys=GEN_KEYS)
+        prompts.non_tensor_batch.update({k: batch.non_tensor_batch[k] for k in AGENT_KEYS if k in batch.non_tensor_batch})
         prompts.meta_info.update(meta_info or {})
         out = self.actor_rollout_wg.generate_sequences(prompts)
         metrics.update(reduce_metrics(out.meta_info.pop("metrics", {})))
+        metrics.update(multi_turn_metrics(out.non_tensor_batch))
         return batch.union(out)
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
@@ -361,6 +365,7 @@ class RayPPOTrainer:
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 batch = self._generate(batch, {}, meta_info=val_kwargs)
                 reward, reward_extras = self.val_reward_fn(batch)
+            reward_extras.update({k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch})
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
                     extras.setdefault(key, []).extend(values)

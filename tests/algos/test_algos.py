@@ -230,6 +230,35 @@ def test_remax_matches_loop_reference(seed):
     _close(adv, _pad(adv_rows, mask.shape[1]))
 
 
+@pytest.mark.parametrize("name", sorted(ca.ADV_ESTIMATORS))
+def test_every_estimator_skips_tool_turns_inside_a_response(name):
+    """A multi-turn response's tool tokens are holes in the mask (with any value under them): at the model's tokens
+    every estimator gives what it gives on the response with the holes removed."""
+    g = torch.Generator().manual_seed(3)
+    bs, model_tokens, holes = 6, 8, [2, 3, 6]  # tool turns after model tokens 2 and 6 (three tool tokens)
+    compact_mask = torch.ones(bs, model_tokens)
+    compact_mask[::2, -2:] = 0  # some responses end early
+    compact_rewards = torch.zeros(bs, model_tokens)
+    ends = compact_mask.sum(-1).long() - 1
+    compact_rewards[torch.arange(bs), ends] = torch.randn(bs, generator=g)
+    compact_values = torch.randn(bs, model_tokens, generator=g)
+    keep = [t for t in range(model_tokens + len(holes)) if t not in holes]
+    mask, rewards = torch.zeros(bs, model_tokens + len(holes)), torch.zeros(bs, model_tokens + len(holes))
+    values = torch.randn(bs, model_tokens + len(holes), generator=g)  # anything under the holes
+    mask[:, keep], rewards[:, keep], values[:, keep] = compact_mask, compact_rewards, compact_values
+    index = np.array(["a", "a", "b", "b", "c", "c"], dtype=object)
+
+    def advantages(r, v, m):
+        return ca.compute_advantage(name, token_level_rewards=r, response_mask=m, values=v, index=index,
+                                    reward_baselines=torch.linspace(-1, 1, bs), gamma=0.9, lam=0.95)
+
+    adv, ret = advantages(rewards, values, mask)
+    compact_adv, compact_ret = advantages(compact_rewards, compact_values, compact_mask)
+    _close(adv[:, keep], compact_adv)
+    _close(ret[:, keep] * compact_mask, compact_ret * compact_mask)
+    assert adv[:, holes].abs().max() == 0
+
+
 # ----------------------------------------------------------------------------------------------- registry
 
 
