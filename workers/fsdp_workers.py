@@ -151,16 +151,18 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (B, R) of the responses under the current policy (``actor/entropy`` is the update's)."""
+        """``old_log_probs`` (B, R) of the responses under the current policy (``actor/entropy`` is the update's),
+        and ``sum_pi_squared`` (B, R) when the plan says so."""
         rollout = self.config.rollout
         with self.trained.onloaded():
-            log_probs, _ = self.actor.compute_log_prob(
+            stats = self.actor.compute_token_stats(
                 data,
                 micro_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
                 temperature=rollout.temperature,
                 max_token_len=rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
+                stats=("sum_pi_squared",) if self.plan.compute_sum_pi_squared else (),
             )
-        return _proto({"old_log_probs": log_probs})
+        return _proto({"old_log_probs" if name == "log_probs" else name: value for name, value in stats.items()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
