@@ -27,11 +27,14 @@ def build_trainer(cfg: PPOConfig) -> Any:
     # Deferred: these take seconds to import, and a config mistake should be reported at once.
     from transformers import AutoTokenizer
 
+    from data.builtin import demo_model_config
     from data.reward import RewardManager
+    from trainer.dry_run import preflight
     from trainer.ppo_trainer import RayPPOTrainer
 
-    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     plan = make_plan(cfg, num_workers(cfg))
+    preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # trainer.dry_run; the memory check
+    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
     compute_score = _load_compute_score(cfg)
