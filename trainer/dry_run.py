@@ -160,10 +160,12 @@ def _cgroup_limit() -> int:
 
 
 def lowering_keys(cfg: PPOConfig, estimate: MemoryEstimate) -> list[str]:
-    """The keys that would bring the peak phase down, its largest term first."""
+    """The keys that would bring the peak phase down: for each of its large terms (15 % of it or more), largest
+    first."""
     peak, arr = estimate.peak, cfg.actor_rollout_ref
     keys: list[str] = []
-    for term in sorted(peak.terms, key=lambda t: -peak.terms[t]):
+    large = [t for t in sorted(peak.terms, key=lambda t: -peak.terms[t]) if peak.terms[t] >= 0.15 * peak.total]
+    for term in large:
         if term in ("activations", "logits") and peak.key:
             keys.append(f"{peak.key} (lower)")
         if term == "activations" and peak.name.startswith("update") and peak.activations_other is not None \
@@ -174,12 +176,13 @@ def lowering_keys(cfg: PPOConfig, estimate: MemoryEstimate) -> list[str]:
             keys.append("data.val_batch_size (lower)" if peak.name == "validate" else
                         f"data.train_batch_size or {ARR}.rollout.n or data.max_response_length (lower)")
         if term in ("weights", "gradients", "optimizer"):
-            keys.append(f"trainer.n_gpus_per_node (more workers shard the model)" if estimate.device == "cuda"
-                        else f"{ARR}.model.lora_rank (LoRA trains adapters only)")
+            if arr.model.lora_rank == 0:
+                keys.append(f"{ARR}.model.lora_rank (LoRA trains adapters only)")
             if estimate.device == "cuda":
-                keys.append("fsdp_config.param_offload / optimizer_offload=true (per role)")
-    if arr.model.lora_rank == 0 and "weights" in peak.terms and estimate.device == "cuda":
-        keys.append(f"{ARR}.model.lora_rank (LoRA trains adapters only)")
+                keys += ["trainer.n_gpus_per_node (more GPUs shard the model)",
+                         "fsdp_config.param_offload / optimizer_offload=true (per role)"]
+        if term == "runtime":
+            keys.append("trainer.n_gpus_per_node (fewer workers per node)")
     return list(dict.fromkeys(keys))
 
 
@@ -252,12 +255,12 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
                      f"{b.optimizer_steps or '-':>17}{b.tokens:9d}")
     lines += ["", "memory per worker, GiB (at the longest sequences; activations with gradient checkpointing as "
               "configured | switched)",
-              "  phase         " + "".join(f"{t:>12s}" for t in TERMS) + "       total"]
+              "  phase         " + "".join(f"{t:>{16 if t == 'activations' else 12}s}" for t in TERMS) + "       total"]
     for phase in estimate.phases:
         cells = [f"{phase.terms.get(t, 0) / GiB:12.3f}" for t in TERMS]
         if phase.activations_other is not None:
-            cells[TERMS.index("activations")] = f"{phase.terms['activations'] / GiB:6.3f}|" \
-                                                f"{phase.activations_other / GiB:5.3f}"
+            both = f"{phase.terms['activations'] / GiB:.3f}|{phase.activations_other / GiB:.3f}"
+            cells[TERMS.index("activations")] = f"{both:>16s}"
         lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
     lines.append(_verdict(cfg, estimate))
     return "\n".join(lines)
