@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     from config import load_config
-    from main import build_trainer
+    from trainer.build import build_trainer
 
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="colorl-bench-memory-") as local_dir:
