@@ -18,7 +18,9 @@ dtype's bytes, T tokens through the model, N response tokens, V the vocabulary, 
   under math attention (a bf16 CPU update of short rows, ``workers.attention``); the norms keep their inputs in fp32.
   With gradient checkpointing a block keeps its input (h) and one block is recomputed at a time. On a CPU the
   resident memory is larger: the forward's short-lived temporaries leave holes between the saved tensors that
-  glibc's heap (blocks under ``malloc.MMAP_THRESHOLD``) does not reuse for them (``CPU_HEAP_FACTOR``, measured).
+  glibc's heap (blocks under ``malloc.MMAP_THRESHOLD``) does not fill again, about 0.2 of the saved bytes
+  (``CPU_HEAP_FACTOR``, measured), plus a LoRA linear's two outputs (the base's and the adapter's, added into a
+  third): ``2·Σ out`` values per token over a block's adapted linears.
 - **logits**: the LM head's output over the kept positions (``logits_to_keep``), its fp32 copy scaled by the
   temperature (N·V·4), logsumexp's temporary; in the update also the entropy's softmax and product and backward's
   gradients (4·N·V), as ``workers.actor`` computes them today. The one place that changes when they are chunked.
@@ -48,7 +50,7 @@ FP32 = 4
 # Measured (docs/benchmarks.md, "Memory estimate"): a CPU worker's RSS before any model, and the RSS per byte of
 # saved activations on glibc's heap, where the forward's temporaries leave holes between them that it cannot reuse
 RUNTIME_CPU_BYTES = int(0.5 * GiB)
-CPU_HEAP_FACTOR = 2.1
+CPU_HEAP_FACTOR = 1.2
 TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "runtime")
 
 
@@ -67,6 +69,7 @@ class ModelSizes:
     heads: int
     vocab: int
     adapter_width: int  # Σ LoRA rank over a block's adapted linears (0 without LoRA)
+    adapter_outputs: int  # Σ output features of a block's adapted linears
     module: nn.Module = field(repr=False, compare=False)  # the meta model, for the packing code's own choices
 
     @property
@@ -91,6 +94,7 @@ def model_sizes(config: Any, lora_config: Any = None, min_num_params: int = 0, v
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     params = sum(p.numel() for p in module.parameters())
+    adapted = [m for m in blocks[0].modules() if hasattr(m, "lora_A")] if blocks else []
     return ModelSizes(
         params=params,
         trained=sum(p.numel() for p in module.parameters() if p.requires_grad),
@@ -102,7 +106,8 @@ def model_sizes(config: Any, lora_config: Any = None, min_num_params: int = 0, v
         kv_dim=(getattr(config, "num_key_value_heads", None) or heads) * head_dim,
         heads=heads,
         vocab=1 if value_head else config.vocab_size,
-        adapter_width=sum(m.r[lora.ADAPTER] for m in blocks[0].modules() if hasattr(m, "lora_A")) if blocks else 0,
+        adapter_width=sum(m.r[lora.ADAPTER] for m in adapted),
+        adapter_outputs=sum(m.out_features for m in adapted),
         module=module,
     )
 
@@ -199,6 +204,8 @@ def activation_bytes(m: ModelSizes, tokens: int, width: int, compute_bytes: int,
 
     # the norms upcast to fp32: their inputs are kept in 4 bytes whatever the compute dtype
     per_block = resident(narrow, h) + resident(4 * m.intermediate, m.intermediate) + tokens * 2 * h * (FP32 - c)
+    if cpu_heap and tokens * h * c < malloc.MMAP_THRESHOLD:
+        per_block += tokens * 2 * m.adapter_outputs * c
     if checkpointing:  # each block keeps its input; one block at a time is recomputed in backward
         return int(resident(h, h) * m.layers + per_block)
     return int(per_block * m.layers)
