@@ -208,15 +208,26 @@ def preflight(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) ->
     device = requested_device(cfg)
     if not trainer.dry_run and (not trainer.check_memory or (device == "cuda" and not torch.cuda.is_available())):
         return  # a missing GPU is resolve_device's error to report
-    models = load_model_sizes(cfg, plan, demo_config)
-    val = prompt_count(cfg, "val") if cfg.data.val_files is not None or cfg.data.train_files is None else None
-    val_batch = cfg.data.val_batch_size or val or 0
-    val_rows = math.ceil(val_batch / plan.n_workers) * cfg.actor_rollout_ref.rollout.val_kwargs.n
-    estimate = estimate_memory(cfg, plan, models, device, val_rows=val_rows)
+    try:
+        models = load_model_sizes(cfg, plan, demo_config)
+    except ConfigError:
+        if trainer.dry_run:
+            raise
+        return  # a model path that does not load: the build's own check says so, as it does without this one
+    estimate = estimate_memory(cfg, plan, models, device, val_rows=validation_rows(cfg, plan))
     if trainer.dry_run:
         print(report(cfg, plan, models, estimate))
         sys.exit(0)
     check_memory(cfg, estimate)
+
+
+def validation_rows(cfg: PPOConfig, plan: StepPlan) -> int:
+    """Rows a worker generates at once in validation (a val batch, or the whole set: its share, × val n); 0
+    without validation data or when its size cannot be read."""
+    if cfg.data.val_files is None and cfg.data.train_files is not None:  # the demo brings its own
+        return 0
+    batch = cfg.data.val_batch_size or prompt_count(cfg, "val") or 0
+    return math.ceil(batch / plan.n_workers) * cfg.actor_rollout_ref.rollout.val_kwargs.n
 
 
 def training_steps(cfg: PPOConfig) -> tuple[int | None, float | None, int | None]:
@@ -255,15 +266,19 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
                      f"{b.optimizer_steps or '-':>17}{b.tokens:9d}")
     lines += ["", "memory per worker, GiB (at the longest sequences; activations with gradient checkpointing as "
               "configured | switched)",
-              "  phase         " + "".join(f"{t:>{16 if t == 'activations' else 12}s}" for t in TERMS) + "       total"]
+              "  phase         " + "".join(f"{t:>{_width(t)}s}" for t in TERMS) + "       total"]
     for phase in estimate.phases:
-        cells = [f"{phase.terms.get(t, 0) / GiB:12.3f}" for t in TERMS]
+        cells = [f"{phase.terms.get(t, 0) / GiB:{_width(t)}.3f}" for t in TERMS]
         if phase.activations_other is not None:
             both = f"{phase.terms['activations'] / GiB:.3f}|{phase.activations_other / GiB:.3f}"
-            cells[TERMS.index("activations")] = f"{both:>16s}"
+            cells[TERMS.index("activations")] = f"{both:>{_width('activations')}s}"
         lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
     lines.append(_verdict(cfg, estimate))
     return "\n".join(lines)
+
+
+def _width(term: str) -> int:
+    return 16 if term == "activations" else 12  # room for both of the activations' figures
 
 
 def _verdict(cfg: PPOConfig, estimate: MemoryEstimate) -> str:

@@ -14,6 +14,7 @@ the training score rising while a held-out score falls from one validation to th
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import sys
@@ -52,18 +53,20 @@ class HealthMonitor:
         """``metrics`` with this step's health metrics and warning flags added; prints a warning the first time
         its pattern has held long enough."""
         out = dict(metrics)
-        messages = {}
+        metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}  # a NaN step says nothing about health
         if LENGTH in metrics:
             self.lengths.append(metrics[LENGTH])
             out["health/response_length_trend"] = trend(list(self.lengths))
         if SCORE in metrics:
             self.scores.append(metrics[SCORE])
-        messages["entropy_collapse"] = self._entropy(metrics)
-        messages["responses_at_limit"] = self._above(CLIP, metrics, self.config.max_clip_ratio)
-        messages["all_equal_groups"] = self._above(ZERO_STD, metrics, self.config.max_all_equal_share)
-        messages["reward_vs_held_out"] = self._divergence(metrics)
+        messages = {  # None: the signal is not in this step's metrics; "": it is healthy; else what is wrong
+            "entropy_collapse": self._entropy(metrics),
+            "responses_at_limit": self._above(CLIP, metrics, self.config.max_clip_ratio),
+            "all_equal_groups": self._above(ZERO_STD, metrics, self.config.max_all_equal_share),
+            "reward_vs_held_out": self._divergence(metrics),
+        }
         for name, message in messages.items():
-            if message is None:  # the signal is not in this step's metrics: the streak stands
+            if message is None:  # the streak stands
                 continue
             limit = self.config.divergence_validations if name == "reward_vs_held_out" else self.config.patience
             self.streaks[name] = self.streaks[name] + 1 if message else 0

@@ -35,7 +35,7 @@ The peak is the largest phase: what persists (weights, optimizer state, runtime)
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -85,7 +85,7 @@ def model_sizes(config: Any, lora_config: Any = None, min_num_params: int = 0, v
     adapters = lora_config or SimpleNamespace(lora_rank=0)
     with torch.device("meta"):
         if value_head:
-            module = AutoModelForTokenClassification.from_config(_with(config, num_labels=1))
+            module = AutoModelForTokenClassification.from_config(_config_with(config, num_labels=1))
         else:
             module = lora.add_adapters(AutoModelForCausalLM.from_config(config), adapters)
     blocks = [m for m in module.modules() if isinstance(m, fsdp.block_classes(module))]
@@ -112,7 +112,7 @@ def model_sizes(config: Any, lora_config: Any = None, min_num_params: int = 0, v
     )
 
 
-def _with(config: Any, **changes: Any) -> Any:
+def _config_with(config: Any, **changes: Any) -> Any:
     copy = config.__class__.from_dict(config.to_dict())
     for key, value in changes.items():
         setattr(copy, key, value)
@@ -121,11 +121,10 @@ def _with(config: Any, **changes: Any) -> Any:
 
 @dataclass(frozen=True)
 class Placement:
-    """How a role's parameters sit on a worker: sharded over ``shards`` ranks or not, compute bytes, masters."""
+    """How a role's parameters sit on a worker: sharded over ``shards`` ranks or not, in what compute dtype."""
 
     shards: int  # 1: no FSDP
     compute_bytes: int
-    masters: bool  # one bf16 rank: fp32 masters beside the bf16 copy (trained roles)
     offload_params: bool  # CUDA only: parameters leave the device between the role's phases
     offload_optimizer: bool
 
@@ -159,8 +158,7 @@ def placement(device: str, n_workers: int, fsdp_config: Any, trained: bool) -> P
     offload = device == "cuda" and bool(fsdp_config.param_offload)
     fsdp_on_one = trained and compute != FP32 and bool(fsdp_config.param_offload)
     shards = n_workers if n_workers > 1 or fsdp_on_one else 1
-    return Placement(shards=shards, compute_bytes=compute, masters=shards == 1 and compute != FP32 and trained,
-                     offload_params=offload,
+    return Placement(shards=shards, compute_bytes=compute, offload_params=offload,
                      offload_optimizer=device == "cuda" and bool(getattr(fsdp_config, "optimizer_offload", False)))
 
 
@@ -178,7 +176,6 @@ class Micro:
     def geometry(self, m: ModelSizes) -> tuple[int, int, int]:
         """(tokens through the blocks, their attention row width, positions through the LM head), as the
         actor's forward lays them out: padded rows, or ``packing.pack_batch`` rows of ``pack_width``."""
-        length = self.prompt + self.response
         if not self.packed:
             return self.rows * self.padded_length, self.padded_length, self.rows * (self.response + 1)
         mask = torch.zeros(self.rows, self.padded_length, dtype=torch.long)

@@ -85,3 +85,9 @@ def test_share_of_groups_with_all_equal_rewards():
     uids = ["a", "a", "b", "b", "c", "c", "d", "d"]
     assert reward_group_metrics(scores, uids) == {"health/frac_reward_zero_std": 0.75}
     assert reward_group_metrics(torch.tensor([1.0, 0.0]), ["a", "b"]) == {}  # n = 1: no groups to judge
+
+
+def test_a_non_finite_value_neither_counts_nor_resets(capsys):
+    entropies = [float("nan"), 1.0, 0.05, float("nan"), 0.05, 0.05]  # the first finite value is the reference
+    out, warnings = _run([{"actor/entropy": e} for e in entropies], capsys, patience=3)
+    assert _flags(out, "entropy_collapse") == [None, 0, 0, None, 0, 1] and len(warnings) == 1
