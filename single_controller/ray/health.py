@@ -23,7 +23,6 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
-from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 __all__ = [
@@ -195,9 +194,5 @@ def shutdown_worker_group(worker_group: Any) -> None:
     """Kill every actor of a ``RayWorkerGroup`` and free its placement groups; nothing outlives it."""
     for worker in worker_group.workers:
         ray.kill(worker, no_restart=True)
-    pool = worker_group.resource_pool
-    if pool is None:  # a group attached to running workers holds no placement groups
-        return
-    for pg in pool.pgs or []:
-        remove_placement_group(pg)
-    pool.pgs = None
+    if worker_group.resource_pool is not None:  # a group attached to running workers holds no placement groups
+        worker_group.resource_pool.release()
