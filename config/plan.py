@@ -11,11 +11,19 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from algos.advantages import ADV_ESTIMATORS, estimator_needs_critic
+from algos.advantages import estimator_needs, estimator_needs_critic
+from algos.losses import validate_policy_loss
 from config.checks import ConfigError, is_int
+
+# inputs a registry entry may need (algos.ADV_ESTIMATORS, algos.POLICY_LOSSES) that no phase produces yet, and why
+UNAVAILABLE_INPUTS = {
+    "rollout_log_probs": "needs the rollout's per-token log-probs (verl's actor_rollout_ref.rollout."
+                         "calculate_log_probs), which ColoRL's rollout does not return yet",
+}
 
 # What each worker call needs from the batch: sending only these keeps Ray transfers small.
 GEN_KEYS = ("input_ids", "attention_mask", "position_ids")
+AGENT_KEYS = ("raw_prompt", "agent_name", "tools_kwargs")  # non-tensors the multi-turn rollout reads, when present
 LOG_PROB_KEYS = (*GEN_KEYS, "responses")
 FORWARD_KEYS = (*LOG_PROB_KEYS, "response_mask")
 CRITIC_UPDATE_KEYS = (*FORWARD_KEYS, "values", "returns")
@@ -37,9 +45,11 @@ def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
 
 
 def actor_update_keys(actor: Any, old_log_probs: bool) -> tuple[str, ...]:
-    """The batch keys ``update_actor`` reads: without old_log_probs the update is on-policy (see is_single_step)."""
+    """The batch keys ``update_actor`` reads: without old_log_probs the update is on-policy (see is_single_step);
+    the policy loss's own needs (``algos.POLICY_LOSSES``, e.g. rollout_log_probs) come along."""
     return (*FORWARD_KEYS, "advantages", *(("old_log_probs",) if old_log_probs else ()),
-            *(("ref_log_prob",) if uses_ref_log_prob(actor) else ()))
+            *(("ref_log_prob",) if uses_ref_log_prob(actor) else ()),
+            *validate_policy_loss(actor.policy_loss.loss_mode).needs)
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,8 @@ class StepPlan:
     ref_in_actor: bool
     recompute_old_log_prob: bool  # False: one on-policy optimizer step, whose own log-probs are the old ones
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
+    compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
+    compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
     actor_update_keys: tuple[str, ...]
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
@@ -86,8 +98,10 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     critic = uses_critic(cfg)
     use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
     lora = cfg.actor_rollout_ref.model.lora_rank > 0
-    recompute = not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
-                     and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size))
+    # the estimator reading old log-probs (or Σπ², computed with them) needs them before the update
+    needs_old = estimator_needs(algo.adv_estimator, "old_log_probs")
+    on_policy = is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size)
+    recompute = needs_old or not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
     arr = "actor_rollout_ref"
     _require_micro(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", rollout.log_prob_micro_batch_size_per_gpu,
@@ -104,6 +118,8 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         ref_in_actor=uses_full_kl(actor) or (use_reference_policy and lora),
         recompute_old_log_prob=recompute,
         compute_ref_log_prob=ref_log_prob,
+        compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
+        compute_sum_pi_squared=estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared,
         actor_update_keys=actor_update_keys(actor, old_log_probs=recompute),
         actor_mini_batch_size=_mini_batch_per_rank("actor_rollout_ref.actor", actor, ("actor_rollout_ref.rollout.n",
                                                    rollout.n), data.train_batch_size, n_workers),
@@ -139,7 +155,11 @@ def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) 
 
 def _check_estimator(cfg: Any) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if "index" in ADV_ESTIMATORS[estimator].needs and n < 2:  # the baseline comes from the prompt's group
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    for need in validate_policy_loss(loss_mode).needs:
+        if need in UNAVAILABLE_INPUTS:
+            raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: {UNAVAILABLE_INPUTS[need]}")
+    if estimator_needs(estimator, "index") and n < 2:  # the baseline comes from the prompt's group
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
                           "responses to one prompt, so it needs rollout.n > 1")
     needs_critic = estimator_needs_critic(estimator)

@@ -25,7 +25,8 @@ from config.checks import (
     positive_int,
     unit_interval,
 )
-from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from config.plan import UNAVAILABLE_INPUTS
+from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, RolloutCorrectionConfig
 
 AdvEstimator = Literal[tuple(ADV_ESTIMATORS)]  # type: ignore[valid-type]
 KLPenaltyType = Literal[KL_PENALTY_TYPES]  # type: ignore[valid-type]
@@ -99,11 +100,25 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: KLPenaltyType = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    gdpo_reward_keys: Optional[List[str]] = None  # gdpo: the compute_score dict's entries normalised one by one
+    gdpo_reward_weights: Optional[List[float]] = None  # gdpo: their weights (null: 1 each)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
 
     def __post_init__(self) -> None:
         unit_interval(self, "gamma", "lam")
+        keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
+        if self.adv_estimator == "gdpo" and not keys:
+            raise ConfigError.invalid("gdpo_reward_keys", keys, "gdpo normalises each reward component on its own: "
+                                      "list the keys of the dict your compute_score returns, e.g. [format, accuracy]")
+        if keys and weights is not None and len(weights) != len(keys):
+            raise ConfigError.invalid("gdpo_reward_weights", weights, f"needs one weight per key of {keys}")
+        corr = self.rollout_correction
+        for key in ("bypass_mode", "rollout_is", "rollout_rs"):
+            if getattr(corr, key):
+                raise ConfigError.invalid(f"rollout_correction.{key}", getattr(corr, key),
+                                          UNAVAILABLE_INPUTS["rollout_log_probs"])
 
 
 @dataclass(frozen=True)

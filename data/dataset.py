@@ -14,7 +14,8 @@ from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
-NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt")
+NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt", "agent_name", "tools_kwargs")
+TOOL_AGENT = "tool_agent"  # verl's agent_name of the multi-turn tool loop (workers.agent_loop)
 
 
 def _load_file(path: str, prompt_key: str) -> datasets.Dataset:
@@ -42,6 +43,11 @@ class RLHFDataset(Dataset):
 
     A prompt is either a string (tokenised as is) or a list of chat messages (``{"role", "content"}``), which
     go through the tokenizer's chat template with the generation prompt when it has one, else are joined.
+
+    Multi-turn rows (verl's layout): a row's ``agent_name`` (else ``default_agent``) picks its rollout loop, and
+    ``extra_info.tools_kwargs`` the per-tool arguments of its tools (non-tensor ``tools_kwargs``). A
+    ``tool_agent`` chat prompt is rendered with ``tool_schemas`` (the template's ``tools=``), exactly as the
+    rollout renders the later turns; ``num_tool_agent_rows`` counts such rows.
     """
 
     def __init__(
@@ -53,6 +59,8 @@ class RLHFDataset(Dataset):
         filter_overlong_prompts: bool = True,
         truncation: str = "error",
         max_samples: int = -1,
+        tool_schemas: Sequence[dict] | None = None,
+        default_agent: str = "single_turn_agent",
     ) -> None:
         self.files = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
         if not self.files:
@@ -60,6 +68,7 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
+        self.tool_schemas, self.default_agent = list(tool_schemas or []), default_agent
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token to pad prompts with")
@@ -90,25 +99,31 @@ class RLHFDataset(Dataset):
                 self.num_filtered, len(rows), max_prompt_length, self.files,
             )
         self.rows = keep[:max_samples] if max_samples > 0 else keep
+        self.num_tool_agent_rows = sum(row["agent_name"] == TOOL_AGENT for row in self.rows)
 
-    def _prompt_text(self, prompt: Any) -> str:
+    def _prompt_text(self, prompt: Any, tools: list[dict] | None = None) -> str:
         if isinstance(prompt, str):
             return prompt
         messages = list(prompt)
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return "\n".join(message["content"] for message in messages)
 
     def _make_row(self, record: dict[str, Any]) -> dict[str, Any]:
         raw_prompt = record[self.prompt_key]
+        extra_info = record.get("extra_info") or {}
+        agent_name = record.get("agent_name") or self.default_agent
+        tools = self.tool_schemas or None if agent_name == TOOL_AGENT else None
         # The chat template already holds any special tokens, and plain prompts are taken as is.
-        input_ids = self.tokenizer(self._prompt_text(raw_prompt), add_special_tokens=False)["input_ids"]
+        input_ids = self.tokenizer(self._prompt_text(raw_prompt, tools), add_special_tokens=False)["input_ids"]
         return {
             "input_ids": input_ids,
             "raw_prompt": raw_prompt,
             "data_source": record.get("data_source"),
             "reward_model": record.get("reward_model") or {},
-            "extra_info": record.get("extra_info") or {},
+            "extra_info": extra_info,
+            "agent_name": agent_name,
+            "tools_kwargs": (extra_info.get("tools_kwargs") if isinstance(extra_info, dict) else None) or {},
         }
 
     def __len__(self) -> int:

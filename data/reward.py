@@ -26,6 +26,11 @@ class RewardManager:
     For row i with n valid response tokens, ``reward_tensor[i, n - 1] = compute_score(...)`` and 0 elsewhere.
     The response is decoded without special tokens; ``extra_info["stopped_by_eos"]`` tells the score whether
     the last valid token was an eos (True) or generation hit the length limit (False).
+
+    A multi-turn rollout's response holds tool turns too: the valid tokens are those of the attention mask
+    (verl's), the whole conversation after the prompt is decoded, the tools' step rewards (``tool_rewards``)
+    add to the score, and ``extra_info`` gets verl's ``num_turns`` and ``rollout_reward_scores`` (each tool's
+    ``calc_reward``).
     """
 
     def __init__(
@@ -50,7 +55,9 @@ class RewardManager:
         ``compute_score`` returning a dict gives.
         """
         responses = data.batch["responses"]
-        lengths = data.batch["response_mask"].sum(-1).tolist()
+        valid = data.batch["attention_mask"][:, -responses.shape[-1]:] if "attention_mask" in data.batch else None
+        lengths = (data.batch["response_mask"] if valid is None else valid).sum(-1).tolist()
+        rollout = {key: data.non_tensor_batch.get(key) for key in ("tool_rewards", "__num_turns__", "reward_scores")}
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
         extras: dict[str, list[Any]] = defaultdict(list)
         sources = data.non_tensor_batch[self.reward_fn_key]
@@ -61,6 +68,8 @@ class RewardManager:
         for i, (ids, solution) in enumerate(zip(rows, solutions)):
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
+            if rollout["__num_turns__"] is not None:  # verl's names for what the multi-turn rollout did
+                extra_info.update(num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i])
             try:
                 result = self.compute_score(data_source=sources[i], solution_str=solution,
                                             ground_truth=reward_models[i]["ground_truth"], extra_info=extra_info)
@@ -70,13 +79,14 @@ class RewardManager:
                     f"{type(exc).__name__}: {exc} (row {i}, data_source={sources[i]!r}, response={solution!r})"
                 ) from exc
             score = float(result["score"]) if isinstance(result, dict) else float(result)
+            tool_reward = float(rollout["tool_rewards"][i]) if rollout["tool_rewards"] is not None else 0.0
             if isinstance(result, dict):
                 for key, value in result.items():
                     if key != "score":
                         extras[key].append(value)
             extras["score"].append(score)
             if ids:  # an empty response has no token to carry its score
-                reward_tensor[i, len(ids) - 1] = score
+                reward_tensor[i, len(ids) - 1] = score + tool_reward
         return reward_tensor, dict(extras)
 
 

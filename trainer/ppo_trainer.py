@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import algos
-from config.plan import CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
+from config.plan import AGENT_KEYS, CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
@@ -30,6 +30,7 @@ from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    multi_turn_metrics,
     reduce_metrics,
     reward_group_metrics,
     timed,
@@ -46,6 +47,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
+VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
 
 
 class RayPPOTrainer:
@@ -256,14 +258,14 @@ class RayPPOTrainer:
         n = self.config.actor_rollout_ref.rollout.n
         with timed("step", timing):
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            if self.config.algorithm.adv_estimator == "remax":  # ReMax's baseline: the greedy answer's reward
+            if self.plan.compute_greedy_baseline:  # ReMax's baseline: the greedy answer's reward
                 with self._phase("gen_max", timing):
                     batch.batch["reward_baselines"] = self._greedy_reward(batch)
             batch = batch.repeat(n, interleave=True)
             with self._phase("gen", timing):
                 batch = self._generate(batch, metrics)
             with self._phase("reward", timing):
-                scores, _ = self.reward_fn(batch)
+                scores, reward_extras = self.reward_fn(batch)
                 if self.rm_wg is not None:  # the learned score, on the last response token, adds to the rule's
                     scores = scores + self.rm_wg.compute_rm_score(_forward_inputs(batch)).batch["rm_scores"]
                 batch.batch["token_level_scores"] = scores
@@ -278,7 +280,7 @@ class RayPPOTrainer:
                 with self._phase("values", timing):
                     batch.union(self.critic_wg.compute_values(_forward_inputs(batch)))
             with self._phase("adv", timing):
-                self._compute_advantage(batch, metrics)
+                self._compute_advantage(batch, metrics, reward_extras)
             if self.plan.use_critic:
                 with self._phase("update_critic", timing):
                     metrics.update(self._update(self.critic_wg.update_critic, batch, CRITIC_UPDATE_KEYS))
@@ -301,9 +303,11 @@ class RayPPOTrainer:
     def _generate(self, batch: DataProto, metrics: dict, meta_info: dict | None = None) -> DataProto:
         """Replace the prompt tensors by prompt+response ones from the rollout workers."""
         prompts = batch.pop(batch_keys=GEN_KEYS)
+        prompts.non_tensor_batch.update({k: batch.non_tensor_batch[k] for k in AGENT_KEYS if k in batch.non_tensor_batch})
         prompts.meta_info.update(meta_info or {})
         out = self.actor_rollout_wg.generate_sequences(prompts)
         metrics.update(reduce_metrics(out.meta_info.pop("metrics", {})))
+        metrics.update(multi_turn_metrics(out.non_tensor_batch))
         return batch.union(out)
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
@@ -313,8 +317,10 @@ class RayPPOTrainer:
         out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
         return self.reward_fn(out)[0].sum(-1)
 
-    def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
-        """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns."""
+    def _compute_advantage(self, batch: DataProto, metrics: dict, reward_extras: dict[str, list]) -> None:
+        """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns.
+
+        ``reward_extras`` are the reward function's per-row extra values (GDPO's reward components)."""
         algo = self.config.algorithm
         tensors = batch.batch
         mask = tensors["response_mask"]
@@ -333,12 +339,13 @@ class RayPPOTrainer:
             algo.adv_estimator,
             token_level_rewards=tensors["token_level_rewards"],
             response_mask=mask,
+            config=algo,
             values=tensors.get("values"),
             index=batch.non_tensor_batch["uid"],
             reward_baselines=tensors.get("reward_baselines"),
-            gamma=algo.gamma,
-            lam=algo.lam,
-            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            old_log_probs=tensors.get("old_log_probs"),
+            sum_pi_squared=tensors.get("sum_pi_squared"),
+            reward_components=_reward_components(reward_extras, algo.gdpo_reward_keys),
         )
 
     @staticmethod
@@ -360,6 +367,7 @@ class RayPPOTrainer:
             with self.watchdog.phase("validate"):
                 batch = self._generate(batch, {}, meta_info=val_kwargs)
             reward, reward_extras = self.val_reward_fn(batch)
+            reward_extras.update({k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch})
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
                     extras.setdefault(key, []).extend(values)
@@ -377,3 +385,14 @@ def _forward_inputs(batch: DataProto) -> DataProto:
 
 def _every(freq: int, step: int) -> bool:
     return freq > 0 and step % freq == 0
+
+
+def _reward_components(reward_extras: dict[str, list], keys: list[str] | None) -> list[torch.Tensor] | None:
+    """The (B,) reward components ``algorithm.gdpo_reward_keys`` names, from the reward function's extra values."""
+    if not keys:
+        return None
+    missing = [key for key in keys if key not in reward_extras]
+    if missing:
+        raise ValueError(f"algorithm.gdpo_reward_keys={keys}: compute_score returned no {missing} (its dict has "
+                         f"{sorted(reward_extras)})")
+    return [torch.tensor(reward_extras[key], dtype=torch.float32) for key in keys]

@@ -13,18 +13,25 @@ import torch
 from torch import Tensor, nn
 
 from algos import (
-    agg_loss,
+    aggregate,
     compute_policy_loss,
     entropy_from_logits,
     kl_full,
     kl_penalty,
     logprobs_from_logits,
+    sum_pi_squared_from_logits,
 )
 from config.plan import LOG_PROB_KEYS, actor_update_keys, is_single_step, uses_full_kl
 from single_controller import DataProto
 from workers.lora import as_reference
 from workers.packing import pack_batch, pack_width, restore_order
 from workers.update import configured_update, micro_batches, model_device
+
+# per-position statistics of the policy a log-prob forward can return beside the log-probs: logits (..., V) -> (...)
+TOKEN_STATS: dict[str, Callable[[Tensor], Tensor]] = {
+    "entropy": entropy_from_logits,
+    "sum_pi_squared": sum_pi_squared_from_logits,
+}
 
 
 def response_logits(
@@ -125,12 +132,17 @@ class DataParallelPPOActor:
         With remove-padding, positions without a valid response token are 0.
         """
         micro = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        stats = self._token_stats(micro, response_length, temperature, ("entropy",) if calculate_entropy else ())
+        return stats["log_probs"], stats.get("entropy")
+
+    def _token_stats(self, micro: dict[str, Tensor], response_length: int, temperature: float,
+                     stats: tuple[str, ...]) -> dict[str, Tensor]:
+        """``log_probs`` (B, R) plus the per-position statistics of the policy named in ``stats`` (TOKEN_STATS)."""
         logits, labels, unpack = response_token_logits(
             self.module, micro, response_length, temperature, self.use_remove_padding
         )
-        log_probs = unpack(logprobs_from_logits(logits, labels))
-        entropy = unpack(entropy_from_logits(logits)) if calculate_entropy else None
-        return log_probs, entropy
+        return {"log_probs": unpack(logprobs_from_logits(logits, labels)),
+                **{name: unpack(TOKEN_STATS[name](logits)) for name in stats}}
 
     @torch.no_grad()
     def compute_log_prob(
@@ -145,30 +157,36 @@ class DataParallelPPOActor:
 
         Micro-batches of ``micro_batch_size`` rows, or of at most ``max_token_len`` valid tokens when it is set.
         """
+        stats = self.compute_token_stats(data, micro_batch_size, temperature, max_token_len,
+                                         ("entropy",) if calculate_entropy else ())
+        return stats["log_probs"], stats.get("entropy")
+
+    @torch.no_grad()
+    def compute_token_stats(
+        self,
+        data: DataProto,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        max_token_len: int | None = None,
+        stats: tuple[str, ...] = (),
+    ) -> dict[str, Tensor]:
+        """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``TOKEN_STATS``), each (B, R)."""
         self.module.eval()
         tensors = {k: data.batch[k] for k in LOG_PROB_KEYS}
         response_length = tensors["responses"].shape[-1]
         device = model_device(self.module)
-        log_probs, entropys = [], []
+        chunks: dict[str, list[Tensor]] = {name: [] for name in ("log_probs", *stats)}
         indices = micro_batches(self.module, tensors, micro_batch_size, max_token_len)
         for index in indices:
             micro = {k: v[index].to(device) for k, v in tensors.items()}
-            lp, ent = self.forward_log_prob(
-                micro["input_ids"],
-                micro["attention_mask"],
-                micro["position_ids"],
-                response_length,
-                temperature,
-                calculate_entropy,
-            )
-            log_probs.append(lp.cpu())
-            if ent is not None:
-                entropys.append(ent.cpu())
-        entropy = restore_order(entropys, indices) if calculate_entropy else None
-        return restore_order(log_probs, indices), entropy
+            for name, value in self._token_stats(micro, response_length, temperature, stats).items():
+                chunks[name].append(value.cpu())
+        return {name: restore_order(values, indices) for name, values in chunks.items()}
 
-    def _micro_loss(self, micro: dict[str, Tensor], temperature: float) -> tuple[Tensor, dict[str, Tensor]]:
-        """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref)."""
+    def _micro_loss(self, micro: dict[str, Tensor], temperature: float, global_batch: dict[str, float]
+                    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref),
+        each term this micro-batch's share of the mini-batch's (``global_batch``: see ``algos.aggregate``)."""
         cfg = self.config
         response_length = micro["responses"].shape[-1]
         mask = micro["response_mask"].to(torch.float32)
@@ -177,26 +195,26 @@ class DataParallelPPOActor:
         )
         log_prob = unpack(logprobs_from_logits(logits, labels))
         pg_loss, metrics = compute_policy_loss(
+            cfg.policy_loss.loss_mode,
             # on-policy (no old_log_probs sent): this forward is the policy that sampled, so ratio = 1
             old_log_prob=micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach(),
             log_prob=log_prob,
             advantages=micro["advantages"],
             response_mask=mask,
-            clip_ratio_low=cfg.clip_ratio if cfg.clip_ratio_low is None else cfg.clip_ratio_low,
-            clip_ratio_high=cfg.clip_ratio if cfg.clip_ratio_high is None else cfg.clip_ratio_high,
-            clip_ratio_c=cfg.clip_ratio_c,
             loss_agg_mode=cfg.loss_agg_mode,
-            loss_mode=cfg.policy_loss.loss_mode,
+            config=cfg,
+            rollout_log_probs=micro.get("rollout_log_probs"),
+            global_batch=global_batch,
         )
+        agg = (cfg.loss_agg_mode, cfg.loss_scale_factor, global_batch)
         # the entropy is always logged, but keeps its (B, R, V) graph only when it is part of the loss
         with torch.set_grad_enabled(cfg.entropy_coeff != 0):
-            entropy = agg_loss(unpack(entropy_from_logits(logits)), mask, cfg.loss_agg_mode)
+            entropy, metrics["actor/entropy"] = aggregate(unpack(entropy_from_logits(logits)), mask, *agg)
         loss = pg_loss - cfg.entropy_coeff * entropy
-        metrics["actor/entropy"] = entropy.detach()
         if cfg.use_kl_loss:
-            kl_loss = agg_loss(self._kl(micro, logits, log_prob, unpack, temperature), mask, cfg.loss_agg_mode)
+            kl_loss, metrics["actor/kl_loss"] = aggregate(self._kl(micro, logits, log_prob, unpack, temperature),
+                                                          mask, *agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.detach()
             metrics["actor/kl_coef"] = torch.tensor(float(cfg.kl_loss_coef))
         return loss, metrics
 
@@ -233,5 +251,6 @@ class DataParallelPPOActor:
                              f"ppo_epochs={cfg.ppo_epochs}, mini-batch {mini} of {rows} rows")
         return configured_update(
             self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in keys},
-            lambda micro: self._micro_loss(micro, temperature), cfg, self.mini_batch_size, prefix="actor",
+            lambda micro, global_batch: self._micro_loss(micro, temperature, global_batch), cfg,
+            self.mini_batch_size, prefix="actor",
         )
