@@ -15,9 +15,10 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
 from config.verl import ignored_key_warnings
-from data.builtin import prepare_builtin
+from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
 from data.reward import RewardManager, load_custom_compute_score
+from trainer.dry_run import preflight
 from trainer.ppo_trainer import RayPPOTrainer
 from workers.agent_loop import check_tools
 from workers.lora import check_target_modules
@@ -29,8 +30,9 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
 
     ``plan`` is ``cfg``'s step plan when the caller has it already (``config.load_with_plan``), else computed here.
     """
-    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     plan = plan or make_plan(cfg, num_workers(cfg))
+    preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # trainer.dry_run exits here; the memory check
+    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
     compute_score = _load_compute_score(cfg)

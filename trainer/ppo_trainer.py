@@ -26,12 +26,14 @@ from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWork
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.fingerprint import config_record
+from trainer.health import HealthMonitor
 from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
     multi_turn_metrics,
     reduce_metrics,
+    reward_group_metrics,
     timed,
     validation_metrics,
 )
@@ -80,6 +82,7 @@ class RayPPOTrainer:
         self.epoch, self.batch_in_epoch, self._epoch_start_rng = 0, 0, None
         self.wandb_run_id: str | None = None
         self.nonfinite_streak = self.nonfinite_total = 0
+        self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep
         )
@@ -143,7 +146,7 @@ class RayPPOTrainer:
         start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
-                self.logger.log(self.validate(), step=self.global_step)
+                self.logger.log(self.health.observe(self.validate(), self.global_step), step=self.global_step)
             batches = self._batches()
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
@@ -163,6 +166,7 @@ class RayPPOTrainer:
                     with self._phase("save_checkpoint", saving):
                         self.save_checkpoint()
                     last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
+                last = self.health.observe(last, self.global_step)  # health metrics; warns once when a pattern holds
                 self.logger.log(last, step=self.global_step)
                 if out_of_time or preempted:
                     break
@@ -271,6 +275,7 @@ class RayPPOTrainer:
                 if self.rm_wg is not None:  # the learned score, on the last response token, adds to the rule's
                     scores = scores + self.rm_wg.compute_rm_score(_forward_inputs(batch)).batch["rm_scores"]
                 batch.batch["token_level_scores"] = scores
+            metrics.update(reward_group_metrics(scores.sum(-1), batch.non_tensor_batch["uid"]))
             if self.plan.recompute_old_log_prob:
                 with self._phase("old_log_prob", timing):
                     batch.union(self.actor_rollout_wg.compute_log_prob(_forward_inputs(batch)))

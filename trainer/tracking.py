@@ -7,7 +7,8 @@ Backends (``trainer.logger``):
   the same file, which then holds one history: the steps logged after the checkpoint it continues from (by an
   attempt that crashed or was killed; all of them when it left no checkpoint) are removed first, since they are
   computed again, and so is a partial last line (a full disk, a crash mid-write).
-``finish()`` also draws ``<local_dir>/reward_curve.png``: training score and validation reward against step.
+``finish()`` also draws ``<local_dir>/reward_curve.png``: a grid of the run's health against step (reward and
+validation, response length, entropy and KL, prompt groups with all-equal rewards).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
@@ -165,7 +167,7 @@ def _console_line(record: dict[str, Any]) -> str:
 
 
 def _is_plotted(key: str) -> bool:
-    return key == TRAIN_SCORE or VAL_REWARD.fullmatch(key) is not None
+    return any(panel.plots(key) for panel in PANELS)
 
 
 def _is_number(value: Any) -> bool:
@@ -193,8 +195,33 @@ def _read_records(path: str | os.PathLike) -> tuple[list[dict[str, Any]], bool]:
     return records, partial
 
 
+@dataclass(frozen=True)
+class Panel:
+    """One plot of the end-of-run grid: its series on the left axis, those of another scale on the right one, and
+    the health warning whose first step it marks."""
+
+    title: str
+    left: tuple[str | re.Pattern, ...]
+    right: tuple[str | re.Pattern, ...] = ()
+    warning: str | None = None
+
+    def plots(self, key: str) -> bool:
+        return any(_matches(p, key) for p in (*self.left, *self.right)) or key == f"health/warning/{self.warning}"
+
+
+HELD_OUT_EXTRA = re.compile(r"val-aux/(.+)/(.+)/mean@1")  # scores the reward does not train, e.g. the flexible one
+PANELS = (
+    Panel("reward and validation", (TRAIN_SCORE, VAL_REWARD, HELD_OUT_EXTRA), warning="reward_vs_held_out"),
+    Panel("response length", ("response_length/mean",), ("response_length/clip_ratio",), "responses_at_limit"),
+    Panel("entropy and KL", ("actor/entropy",), ("actor/kl_loss", "actor/ref_kl"), "entropy_collapse"),
+    Panel("prompt groups with all-equal rewards", ("health/frac_reward_zero_std",), warning="all_equal_groups"),
+)
+
+
 def plot_reward_curve(records: list[dict[str, Any]], path: str | os.PathLike) -> bool:
-    """Plot training score and every validation reward@1 against step; False (no file) when none was logged.
+    """A 2 × 2 grid (``PANELS``) against step: training score and validation rewards, response length (and the
+    share cut at the limit), entropy and KL, and the share of prompt groups with all-equal rewards; a dotted line
+    where a health warning first fired. False (no file) when none of it was logged.
 
     A step logged twice (a run resumed from an earlier checkpoint) keeps its latest value.
     """
@@ -203,17 +230,53 @@ def plot_reward_curve(records: list[dict[str, Any]], path: str | os.PathLike) ->
         for key, value in record.items():
             if _is_plotted(key) and _is_number(value) and math.isfinite(value):
                 curves.setdefault(key, {})[record["step"]] = value
-    if not curves:
+    if not any(not k.startswith("health/warning/") for k in curves):
         return False
-    fig = Figure(figsize=(7, 4), layout="tight")  # a bare Figure renders with Agg; pyplot's global state not needed
-    ax = fig.subplots()
-    for key, points in sorted(curves.items()):
-        steps = sorted(points)
-        label = "train score" if key == TRAIN_SCORE else f"val reward@1 ({VAL_REWARD.fullmatch(key)[1]})"
-        ax.plot(steps, [points[s] for s in steps], marker="o" if len(steps) < 30 else None, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.savefig(path, dpi=100)
+    fig = Figure(figsize=(11, 7), layout="tight")  # a bare Figure renders with Agg; pyplot's global state not needed
+    for ax, panel in zip(fig.subplots(2, 2).flat, PANELS):
+        _draw_panel(ax, panel, curves)
+    fig.savefig(path, dpi=100, metadata={"Title": " | ".join(panel.title for panel in PANELS)})
     return True
+
+
+def _draw_panel(ax: Any, panel: Panel, curves: dict[str, dict[int, float]]) -> None:
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    drawn = _draw_series(ax, panel.left, curves, 0)
+    if any(_matches(p, k) for p in panel.right for k in curves):  # another scale: the right axis
+        twin = ax.twinx()
+        drawn += _draw_series(twin, panel.right, curves, drawn, linestyle="--")
+        twin.legend(loc="upper right", fontsize=7)
+    fired = [step for step, flag in sorted(curves.get(f"health/warning/{panel.warning}", {}).items()) if flag]
+    if fired:
+        ax.axvline(fired[0], color="red", linestyle=":", label=f"warning: {panel.warning}")
+    if drawn or fired:
+        ax.legend(loc="upper left", fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="gray")
+
+
+def _matches(pattern: str | re.Pattern, key: str) -> bool:
+    return key == pattern if isinstance(pattern, str) else pattern.fullmatch(key) is not None
+
+
+def _draw_series(ax: Any, patterns: tuple[str | re.Pattern, ...], curves: dict[str, dict[int, float]],
+                 color_offset: int, linestyle: str = "-") -> int:
+    keys = [k for p in patterns for k in sorted(curves) if _matches(p, k)]
+    for i, key in enumerate(keys):
+        points = curves[key]
+        steps = sorted(points)
+        ax.plot(steps, [points[s] for s in steps], marker="o" if len(steps) < 30 else None, markersize=3,
+                linestyle=linestyle, color=f"C{color_offset + i}", label=_label(key))
+    return len(keys)
+
+
+def _label(key: str) -> str:
+    if key == TRAIN_SCORE:
+        return "train score"
+    if match := VAL_REWARD.fullmatch(key):
+        return f"val reward@1 ({match[1]})"
+    if match := HELD_OUT_EXTRA.fullmatch(key):
+        return f"val {match[2]} ({match[1]})"
+    return key
