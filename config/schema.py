@@ -122,6 +122,22 @@ class AlgorithmConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    """When the run's health warnings fire (``trainer.health``): a pattern must hold ``patience`` steps in a row
+    (the reward-against-held-out one ``divergence_validations`` validations in a row); each warns once."""
+
+    patience: int = 10
+    entropy_collapse_ratio: float = 0.1  # actor/entropy below this share of its first value
+    max_clip_ratio: float = 0.5  # share of responses cut at data.max_response_length
+    max_all_equal_share: float = 0.9  # share of prompt groups whose responses all got the same reward
+    divergence_validations: int = 2  # the training score rose and a held-out score fell, validation after validation
+
+    def __post_init__(self) -> None:
+        positive_int(self, "patience", "divergence_validations")
+        unit_interval(self, "entropy_collapse_ratio", "max_clip_ratio", "max_all_equal_share")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto -> cuda when visible, else cpu
     n_gpus_per_node: int = 8  # worker processes per node (also on CPU)
@@ -144,11 +160,16 @@ class TrainerConfig:
     # auto: latest complete checkpoint in default_local_dir | disable | resume_path
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: Optional[str] = None  # a global_step_N directory (resume_mode=resume_path)
+    # keys (or prefixes) that may differ from the config a resumed checkpoint was saved with (trainer.fingerprint)
+    resume_accept_changes: List[str] = field(default_factory=list)
     max_actor_ckpt_to_keep: Optional[int] = None  # null keeps every checkpoint
     max_critic_ckpt_to_keep: Optional[int] = None
     max_nonfinite_steps: int = 5  # abort after this many steps in a row whose loss/gradients were NaN/inf
     phase_timeout_s: Optional[float] = 1800.0  # a phase running longer is a hang: dump stacks, exit 3; null: off
     max_restarts: int = 0  # times a dead worker's group is rebuilt and resumed from the last checkpoint
+    dry_run: bool = False  # print a step's batch arithmetic and the memory estimate per worker, then exit
+    check_memory: bool = True  # refuse to start when the estimated peak memory per worker exceeds the device's
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self) -> None:
         positive_int(self, "n_gpus_per_node", "nnodes", "total_epochs")
@@ -169,6 +190,7 @@ class TrainerConfig:
 class RayInitConfig:
     address: Optional[str] = None  # null -> start a local cluster (or join RAY_ADDRESS when set)
     num_cpus: Optional[int] = None  # null -> n_workers + 1 on CPU, Ray's own count on GPU
+    include_dashboard: bool = False  # a cluster the driver starts runs Ray's dashboard only when asked to
 
     def __post_init__(self) -> None:
         optional_positive_int(self, "num_cpus")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import os
 from collections import defaultdict
 from typing import Any, Callable
@@ -10,10 +11,14 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from config import ConfigError
 from data.tasks import default_compute_score
 from single_controller import DataProto
 
 ComputeScore = Callable[..., "float | dict[str, Any]"]
+
+
+VALID_RESULT = "a reward function must return a number, or a dict with a numeric 'score' (and any other values)"
 
 
 class RewardError(ValueError):
@@ -46,6 +51,23 @@ class RewardManager:
         eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         self.eos_token_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
 
+    @property
+    def name(self) -> str:
+        return getattr(self.compute_score, "__name__", repr(self.compute_score))
+
+    def probe(self, row: dict[str, Any], key: str) -> None:
+        """Call the function once on dataset ``row`` with an empty response, before any model loads: a result that
+        is no score is a ``ConfigError`` on ``key``. An exception is left to the run: a real response may not raise."""
+        try:
+            result = self.compute_score(data_source=row[self.reward_fn_key], solution_str="",
+                                        ground_truth=(row["reward_model"] or {}).get("ground_truth"),
+                                        extra_info={**(row["extra_info"] or {}), "stopped_by_eos": True})
+        except Exception:
+            return
+        if score_of(result) is None:
+            raise ConfigError.invalid(key, self.name, f"returned {result!r:.80} for the first prompt (with an empty "
+                                      f"response); {VALID_RESULT}")
+
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         """Score a batch.
 
@@ -68,17 +90,17 @@ class RewardManager:
         for i, (ids, solution) in enumerate(zip(rows, solutions)):
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
+            row = f"row {i}, data_source={sources[i]!r}, response={solution!r}"
             if rollout["__num_turns__"] is not None:  # verl's names for what the multi-turn rollout did
                 extra_info.update(num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i])
             try:
                 result = self.compute_score(data_source=sources[i], solution_str=solution,
                                             ground_truth=reward_models[i]["ground_truth"], extra_info=extra_info)
             except Exception as exc:  # name the function and the row: the traceback points into user code
-                raise RewardError(
-                    f"reward function {getattr(self.compute_score, '__name__', self.compute_score)!r} raised "
-                    f"{type(exc).__name__}: {exc} (row {i}, data_source={sources[i]!r}, response={solution!r})"
-                ) from exc
-            score = float(result["score"]) if isinstance(result, dict) else float(result)
+                raise RewardError(f"reward function {self.name!r} raised {type(exc).__name__}: {exc} ({row})") from exc
+            score = score_of(result)
+            if score is None:
+                raise RewardError(f"reward function {self.name!r} returned {result!r:.80} ({row}); {VALID_RESULT}")
             tool_reward = float(rollout["tool_rewards"][i]) if rollout["tool_rewards"] is not None else 0.0
             if isinstance(result, dict):
                 for key, value in result.items():
@@ -88,6 +110,14 @@ class RewardManager:
             if ids:  # an empty response has no token to carry its score
                 reward_tensor[i, len(ids) - 1] = score + tool_reward
         return reward_tensor, dict(extras)
+
+
+def score_of(result: Any) -> float | None:
+    """The score a reward function's ``result`` holds (a real number, or a dict with one under "score"), else None."""
+    score = result.get("score") if isinstance(result, dict) else result
+    if isinstance(score, torch.Tensor) and score.numel() == 1:
+        score = score.item()
+    return float(score) if isinstance(score, numbers.Real) else None
 
 
 def load_custom_compute_score(path: str, name: str = "compute_score") -> ComputeScore:

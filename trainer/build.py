@@ -15,11 +15,13 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
 from config.verl import ignored_key_warnings
-from data.builtin import prepare_builtin
+from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
 from data.reward import RewardManager, load_custom_compute_score
+from trainer.dry_run import preflight
 from trainer.ppo_trainer import RayPPOTrainer
 from workers.agent_loop import check_tools
+from workers.lora import check_target_modules
 from workers.tools import ToolConfigError
 
 
@@ -28,8 +30,9 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
 
     ``plan`` is ``cfg``'s step plan when the caller has it already (``config.load_with_plan``), else computed here.
     """
-    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     plan = plan or make_plan(cfg, num_workers(cfg))
+    preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # trainer.dry_run exits here; the memory check
+    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
     compute_score = _load_compute_score(cfg)
@@ -38,14 +41,20 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
     if plan.use_critic and critic_model.path != model.path:
         _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
+    if cfg.reward_model.enable:
+        _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
+    check_target_modules(model)
     tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer, _tool_schemas(cfg, tokenizer))
+    reward_fn = RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key)
+    if compute_score is not None:  # the user's function, tried once on the first prompt before any model loads
+        reward_fn.probe(train_dataloader.dataset[0], "custom_reward_function.name")
     return RayPPOTrainer(
         config=cfg,
         tokenizer=tokenizer,
         train_dataloader=train_dataloader,
         val_dataloader=val_dataloader,
-        reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
+        reward_fn=reward_fn,
         val_reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
         plan=plan,
     )
@@ -145,8 +154,9 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any, tool_schemas: list[dict] 
         files = getattr(data, key)
         try:
             built = RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts,
-                                data.truncation, max_samples, tool_schemas, default_agent)
-        except (FileNotFoundError, ValueError) as exc:  # a missing file or column, every prompt too long
+                                data.truncation, max_samples, tool_schemas, default_agent, data.reward_fn_key)
+        except (FileNotFoundError, ValueError) as exc:  # a missing, unreadable or empty file, a missing column,
+            # a prompt cell that is not a prompt, every prompt too long
             shown = files if isinstance(files, str) else list(files)
             raise ConfigError.invalid(f"data.{key}", shown, str(exc)) from None
         if (built.num_tool_agent_rows > 0) != (tool_schemas is not None):

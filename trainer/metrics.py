@@ -69,6 +69,19 @@ def compute_data_metrics(batch: Mapping[str, Tensor], use_critic: bool) -> dict[
     return {name: float(value) for name, value in metrics.items()}
 
 
+def reward_group_metrics(scores: Tensor, uids: Sequence[Hashable]) -> dict[str, float]:
+    """``health/frac_reward_zero_std`` (TRL's ``frac_reward_zero_std``): the share of prompt groups (rows sharing a
+    uid: one prompt's n responses) whose scores (B,) are all equal. GRPO's advantages are zero there, so those
+    prompts teach nothing. Empty without groups of two or more responses."""
+    groups: dict[Hashable, list[float]] = {}
+    for uid, score in zip(uids, scores.tolist()):
+        groups.setdefault(uid, []).append(score)
+    groups_of_several = [group for group in groups.values() if len(group) > 1]
+    if not groups_of_several:
+        return {}
+    return {"health/frac_reward_zero_std": statistics.fmean(float(max(g) == min(g)) for g in groups_of_several)}
+
+
 def compute_timing_metrics(batch: Mapping[str, Tensor], timing_raw: Mapping[str, float]) -> dict[str, float]:
     """timing_s/<name> for every timer, and timing_per_token_ms/<name> for the phases that process tokens.
 

@@ -27,16 +27,20 @@ from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.fingerprint import config_record
+from trainer.health import HealthMonitor
 from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
     multi_turn_metrics,
     reduce_metrics,
+    reward_group_metrics,
     timed,
     validation_metrics,
 )
 from trainer.preemption import StopSignals
+from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -83,9 +87,11 @@ class RayPPOTrainer:
         self.epoch, self.batch_in_epoch, self._epoch_start_rng = 0, 0, None
         self.wandb_run_id: str | None = None
         self.nonfinite_streak = self.nonfinite_total = 0
+        self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep
         )
+        self.resume_from = open_run(config, self.checkpoints)  # locked; the checkpoint to continue from, config checked
         self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
             {}, config.trainer.phase_timeout_s,
             dump_fn=lambda: stall_report(self.fused_wg.processes),
@@ -121,9 +127,10 @@ class RayPPOTrainer:
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
-        for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
-            if wg is not None:
-                wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
+        with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
+            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
+                if wg is not None:
+                    wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -138,12 +145,13 @@ class RayPPOTrainer:
             local_dir=cfg.default_local_dir,
             total_steps=self.total_training_steps,
             resume_id=self.wandb_run_id,
+            resume_step=self.global_step,  # steps logged after it are computed again: one history
         )
         self.wandb_run_id = self.logger.wandb_run_id
         start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
-                self.logger.log(self.validate(), step=self.global_step)
+                self.logger.log(self.health.observe(self.validate(), self.global_step), step=self.global_step)
             batches = self._batches()
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
@@ -163,6 +171,7 @@ class RayPPOTrainer:
                     with self._phase("save_checkpoint", saving):
                         self.save_checkpoint()
                     last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
+                last = self.health.observe(last, self.global_step)  # health metrics; warns once when a pattern holds
                 self.logger.log(last, step=self.global_step)
                 if out_of_time or preempted:
                     break
@@ -184,7 +193,7 @@ class RayPPOTrainer:
         if self.nonfinite_streak >= limit:
             raise NonFiniteLossError(
                 f"{limit} steps in a row (up to step {self.global_step}) had NaN/inf losses or gradients and were "
-                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.find('auto') or 'none yet'}. "
+                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.latest() or 'none yet'}. "
                 "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
             )
 
@@ -214,7 +223,7 @@ class RayPPOTrainer:
             return self.checkpoints.commit(staging, self.global_step, self._driver_state())
         except OSError as exc:  # a worker's OSError reaches us as a RayTaskError that is also an OSError
             self.checkpoints.abandon(staging)
-            previous = self.checkpoints.find("auto")
+            previous = self.checkpoints.latest()
             raise CheckpointError(
                 f"saving the checkpoint of step {self.global_step} failed ({getattr(exc, 'cause', exc)}); "
                 f"the previous checkpoint is intact: {previous or 'none yet'}"
@@ -228,20 +237,21 @@ class RayPPOTrainer:
             "epoch_start_rng": self._epoch_start_rng,
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
+            "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
         }
 
     def load_checkpoint(self) -> bool:
-        """Resume as ``trainer.resume_mode`` says; True when a checkpoint was loaded."""
-        cfg = self.config.trainer
-        path = self.checkpoints.find(cfg.resume_mode, cfg.resume_from_path)
+        """Load the checkpoint ``open_run`` picked (``trainer.resume_mode``); True when there was one."""
+        path = self.resume_from
         if path is None:
             return False
         if self.critic_wg is not None and not (path / "critic").exists():
             raise CheckpointError(f"{path} has no critic/ to resume the critic from (saved by a run without one?)")
         try:
-            self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
-            if self.critic_wg is not None:
-                self.critic_wg.load_checkpoint(str(path / "critic"))
+            with self.watchdog.phase("load_checkpoint"):
+                self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
+                if self.critic_wg is not None:
+                    self.critic_wg.load_checkpoint(str(path / "critic"))
         except (ValueError, FileNotFoundError) as exc:  # raised in a worker: a different model, missing files
             raise CheckpointError(f"cannot resume from {path}: {getattr(exc, 'cause', exc)}") from exc
         state = load_driver_state(path)
@@ -267,7 +277,7 @@ class RayPPOTrainer:
             with self._phase("gen", timing):
                 metrics.update(self._generate(batch))
             with self._phase("reward", timing):
-                reward_extras = self._reward(batch)
+                reward_extras = self._reward(batch, metrics)
             if self.plan.recompute_old_log_prob:
                 with self._phase("old_log_prob", timing):
                     self._call(self.actor_rollout_wg.compute_log_prob, batch, "old_log_prob")
@@ -313,14 +323,15 @@ class RayPPOTrainer:
         metrics = self._call(self.actor_rollout_wg.generate_sequences, batch, "gen", flow, meta_info)
         return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}
 
-    def _reward(self, batch: DataProto) -> dict[str, list]:
+    def _reward(self, batch: DataProto, metrics: dict) -> dict[str, list]:
         """Token-level scores into ``batch``: the reward function's, plus the reward model's on the last response
-        token; returns the reward function's per-row extra values."""
+        token (and their group statistics into ``metrics``); returns the reward function's per-row extra values."""
         scores, reward_extras = self.reward_fn(batch)
         if self.rm_wg is not None:
             self._call(self.rm_wg.compute_rm_score, batch, "rm_score")
             scores = scores + batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores
+        metrics.update(reward_group_metrics(scores.sum(-1), batch.non_tensor_batch["uid"]))
         return reward_extras
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
@@ -374,9 +385,9 @@ class RayPPOTrainer:
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict, meta_info={STEP_TOKEN: uuid.uuid4().hex})
             batch = batch.repeat(n, interleave=True)
-            with self.watchdog.phase("validate"):
+            with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 self._generate(batch, VALIDATION_FLOW, val_kwargs)
-            reward, reward_extras = self.val_reward_fn(batch)
+                reward, reward_extras = self.val_reward_fn(batch)
             reward_extras.update({k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch})
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
