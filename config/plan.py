@@ -52,7 +52,9 @@ class StepPlan:
     # the actor's process holds the reference: kl_loss_type=full reads it in the update; a LoRA actor is its
     # own reference (its module with the adapters disabled), so the base model is held once
     ref_in_actor: bool
-    recompute_old_log_prob: bool  # False: one on-policy optimizer step, whose own log-probs are the old ones
+    recompute_old_log_prob: bool  # the old-log-prob forward runs (else: the rollout's, or the update's own)
+    # rollout.calculate_log_probs: the rollout's log-probs of its samples are the old log-probs (no forward)
+    old_log_prob_from_rollout: bool
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
     actor_update_keys: tuple[str, ...]
     actor_mini_batch_size: int
@@ -86,8 +88,10 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     critic = uses_critic(cfg)
     use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
     lora = cfg.actor_rollout_ref.model.lora_rank > 0
-    recompute = not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
-                     and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size))
+    on_policy_step = (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
+                      and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size))
+    from_rollout = bool(rollout.calculate_log_probs) and not on_policy_step
+    recompute = not (on_policy_step or from_rollout)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
     arr = "actor_rollout_ref"
     _require_micro(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", rollout.log_prob_micro_batch_size_per_gpu,
@@ -103,8 +107,9 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         use_reference_policy=use_reference_policy,
         ref_in_actor=uses_full_kl(actor) or (use_reference_policy and lora),
         recompute_old_log_prob=recompute,
+        old_log_prob_from_rollout=from_rollout,
         compute_ref_log_prob=ref_log_prob,
-        actor_update_keys=actor_update_keys(actor, old_log_probs=recompute),
+        actor_update_keys=actor_update_keys(actor, old_log_probs=recompute or from_rollout),
         actor_mini_batch_size=_mini_batch_per_rank("actor_rollout_ref.actor", actor, ("actor_rollout_ref.rollout.n",
                                                    rollout.n), data.train_batch_size, n_workers),
         critic_mini_batch_size=_mini_batch_per_rank("critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n),

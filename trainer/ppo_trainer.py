@@ -258,6 +258,8 @@ class RayPPOTrainer:
             batch = batch.repeat(n, interleave=True)
             with self._phase("gen", timing):
                 batch = self._generate(batch, metrics)
+            if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             with self._phase("reward", timing):
                 scores, _ = self.reward_fn(batch)
                 if self.rm_wg is not None:  # the learned score, on the last response token, adds to the rule's
@@ -313,7 +315,7 @@ class RayPPOTrainer:
         algo = self.config.algorithm
         tensors = batch.batch
         mask = tensors["response_mask"]
-        if self.plan.compute_ref_log_prob and self.plan.recompute_old_log_prob:
+        if self.plan.compute_ref_log_prob and "old_log_probs" in tensors:
             kl = algos.kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty)
             metrics["actor/ref_kl"] = algos.masked_mean(kl, mask).item()
         if algo.use_kl_in_reward:

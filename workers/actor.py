@@ -6,72 +6,17 @@ reduce-scatter in backward) or a plain one (a world of one process).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from algos import (
-    agg_loss,
-    compute_policy_loss,
-    entropy_from_logits,
-    kl_full,
-    kl_penalty,
-    logprobs_from_logits,
-)
+from algos import agg_loss, compute_policy_loss, kl_penalty
 from config.plan import LOG_PROB_KEYS, actor_update_keys, is_single_step, uses_full_kl
 from single_controller import DataProto
-from workers.lora import as_reference
-from workers.packing import pack_batch, pack_width, restore_order
+from workers.logprob import TokenStats, token_stats
+from workers.packing import restore_order
 from workers.update import configured_update, micro_batches, model_device
-
-
-def response_logits(
-    module: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    position_ids: Tensor,
-    response_length: int,
-    temperature: float = 1.0,
-) -> Tensor:
-    """fp32 logits / temperature (B, R, V) at the positions that predict each response token (-R-1 .. -2).
-
-    Only the last R+1 positions go through the LM head (``logits_to_keep``), which matters for large vocabularies.
-    """
-    logits = module(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=response_length + 1,
-    ).logits
-    return logits[:, :-1].float() / temperature
-
-
-def response_token_logits(
-    module: nn.Module, micro: dict[str, Tensor], response_length: int, temperature: float, remove_padding: bool
-) -> tuple[Tensor, Tensor, Callable[[Tensor], Tensor]]:
-    """(logits (..., V) fp32 / temperature, the response tokens they predict (...), unpack: (...) -> (B, R)).
-
-    Padded: (B, R, V), unpack is the identity. Remove-padding: only the N valid response tokens, (N, V), from
-    packed rows (``packing.pack_batch``); unpack scatters per-token values back to (B, R) with zeros elsewhere.
-    """
-    input_ids = micro["input_ids"]
-    if not remove_padding:
-        logits = response_logits(
-            module, input_ids, micro["attention_mask"], micro["position_ids"], response_length, temperature
-        )
-        return logits, input_ids[:, -response_length:], lambda values: values
-    mask = micro["attention_mask"]
-    packed = pack_batch(input_ids, mask, response_length, pack_width(module, mask))
-    logits = module(
-        input_ids=packed.input_ids,
-        position_ids=packed.position_ids,
-        use_cache=False,
-        logits_to_keep=packed.keep_columns,
-    ).logits
-    return packed.gather(logits).float() / temperature, packed.labels, packed.unpack
 
 
 class DataParallelPPOActor:
@@ -85,6 +30,8 @@ class DataParallelPPOActor:
         mini_batch_size: samples per optimizer step on this rank (the worker computes it from the global
             ``ppo_mini_batch_size``·n / world size); None means ``config.ppo_mini_batch_size`` as is.
         use_remove_padding: run every forward on packed rows (``actor_rollout_ref.model.use_remove_padding``).
+        use_fused_kernels: log-probs, entropies and the exact KL from hidden states in chunks of tokens, never the
+            full-vocabulary logits (``actor_rollout_ref.model.use_fused_kernels``; ``workers.logprob``).
         ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
             exact KL compares the two models' whole next-token distributions inside the update. A LoRA
             ``module`` may be its own reference: it then runs with its adapters disabled.
@@ -99,6 +46,7 @@ class DataParallelPPOActor:
         mini_batch_size: int | None = None,
         use_remove_padding: bool = False,
         ref_module: nn.Module | None = None,
+        use_fused_kernels: bool = True,
     ) -> None:
         if uses_full_kl(config) and optimizer is not None and ref_module is None:
             raise ValueError("actor.kl_loss_type=full needs the reference model in the actor's process (ref_module)")
@@ -109,6 +57,7 @@ class DataParallelPPOActor:
         self.config = config
         self.mini_batch_size = mini_batch_size
         self.use_remove_padding = use_remove_padding
+        self.use_fused_kernels = use_fused_kernels
 
     def forward_log_prob(
         self,
@@ -122,15 +71,16 @@ class DataParallelPPOActor:
         """log π(response token) (B, R) and optionally the entropy (B, R) of the temperature-scaled policy.
 
         The response is the last ``response_length`` tokens of ``input_ids``; sampling used the same temperature.
-        With remove-padding, positions without a valid response token are 0.
+        Positions without a valid response token (``attention_mask`` 0) are 0.
         """
         micro = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        logits, labels, unpack = response_token_logits(
-            self.module, micro, response_length, temperature, self.use_remove_padding
-        )
-        log_probs = unpack(logprobs_from_logits(logits, labels))
-        entropy = unpack(entropy_from_logits(logits)) if calculate_entropy else None
-        return log_probs, entropy
+        stats = self._token_stats(micro, response_length, temperature)
+        return stats.log_prob, stats.entropy if calculate_entropy else None
+
+    def _token_stats(self, micro: dict[str, Tensor], response_length: int, temperature: float,
+                     ref_module: nn.Module | None = None, entropy_grad: bool = True) -> TokenStats:
+        return token_stats(self.module, micro, response_length, temperature, self.use_remove_padding,
+                           self.use_fused_kernels, ref_module, entropy_grad)
 
     @torch.no_grad()
     def compute_log_prob(
@@ -170,12 +120,13 @@ class DataParallelPPOActor:
     def _micro_loss(self, micro: dict[str, Tensor], temperature: float) -> tuple[Tensor, dict[str, Tensor]]:
         """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref)."""
         cfg = self.config
-        response_length = micro["responses"].shape[-1]
         mask = micro["response_mask"].to(torch.float32)
-        logits, labels, unpack = response_token_logits(
-            self.module, micro, response_length, temperature, self.use_remove_padding
-        )
-        log_prob = unpack(logprobs_from_logits(logits, labels))
+        # kl_loss_type=full compares the two models' whole distributions on the same rows (a LoRA actor is its
+        # own reference); the entropy is always logged, but keeps a graph only when it is part of the loss
+        stats = self._token_stats(micro, micro["responses"].shape[-1], temperature,
+                                  ref_module=self.ref_module if uses_full_kl(cfg) else None,
+                                  entropy_grad=cfg.entropy_coeff != 0)
+        log_prob = stats.log_prob
         pg_loss, metrics = compute_policy_loss(
             # on-policy (no old_log_probs sent): this forward is the policy that sampled, so ratio = 1
             old_log_prob=micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach(),
@@ -188,28 +139,16 @@ class DataParallelPPOActor:
             loss_agg_mode=cfg.loss_agg_mode,
             loss_mode=cfg.policy_loss.loss_mode,
         )
-        # the entropy is always logged, but keeps its (B, R, V) graph only when it is part of the loss
-        with torch.set_grad_enabled(cfg.entropy_coeff != 0):
-            entropy = agg_loss(unpack(entropy_from_logits(logits)), mask, cfg.loss_agg_mode)
-        loss = pg_loss - cfg.entropy_coeff * entropy
+        entropy = agg_loss(stats.entropy, mask, cfg.loss_agg_mode)
+        loss = pg_loss - cfg.entropy_coeff * entropy if cfg.entropy_coeff != 0 else pg_loss
         metrics["actor/entropy"] = entropy.detach()
         if cfg.use_kl_loss:
-            kl_loss = agg_loss(self._kl(micro, logits, log_prob, unpack, temperature), mask, cfg.loss_agg_mode)
+            kl = stats.kl if stats.kl is not None else kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.detach()
             metrics["actor/kl_coef"] = torch.tensor(float(cfg.kl_loss_coef))
         return loss, metrics
-
-    def _kl(self, micro: dict[str, Tensor], logits: Tensor, log_prob: Tensor, unpack: Callable, temperature: float):
-        """Per-token KL(π ‖ π_ref) (B, R) for the KL loss: a sampled-token estimator, or exact over the vocab."""
-        if not uses_full_kl(self.config):
-            return kl_penalty(log_prob, micro["ref_log_prob"], self.config.kl_loss_type)
-        # same packing as the actor's forward, so rows of the two logits line up; a LoRA actor is its own reference
-        with torch.no_grad(), as_reference(self.ref_module):
-            ref_logits, _, _ = response_token_logits(
-                self.ref_module, micro, micro["responses"].shape[-1], temperature, self.use_remove_padding
-            )
-        return unpack(kl_full(logits, ref_logits))
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update on this rank's rows: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch.

@@ -103,18 +103,23 @@ class ActorRolloutRefWorker(Worker):
                 self.trained.module, self.trained.optimizer, self.trained.lr_scheduler, cfg.actor,
                 self.plan.actor_mini_batch_size, use_remove_padding=remove_padding,
                 ref_module=self.ref.module if self._is_ref and uses_full_kl(cfg.actor) else None,
+                use_fused_kernels=cfg.model.use_fused_kernels,
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
         if self._is_ref:
-            self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor, use_remove_padding=remove_padding)
+            self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor,
+                                                   use_remove_padding=remove_padding,
+                                                   use_fused_kernels=cfg.model.use_fused_kernels)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Sample one response per prompt row (the driver repeats prompts n times beforehand).
+        """Sample one response per prompt row (the driver repeats prompts n times beforehand; the repeats share one
+        prefill).
 
         Sampling settings come from ``config.rollout``; ``prompts.meta_info`` may override temperature, top_p,
         top_k and do_sample (validation passes ``val_kwargs``). Returns prompts, responses, input_ids,
-        attention_mask, position_ids and response_mask.
+        attention_mask, position_ids and response_mask, and with ``rollout.calculate_log_probs``
+        rollout_log_probs (the sampled tokens' log-probs under this very policy: the old log-probs).
         """
         if not self._is_actor:
             raise RuntimeError(f"generate_sequences needs the actor; this worker's role is {self.role!r}")
@@ -133,6 +138,7 @@ class ActorRolloutRefWorker(Worker):
                 response_length=int(rollout.response_length),
                 eos_token_id=eos_ids,
                 pad_token_id=pad_id if pad_id is not None else eos_ids[0],
+                return_log_probs=rollout.calculate_log_probs,
                 **sampling,
             )
         metrics = {"timing_s/worker_gen": time.perf_counter() - start}
