@@ -246,7 +246,7 @@ def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], seque
 
 
 def main(argv: list[str] | None = None) -> None:
-    from main import build_trainer
+    from trainer.build import build_trainer
 
     args = parse_args(argv)
     if args.device == "cpu":

@@ -5,9 +5,9 @@ dataclasses, home of every default), ``config.load`` (compose, build, check), ``
 """
 
 from config.checks import ConfigError
-from config.load import load_config, replace_keys, resolve_device, to_config
+from config.load import load_config, load_with_plan, replace_keys, resolve_device, split_command_line, to_config
 from config.plan import StepPlan, make_plan, num_workers, uses_critic
 from config.schema import PPOConfig
 
-__all__ = ["ConfigError", "PPOConfig", "StepPlan", "load_config", "make_plan", "num_workers", "replace_keys",
-           "resolve_device", "to_config", "uses_critic"]
+__all__ = ["ConfigError", "PPOConfig", "StepPlan", "load_config", "load_with_plan", "make_plan", "num_workers",
+           "replace_keys", "resolve_device", "split_command_line", "to_config", "uses_critic"]

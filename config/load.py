@@ -27,7 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from config.checks import ConfigError, is_int, is_number
-from config.plan import make_plan, num_workers
+from config.plan import StepPlan, make_plan, num_workers
 from config.schema import PPOConfig
 from config.verl import rewrite_aliases
 
@@ -46,10 +46,36 @@ def preset_for(overrides: Sequence[str]) -> str:
     return VERL_PRESET if keys & set(USER_ASSET_KEYS) else DEMO_PRESET
 
 
+def split_command_line(args: Sequence[str]) -> tuple[str, list[str], bool]:
+    """``python main.py``'s arguments as (preset, the other arguments, whether Hydra's application must answer).
+
+    The preset is the one named (``--config-name``/``-cn``), else ``preset_for`` the overrides; verl's key paths
+    are moved to ColoRL's. Hydra's own arguments (flags such as ``--help``, ``--cfg job``, ``-m``, and ``hydra.*``
+    keys) need Hydra's application; without them the overrides are composed by ``load_with_plan``.
+    """
+    config_name, overrides = None, []
+    rest = iter(args)
+    for arg in rest:
+        if arg in ("--config-name", "-cn"):
+            config_name = next(rest, None)
+        elif arg.startswith("--config-name="):
+            config_name = arg.partition("=")[2]
+        else:
+            overrides.append(arg)
+    overrides = rewrite_aliases(overrides)
+    hydra_app = any(arg.startswith("-") or arg.lstrip("+~").startswith("hydra.") for arg in overrides)
+    return config_name or preset_for(overrides), overrides, hydra_app
+
+
 def load_config(overrides: Sequence[str] = (), config_name: str | None = None) -> PPOConfig:
     """The typed config of ``conf/<config_name>.yaml`` (default: ``preset_for(overrides)``) with Hydra-style
     ``overrides`` (``["data.train_batch_size=8"]``, verl's key paths too), checked, including the batch arithmetic
     for its ``trainer.n_gpus_per_node × trainer.nnodes`` workers."""
+    return load_with_plan(overrides, config_name)[0]
+
+
+def load_with_plan(overrides: Sequence[str] = (), config_name: str | None = None) -> tuple[PPOConfig, StepPlan]:
+    """``load_config``'s config and the step plan that checked it (composed and computed once, then passed on)."""
     overrides = rewrite_aliases(overrides)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -57,8 +83,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str | None = None) -
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc) from exc
     cfg = to_config(composed)
-    make_plan(cfg, num_workers(cfg))
-    return cfg
+    return cfg, make_plan(cfg, num_workers(cfg))
 
 
 def to_config(node: DictConfig | Mapping) -> PPOConfig:

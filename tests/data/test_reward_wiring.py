@@ -1,4 +1,4 @@
-"""main.build_trainer's reward wiring: several train/val files with different data sources mix, validation reports
+"""trainer.build.build_trainer's reward wiring: several train/val files with different data sources mix, validation reports
 each source, and custom_reward_function.{path,name} replaces the built-in rewards (or is a one-line ConfigError).
 
 Generation is scripted (``ScriptedRollout`` answers from a table) so that no Ray worker starts; everything else
@@ -12,7 +12,7 @@ from config import ConfigError, load_config
 from data.builtin import write_parquet
 from data.preprocess.gsm8k import preprocess
 from data.tasks import make_splits
-from main import build_trainer
+from trainer.build import build_trainer
 from single_controller import DataProto
 from tests.data.gsm8k_fixture import printable_tokenizer, save_tiny_model, write_gsm8k
 

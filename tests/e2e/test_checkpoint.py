@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from config import load_config
-from main import build_trainer
+from trainer.build import build_trainer
 from tests.e2e.test_ppo_e2e import read_jsonl
 from tests.wandb_offline import history, run_files, wandb_records
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from config import load_config
-from main import build_trainer
+from trainer.build import build_trainer
 from single_controller import DataProto
 from tests.wandb_offline import history, run_file, wandb_records
 from workers.fsdp import fsdp_modules

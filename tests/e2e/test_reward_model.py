@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
-from main import build_trainer
+from trainer.build import build_trainer
 from tests.e2e.test_ppo_e2e import CRITIC_REQUIRED, REQUIRED, read_jsonl, tiny_config
 from tests.workers.helpers import PAD, VOCAB, make_update_batch
 from workers.reward_model import compute_rm_scores, load_reward_model

@@ -6,7 +6,7 @@ import math
 
 from config import load_config
 from data.preprocess.arith import main as write_arith
-from main import build_trainer
+from trainer.build import build_trainer
 
 
 def test_two_grpo_steps_with_lora_on_the_real_model(ray_cluster, smollm2_model_dir, tmp_path):

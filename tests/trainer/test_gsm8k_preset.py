@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import main
-from config import ConfigError, load_config, make_plan, num_workers, uses_critic
+from config import ConfigError, load_config, load_with_plan, make_plan, num_workers, split_command_line, uses_critic
 
 PRESET = "qwen2_5_0_5b_gsm8k"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -71,13 +70,21 @@ def test_preset_rejects_a_gpu_count_that_does_not_divide():
         load_config(["trainer.n_gpus_per_node=3"], config_name=PRESET)
 
 
-def test_config_name_reaches_the_early_check(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main._prepare_command_line(["--config-name", PRESET, "data.train_batch_size=100"])
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "data.train_batch_size=100" in err and "8 workers" in err
-    args = main._prepare_command_line(["-cn", PRESET, "trainer.n_gpus_per_node=4"])  # valid: returns
-    assert args == [f"--config-name={PRESET}", "trainer.n_gpus_per_node=4"]
+def test_config_name_reaches_the_early_check():
+    config_name, overrides, hydra_app = split_command_line(["--config-name", PRESET, "data.train_batch_size=100"])
+    assert (config_name, overrides, hydra_app) == (PRESET, ["data.train_batch_size=100"], False)
+    with pytest.raises(ConfigError, match="data.train_batch_size=100.* 8 workers"):
+        load_with_plan(overrides, config_name)
+    valid = split_command_line(["-cn", PRESET, "trainer.n_gpus_per_node=4"])
+    assert valid == (PRESET, ["trainer.n_gpus_per_node=4"], False)
+    _, plan = load_with_plan(["trainer.n_gpus_per_node=4"], PRESET)
+    assert plan.n_workers == 4  # the plan that checked the config comes with it
+
+
+def test_hydra_flags_go_to_hydras_application():
+    assert split_command_line(["--cfg", "job"]) == ("demo", ["--cfg", "job"], True)
+    assert split_command_line(["hydra.job.chdir=true"])[2]
+    assert split_command_line(["actor_rollout_ref.model.path=/m"])[:2] == ("ppo_trainer", ["actor_rollout_ref.model.path=/m"])
 
 
 def test_cli_without_the_model_is_one_line(tmp_path):

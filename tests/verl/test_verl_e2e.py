@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from config import load_config
 from data.preprocess.gsm8k import main as preprocess_gsm8k
-from main import build_trainer
+from trainer.build import build_trainer
 from tests.data.gsm8k_fixture import GSM8K, write_gsm8k
 from tests.verl import commands
 

@@ -1,0 +1,139 @@
+"""Assembling a run from a typed config: check the model and data, fill the built-in demo's paths, build the trainer.
+
+``build_trainer(cfg)`` is what ``python main.py`` runs after loading the config, and what tests and benchmarks
+call to get the same trainer; it starts no Ray and no workers (``trainer.run`` does, then ``fit``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from transformers import AutoConfig, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
+from config.verl import ignored_key_warnings
+from data.builtin import prepare_builtin
+from data.dataset import RLHFDataset, make_dataloader
+from data.reward import RewardManager, load_custom_compute_score
+from trainer.ppo_trainer import RayPPOTrainer
+
+
+def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer:
+    """Check ``cfg``, prepare model/data (the built-in demo when paths are null) and build the trainer.
+
+    ``plan`` is ``cfg``'s step plan when the caller has it already (``config.load_with_plan``), else computed here.
+    """
+    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
+    plan = plan or make_plan(cfg, num_workers(cfg))
+    for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
+        print(f"colorl: warning: {line}", file=sys.stderr)
+    compute_score = _load_compute_score(cfg)
+    cfg = _fill_paths(cfg)
+    model, critic_model = cfg.actor_rollout_ref.model, cfg.critic.model
+    _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
+    if plan.use_critic and critic_model.path != model.path:
+        _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
+    tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer)
+    return RayPPOTrainer(
+        config=cfg,
+        tokenizer=tokenizer,
+        train_dataloader=train_dataloader,
+        val_dataloader=val_dataloader,
+        reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
+        val_reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
+        plan=plan,
+    )
+
+
+def _load_compute_score(cfg: PPOConfig) -> Any:
+    """The user's ``custom_reward_function.path/name``, or None for the built-in rewards (by data source)."""
+    custom = cfg.custom_reward_function
+    if custom.path is None:
+        return None
+    try:
+        return load_custom_compute_score(custom.path, custom.name)
+    except FileNotFoundError:
+        raise ConfigError.invalid("custom_reward_function.path", custom.path,
+                                  "no such file; expected a Python file defining the reward function") from None
+    except AttributeError as exc:
+        raise ConfigError.invalid("custom_reward_function.name", custom.name, str(exc)) from None
+    except Exception as exc:  # the user's module failed to import: report it as the config mistake it is
+        first_line = (str(exc).splitlines() or [""])[0]
+        raise ConfigError.invalid("custom_reward_function.path", custom.path,
+                                  f"importing it raised {type(exc).__name__}: {first_line}") from None
+
+
+def _fill_paths(cfg: PPOConfig) -> PPOConfig:
+    """``cfg`` with null model/data paths pointing at the built-in demo assets (built once, then reused from the
+    cache), a null critic path at the actor's model, and the output directory absolute, since every worker writes
+    checkpoint shards there from its own working directory (on another node, or under ``ray job submit`` a
+    per-node copy of the job's)."""
+    model, data, builtin = cfg.actor_rollout_ref.model, cfg.data, cfg.builtin
+    paths: dict[str, Any] = {"trainer.default_local_dir": os.path.abspath(cfg.trainer.default_local_dir)}
+    if model.path is None or data.train_files is None:
+        assets = prepare_builtin(
+            cache_dir=os.path.abspath(builtin.cache_dir),  # absolute: Ray workers load the model from it too
+            task=builtin.task,
+            num_train=builtin.num_train,
+            num_val=builtin.num_val,
+            sft_warmup_steps=builtin.sft_warmup_steps,
+            hidden_size=builtin.hidden_size,
+            num_layers=builtin.num_layers,
+            seed=cfg.trainer.seed,
+        )
+        if model.path is None:
+            paths["actor_rollout_ref.model.path"] = assets["model_path"]
+        if data.train_files is None:
+            paths["data.train_files"] = assets["train_files"]
+            paths["data.val_files"] = data.val_files or assets["val_files"]
+    model_path = paths.get("actor_rollout_ref.model.path", model.path)
+    if cfg.critic.model.path is None:
+        paths["critic.model.path"] = model_path
+    return replace_keys(cfg, paths)
+
+
+def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) -> None:
+    """Fail before Ray starts when ``path`` is not a model directory (or, for the actor, not a causal LM)."""
+    if not os.path.isdir(path) and (os.path.isabs(path) or path.startswith(".") or path.count("/") != 1):
+        raise ConfigError.invalid(key, path, "no such directory; expected a Hugging Face model directory "
+                                  "(config.json, weights, tokenizer) or null for the built-in demo model")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError.invalid(key, path, f"not a loadable model ({str(exc).splitlines()[0]})") from None
+    auto_map = getattr(config, "auto_map", None) or {}
+    is_causal_lm = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in auto_map
+    if causal_lm and not is_causal_lm:
+        raise ConfigError.invalid(key, path, f"a {config.model_type!r} model is not a causal LM; the policy needs one "
+                                  "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)")
+
+
+def _build_dataloaders(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """(train, val) loaders; val is None without data.val_files and holds the whole set when val_batch_size is null."""
+    data = cfg.data
+
+    def dataset(key: str, max_samples: int) -> RLHFDataset:
+        files = getattr(data, key)
+        try:
+            return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts,
+                               data.truncation, max_samples)
+        except (FileNotFoundError, ValueError) as exc:  # a missing file or column, every prompt too long
+            shown = files if isinstance(files, str) else list(files)
+            raise ConfigError.invalid(f"data.{key}", shown, str(exc)) from None
+
+    train = dataset("train_files", data.train_max_samples)
+    train_dataloader = make_dataloader(
+        train, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=data.dataloader_drop_last
+    )
+    if len(train_dataloader) == 0:
+        raise ConfigError(f"data.train_batch_size={data.train_batch_size}: larger than the {len(train)} training "
+                          "prompts (with data.dataloader_drop_last=true no batch is left)")
+    if data.val_files is None:
+        return train_dataloader, None
+    val = dataset("val_files", data.val_max_samples)
+    val_dataloader = make_dataloader(val, data.val_batch_size or len(val), shuffle=False, drop_last=False)
+    return train_dataloader, val_dataloader

@@ -1,0 +1,82 @@
+"""Running a built trainer: start or join Ray, fit with restarts after a dead worker, and (for the command line)
+turn each failure a user can act on into one line on stderr and an exit status (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import ray
+
+from config import ConfigError, PPOConfig, StepPlan, replace_keys
+from data.reward import RewardError
+from single_controller.ray.health import WorkerDiedError
+from trainer.build import build_trainer
+from trainer.checkpoint import CheckpointError
+from trainer.ppo_trainer import NonFiniteLossError
+from trainer.preemption import EXIT_PREEMPTED, Preempted
+from trainer.restarts import fit_with_restarts
+
+EXIT_FAILED = 1  # a dead worker, NaN losses, a checkpoint or reward failure
+
+
+def run_ppo(cfg: PPOConfig, plan: StepPlan | None = None) -> dict[str, float]:
+    """Train from a typed config (``load_config``'s, or Hydra's through ``to_config``) and its step plan; returns
+    the last step's metrics. A restart after a dead worker resumes from this run's own latest checkpoint
+    (resume_mode=auto)."""
+    trainer = build_trainer(cfg, plan)
+    started_ray = _init_ray(trainer.config, trainer.plan.n_workers)
+    resuming = replace_keys(cfg, {"trainer.resume_mode": "auto"})
+    try:
+        return fit_with_restarts(trainer, lambda: build_trainer(resuming, trainer.plan), cfg.trainer.max_restarts)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def run_command_line(cfg: PPOConfig, plan: StepPlan) -> int:
+    """``run_ppo`` for ``python main.py``: 0 when the run finished, else one line on stderr and the exit status.
+    A ``ConfigError`` (a model or data path found wrong while building) is the caller's to report."""
+    try:
+        run_ppo(cfg, plan)
+    # the run is over and the workers are torn down: say what went wrong, not where the driver was
+    except (WorkerDiedError, NonFiniteLossError, CheckpointError, RewardError) as exc:
+        print(f"colorl: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Preempted as exc:  # SIGTERM/SIGINT: the step was finished and checkpointed
+        print(f"colorl: {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    return 0
+
+
+def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
+    """Start a local Ray cluster, or join ray_init.address / RAY_ADDRESS; False when Ray was already running."""
+    if ray.is_initialized():  # the caller (a test, a notebook) owns Ray and will shut it down
+        return False
+    address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        _join_ray(address, "ray_init.address" if cfg.ray_init.address else "RAY_ADDRESS")
+    else:
+        # On CPU every worker holds one CPU slot, plus one for the driver's tasks; Ray counts the cores on GPU.
+        cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
+        ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default)
+    return True
+
+
+def _join_ray(address: str, key: str) -> None:
+    """Attach to the running cluster at ``address``, failing in seconds with what to check."""
+    host, _, port = address.rpartition(":")
+    if "://" not in address and port.isdigit():  # Ray itself retries an address where nothing listens for minutes
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            raise ConfigError(f"{key}={address!r}: no Ray cluster answers there ({exc}); start one with "
+                              "`ray start --head` or fix the address") from None
+    try:
+        ray.init(address=address)  # an existing cluster brings its own resources
+    except (ConnectionError, RuntimeError) as exc:
+        raise ConfigError(
+            f"{key}={address!r}: cannot join that Ray cluster ({str(exc).splitlines()[0]}). Clusters started by "
+            "`ray start` check a token: set RAY_AUTH_MODE=token, with the head's ~/.ray/auth_token (or RAY_AUTH_TOKEN)"
+        ) from None
