@@ -48,7 +48,8 @@ def _check_world(worker: Worker, plan: StepPlan) -> None:
         raise ValueError(f"the step plan is for {plan.n_workers} workers, this group has {worker.world_size}")
 
 
-def _load_causal_lm(model_config: Any) -> nn.Module:
+def load_causal_lm(model_config: Any) -> nn.Module:
+    """The fp32 causal LM of ``model_config`` (``actor_rollout_ref.model``), activation checkpointing as configured."""
     model = AutoModelForCausalLM.from_pretrained(
         model_config.path, dtype=torch.float32, trust_remote_code=model_config.trust_remote_code
     )
@@ -92,9 +93,9 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         remove_padding = cfg.model.use_remove_padding
         if self._is_ref and cfg.model.lora_rank == 0:
-            self.ref = FrozenRole(self, _load_causal_lm(cfg.model), cfg.ref.fsdp_config)
+            self.ref = FrozenRole(self, load_causal_lm(cfg.model), cfg.ref.fsdp_config)
         if self._is_actor:
-            model = lora.add_adapters(_load_causal_lm(cfg.model), cfg.model)
+            model = lora.add_adapters(load_causal_lm(cfg.model), cfg.model)
             self.trained = TrainedRole(self, model, cfg.actor.fsdp_config, cfg.actor.optim, total_training_steps,
                                        compile=cfg.actor.use_torch_compile)
             if self._is_ref and cfg.model.lora_rank > 0:  # runs under lora.as_reference: adapters disabled
