@@ -34,7 +34,7 @@ from typing import Any
 from benchmarks.common import emit, machine
 
 REPO = Path(__file__).resolve().parent.parent
-STEP_KEYS = ("timing_s/", "response_length/mean", "perf/cpu_memory_peak_gb")
+STEP_KEYS = ("timing_s/", "response_length/mean")  # per-step figures whose medians are kept
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,7 +79,7 @@ def step_figures(metrics_path: Path, warmup: int) -> dict[str, float]:
     """Medians of each step's timings and response length after ``warmup`` steps, and the run's peak worker RSS."""
     steps = [row for row in map(json.loads, metrics_path.read_text().splitlines()) if "timing_s/step" in row]
     measured = steps[warmup:] or steps
-    keys = sorted({k for row in measured for k in row if k.startswith(STEP_KEYS[:2])})
+    keys = sorted({k for row in measured for k in row if k.startswith(STEP_KEYS)})
     figures = {k: statistics.median(row[k] for row in measured if k in row) for k in keys}
     figures["perf/cpu_memory_peak_gb"] = max(row.get("perf/cpu_memory_peak_gb", 0.0) for row in steps)
     figures["steps_measured"] = len(measured)

@@ -70,8 +70,10 @@ def score(source, text, ground_truth, ids):
 
 
 def reward(prompts, completions, completion_ids, data_source, reward_model, **kwargs):
+    """A chat prompt's completion comes as the assistant's messages: its text is theirs, joined."""
+    texts = [c if isinstance(c, str) else "".join(m["content"] for m in c) for c in completions]
     return [score(src, text, rm["ground_truth"], ids)
-            for src, text, rm, ids in zip(data_source, completions, reward_model, completion_ids)]
+            for src, text, rm, ids in zip(data_source, texts, reward_model, completion_ids)]
 
 
 class StepTimer(TrainerCallback):
