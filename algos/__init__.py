@@ -1,7 +1,10 @@
 """PPO-family algorithms as pure functions over tensors, one module per idea.
 
-- ``algos.advantages``: the advantage estimators and their registry (``ADV_ESTIMATORS``, ``compute_advantage``).
-- ``algos.losses``: the PPO policy loss, the value loss, loss aggregation.
+- ``algos.advantages``: the advantage estimators and their registry (``ADV_ESTIMATORS``, ``compute_advantage``);
+  the group-baseline ones are in ``algos.group_estimators``.
+- ``algos.losses``: loss aggregation, the value loss, the policy-loss registry (``POLICY_LOSSES``,
+  ``compute_policy_loss``); the policy losses are in ``algos.policy_losses``, bypass mode's rollout
+  correction in ``algos.rollout_correction``.
 - ``algos.kl``: KL estimators, the exact KL, the in-reward KL penalty and its controllers.
 - ``algos.stats``: masked statistics, log-probs and entropies from logits.
 - ``algos.linear_logprob``: log-probs, entropies and the exact KL from hidden states and an LM head, in chunks of
@@ -13,14 +16,10 @@ imports the rest of ColoRL: the driver computes advantages with it, the workers 
 
 from algos.advantages import (
     ADV_ESTIMATORS,
+    ESTIMATOR_INPUTS,
     AdvEstimator,
     compute_advantage,
-    compute_gae_advantage_return,
-    compute_grpo_outcome_advantage,
-    compute_reinforce_plus_plus_baseline_outcome_advantage,
-    compute_reinforce_plus_plus_outcome_advantage,
-    compute_remax_outcome_advantage,
-    compute_rloo_outcome_advantage,
+    estimator_needs,
     estimator_needs_critic,
     validate_adv_estimator,
 )
@@ -35,7 +34,17 @@ from algos.kl import (
     kl_full,
     kl_penalty,
 )
-from algos.losses import LOSS_AGG_MODES, POLICY_LOSS_MODES, agg_loss, compute_policy_loss, compute_value_loss
+from algos.losses import (
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    PolicyLoss,
+    agg_loss,
+    aggregate,
+    compute_policy_loss,
+    compute_value_loss,
+    policy_loss_options,
+    validate_policy_loss,
+)
 from algos.stats import (
     entropy_from_logits,
     logprobs_from_logits,
@@ -43,10 +52,12 @@ from algos.stats import (
     masked_sum,
     masked_var,
     masked_whiten,
+    sum_pi_squared_from_logits,
 )
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "ESTIMATOR_INPUTS",
     "AdaptiveKLController",
     "AdvEstimator",
     "FixedKLController",
@@ -54,19 +65,16 @@ __all__ = [
     "KL_LOSS_TYPES",
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
-    "POLICY_LOSS_MODES",
+    "POLICY_LOSSES",
+    "PolicyLoss",
     "agg_loss",
+    "aggregate",
     "apply_kl_penalty",
     "compute_advantage",
-    "compute_gae_advantage_return",
-    "compute_grpo_outcome_advantage",
     "compute_policy_loss",
-    "compute_reinforce_plus_plus_baseline_outcome_advantage",
-    "compute_reinforce_plus_plus_outcome_advantage",
-    "compute_remax_outcome_advantage",
-    "compute_rloo_outcome_advantage",
     "compute_value_loss",
     "entropy_from_logits",
+    "estimator_needs",
     "estimator_needs_critic",
     "get_kl_controller",
     "kl_full",
@@ -76,5 +84,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "policy_loss_options",
+    "sum_pi_squared_from_logits",
     "validate_adv_estimator",
+    "validate_policy_loss",
 ]

@@ -1,25 +1,28 @@
-"""Advantage estimators: GAE, GRPO, RLOO, REINFORCE++ (with and without a group baseline) and ReMax.
+"""Advantage estimators and their registry (``algorithm.adv_estimator``): verl 0.9.1's, under verl's names.
 
-Each takes ``token_level_rewards`` and ``response_mask`` (bs, response_length) plus what it needs (values, group
-ids, greedy baselines) and returns ``(advantages, returns)``, both (bs, response_length), advantages zero outside
-the mask. ``ADV_ESTIMATORS`` is the registry ``algorithm.adv_estimator`` names; ``compute_advantage`` dispatches.
+Each takes ``token_level_rewards`` and ``response_mask`` (bs, response_length) plus what it needs (values,
+group ids, greedy baselines, …) and returns ``(advantages, returns)``, both (bs, response_length), advantages
+zero outside the mask. The group-baseline estimators live in ``algos.group_estimators``. ``ADV_ESTIMATORS``
+lists, per name, the function, the inputs it needs (so the step plan knows which phases must run) and the
+``algorithm.*`` keys it reads; ``compute_advantage`` dispatches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from algos import group_estimators as ge
 from algos.stats import masked_whiten
 
 
 @torch.no_grad()
 def compute_gae_advantage_return(
-    token_level_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float, lam: float
+    token_level_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1.0, lam: float = 1.0
 ) -> tuple[Tensor, Tensor]:
     """Generalised Advantage Estimation (Schulman et al. 2016). All inputs (bs, response_length).
 
@@ -43,87 +46,23 @@ def compute_gae_advantage_return(
     return masked_whiten(advantages, mask) * mask, returns
 
 
-def _group_mean_std(scores: Tensor, index: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample (mean, unbiased std, size) of the sample's group; ``index`` (bs,) holds group ids (uids)."""
-    _, inverse = np.unique(np.asarray(index), return_inverse=True)
-    group = torch.as_tensor(inverse.reshape(-1), device=scores.device)
-    n_groups = int(group.max()) + 1
-    zeros = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
-    count = zeros.index_add(0, group, torch.ones_like(scores))
-    total = zeros.index_add(0, group, scores)
-    mean = (total / count)[group]
-    sq_dev = zeros.index_add(0, group, (scores - mean) ** 2)
-    std = (sq_dev / (count - 1).clamp_min(1)).sqrt()[group]
-    return mean, std, count[group]
-
-
-@torch.no_grad()
-def compute_grpo_outcome_advantage(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-) -> tuple[Tensor, Tensor]:
-    """GRPO (Shao et al. 2024): s = Σ_t r_t;  A = (s − mean_g) / (std_g + ε), or s − mean_g (Dr.GRPO).
-
-    std is unbiased; a group of one uses mean 0 and std 1. A is broadcast over the response tokens; returns = A.
-    """
-    scores = token_level_rewards.sum(dim=-1)
-    mean, std, count = _group_mean_std(scores, index)
-    single = count == 1
-    mean, std = mean.masked_fill(single, 0.0), std.masked_fill(single, 1.0)
-    adv = scores - mean
-    if norm_adv_by_std_in_grpo:
-        adv = adv / (std + epsilon)
-    advantages = adv.unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
-@torch.no_grad()
-def compute_rloo_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6
-) -> tuple[Tensor, Tensor]:
-    """RLOO (Ahmadian et al. 2024): A_i = s_i − mean_{j≠i, j∈g} s_j = (s_i − mean_g)·n/(n−1); groups of 1 get 0.
-
-    ``epsilon`` is accepted for a signature shared with GRPO and not used: the leave-one-out baseline has no
-    division that could vanish. returns = A.
-    """
-    scores = token_level_rewards.sum(dim=-1)
-    mean, _, count = _group_mean_std(scores, index)
-    adv = torch.where(count > 1, (scores - mean) * count / (count - 1).clamp_min(1), torch.zeros_like(scores))
-    advantages = adv.unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, gamma: float
+    token_level_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0
 ) -> tuple[Tensor, Tensor]:
-    """REINFORCE++ (Hu 2025): G_t = (r_t + γ·G_{t+1})·m_t (reset on padding),  A = whiten(G)·mask; returns = G."""
+    """REINFORCE++ (Hu 2025): G_t = r_t + γ·G_{t+1} over the masked tokens, A = whiten(G)·mask; returns = G·mask.
+
+    A masked position (e.g. a tool's output between two turns) carries G_{t+1} through unchanged, so a reward
+    after it still reaches the tokens before it.
+    """
     mask = response_mask.to(token_level_rewards.dtype)
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
     for t in reversed(range(token_level_rewards.shape[-1])):
-        running = (token_level_rewards[:, t] + gamma * running) * mask[:, t]
-        returns[:, t] = running
+        step = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = step * mask[:, t]
+        running = step * mask[:, t] + running * (1 - mask[:, t])
     return masked_whiten(returns, mask) * mask, returns
-
-
-@torch.no_grad()
-def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6
-) -> tuple[Tensor, Tensor]:
-    """REINFORCE++ with a group baseline: A = whiten((s − mean_g) over tokens)·mask; returns = A.
-
-    A group of one uses mean 0. ``epsilon`` is accepted for a signature shared with GRPO; the batch
-    whitening supplies its own stabiliser.
-    """
-    scores = token_level_rewards.sum(dim=-1)
-    mean, _, count = _group_mean_std(scores, index)
-    tiled = (scores - mean.masked_fill(count == 1, 0.0)).unsqueeze(-1) * response_mask
-    advantages = masked_whiten(tiled, response_mask) * response_mask
-    return advantages, advantages
 
 
 @torch.no_grad()
@@ -136,62 +75,138 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
+@torch.no_grad()
+def compute_optimal_token_baseline_advantage(
+    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, old_log_probs: Tensor,
+    sum_pi_squared: Tensor, handle_zero_tail: bool = True, epsilon: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """Optimal token baseline (verl's OTB): a per-position baseline weighted by each path's variance so far.
+
+    G_t = Σ_{k≥t} r_k·m_k (returns);  w_t = 1 − 2π_t + Σ_v π(v)² (π_t = exp(old_log_probs), the sampled token's
+    probability; ``sum_pi_squared`` (bs, response_length) from the actor's log-prob forward), W_t = Σ_{j≤t} w_j·m_j;
+    B_t = Σ_g G_t·W_t·m_t / (Σ_g W_t·m_t + ε) over the prompt's group, A_t = (G_t − B_t)·m_t. A group of one has
+    B = 0; with ``handle_zero_tail`` the group's single longest response gets B = 0 past the second-longest one's
+    length, where it would be its own baseline.
+    """
+    returns = (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
+    w = (1 - 2 * torch.exp(old_log_probs) + sum_pi_squared) * response_mask
+    weight = w.cumsum(dim=-1) * response_mask
+    group = ge.group_ids(index, returns.device)
+    baselines = ge.group_sum(returns * weight, group) / (ge.group_sum(weight, group) + epsilon)
+    sizes = ge.group_sum(torch.ones_like(returns[:, 0]), group)
+    baselines = baselines.masked_fill((sizes == 1).unsqueeze(-1), 0.0)
+    if handle_zero_tail:
+        lengths = response_mask.sum(dim=-1)
+        n_groups = int(group.max()) + 1
+        longest = lengths.new_zeros(n_groups).scatter_reduce(0, group, lengths, "amax")[group]
+        n_longest = ge.group_sum((lengths == longest).to(lengths.dtype), group)
+        others = torch.where(lengths == longest, -1, lengths)
+        second = others.new_full((n_groups,), -1).scatter_reduce(0, group, others, "amax")[group]
+        alone_at_top = (lengths == longest) & (n_longest == 1) & (sizes > 1)
+        tail = torch.arange(returns.shape[-1], device=returns.device) >= second.unsqueeze(-1)
+        baselines = baselines.masked_fill(alone_at_top.unsqueeze(-1) & tail, 0.0)
+    return (returns - baselines) * response_mask, returns
+
+
+@torch.no_grad()
+def compute_multi_turn_optimal_token_baseline_advantage(
+    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, old_log_probs: Tensor,
+    sum_pi_squared: Tensor, handle_zero_tail: bool = True, epsilon: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """The optimal token baseline over the model's own tokens of a multi-turn response (verl's TIR-OTB).
+
+    A tool-calling response interleaves model tokens (mask 1) with tool output (mask 0). The baseline of
+    :func:`compute_optimal_token_baseline_advantage` is aligned by position; here it is aligned by the k-th *model*
+    token: each row's model tokens are packed to the left (order kept), OTB runs on the packed rows, and the
+    advantages go back to their positions. returns = Σ_{k≥t} r_k·m_k at every position, as in OTB.
+    """
+    # a stable sort on (1 − m) puts each row's model tokens first, in their order
+    order = torch.sort((1 - response_mask).to(torch.int8), dim=-1, stable=True).indices
+    packed = [x.gather(-1, order) for x in (token_level_rewards, response_mask, old_log_probs, sum_pi_squared)]
+    packed_adv, _ = compute_optimal_token_baseline_advantage(*packed[:2], index, *packed[2:],
+                                                             handle_zero_tail=handle_zero_tail, epsilon=epsilon)
+    advantages = torch.zeros_like(packed_adv).scatter(-1, order, packed_adv) * response_mask
+    returns = (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
+    return advantages, returns
+
+
 class AdvEstimator(NamedTuple):
-    """An estimator function plus which of compute_advantage's optional arguments it takes."""
+    """An estimator function, the inputs of ``compute_advantage`` it needs, and the config keys it reads."""
 
     fn: Callable[..., tuple[Tensor, Tensor]]
-    needs: tuple[str, ...]  # optional inputs of compute_advantage this estimator cannot do without
-    options: tuple[str, ...] = ()  # scalar hyper-parameters it takes
+    needs: tuple[str, ...]  # from ESTIMATOR_INPUTS
+    options: tuple[str, ...] = ()  # algorithm.* keys
 
 
+# what each input is, and so which phase of a step must produce it (config.plan reads the registry)
+ESTIMATOR_INPUTS = {
+    "values": "the critic's values (bs, response_length)",
+    "index": "each response's prompt group (uid): rollout.n > 1",
+    "reward_baselines": "the reward of each prompt's greedy response (bs,)",
+    "old_log_probs": "the sampling policy's log-probs (bs, response_length)",
+    "sum_pi_squared": "Σ_v π(v)² at each response position, from the old-log-prob forward",
+    "reward_components": "the compute_score dict's entries named by algorithm.gdpo_reward_keys, each (bs,)",
+}
+GROUP = ("index",)
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {
     "gae": AdvEstimator(compute_gae_advantage_return, ("values",), ("gamma", "lam")),
-    "grpo": AdvEstimator(compute_grpo_outcome_advantage, ("index",), ("norm_adv_by_std_in_grpo",)),
+    "grpo": AdvEstimator(ge.compute_grpo_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
+    "grpo_vectorized": AdvEstimator(ge.compute_grpo_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
+    "grpo_passk": AdvEstimator(ge.compute_grpo_passk_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
+    "gdpo": AdvEstimator(ge.compute_gdpo_outcome_advantage, (*GROUP, "reward_components"),
+                         ("gdpo_reward_weights", "norm_adv_by_std_in_grpo")),
     "reinforce_plus_plus": AdvEstimator(compute_reinforce_plus_plus_outcome_advantage, (), ("gamma",)),
-    "reinforce_plus_plus_baseline": AdvEstimator(compute_reinforce_plus_plus_baseline_outcome_advantage, ("index",)),
-    "rloo": AdvEstimator(compute_rloo_outcome_advantage, ("index",)),
+    "reinforce_plus_plus_baseline": AdvEstimator(ge.compute_reinforce_plus_plus_baseline_outcome_advantage, GROUP),
+    "rloo": AdvEstimator(ge.compute_rloo_outcome_advantage, GROUP),
+    "rloo_vectorized": AdvEstimator(ge.compute_rloo_vectorized_outcome_advantage, GROUP),
+    "opo": AdvEstimator(ge.compute_opo_outcome_advantage, GROUP),
+    "gpg": AdvEstimator(ge.compute_gpg_outcome_advantage, GROUP),
     "remax": AdvEstimator(compute_remax_outcome_advantage, ("reward_baselines",)),
+    "optimal_token_baseline": AdvEstimator(compute_optimal_token_baseline_advantage,
+                                           (*GROUP, "old_log_probs", "sum_pi_squared")),
+    "tir_optimal_token_baseline": AdvEstimator(compute_multi_turn_optimal_token_baseline_advantage,
+                                               (*GROUP, "old_log_probs", "sum_pi_squared")),
 }
 
 
-def validate_adv_estimator(name: str) -> None:
-    """Raise ValueError listing the valid names when ``name`` is not a known advantage estimator."""
+def validate_adv_estimator(name: str) -> AdvEstimator:
+    """The registry entry of ``name``; ValueError listing the valid names when there is none."""
     if name not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown adv_estimator {name!r}; valid: {sorted(ADV_ESTIMATORS)}")
+        raise ValueError(f"unknown adv_estimator {name!r}; valid: {list(ADV_ESTIMATORS)}")
+    return ADV_ESTIMATORS[name]
+
+
+def estimator_needs(name: str, what: str) -> bool:
+    """Whether estimator ``name`` needs the input ``what`` (a key of ``ESTIMATOR_INPUTS``)."""
+    return what in validate_adv_estimator(name).needs
 
 
 def estimator_needs_critic(name: str) -> bool:
     """True when the estimator consumes critic values (only GAE)."""
-    validate_adv_estimator(name)
-    return "values" in ADV_ESTIMATORS[name].needs
+    return estimator_needs(name, "values")
 
 
 def compute_advantage(
-    adv_estimator: str,
-    *,
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    values: Tensor | None = None,
-    index: np.ndarray | None = None,
-    reward_baselines: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std_in_grpo: bool = True,
+    adv_estimator: str, *, token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, **given: Any
 ) -> tuple[Tensor, Tensor]:
-    """Dispatch to the estimator named ``adv_estimator``; returns (advantages, returns), both (bs, response_length)."""
-    validate_adv_estimator(adv_estimator)
-    est = ADV_ESTIMATORS[adv_estimator]
-    inputs = dict(
-        values=values,
-        index=index,
-        reward_baselines=reward_baselines,
-        gamma=gamma,
-        lam=lam,
-        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
-    )
-    missing = [k for k in est.needs if inputs[k] is None]
+    """Dispatch to the estimator named ``adv_estimator``; returns (advantages, returns), both (bs, response_length).
+
+    ``given`` holds inputs (``ESTIMATOR_INPUTS``; those the estimator does not need are ignored) and options by
+    name; an option not given is read from ``config`` (the ``algorithm`` config) when it has it, else the
+    function's default (verl's) applies.
+    """
+    est = validate_adv_estimator(adv_estimator)
+    every_option = {name for entry in ADV_ESTIMATORS.values() for name in entry.options}
+    unknown = set(given) - set(ESTIMATOR_INPUTS) - every_option
+    if unknown:
+        raise TypeError(f"compute_advantage got unknown arguments {sorted(unknown)}")
+    missing = [name for name in est.needs if given.get(name) is None]
     if missing:
         raise ValueError(f"adv_estimator {adv_estimator!r} needs {missing} but got None")
-    kwargs = {k: inputs[k] for k in est.needs + est.options}
+    kwargs = {name: given[name] for name in est.needs}
+    for name in est.options:
+        if name in given:
+            kwargs[name] = given[name]
+        elif hasattr(config, name):
+            kwargs[name] = getattr(config, name)
     return est.fn(token_level_rewards=token_level_rewards, response_mask=response_mask, **kwargs)
-

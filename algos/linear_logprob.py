@@ -8,6 +8,7 @@ sampling temperature τ, per chunk of rows:
     lse = logsumexp(z);   log π(y) = z_y − lse
     H = lse − Σ_v p_v·z_v,   p = exp(z − lse)                          (the entropy reuses the logsumexp)
     KL(π ‖ π_ref) = Σ_v p_v·(log p_v − log q_v),   log q = z' − lse'      (z', lse': the reference's; exact)
+    Σπ² = Σ_v p_v²                                                    (no gradient: the optimal token baseline's)
 
 Backward recomputes z chunk by chunk from what the forward kept (h, W, lse, H, KL):
 
@@ -46,15 +47,15 @@ def _rowdot(a: Tensor, b: Tensor) -> Tensor:
 
 
 class _LinearLogProbs(torch.autograd.Function):
-    """Autograd of ``linear_log_probs``; outputs (log π(y), H, KL or an empty tensor)."""
+    """Autograd of ``linear_log_probs``; outputs (log π(y), H, KL or an empty tensor, Σπ²)."""
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
                 ref_hidden: Tensor | None, ref_weight: Tensor | None, ref_bias: Tensor | None,
-                temperature: float, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+                temperature: float, rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         n = hidden.shape[0]
         log_probs, entropy = hidden.new_empty(n, dtype=torch.float32), hidden.new_empty(n, dtype=torch.float32)
-        lse = torch.empty_like(log_probs)
+        lse, sum_p2 = torch.empty_like(log_probs), torch.empty_like(log_probs)
         with_ref = ref_hidden is not None
         kl, ref_lse = (torch.empty_like(log_probs), torch.empty_like(log_probs)) if with_ref else (None, None)
         for start in range(0, n, rows):
@@ -64,6 +65,7 @@ class _LinearLogProbs(torch.autograd.Function):
             log_probs[part] = z.gather(-1, labels[part, None]).squeeze(-1) - lse[part]
             p = torch.exp(z - lse[part, None])
             entropy[part] = lse[part] - _rowdot(p, z)
+            sum_p2[part] = _rowdot(p, p)
             if with_ref:
                 log_q = head_logits(ref_hidden[part], ref_weight, ref_bias, temperature)
                 ref_lse[part] = torch.logsumexp(log_q, dim=-1)
@@ -74,10 +76,12 @@ class _LinearLogProbs(torch.autograd.Function):
                               ref_lse, kl)
         ctx.temperature, ctx.rows = temperature, rows
         ctx.set_materialize_grads(False)
-        return log_probs, entropy, kl if with_ref else log_probs.new_empty(0)
+        ctx.mark_non_differentiable(sum_p2)
+        return log_probs, entropy, kl if with_ref else log_probs.new_empty(0), sum_p2
 
     @staticmethod
-    def backward(ctx: Any, grad_log_probs: Tensor | None, grad_entropy: Tensor | None, grad_kl: Tensor | None):
+    def backward(ctx: Any, grad_log_probs: Tensor | None, grad_entropy: Tensor | None, grad_kl: Tensor | None,
+                 _grad_sum_p2: None):
         hidden, weight, bias, labels, lse, entropy, ref_hidden, ref_weight, ref_bias, ref_lse, kl = ctx.saved_tensors
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if want_hidden else None
@@ -131,15 +135,17 @@ def linear_log_probs(
     bias: Tensor | None = None,
     temperature: float = 1.0,
     ref: tuple[Tensor, Tensor, Tensor | None] | None = None,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(log π(y) (N,), entropy H (N,), KL(π ‖ π_ref) (N,) or None), all fp32, of the head ``weight`` (V, H) (+
-    ``bias``) on ``hidden`` (N, H) for the tokens ``labels`` (N,) at ``temperature``.
+) -> dict[str, Tensor]:
+    """``log_probs`` log π(y), ``entropy`` H, ``sum_pi_squared`` Σπ² (and with ``ref`` ``kl``, KL(π ‖ π_ref)), each
+    (N,) fp32, of the head ``weight`` (V, H) (+ ``bias``) on ``hidden`` (N, H) for the tokens ``labels`` (N,) at
+    ``temperature``.
 
-    ``ref`` = (hidden, weight, bias) of the reference policy at the same N positions adds the exact KL; it gets no
-    gradient. Differentiable in ``hidden``, ``weight`` and ``bias``; an output whose gradient is not needed (an
+    ``ref`` = (hidden, weight, bias) of the reference policy at the same N positions; it gets no gradient.
+    Differentiable in ``hidden``, ``weight`` and ``bias`` (Σπ² is not); an output whose gradient is not needed (an
     entropy only logged) costs nothing in backward.
     """
     ref_hidden, ref_weight, ref_bias = (t.detach() if t is not None else None for t in (ref or (None, None, None)))
-    log_probs, entropy, kl = _LinearLogProbs.apply(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias,
-                                                   float(temperature), chunk_rows(weight.shape[0]))
-    return log_probs, entropy, kl if ref is not None else None
+    log_probs, entropy, kl, sum_p2 = _LinearLogProbs.apply(hidden, weight, bias, labels, ref_hidden, ref_weight,
+                                                           ref_bias, float(temperature), chunk_rows(weight.shape[0]))
+    out = {"log_probs": log_probs, "entropy": entropy, "sum_pi_squared": sum_p2}
+    return {**out, "kl": kl} if ref is not None else out

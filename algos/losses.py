@@ -1,96 +1,170 @@
-"""Losses: the dual-clip PPO policy surrogate (token or sequence ratio), the clipped value loss, and how a
-(bs, response_length) loss matrix is aggregated to a scalar.
+"""Loss aggregation, the clipped value loss, and the policy-loss registry (``actor.policy_loss.loss_mode``).
 
-Losses return ``(loss, metrics)``; metrics map namespaced names (``actor/pg_loss``, ``critic/vf_loss``) to
-detached scalar tensors, so no host sync happens here.
+A policy loss is a pure function from log-probs and advantages to a (bs, response_length) loss matrix plus
+metrics (``algos.policy_losses``); ``compute_policy_loss`` reads its options from the actor config by the names
+its registry entry lists, and aggregates the matrix (``agg_loss``). Metrics map namespaced names
+(``actor/pg_loss``, ``critic/vf_loss``) to detached scalar tensors, so no host sync happens here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import reduce
+from typing import Any, NamedTuple
+
 import torch
 from torch import Tensor
 
+from algos import policy_losses as pl
+from algos.rollout_correction import ROLLOUT_CORRECTION_OPTIONS, compute_policy_loss_bypass_mode
 from algos.stats import masked_mean, masked_sum
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-POLICY_LOSS_MODES = ("vanilla", "gspo")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def agg_loss(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> Tensor:
-    """Reduce a (bs, response_length) loss matrix to a scalar.
+def agg_loss(
+    loss_mat: Tensor,
+    loss_mask: Tensor,
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: float | None = None,
+    global_batch_size: float | None = None,
+    loss_scale_factor: float | None = None,
+) -> Tensor:
+    """Reduce a (bs, response_length) loss matrix to a scalar (verl 0.9.1's ``agg_loss``).
 
-    token-mean: Σ L·m / Σ m;  seq-mean-token-sum: mean_i Σ_t L·m;  seq-mean-token-mean: mean_i (Σ_t L·m / Σ_t m);
-    seq-mean-token-sum-norm: Σ L·m / response_length (Dr.GRPO: a constant normaliser, no length bias).
+    token-mean: Σ L·m / N;  token-sum: Σ L·m;  seq-mean-token-sum: Σ_i (Σ_t L·m) / S;
+    seq-mean-token-mean: Σ_i (Σ_t L·m / Σ_t m) / S;  seq-mean-token-sum-norm: Σ_i (Σ_t L·m) / S / K (Dr.GRPO),
+    with N the batch's tokens, S its sequences with at least one token, K = ``loss_scale_factor`` or the
+    response length. Given the global mini-batch's ``batch_num_tokens`` and ``global_batch_size`` (which counts
+    every sequence), the result is this micro-batch's share of the mini-batch's loss, times ``dp_size`` because
+    data-parallel ranks average their gradients.
     """
     if loss_agg_mode == "token-mean":
-        return masked_mean(loss_mat, loss_mask)
-    if loss_agg_mode == "seq-mean-token-sum":
-        return masked_sum(loss_mat, loss_mask, dim=-1).mean()
+        tokens = loss_mask.sum().clamp_min(1e-8) if batch_num_tokens is None else batch_num_tokens
+        return masked_sum(loss_mat, loss_mask) / tokens * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask) * dp_size
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(LOSS_AGG_MODES)}")
+    seq_tokens = loss_mask.sum(dim=-1)
+    seq_losses = masked_sum(loss_mat, loss_mask, dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
-        return masked_mean(loss_mat, loss_mask, dim=-1).mean()
+        seq_losses = seq_losses / (seq_tokens + 1e-8)
+    seq_mask = (seq_tokens > 0).to(loss_mat.dtype)  # an empty sequence is no sequence
+    sequences = seq_mask.sum().clamp_min(1.0) if global_batch_size is None else global_batch_size
+    loss = masked_sum(seq_losses, seq_mask) / sequences * dp_size
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        return masked_sum(loss_mat, loss_mask) / loss_mask.shape[-1]
-    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(LOSS_AGG_MODES)}")
+        loss = loss / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+    return loss
 
 
-def _log_ratio(old_log_prob: Tensor, log_prob: Tensor, response_mask: Tensor, loss_mode: str) -> Tensor:
-    """log π/π_old per token (vanilla) or the GSPO-token form sg[log s_i] + log π_t − sg[log π_t]."""
-    if loss_mode == "vanilla":
-        return (log_prob - old_log_prob).clamp(-20.0, 20.0)
-    if loss_mode == "gspo":
-        # s_i = exp(mean_t log π/π_old): a length-normalised sequence ratio whose per-token gradient is s_i·∇log π_t.
-        seq_log_ratio = masked_mean(log_prob - old_log_prob, response_mask, dim=-1).detach().clamp(-20.0, 20.0)
-        return seq_log_ratio.unsqueeze(-1) + log_prob - log_prob.detach()
-    raise ValueError(f"unknown policy loss_mode {loss_mode!r}; valid: {list(POLICY_LOSS_MODES)}")
+def aggregate(
+    loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str, loss_scale_factor: float | None = None,
+    global_batch: dict[str, float] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(the loss to backpropagate, its value on this batch alone for metrics), both via ``agg_loss``.
+
+    ``global_batch`` holds ``agg_loss``'s dp_size, batch_num_tokens and global_batch_size of the mini-batch
+    this micro-batch is part of; without it the two are the same.
+    """
+    local = agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor)
+    if not global_batch:
+        return local, local.detach()
+    share = agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor, **global_batch)
+    return share, local.detach()
+
+
+class PolicyLoss(NamedTuple):
+    """A policy-loss function, the config keys it reads and the batch inputs it needs beyond the PPO ones."""
+
+    fn: Callable[..., pl.PolicyLossTerms]
+    # keys under actor_rollout_ref.actor.policy_loss, else actor_rollout_ref.actor (dotted: a sub-section)
+    options: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # e.g. rollout_log_probs (the rollout engine's per-token log-probs)
+    agg_mode: str | None = None  # the aggregation it always uses; None: actor.loss_agg_mode
+
+
+CLIP = ("clip_ratio_low", "clip_ratio_high")
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "vanilla": PolicyLoss(pl.compute_policy_loss_vanilla, (*CLIP, "clip_ratio_c")),
+    "gspo": PolicyLoss(pl.compute_policy_loss_gspo, CLIP),
+    "sapo": PolicyLoss(pl.compute_policy_loss_sapo, ("tau_pos", "tau_neg"), agg_mode="seq-mean-token-mean"),
+    "cispo": PolicyLoss(pl.compute_policy_loss_cispo, CLIP),
+    "gpg": PolicyLoss(pl.compute_policy_loss_gpg),
+    "geo_mean": PolicyLoss(pl.compute_policy_loss_geo_mean, CLIP, agg_mode="seq-mean-token-mean"),
+    "dppo_tv": PolicyLoss(pl.compute_policy_loss_dppo_tv, (*CLIP, "clip_ratio_c")),
+    "dppo_kl": PolicyLoss(pl.compute_policy_loss_dppo_kl, (*CLIP, "clip_ratio_c")),
+    "dro": PolicyLoss(pl.compute_policy_loss_dro, ("dro_beta",)),
+    "clip_cov": PolicyLoss(pl.compute_policy_loss_clip_cov, (*CLIP, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
+    "kl_cov": PolicyLoss(pl.compute_policy_loss_kl_cov, ("kl_cov_ratio", "ppo_kl_coef")),
+    "bypass_mode": PolicyLoss(compute_policy_loss_bypass_mode, (*CLIP, "clip_ratio_c", *ROLLOUT_CORRECTION_OPTIONS),
+                              needs=("rollout_log_probs",)),
+}
+
+
+def validate_policy_loss(loss_mode: str) -> PolicyLoss:
+    """The registry entry of ``loss_mode``; ValueError listing the valid names when there is none."""
+    if loss_mode not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss_mode {loss_mode!r}; valid: {list(POLICY_LOSSES)}")
+    return POLICY_LOSSES[loss_mode]
+
+
+def policy_loss_options(loss_mode: str, config: Any) -> dict[str, Any]:
+    """The options ``loss_mode`` reads from an actor config: ``config.policy_loss.<name>``, else ``config.<name>``.
+
+    A dotted name is read from that sub-section (its last part is the argument). ``clip_ratio_low`` /
+    ``clip_ratio_high`` set to null fall back to ``clip_ratio``.
+    """
+    options = {}
+    for name in validate_policy_loss(loss_mode).options:
+        section = config.policy_loss if hasattr(config.policy_loss, name.partition(".")[0]) else config
+        value = reduce(getattr, name.split("."), section)
+        if name in CLIP and value is None:
+            value = config.clip_ratio
+        options[name.rpartition(".")[2]] = value
+    return options
 
 
 def compute_policy_loss(
+    loss_mode: str,
     old_log_prob: Tensor,
     log_prob: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
-    loss_mode: str = "vanilla",
+    config: Any = None,
+    rollout_log_probs: Tensor | None = None,
+    global_batch: dict[str, float] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Dual-clip PPO surrogate (Ye et al. 2020) on a per-token (vanilla) or sequence-level (gspo) ratio.
-
-    ρ = exp(log π − log π_old)  (gspo: exp of the sequence's mean log-ratio, with each token's gradient),
-    L1 = −A·ρ,  L2 = −A·clip(ρ, 1−ε_low, 1+ε_high),  L = max(L1, L2);  for A < 0: L = min(L, −A·c).
+    """The policy loss named ``loss_mode`` (``POLICY_LOSSES``), aggregated: (scalar loss, metrics).
 
     Args:
-        old_log_prob: (bs, response_length) log-probs of the sampled tokens under the policy that sampled them.
-        log_prob: (bs, response_length) the same under the current policy (carries the gradient).
+        old_log_prob, log_prob: (bs, response_length) log-probs of the sampled tokens under the policy that
+            sampled them and under the current policy (which carries the gradient).
         advantages: (bs, response_length), zero outside the mask.
         response_mask: (bs, response_length) 1 on response tokens, 0 on padding.
-        clip_ratio_low, clip_ratio_high: ε_low, ε_high of the clip range [1−ε_low, 1+ε_high].
-        clip_ratio_c: c > 1, the dual-clip bound on the loss of a negative-advantage token.
-        loss_agg_mode: how the (bs, response_length) loss matrix becomes a scalar (``agg_loss``).
-        loss_mode: ``vanilla`` (token ratio) or ``gspo`` (sequence ratio).
+        loss_agg_mode: ``agg_loss``'s mode, unless the loss has its own (``PolicyLoss.agg_mode``).
+        config: the actor config (``actor_rollout_ref.actor``) the loss's options are read from; None: the
+            functions' defaults, which are verl's.
+        rollout_log_probs: (bs, response_length), for the losses that need them (``PolicyLoss.needs``), which
+            take them as the old policy's.
+        global_batch: see ``aggregate``.
 
     Returns:
-        (scalar loss, metrics): actor/pg_loss, actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower.
+        (loss, metrics): the loss's own metrics plus actor/pg_loss, the aggregated loss of this batch alone.
     """
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
-    ratio = torch.exp(_log_ratio(old_log_prob, log_prob, response_mask, loss_mode))
-    loss1 = -advantages * ratio
-    loss2 = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    clipped = torch.maximum(loss1, loss2)
-    loss3 = -advantages * clip_ratio_c  # caps how far a very large ratio can push down a negative-advantage token
-    negative = advantages < 0
-    pg_losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
-    with torch.no_grad():
-        metrics = {
-            "actor/pg_loss": pg_loss.detach(),
-            "actor/pg_clipfrac": masked_mean((loss2 > loss1).float(), response_mask),
-            "actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask),
-            "actor/pg_clipfrac_lower": masked_mean(((clipped > loss3) & negative).float(), response_mask),
-        }
-    return pg_loss, metrics
+    entry = validate_policy_loss(loss_mode)
+    options = {} if config is None else policy_loss_options(loss_mode, config)
+    if "rollout_log_probs" in entry.needs:
+        if rollout_log_probs is None:
+            raise ValueError(f"policy loss_mode {loss_mode!r} needs rollout_log_probs")
+        old_log_prob = rollout_log_probs  # as verl's bypass mode: the rollout engine's policy is the old one
+    terms = entry.fn(old_log_prob, log_prob, advantages, response_mask, **options)
+    mask = response_mask if terms.mask is None else terms.mask
+    loss_scale_factor = None if config is None else config.loss_scale_factor
+    loss, local = aggregate(terms.losses, mask, entry.agg_mode or loss_agg_mode, loss_scale_factor, global_batch)
+    return loss, {**terms.metrics, "actor/pg_loss": local}
 
 
 def compute_value_loss(
@@ -100,6 +174,8 @@ def compute_value_loss(
     response_mask: Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
+    global_batch: dict[str, float] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss: 0.5·agg(max((V̂ − R)², (clip(V̂, V − c, V + c) − R)²)).
 
@@ -109,20 +185,20 @@ def compute_value_loss(
         values: (bs, response_length) V, the values at rollout time (the clip's centre).
         response_mask: (bs, response_length) 1 on response tokens.
         cliprange_value: c, how far V̂ may move from V before its loss stops shrinking.
-        loss_agg_mode: see ``agg_loss``.
+        loss_agg_mode, loss_scale_factor, global_batch: see ``agg_loss`` and ``aggregate``.
 
     Returns:
-        (scalar loss, metrics): critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean.
+        (scalar loss, metrics): critic/vf_loss (this batch alone), critic/vf_clipfrac, critic/vpred_mean.
     """
     vpred_clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
     loss1 = (vpreds - returns) ** 2
     loss2 = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(torch.maximum(loss1, loss2), response_mask, loss_agg_mode)
+    loss, local = aggregate(torch.maximum(loss1, loss2), response_mask, loss_agg_mode, loss_scale_factor,
+                            global_batch)
     with torch.no_grad():
         metrics = {
-            "critic/vf_loss": vf_loss.detach(),
+            "critic/vf_loss": 0.5 * local,
             "critic/vf_clipfrac": masked_mean((loss2 > loss1).float(), response_mask),
             "critic/vpred_mean": masked_mean(vpreds, response_mask),
         }
-    return vf_loss, metrics
-
+    return 0.5 * loss, metrics

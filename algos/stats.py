@@ -10,8 +10,8 @@ from torch import Tensor
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Σ values·mask over ``dim`` (all elements when None)."""
-    return (values * mask).sum(dim=dim)
+    """Σ values·mask over ``dim`` (all elements when None); a NaN or inf outside the mask does not leak in."""
+    return (torch.where(mask.bool(), values, 0.0) * mask).sum(dim=dim)
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -38,7 +38,6 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tens
     return whitened if shift_mean else whitened + mean
 
 
-
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy (...) of softmax(logits (..., V)): H = logsumexp(z) − Σ softmax(z)·z (no log of tiny probs)."""
     probs = torch.softmax(logits, dim=-1)
@@ -50,3 +49,8 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
     picked = logits.gather(dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
+
+
+def sum_pi_squared_from_logits(logits: Tensor) -> Tensor:
+    """Σ_v π(v)² (...) of π = softmax(logits (..., V)) = exp(logsumexp(2z) − 2·logsumexp(z)); 1 for one token."""
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))

@@ -11,11 +11,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from algos.advantages import ADV_ESTIMATORS, estimator_needs_critic
+from algos.advantages import estimator_needs, estimator_needs_critic
+from algos.losses import validate_policy_loss
 from config.checks import ConfigError, is_int
+
+ROLLOUT_LOG_PROBS = ("needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true "
+                     "(verl's key), with the single-turn rollout (rollout.multi_turn.enable=false)")
 
 # What each worker call needs from the batch: sending only these keeps Ray transfers small.
 GEN_KEYS = ("input_ids", "attention_mask", "position_ids")
+AGENT_KEYS = ("raw_prompt", "agent_name", "tools_kwargs")  # non-tensors the multi-turn rollout reads, when present
 LOG_PROB_KEYS = (*GEN_KEYS, "responses")
 FORWARD_KEYS = (*LOG_PROB_KEYS, "response_mask")
 CRITIC_UPDATE_KEYS = (*FORWARD_KEYS, "values", "returns")
@@ -31,15 +36,24 @@ def uses_ref_log_prob(actor: Any) -> bool:
     return bool(actor.use_kl_loss) and not uses_full_kl(actor)
 
 
+def rollout_log_probs(cfg: Any) -> bool:
+    """The rollout returns rollout_log_probs: ``rollout.calculate_log_probs``, single-turn (the multi-turn loop's
+    tool tokens are not sampled, and it computes none)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return bool(rollout.calculate_log_probs) and not rollout.multi_turn.enable
+
+
 def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
     return ppo_epochs == 1 and mini_batch_size >= rows
 
 
 def actor_update_keys(actor: Any, old_log_probs: bool) -> tuple[str, ...]:
-    """The batch keys ``update_actor`` reads: without old_log_probs the update is on-policy (see is_single_step)."""
+    """The batch keys ``update_actor`` reads: without old_log_probs the update is on-policy (see is_single_step);
+    the policy loss's own needs (``algos.POLICY_LOSSES``, e.g. rollout_log_probs) come along."""
     return (*FORWARD_KEYS, "advantages", *(("old_log_probs",) if old_log_probs else ()),
-            *(("ref_log_prob",) if uses_ref_log_prob(actor) else ()))
+            *(("ref_log_prob",) if uses_ref_log_prob(actor) else ()),
+            *validate_policy_loss(actor.policy_loss.loss_mode).needs)
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,8 @@ class StepPlan:
     # rollout.calculate_log_probs: the rollout's log-probs of its samples are the old log-probs (no forward)
     old_log_prob_from_rollout: bool
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
+    compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
+    compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
     actor_update_keys: tuple[str, ...]
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
@@ -88,10 +104,15 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     critic = uses_critic(cfg)
     use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
     lora = cfg.actor_rollout_ref.model.lora_rank > 0
-    on_policy_step = (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward
-                      and is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size))
-    from_rollout = bool(rollout.calculate_log_probs) and not on_policy_step
-    recompute = not (on_policy_step or from_rollout)
+    # the estimator reading old log-probs (or Σπ², computed with them) needs them before the update
+    needs_old = estimator_needs(algo.adv_estimator, "old_log_probs")
+    on_policy = is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size)
+    own_log_probs = not needs_old and actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy
+    sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
+    # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²) or the multi-turn loop
+    # samples (its tool tokens have no sampled log-prob)
+    from_rollout = rollout_log_probs(cfg) and not own_log_probs and not sum_pi_squared
+    recompute = not (own_log_probs or from_rollout)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
     arr = "actor_rollout_ref"
     _require_micro(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", rollout.log_prob_micro_batch_size_per_gpu,
@@ -109,6 +130,8 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         recompute_old_log_prob=recompute,
         old_log_prob_from_rollout=from_rollout,
         compute_ref_log_prob=ref_log_prob,
+        compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
+        compute_sum_pi_squared=sum_pi_squared,
         actor_update_keys=actor_update_keys(actor, old_log_probs=recompute or from_rollout),
         actor_mini_batch_size=_mini_batch_per_rank("actor_rollout_ref.actor", actor, ("actor_rollout_ref.rollout.n",
                                                    rollout.n), data.train_batch_size, n_workers),
@@ -144,7 +167,21 @@ def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) 
 
 def _check_estimator(cfg: Any) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if "index" in ADV_ESTIMATORS[estimator].needs and n < 2:  # the baseline comes from the prompt's group
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if "rollout_log_probs" in validate_policy_loss(loss_mode).needs and not rollout_log_probs(cfg):
+        raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: {ROLLOUT_LOG_PROBS}")
+    corr = cfg.algorithm.rollout_correction
+    for key in ("bypass_mode", "rollout_is", "rollout_rs"):
+        if getattr(corr, key) and not rollout_log_probs(cfg):
+            raise ConfigError(f"algorithm.rollout_correction.{key}={getattr(corr, key)}: {ROLLOUT_LOG_PROBS}")
+    # ColoRL's rollout is the pre-update policy: its log-probs are the old ones (bypass mode) whenever computed;
+    # weights, rejection and the reinforce loss are the bypass loss's, which must then be the one configured
+    corrected = corr.rollout_is or corr.rollout_rs or (corr.bypass_mode and corr.loss_type != "ppo_clip")
+    if corrected and loss_mode != "bypass_mode":
+        raise ConfigError(f"algorithm.rollout_correction (rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}, "
+                          f"loss_type={corr.loss_type}): applied by the bypass loss only; set "
+                          "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode")
+    if estimator_needs(estimator, "index") and n < 2:  # the baseline comes from the prompt's group
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
                           "responses to one prompt, so it needs rollout.n > 1")
     needs_critic = estimator_needs_critic(estimator)

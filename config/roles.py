@@ -8,10 +8,12 @@ does not have are accepted with verl's defaults and checked in ``config.verl``.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, List, Literal, Optional
 
 from algos.kl import KL_LOSS_TYPES
+from algos.losses import LOSS_AGG_MODES, POLICY_LOSSES
 from config.checks import (
     ConfigError,
     check,
@@ -28,8 +30,8 @@ from config.checks import (
 # verl's spellings too; fp16 would need loss scaling, which the updates do not do
 ParamDtype = Literal["auto", "native", "bf16", "fp32", "bfloat16", "float32"]
 ReduceDtype = Literal["fp32", "bf16", "float32", "bfloat16"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-PolicyLossMode = Literal["vanilla", "gspo"]  # token-level dual-clip PPO | sequence-level ratio (GSPO)
+LossAggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]
+PolicyLossMode = Literal[tuple(POLICY_LOSSES)]  # type: ignore[valid-type]
 KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
 
 
@@ -112,8 +114,42 @@ class RefFSDPConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction``: importance weights and rejection between the rollout engine's
+    policy and the trained one (``algos.rollout_correction``). Every switch needs the rollout's per-token
+    log-probs (``rollout.calculate_log_probs``; ``config.plan`` checks). ColoRL's rollout is the pre-update policy
+    itself, so its log-probs are the old ones whenever computed: bypass mode is the only mode."""
+
+    rollout_is: Optional[Literal["token", "sequence"]] = None  # importance weights per token or per sequence
+    rollout_is_threshold: Any = 2.0  # truncate at it, or "lower_upper": zero weights outside (IcePop)
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: Optional[str] = None  # rejection options, comma-separated (e.g. "token_k1,seq_mean_k3")
+    rollout_rs_threshold: Any = None
+    bypass_mode: bool = False  # the rollout's log-probs are the old policy's (loss_mode bypass_mode)
+    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode's loss
+
+
+@dataclass(frozen=True)
 class PolicyLossConfig:
+    """``actor.policy_loss``: which loss (``algos.losses.POLICY_LOSSES``) and the options only some losses read."""
+
     loss_mode: PolicyLossMode = "vanilla"
+    clip_cov_ratio: float = 0.0002  # clip_cov: the fraction of tokens detached
+    clip_cov_lb: float = 1.0  # clip_cov: the covariance band tokens are drawn from
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # kl_cov: the fraction of tokens penalised
+    ppo_kl_coef: float = 0.1  # kl_cov: the penalty's coefficient
+    dro_beta: Optional[float] = None  # dro: the quadratic log-ratio penalty's β (required)
+    # bypass_mode reads these; verl copies algorithm.rollout_correction here when bypass mode is on
+    rollout_correction: RolloutCorrectionConfig = "${algorithm.rollout_correction}"  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        positive(self, "clip_cov_ratio", "kl_cov_ratio")
+        non_negative(self, "ppo_kl_coef")
+        check(self, ["dro_beta"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
+        if self.loss_mode == "dro" and self.dro_beta is None:
+            raise ConfigError.invalid("dro_beta", None, "the dro loss needs its penalty coefficient β > 0 "
+                                      "(e.g. policy_loss.dro_beta=0.1)")
 
 
 @dataclass(frozen=True)
@@ -125,10 +161,12 @@ class ActorConfig:
     ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
     ppo_epochs: int = 1
     shuffle: bool = False
-    clip_ratio: float = 0.2
-    clip_ratio_low: Optional[float] = None  # null -> clip_ratio
-    clip_ratio_high: Optional[float] = None
-    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages
+    clip_ratio: float = 0.2  # read only where clip_ratio_low/high are null
+    clip_ratio_low: Optional[float] = 0.2  # verl's default: 0.2 (not clip_ratio); null -> clip_ratio
+    clip_ratio_high: Optional[float] = 0.2
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; DPPO's importance-weight truncation
+    tau_pos: float = 1.0  # SAPO's gate temperature where the advantage is positive
+    tau_neg: float = 1.05  # ... and where it is not
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -141,6 +179,8 @@ class ActorConfig:
     use_torch_compile: bool = False
     grad_clip: float = 1.0
     loss_agg_mode: LossAggMode = "token-mean"
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor; null -> the response length
+    calculate_sum_pi_squared: bool = False  # return Σπ² with the old log-probs (on anyway when the estimator needs it)
     ulysses_sequence_parallel_size: int = 1  # verl's sequence parallelism; ColoRL runs whole sequences per rank
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -153,7 +193,14 @@ class ActorConfig:
         check(self, ["clip_ratio_low", "clip_ratio_high"], lambda v: v is None or (is_number(v) and v > 0),
               "must be null (use clip_ratio) or > 0")
         check(self, ["clip_ratio_c"], lambda v: is_number(v) and v > 1, "must be > 1")
+        positive(self, "tau_pos", "tau_neg")
+        check(self, ["loss_scale_factor"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
         non_negative(self, "kl_loss_coef")
+        low, high = self.clip_ratio_low, self.clip_ratio_high
+        if self.clip_ratio != 0.2 and low is not None and high is not None and (low, high) != (self.clip_ratio,) * 2:
+            warnings.warn(f"actor_rollout_ref.actor.clip_ratio={self.clip_ratio} is not used: clip_ratio_low={low} "
+                          f"and clip_ratio_high={high} are set (verl's defaults are 0.2, not clip_ratio); set them, "
+                          "or null to follow clip_ratio", stacklevel=2)
 
 
 @dataclass(frozen=True)
@@ -173,13 +220,53 @@ class ValKwargs:
 
 @dataclass(frozen=True)
 class MultiTurnConfig:
-    enable: bool = False  # tool-calling rollouts: not in ColoRL
-    format: str = "hermes"
+    """Tool-calling rollouts (``workers.agent_loop``): verl's ``rollout.multi_turn`` keys with verl's meaning.
+
+    Rows whose ``agent_name`` (or ``rollout.agent.default_agent_loop``) is ``tool_agent`` generate assistant
+    turns, call the tools of ``tool_config_path`` / ``function_tool_path`` (docs/tools.md) and continue until an
+    answer without a call or a limit. null turn limits mean no limit (the response length still bounds a row).
+    """
+
+    enable: bool = False
+    max_assistant_turns: Optional[int] = None
+    tool_config_path: Optional[str] = None  # verl's tool YAML: tools: [{class_name, config, tool_schema}]
+    function_tool_path: Optional[str] = None  # a Python file of @function_tool functions
+    max_user_turns: Optional[int] = None  # tool-response turns count as user turns (verl)
+    max_parallel_calls: int = 1  # calls run per assistant turn; later ones in the same turn are dropped
+    max_tool_response_length: int = 256  # characters of one tool response; the rest is cut on truncate_side
+    # which part is cut: left keeps the start, right keeps the end, middle keeps both ends (verl's meaning)
+    tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
+    interaction_config_path: Optional[str] = None  # verl's simulated user: refused (not in ColoRL)
+    use_inference_chat_template: bool = False  # false: later turns see the recorded token ids (ColoRL always)
+    # compare the turn-by-turn token ids with a tokenization of the whole conversation at the end of each rollout
+    tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = "strict"
+    format: Literal["hermes"] = "hermes"  # <tool_call>{"name": ..., "arguments": ...}</tool_call>
+    num_repeat_rollouts: Optional[int] = None  # verl's per-row repeats; ColoRL repeats prompts with rollout.n
+    tool_timeout_s: float = 30.0  # ColoRL: a tool call (or create/release) running longer ends with an error
 
     def __post_init__(self) -> None:
-        if self.enable:  # ignoring it would train on single-turn answers instead: refused, not warned
-            raise ConfigError.invalid("enable", True, "ColoRL has no multi-turn (tool-calling) rollout; "
-                                      "its rollout is single-turn generation (set it to false)")
+        optional_positive_int(self, "max_assistant_turns", "max_user_turns")
+        positive_int(self, "max_parallel_calls", "max_tool_response_length")
+        positive(self, "tool_timeout_s")
+        if self.interaction_config_path is not None:  # ignoring it would train without the simulated user
+            raise ConfigError.invalid("interaction_config_path", self.interaction_config_path,
+                                      "verl's simulated-user interactions are not in ColoRL; set it to null")
+
+
+@dataclass(frozen=True)
+class AgentLoopConfig:
+    """verl's ``rollout.agent``: which loop a row without ``agent_name`` uses."""
+
+    num_workers: int = 8  # verl's agent-loop processes; ColoRL runs the loop in each rollout worker
+    default_agent_loop: Literal["single_turn_agent", "tool_agent"] = "single_turn_agent"
+    agent_loop_config_path: Optional[str] = None  # custom agent-loop classes: refused (not in ColoRL)
+
+    def __post_init__(self) -> None:
+        positive_int(self, "num_workers")
+        if self.agent_loop_config_path is not None:
+            raise ConfigError.invalid("agent_loop_config_path", self.agent_loop_config_path,
+                                      "custom agent loops are not in ColoRL (single_turn_agent and tool_agent "
+                                      "are built in); set it to null")
 
 
 @dataclass(frozen=True)
@@ -213,6 +300,7 @@ class RolloutConfig:
     free_cache_engine: bool = True
     enable_chunked_prefill: bool = True
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
     def __post_init__(self) -> None:
         check_sampling(self)
@@ -265,6 +353,7 @@ class CriticConfig:
     cliprange_value: float = 0.5
     grad_clip: float = 1.0
     loss_agg_mode: LossAggMode = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
+    loss_scale_factor: Optional[float] = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl's critic.model.fsdp_config (an alias)
 

@@ -25,7 +25,7 @@ from config.checks import (
     positive_int,
     unit_interval,
 )
-from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, RolloutCorrectionConfig
 
 AdvEstimator = Literal[tuple(ADV_ESTIMATORS)]  # type: ignore[valid-type]
 KLPenaltyType = Literal[KL_PENALTY_TYPES]  # type: ignore[valid-type]
@@ -99,11 +99,36 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: KLPenaltyType = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    gdpo_reward_keys: Optional[List[str]] = None  # gdpo: the compute_score dict's entries normalised one by one
+    gdpo_reward_weights: Optional[List[float]] = None  # gdpo: their weights (null: 1 each)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
 
     def __post_init__(self) -> None:
         unit_interval(self, "gamma", "lam")
+        keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
+        if self.adv_estimator == "gdpo" and not keys:
+            raise ConfigError.invalid("gdpo_reward_keys", keys, "gdpo normalises each reward component on its own: "
+                                      "list the keys of the dict your compute_score returns, e.g. [format, accuracy]")
+        if keys and weights is not None and len(weights) != len(keys):
+            raise ConfigError.invalid("gdpo_reward_weights", weights, f"needs one weight per key of {keys}")
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """When the run's health warnings fire (``trainer.health``): a pattern must hold ``patience`` steps in a row
+    (the reward-against-held-out one ``divergence_validations`` validations in a row); each warns once."""
+
+    patience: int = 10
+    entropy_collapse_ratio: float = 0.1  # actor/entropy below this share of its first value
+    max_clip_ratio: float = 0.5  # share of responses cut at data.max_response_length
+    max_all_equal_share: float = 0.9  # share of prompt groups whose responses all got the same reward
+    divergence_validations: int = 2  # the training score rose and a held-out score fell, validation after validation
+
+    def __post_init__(self) -> None:
+        positive_int(self, "patience", "divergence_validations")
+        unit_interval(self, "entropy_collapse_ratio", "max_clip_ratio", "max_all_equal_share")
 
 
 @dataclass(frozen=True)
@@ -129,11 +154,16 @@ class TrainerConfig:
     # auto: latest complete checkpoint in default_local_dir | disable | resume_path
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: Optional[str] = None  # a global_step_N directory (resume_mode=resume_path)
+    # keys (or prefixes) that may differ from the config a resumed checkpoint was saved with (trainer.fingerprint)
+    resume_accept_changes: List[str] = field(default_factory=list)
     max_actor_ckpt_to_keep: Optional[int] = None  # null keeps every checkpoint
     max_critic_ckpt_to_keep: Optional[int] = None
     max_nonfinite_steps: int = 5  # abort after this many steps in a row whose loss/gradients were NaN/inf
     phase_timeout_s: Optional[float] = 1800.0  # a phase running longer is a hang: dump stacks, exit 3; null: off
     max_restarts: int = 0  # times a dead worker's group is rebuilt and resumed from the last checkpoint
+    dry_run: bool = False  # print a step's batch arithmetic and the memory estimate per worker, then exit
+    check_memory: bool = True  # refuse to start when the estimated peak memory per worker exceeds the device's
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self) -> None:
         positive_int(self, "n_gpus_per_node", "nnodes", "total_epochs")
@@ -154,6 +184,7 @@ class TrainerConfig:
 class RayInitConfig:
     address: Optional[str] = None  # null -> start a local cluster (or join RAY_ADDRESS when set)
     num_cpus: Optional[int] = None  # null -> n_workers + 1 on CPU, Ray's own count on GPU
+    include_dashboard: bool = False  # a cluster the driver starts runs Ray's dashboard only when asked to
 
     def __post_init__(self) -> None:
         optional_positive_int(self, "num_cpus")

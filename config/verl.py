@@ -4,7 +4,7 @@ verl's keys and defaults are ColoRL's (``config.schema``, ``config.roles``), so 
 same here. A few of its keys configure machinery ColoRL does not have (the vLLM/SGLang rollout engine, Ulysses
 sequence parallelism, hybrid sharding, HDFS copies): they are accepted, and a value other than the default gets
 one warning line saying what ColoRL does instead. Keys whose ignoring would change the result are refused where
-they are checked (e.g. ``rollout.multi_turn.enable``, in ``config.roles``).
+they are checked (e.g. ``rollout.multi_turn.interaction_config_path``, in ``config.roles``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ IGNORED = {
     "actor_rollout_ref.rollout.enforce_eager": "decoding is eager unless actor.use_torch_compile=true",
     "actor_rollout_ref.rollout.free_cache_engine": "the KV cache is freed after every generation",
     "actor_rollout_ref.rollout.enable_chunked_prefill": "each prompt batch is prefilled in one forward",
-    "actor_rollout_ref.rollout.multi_turn.format": "ColoRL has no multi-turn rollout",
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "later turns continue from the recorded "
+                                                                        "token ids of the earlier ones",
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "each row is rolled out once; rollout.n repeats "
+                                                                "the prompts",
+    "actor_rollout_ref.rollout.agent.num_workers": "each rollout worker runs the agent loop for its rows",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "each worker runs whole sequences",
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": "FSDP shards each model over all workers",
     "actor_rollout_ref.model.use_shm": "the model is read from its directory",

@@ -48,15 +48,11 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_model(
-    tokenizer: PreTrainedTokenizerFast,
-    hidden_size: int = 128,
-    num_layers: int = 2,
-    max_position_embeddings: int = 64,
-    seed: int = 1,
-) -> LlamaForCausalLM:
-    """A randomly initialised float32 Llama (4 heads, MLP 4x hidden, tied embeddings)."""
-    config = LlamaConfig(
+def tiny_model_config(
+    tokenizer: PreTrainedTokenizerFast, hidden_size: int = 128, num_layers: int = 2, max_position_embeddings: int = 64
+) -> LlamaConfig:
+    """The tiny Llama's config: 4 heads, MLP 4x hidden, tied embeddings, the tokenizer's vocabulary and ids."""
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=4 * hidden_size,
@@ -69,6 +65,22 @@ def build_tiny_model(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+
+
+def demo_model_config(builtin: Any) -> LlamaConfig:
+    """The config of the model ``prepare_builtin`` builds for the ``builtin`` section, without building it."""
+    return tiny_model_config(build_char_tokenizer(), builtin.hidden_size, builtin.num_layers)
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    max_position_embeddings: int = 64,
+    seed: int = 1,
+) -> LlamaForCausalLM:
+    """A randomly initialised float32 Llama (4 heads, MLP 4x hidden, tied embeddings)."""
+    config = tiny_model_config(tokenizer, hidden_size, num_layers, max_position_embeddings)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

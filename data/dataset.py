@@ -2,36 +2,68 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Sequence
 
 import datasets
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
 from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
-NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt")
+NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt", "agent_name", "tools_kwargs")
+TOOL_AGENT = "tool_agent"  # verl's agent_name of the multi-turn tool loop (workers.agent_loop)
 
 
-def _load_file(path: str, prompt_key: str) -> datasets.Dataset:
-    """One parquet or jsonl file as a ``datasets.Dataset``, checking that it has the prompt column."""
+def _load_file(path: str, columns: dict[str, str]) -> datasets.Dataset:
+    """One parquet or jsonl file as a ``datasets.Dataset``: readable, with rows, and with each of ``columns``
+    (column -> the config key that names it)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file not found: {path}")
     suffix = os.path.splitext(path)[1].lower()
     builder = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}.get(suffix)
     if builder is None:
         raise ValueError(f"unsupported data file type {suffix!r} ({path}); use .parquet or .jsonl")
-    table = datasets.load_dataset(builder, data_files=path, split="train")
-    if prompt_key not in table.column_names:
-        raise ValueError(
-            f"prompt key {prompt_key!r} not found in {path}; its columns are {table.column_names}. "
-            "Set data.prompt_key to one of them."
-        )
+    try:
+        table = datasets.load_dataset(builder, data_files=path, split="train")
+    except Exception as exc:  # datasets wraps the reader's error in its own: say what is wrong with the file
+        raise ValueError(_unreadable(path, suffix, exc)) from None
+    if len(table) == 0:
+        raise ValueError(f"{path} holds no rows; expected one prompt per row")
+    for column, key in columns.items():
+        if column not in table.column_names:
+            raise ValueError(f"{key.rpartition('.')[2].replace('_', ' ')} {column!r} not found in {path}; its columns "
+                             f"are {table.column_names}. Set {key} to one of them.")
     return table
+
+
+def _unreadable(path: str, suffix: str, exc: Exception) -> str:
+    """Why ``path`` could not be read: empty, the first line of a JSON Lines file that is not an object, or the
+    reader's own first line."""
+    if os.path.getsize(path) == 0:
+        return f"{path} is empty (0 bytes); expected one prompt per row"
+    if suffix == ".jsonl":
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    ok = not line.strip() or isinstance(json.loads(line), dict)
+                except ValueError as bad:
+                    ok, exc = False, bad
+                if not ok:
+                    return (f"line {number} of {path} is not a JSON object ({exc}); expected one JSON object per line, "
+                            '{"prompt": ..., ...}')
+        return f"{path} holds no rows; expected one prompt per row"
+    if suffix == ".parquet" and _parquet_rows(path) == 0:
+        return f"{path} holds no rows; expected one prompt per row"
+    cause = exc.__cause__ or exc
+    first = (str(cause).splitlines() or [""])[0]
+    expected = "a parquet file (as pandas.DataFrame.to_parquet writes it)" if suffix == ".parquet" else "a JSON file"
+    return f"{path} cannot be read ({type(cause).__name__}: {first}); expected {expected}"
 
 
 class RLHFDataset(Dataset):
@@ -42,6 +74,11 @@ class RLHFDataset(Dataset):
 
     A prompt is either a string (tokenised as is) or a list of chat messages (``{"role", "content"}``), which
     go through the tokenizer's chat template with the generation prompt when it has one, else are joined.
+
+    Multi-turn rows (verl's layout): a row's ``agent_name`` (else ``default_agent``) picks its rollout loop, and
+    ``extra_info.tools_kwargs`` the per-tool arguments of its tools (non-tensor ``tools_kwargs``). A
+    ``tool_agent`` chat prompt is rendered with ``tool_schemas`` (the template's ``tools=``), exactly as the
+    rollout renders the later turns; ``num_tool_agent_rows`` counts such rows.
     """
 
     def __init__(
@@ -53,6 +90,9 @@ class RLHFDataset(Dataset):
         filter_overlong_prompts: bool = True,
         truncation: str = "error",
         max_samples: int = -1,
+        tool_schemas: Sequence[dict] | None = None,
+        default_agent: str = "single_turn_agent",
+        reward_fn_key: str = "data_source",
     ) -> None:
         self.files = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
         if not self.files:
@@ -60,6 +100,12 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
+        # the column that picks each row's reward function (verl's data.reward_fn_key) travels with the row
+        self.non_tensor_keys = NON_TENSOR_KEYS + (() if reward_fn_key in NON_TENSOR_KEYS else (reward_fn_key,))
+        columns = {prompt_key: "data.prompt_key"}
+        if reward_fn_key != "data_source":  # verl's default may be absent (a custom reward function ignores it)
+            columns[reward_fn_key] = "data.reward_fn_key"
+        self.tool_schemas, self.default_agent = list(tool_schemas or []), default_agent
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token to pad prompts with")
@@ -67,7 +113,8 @@ class RLHFDataset(Dataset):
 
         # Files are chained row by row, not concatenated as tables: files of different data sources may hold
         # different columns (GSM8K's chat prompt and extra_info beside a plain-string task).
-        rows = [self._make_row(record) for path in self.files for record in _load_file(path, prompt_key)]
+        rows = [self._make_row(record, path, i) for path in self.files
+                for i, record in enumerate(_load_file(path, columns))]
         if not filter_overlong_prompts and truncation != "error":
             rows = [{**row, "input_ids": _truncate(row["input_ids"], max_prompt_length, truncation)} for row in rows]
         keep = [row for row in rows if len(row["input_ids"]) <= max_prompt_length]
@@ -90,25 +137,36 @@ class RLHFDataset(Dataset):
                 self.num_filtered, len(rows), max_prompt_length, self.files,
             )
         self.rows = keep[:max_samples] if max_samples > 0 else keep
+        self.num_tool_agent_rows = sum(row["agent_name"] == TOOL_AGENT for row in self.rows)
 
-    def _prompt_text(self, prompt: Any) -> str:
+    def _prompt_text(self, prompt: Any, tools: list[dict] | None = None) -> str:
         if isinstance(prompt, str):
             return prompt
         messages = list(prompt)
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return "\n".join(message["content"] for message in messages)
 
-    def _make_row(self, record: dict[str, Any]) -> dict[str, Any]:
+    def _make_row(self, record: dict[str, Any], path: str, index: int) -> dict[str, Any]:
         raw_prompt = record[self.prompt_key]
+        if not _is_prompt(raw_prompt):
+            raise ValueError(f"row {index} of {path}: its {self.prompt_key!r} is {raw_prompt!r:.60}; expected a non-empty "
+                             "string or a list of chat messages [{'role': 'user', 'content': '...'}, ...]")
+        extra_info = record.get("extra_info") or {}
+        agent_name = record.get("agent_name") or self.default_agent
+        tools = self.tool_schemas or None if agent_name == TOOL_AGENT else None
         # The chat template already holds any special tokens, and plain prompts are taken as is.
-        input_ids = self.tokenizer(self._prompt_text(raw_prompt), add_special_tokens=False)["input_ids"]
+        input_ids = self.tokenizer(self._prompt_text(raw_prompt, tools), add_special_tokens=False)["input_ids"]
+        extra = {key: record.get(key) for key in self.non_tensor_keys[len(NON_TENSOR_KEYS):]}
         return {
             "input_ids": input_ids,
             "raw_prompt": raw_prompt,
             "data_source": record.get("data_source"),
             "reward_model": record.get("reward_model") or {},
-            "extra_info": record.get("extra_info") or {},
+            "extra_info": extra_info,
+            "agent_name": agent_name,
+            "tools_kwargs": (extra_info.get("tools_kwargs") if isinstance(extra_info, dict) else None) or {},
+            **extra,
         }
 
     def __len__(self) -> int:
@@ -136,11 +194,28 @@ class RLHFDataset(Dataset):
             "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
         }
-        for key in NON_TENSOR_KEYS:
+        for key in self.non_tensor_keys:
             column = np.empty(len(rows), dtype=object)
             column[:] = [row[key] for row in rows]  # slice-assign keeps dicts/lists as objects
             batch[key] = column
         return batch
+
+
+def _parquet_rows(path: str) -> int | None:
+    """The row count a parquet file's footer records (None: no readable footer)."""
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+        return None
+
+
+def _is_prompt(prompt: Any) -> bool:
+    """A non-empty string, or a non-empty list of {"role", "content"} messages with string content."""
+    if isinstance(prompt, str):
+        return prompt != ""
+    messages = list(prompt) if isinstance(prompt, (list, tuple, np.ndarray)) else []
+    return bool(messages) and all(isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m
+                                  for m in messages)
 
 
 def _truncate(ids: list[int], length: int, side: str) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import os
 from collections import defaultdict
 from typing import Any, Callable
@@ -10,10 +11,14 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from config import ConfigError
 from data.tasks import default_compute_score
 from single_controller import DataProto
 
 ComputeScore = Callable[..., "float | dict[str, Any]"]
+
+
+VALID_RESULT = "a reward function must return a number, or a dict with a numeric 'score' (and any other values)"
 
 
 class RewardError(ValueError):
@@ -26,6 +31,11 @@ class RewardManager:
     For row i with n valid response tokens, ``reward_tensor[i, n - 1] = compute_score(...)`` and 0 elsewhere.
     The response is decoded without special tokens; ``extra_info["stopped_by_eos"]`` tells the score whether
     the last valid token was an eos (True) or generation hit the length limit (False).
+
+    A multi-turn rollout's response holds tool turns too: the valid tokens are those of the attention mask
+    (verl's), the whole conversation after the prompt is decoded, the tools' step rewards (``tool_rewards``)
+    add to the score, and ``extra_info`` gets verl's ``num_turns`` and ``rollout_reward_scores`` (each tool's
+    ``calc_reward``).
     """
 
     def __init__(
@@ -41,6 +51,23 @@ class RewardManager:
         eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         self.eos_token_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
 
+    @property
+    def name(self) -> str:
+        return getattr(self.compute_score, "__name__", repr(self.compute_score))
+
+    def probe(self, row: dict[str, Any], key: str) -> None:
+        """Call the function once on dataset ``row`` with an empty response, before any model loads: a result that
+        is no score is a ``ConfigError`` on ``key``. An exception is left to the run: a real response may not raise."""
+        try:
+            result = self.compute_score(data_source=row[self.reward_fn_key], solution_str="",
+                                        ground_truth=(row["reward_model"] or {}).get("ground_truth"),
+                                        extra_info={**(row["extra_info"] or {}), "stopped_by_eos": True})
+        except Exception:
+            return
+        if score_of(result) is None:
+            raise ConfigError.invalid(key, self.name, f"returned {result!r:.80} for the first prompt (with an empty "
+                                      f"response); {VALID_RESULT}")
+
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         """Score a batch.
 
@@ -50,7 +77,9 @@ class RewardManager:
         ``compute_score`` returning a dict gives.
         """
         responses = data.batch["responses"]
-        lengths = data.batch["response_mask"].sum(-1).tolist()
+        valid = data.batch["attention_mask"][:, -responses.shape[-1]:] if "attention_mask" in data.batch else None
+        lengths = (data.batch["response_mask"] if valid is None else valid).sum(-1).tolist()
+        rollout = {key: data.non_tensor_batch.get(key) for key in ("tool_rewards", "__num_turns__", "reward_scores")}
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
         extras: dict[str, list[Any]] = defaultdict(list)
         sources = data.non_tensor_batch[self.reward_fn_key]
@@ -61,23 +90,34 @@ class RewardManager:
         for i, (ids, solution) in enumerate(zip(rows, solutions)):
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
+            row = f"row {i}, data_source={sources[i]!r}, response={solution!r}"
+            if rollout["__num_turns__"] is not None:  # verl's names for what the multi-turn rollout did
+                extra_info.update(num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i])
             try:
                 result = self.compute_score(data_source=sources[i], solution_str=solution,
                                             ground_truth=reward_models[i]["ground_truth"], extra_info=extra_info)
             except Exception as exc:  # name the function and the row: the traceback points into user code
-                raise RewardError(
-                    f"reward function {getattr(self.compute_score, '__name__', self.compute_score)!r} raised "
-                    f"{type(exc).__name__}: {exc} (row {i}, data_source={sources[i]!r}, response={solution!r})"
-                ) from exc
-            score = float(result["score"]) if isinstance(result, dict) else float(result)
+                raise RewardError(f"reward function {self.name!r} raised {type(exc).__name__}: {exc} ({row})") from exc
+            score = score_of(result)
+            if score is None:
+                raise RewardError(f"reward function {self.name!r} returned {result!r:.80} ({row}); {VALID_RESULT}")
+            tool_reward = float(rollout["tool_rewards"][i]) if rollout["tool_rewards"] is not None else 0.0
             if isinstance(result, dict):
                 for key, value in result.items():
                     if key != "score":
                         extras[key].append(value)
             extras["score"].append(score)
             if ids:  # an empty response has no token to carry its score
-                reward_tensor[i, len(ids) - 1] = score
+                reward_tensor[i, len(ids) - 1] = score + tool_reward
         return reward_tensor, dict(extras)
+
+
+def score_of(result: Any) -> float | None:
+    """The score a reward function's ``result`` holds (a real number, or a dict with one under "score"), else None."""
+    score = result.get("score") if isinstance(result, dict) else result
+    if isinstance(score, torch.Tensor) and score.numel() == 1:
+        score = score.item()
+    return float(score) if isinstance(score, numbers.Real) else None
 
 
 def load_custom_compute_score(path: str, name: str = "compute_score") -> ComputeScore:

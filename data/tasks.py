@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from data.rewards import arith, gsm8k
+from data.rewards import arith, gsm8k, reasoning_gym
 
 DATA_SOURCE_PREFIX = "colorl/"
 # Half of the built-in reward is exact match: partial credit alone lets RL settle on "mostly right" answers
@@ -142,11 +142,15 @@ def reward_functions() -> dict[str, Callable[..., Score]]:
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> Score:
-    """Dispatch on ``data_source`` to the matching rule-based reward (a float, or a dict with ``score``)."""
+    """Dispatch on ``data_source`` to the matching rule-based reward (a float, or a dict with ``score``); the
+    ``reasoning_gym/<task>`` sources go to that package's checker (``data.rewards.reasoning_gym``)."""
+    if data_source.startswith(reasoning_gym.DATA_SOURCE_PREFIX):
+        return reasoning_gym.compute_score(data_source, solution_str, ground_truth, extra_info)
     functions = _reward_table()
     if data_source not in functions:
         raise ValueError(
-            f"no reward function for data_source {data_source!r}; known data sources: {sorted(functions)}. "
+            f"no reward function for data_source {data_source!r}; known data sources: {sorted(functions)} and "
+            f"{reasoning_gym.DATA_SOURCE_PREFIX}<task>. "
             "Pass a custom one with custom_reward_function.path/name."
         )
     return functions[data_source](data_source, solution_str, ground_truth, extra_info)

@@ -2,24 +2,23 @@
 
 What the trainer uses — the whole layer a newcomer needs, importable from here:
 
-- ``DataProto``: the batch between the driver and the workers (protocol.py: data_proto.py, tensor_batch.py, future.py)
+- ``DataProto``: the batch between the driver and the workers (data_proto.py; its storage tensor_batch.py,
+  its joins merge.py, padding padding.py, futures future.py; all of it under verl's path protocol.py)
 - ``Worker``: base class of a worker process (base/worker.py)
 - ``register``, ``Dispatch``, ``Execute``: make a worker method a group method; the trainer uses
-  ``Dispatch.ONE_TO_ALL`` and ``Dispatch.DP_COMPUTE_PROTO`` (base/decorator.py)
+  ``Dispatch.ONE_TO_ALL`` and ``Dispatch.DP_COMPUTE_PROTO`` (base/decorator.py, base/dispatch.py)
 - ``RayResourcePool``, ``RayClassWithInitArgs``: where workers run, and what they are (ray/placement.py)
-- ``RayWorkerGroup``: start the workers, call them as one (ray/base.py)
+- ``RayWorkerGroup``: start the workers, call them as one (ray/base.py; its method names: ray/binding.py)
 - ``create_colocated_worker_cls``: several roles in one process, one view each via ``spawn`` (ray/colocate.py)
 - ``WorkerDiedError``, ``shutdown_worker_group``: notice dead workers, tear a group down (ray/health.py)
 
-Seed-only — the API of the tutorials ColoRL grew from (examples/seed_*.py run their code), kept and tested
-(tests/single_controller/test_seeds.py, test_megatron.py) but not used by the trainer:
-``MegatronWorker``/``TensorParallelWorker`` (base/megatron/), ``NVMegatronRayWorkerGroup`` and the
-``MEGATRON_COMPUTE(_PROTO)`` modes (ray/megatron.py), the tensor-parallel LLaMA MLP (models/),
-``merge_resource_pool``, the ``DP_COMPUTE``, ``DP_COMPUTE_METRIC``, ``ALL_TO_ALL`` and custom dispatch modes.
-
-verl compatibility — for worker code written against today's verl (docs/verl_api.md):
-``DataProtoConfig``, ``DataProtoFuture``, ``TensorDict`` batches, ``make_nd_compute_dataproto_dispatch_fn``,
-``RayWorkerGroup(name_prefix=, device_name=, detached=, worker_names=)`` and ``RayWorkerGroup.from_detached``.
+Compatibility — in compat/, never used by the trainer, reachable under the seeds' and verl's import paths
+(thin modules re-export it: base/megatron/, ray/megatron.py, models/): the seed tutorials' API
+(``MegatronWorker``/``TensorParallelWorker``, ``NVMegatronRayWorkerGroup``, the ``MEGATRON_COMPUTE(_PROTO)``,
+``DP_COMPUTE``, ``DP_COMPUTE_METRIC`` and custom dispatch modes, the tensor-parallel LLaMA MLP,
+``merge_resource_pool``) and verl's beyond it (DataProto's ``reorder``/``to_tensordict``/... and the protocol
+helpers, n-d mesh dispatch, ``split_resource_pool``, fused colocated classes, ``from_detached``/``fuse``,
+``update_options``). What is supported and how: docs/verl_api.md.
 """
 
 from importlib import import_module

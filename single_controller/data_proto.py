@@ -3,12 +3,13 @@
 A DataProto holds three things that share one leading (batch) dimension:
 
 - ``batch``: tensors, in a :class:`~single_controller.tensor_batch.TensorBatch` (a dict that checks
-  dim 0); a ``tensordict.TensorDict`` given as ``batch`` is converted to one;
-- ``non_tensor_batch``: numpy object arrays (strings, dicts, ...), one entry per row;
+  dim 0); a ``tensordict.TensorDict`` given as ``batch`` is converted to one (tensors shared);
+- ``non_tensor_batch``: numpy arrays (strings, dicts, ... in object arrays), one entry per row;
 - ``meta_info``: a free-form dict that travels with the batch (``metrics``, sampling params, ...).
 
-Everything a worker group does with data (chunking over ranks, padding, concatenating the
-answers) is expressed with the methods here.
+Everything a worker group does with data (chunking over ranks, padding, concatenating the answers) is
+expressed with the methods here. The methods that only verl code uses (``reorder``, ``to_tensordict``, ...)
+live in single_controller/compat/data_proto.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,78 +24,28 @@ from typing import Any
 import numpy as np
 import torch
 
+from single_controller.compat.data_proto import VerlDataProtoMethods
+from single_controller.errors import ContractError
+from single_controller.merge import merge_meta, union_numpy_dict, union_tensor_dict
+from single_controller.padding import AUTO_PADDING_KEY, padding_choice
 from single_controller.tensor_batch import TensorBatch, cat, is_tensordict, pack, unpack
 
-__all__ = ["DataProto", "DataProtoConfig"]
+__all__ = ["DataProto"]
 
 
-def _as_object_array(values: Any) -> np.ndarray:
+def _as_column(values: Any) -> np.ndarray:
+    """A non-tensor column: arrays as given, any other sequence one object entry per row."""
     if isinstance(values, np.ndarray):
         return values
-    arr = np.empty(len(values), dtype=object)
-    arr[:] = list(values)
-    return arr
-
-
-def _merge_meta(metas: Sequence[dict]) -> dict:
-    """Merge the meta_info of several parts: ``metrics`` become dict-of-lists, other keys must agree."""
-    merged: dict[str, Any] = {}
-    metrics: dict[str, list] = {}
-    for meta in metas:
-        for key, value in meta.items():
-            if key == "metrics":
-                parts = value if isinstance(value, list) else [value]
-                for part in parts:
-                    for name, v in part.items():
-                        metrics.setdefault(name, []).extend(v if isinstance(v, list) else [v])
-            elif key in merged and not _equal(merged[key], value):
-                raise ValueError(f"Conflicting values for meta_info key {key!r}: {merged[key]!r} vs {value!r}")
-            else:
-                merged[key] = value
-    if metrics:
-        merged["metrics"] = metrics
-    return merged
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.array_equal(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
-    return a == b
-
-
-class _Switch(type):
-    """``DataProtoConfig.auto_padding``: set explicitly, else read from the environment at each use."""
-
-    _auto_padding: bool | None = None
-
-    @property
-    def auto_padding(cls) -> bool:
-        if cls._auto_padding is not None:
-            return cls._auto_padding
-        env = os.environ.get("COLORL_AUTO_PADDING", os.environ.get("VERL_AUTO_PADDING", "1"))
-        return env.lower() not in ("0", "false", "no")
-
-    @auto_padding.setter
-    def auto_padding(cls, value: bool | None) -> None:
-        cls._auto_padding = None if value is None else bool(value)
-
-
-class DataProtoConfig(metaclass=_Switch):
-    """Process-wide switch: may worker-group dispatch pad a batch to a multiple of the ranks?
-
-    On unless ``DataProtoConfig.auto_padding = False`` or ``COLORL_AUTO_PADDING``/``VERL_AUTO_PADDING``
-    is ``0`` (setting ``None`` goes back to the environment). A batch's own ``meta_info["auto_padding"]``
-    (``from_dict(..., auto_padding=...)``) wins.
-    """
-
-    auto_padding_key = "auto_padding"
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):  # item by item: a slice assignment would broadcast equal-length lists
+        column[i] = value
+    return column
 
 
 @dataclass
-class DataProto:
-    """A batch of rows: tensors, numpy object arrays and shared meta information."""
+class DataProto(VerlDataProtoMethods):
+    """A batch of rows: tensors, numpy arrays and shared meta information."""
 
     batch: TensorBatch | None = None
     non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
@@ -106,7 +56,8 @@ class DataProto:
             self.batch = TensorBatch.from_tensordict(self.batch)
         elif self.batch is not None and not isinstance(self.batch, TensorBatch):
             self.batch = TensorBatch(dict(self.batch))
-        self.non_tensor_batch = {k: _as_object_array(v) for k, v in self.non_tensor_batch.items()}
+        self.non_tensor_batch = {k: _as_column(v) for k, v in (self.non_tensor_batch or {}).items()}
+        self.meta_info = self.meta_info if self.meta_info is not None else {}
         self.check_consistency()
 
     # ------------------------------------------------------------------ construction
@@ -116,14 +67,33 @@ class DataProto:
         tensors: dict[str, torch.Tensor] | None = None,
         non_tensors: dict[str, Any] | None = None,
         meta_info: dict[str, Any] | None = None,
+        num_batch_dims: int = 1,
         auto_padding: bool | None = None,
     ) -> DataProto:
-        """Build from ``{name: tensor}`` and ``{name: list|ndarray}``; sizes of dim 0 must agree."""
-        batch = TensorBatch(tensors) if tensors else None
+        """Build from ``{name: tensor}`` and ``{name: list|ndarray}``; the sizes of the batch dim must agree.
+
+        A list becomes ``np.array(list, dtype=object)``, as in verl (a list of equal-length lists: a 2-d array).
+        ``num_batch_dims``: how many leading dims the tensors must share (checked); a DataProto then keeps
+        one batch dim, so anything but 1 is refused after the check, as in verl.
+        """
+        tensors = dict(tensors or {})
+        if num_batch_dims < 1:
+            raise ContractError(f"num_batch_dims must be at least 1, got {num_batch_dims}")
+        dims = {key: tuple(t.shape[:num_batch_dims]) for key, t in tensors.items()}
+        if len(set(dims.values())) > 1:
+            what = "batch size (dim 0)" if num_batch_dims == 1 else f"batch dims (the first {num_batch_dims} dims)"
+            raise ContractError(f"the tensors disagree on the {what}: {dims}")
+        if num_batch_dims != 1:
+            raise ContractError(
+                f"num_batch_dims={num_batch_dims}: a DataProto has one batch dim; fold the leading dims into "
+                "dim 0 first (e.g. tensor.flatten(0, num_batch_dims - 1), or unfold_batch_dim)"
+            )
+        columns = {k: v if isinstance(v, np.ndarray) else np.array(v, dtype=object) for k, v in (non_tensors or {}).items()}
         meta = dict(meta_info or {})
         if auto_padding is not None:
-            meta[DataProtoConfig.auto_padding_key] = auto_padding
-        return cls(batch=batch, non_tensor_batch=dict(non_tensors or {}), meta_info=meta)
+            meta[AUTO_PADDING_KEY] = auto_padding
+        batch = TensorBatch(tensors) if tensors else None
+        return cls(batch=batch, non_tensor_batch=columns, meta_info=meta)
 
     @classmethod
     def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool | None = None) -> DataProto:
@@ -136,22 +106,23 @@ class DataProto:
                 non_tensors[key] = value
             else:
                 raise ValueError(f"Unsupported type {type(value).__name__} for key {key!r}: use a Tensor or np.ndarray")
-        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding)
+        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
 
     def check_consistency(self) -> None:
-        size = int(self.batch.batch_size[0]) if self.batch else None
+        """Every tensor and every non-tensor column has the same number of rows."""
+        size = self.batch.size if self.batch is not None else None
         for key, value in self.non_tensor_batch.items():
             if size is None:
                 size = len(value)
             if len(value) != size:
-                raise ValueError(
+                raise ContractError(
                     f"non_tensor_batch[{key!r}] has length {len(value)} but the batch size is {size} "
                     f"(tensor keys: {list(self.batch or {})}, non-tensor keys: {list(self.non_tensor_batch)})"
                 )
 
     def __len__(self) -> int:
-        if self.batch:
-            return int(self.batch.batch_size[0])
+        if self.batch is not None and self.batch.size is not None:
+            return self.batch.size
         if self.non_tensor_batch:
             return len(next(iter(self.non_tensor_batch.values())))
         return 0
@@ -175,10 +146,11 @@ class DataProto:
         raise TypeError(f"DataProto indices must be int, slice, list, ndarray or Tensor, not {type(item).__name__}")
 
     def _select_rows(self, rows: slice | torch.Tensor) -> DataProto:
+        """These rows of every tensor and column (``meta_info`` shared): views for a slice, copies otherwise."""
         np_rows = rows if isinstance(rows, slice) else rows.numpy()
-        batch = self.batch.rows(rows) if self.batch else None
+        batch = self.batch.rows(rows) if self.batch is not None else None
         non_tensors = {k: v[np_rows] for k, v in self.non_tensor_batch.items()}
-        return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=self.meta_info)
+        return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=self.meta_info)
 
     def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
         return self[slice(start, end, step)]
@@ -195,14 +167,14 @@ class DataProto:
         self._check_keys(batch_keys, non_tensor_batch_keys, meta_info_keys)
         batch = self.batch
         if batch is not None and batch_keys is not None:
-            batch = TensorBatch({k: batch[k] for k in batch_keys}, batch_size=len(self))
+            batch = batch.select(*batch_keys)
         non_tensors = self.non_tensor_batch
         if non_tensor_batch_keys is not None:
             non_tensors = {k: non_tensors[k] for k in non_tensor_batch_keys}
         meta = self.meta_info
         if meta_info_keys is not None:
             meta = {k: meta[k] for k in meta_info_keys}
-        out = DataProto(batch=batch, non_tensor_batch=dict(non_tensors), meta_info=dict(meta))
+        out = type(self)(batch=batch, non_tensor_batch=dict(non_tensors), meta_info=dict(meta))
         return copy.deepcopy(out) if deepcopy else out
 
     def pop(
@@ -240,33 +212,39 @@ class DataProto:
         return self
 
     def union(self, other: DataProto) -> DataProto:
-        """Merge ``other`` into self (in place): equal sizes; a shared key must hold equal values."""
-        if len(self) != len(other) and len(self) and len(other):
-            raise ValueError(f"union needs equal batch sizes, got {len(self)} and {len(other)}")
-        if other.batch:
-            if self.batch is None:
-                self.batch = TensorBatch()
-            for key, value in other.batch.items():
-                if key in self.batch and not torch.equal(self.batch[key], value):
-                    raise ValueError(f"union: batch key {key!r} exists in both with different values")
-                self.batch[key] = value
-        for key, value in other.non_tensor_batch.items():
-            if key in self.non_tensor_batch and not _equal(self.non_tensor_batch[key], value):
-                raise ValueError(f"union: non_tensor_batch key {key!r} exists in both with different values")
-            self.non_tensor_batch[key] = value
-        self.meta_info = _merge_meta([self.meta_info, other.meta_info])
+        """Merge ``other`` into self (in place) and return self.
+
+        Sizes must agree (a side without rows takes the other's); a key in both must hold equal values;
+        meta_info merges as in :meth:`concat`.
+        """
+        if len(self) and len(other) and len(self) != len(other):
+            raise ContractError(f"union needs equal batch sizes, got {len(self)} and {len(other)}")
+        if other.batch is not None:
+            mine = self.batch if self.batch is not None and self.batch.size is not None else TensorBatch(batch_size=len(other))
+            self.batch = union_tensor_dict(mine, other.batch)
+        union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
+        self.meta_info = merge_meta([self.meta_info, other.meta_info])
         return self
 
     # ------------------------------------------------------------------ splitting and joining
     def chunk(self, chunks: int) -> list[DataProto]:
-        """Split into ``chunks`` equal parts (the length must divide; see :func:`pad_dataproto_to_divisor`)."""
-        if chunks <= 0 or len(self) % chunks != 0:
-            raise ValueError(
-                f"cannot chunk a DataProto of size {len(self)} into {chunks} equal parts; "
-                f"pad it first (pad_dataproto_to_divisor) or use a batch size divisible by {chunks}"
+        """Split into ``chunks`` parts along the rows; every part keeps ``meta_info``.
+
+        A size that ``chunks`` does not divide is split only where padding was turned on (see
+        single_controller/padding.py), into verl's parts: ``ceil(len / chunks)`` rows each, the last ones
+        shorter (or empty); otherwise it is an error.
+        """
+        n = len(self)
+        if chunks <= 0:
+            raise ContractError(f"chunks must be positive, got {chunks}")
+        if n % chunks and padding_choice(self.meta_info) is not True:
+            raise ContractError(
+                f"cannot chunk a DataProto of size {n} into {chunks} equal parts; pad it first "
+                f"(pad_dataproto_to_divisor), turn padding on (DataProtoConfig.auto_padding = True: then the parts "
+                f"are uneven) or use a batch size divisible by {chunks}"
             )
-        size = len(self) // chunks
-        return [self[i * size : (i + 1) * size] for i in range(chunks)]
+        step = -(-n // chunks)
+        return [self[min(i * step, n) : min((i + 1) * step, n)] for i in range(chunks)]
 
     def split(self, split_size: int) -> list[DataProto]:
         """Consecutive pieces of ``split_size`` rows; the last one may be shorter."""
@@ -276,14 +254,15 @@ class DataProto:
 
     @staticmethod
     def concat(data: Sequence[DataProto]) -> DataProto:
-        """Join along dim 0; ``meta_info['metrics']`` are merged into lists, other meta keys must agree."""
+        """Join along dim 0; ``meta_info`` merges by single_controller.merge.merge_meta (metrics gathered)."""
         if not data:
             raise ValueError("concat needs at least one DataProto")
-        batch = cat([d.batch or TensorBatch() for d in data]) if data[0].batch else None
-        non_tensors = {
-            k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch
-        }
-        return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=_merge_meta([d.meta_info for d in data]))
+        has_batch = [d.batch is not None for d in data]
+        if any(has_batch) and not all(has_batch):
+            raise ContractError(f"concat: parts {[i for i, b in enumerate(has_batch) if not b]} have no tensors, the others do")
+        batch = cat([d.batch for d in data]) if has_batch[0] else None
+        non_tensors = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch}
+        return type(data[0])(batch=batch, non_tensor_batch=non_tensors, meta_info=merge_meta([d.meta_info for d in data]))
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
         """Repeat every row: ``aabbcc`` when ``interleave`` else ``abcabc``."""
@@ -296,12 +275,12 @@ class DataProto:
     def to(self, device: str | torch.device) -> DataProto:
         """Move the tensors to ``device`` (in place); returns self."""
         if self.batch is not None:
-            self.batch = self.batch.map(lambda t: t.to(device))
+            self.batch = self.batch.to(device)
         return self
 
     def is_padding_enabled(self) -> bool:
-        """Whether worker-group dispatch may pad this batch: its meta_info's say, else :class:`DataProtoConfig`."""
-        return bool(self.meta_info.get(DataProtoConfig.auto_padding_key, DataProtoConfig.auto_padding))
+        """Whether worker-group dispatch may pad this batch: unless turned off (single_controller/padding.py)."""
+        return padding_choice(self.meta_info) is not False
 
     def padding(self, padding_size: int, padding_candidate: str = "last") -> None:
         """Append ``padding_size`` copies of the first or last row, in place (verl's ``DataProto.padding``).
@@ -319,23 +298,32 @@ class DataProto:
         self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
 
     def make_iterator(
-        self, mini_batch_size: int, epochs: int = 1, seed: int | None = None, shuffle: bool = True
+        self, mini_batch_size: int, epochs: int = 1, seed: int | None = None, dataloader_kwargs: dict | None = None
     ) -> Iterator[DataProto]:
-        """Yield ``epochs * len / mini_batch_size`` mini-batches, reshuffled each epoch (seeded)."""
+        """``epochs * len / mini_batch_size`` mini-batches, as verl's: a torch ``DataLoader`` over the rows.
+
+        In order unless ``dataloader_kwargs={"shuffle": True}`` (drawn from a generator seeded with ``seed``,
+        so the same seed gives verl's and ColoRL's runs the same mini-batches).
+        """
+        from torch.utils.data import DataLoader
+
         if mini_batch_size <= 0 or len(self) % mini_batch_size != 0:
-            raise ValueError(f"mini_batch_size {mini_batch_size} must divide the batch size {len(self)}")
-        generator = torch.Generator()
-        if seed is not None:
-            generator.manual_seed(seed)
-        for _ in range(epochs):
-            order = torch.randperm(len(self), generator=generator) if shuffle else torch.arange(len(self))
-            for start in range(0, len(self), mini_batch_size):
-                yield self._select_rows(order[start : start + mini_batch_size])
+            raise ContractError(f"mini_batch_size {mini_batch_size} must divide the batch size {len(self)}")
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        loader = DataLoader(range(len(self)), batch_size=mini_batch_size, generator=generator, **(dataloader_kwargs or {}))
+
+        def mini_batches() -> Iterator[DataProto]:
+            for _ in range(epochs):
+                for rows in loader:
+                    yield self._select_rows(rows)
+
+        return mini_batches()
 
     # ------------------------------------------------------------------ serialisation
     def __getstate__(self) -> dict:
         # a chunk sends only its own rows, never the whole storage it is a view of (see tensor_batch.pack)
-        return {"tensors": pack(self.batch), "size": len(self), "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
+        size = self.batch.size if self.batch is not None else None
+        return {"tensors": pack(self.batch), "size": size, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
 
     def __setstate__(self, state: dict) -> None:
         self.batch = unpack(state["tensors"], state["size"])
@@ -344,10 +332,10 @@ class DataProto:
 
     def save_to_disk(self, path: str) -> None:
         """Save tensors with ``torch.save`` (weights_only-safe) and the rest as JSON (no pickles)."""
-        non_tensors = {k: v.tolist() for k, v in self.non_tensor_batch.items()}
-        payload = {"tensors": dict(self.batch or {}), "json": json.dumps({"non_tensor_batch": non_tensors, "meta_info": self.meta_info})}
+        columns = {k: {"rows": v.tolist(), "dtype": str(v.dtype), "shape": list(v.shape)} for k, v in self.non_tensor_batch.items()}
+        rest = json.dumps({"non_tensor_batch": columns, "meta_info": self.meta_info})
         buffer = io.BytesIO()
-        torch.save(payload, buffer)
+        torch.save({"tensors": dict(self.batch) if self.batch is not None else None, "json": rest}, buffer)
         with open(path, "wb") as f:
             f.write(buffer.getvalue())
 
@@ -355,4 +343,16 @@ class DataProto:
     def load_from_disk(path: str) -> DataProto:
         payload = torch.load(path, weights_only=True)
         rest = json.loads(payload["json"])
-        return DataProto.from_dict(payload["tensors"], rest["non_tensor_batch"], rest["meta_info"])
+        columns = {k: _column_from_json(**v) for k, v in rest["non_tensor_batch"].items()}
+        tensors = payload["tensors"]
+        batch = TensorBatch(tensors) if tensors else None
+        return DataProto(batch=batch, non_tensor_batch=columns, meta_info=rest["meta_info"])
+
+
+def _column_from_json(rows: list, dtype: str, shape: list[int]) -> np.ndarray:
+    """The column :meth:`DataProto.save_to_disk` wrote: same dtype and shape (object rows kept as they were)."""
+    if dtype != "object":
+        return np.array(rows, dtype=dtype).reshape(shape)
+    if len(shape) == 1:
+        return _as_column(rows)
+    return np.array(rows, dtype=object).reshape(shape)

@@ -1,4 +1,4 @@
-"""What worker-group dispatch does with a DataProto: pad it for the ranks, and wait for results as futures."""
+"""Results that are not there yet: ``DataProtoFuture`` (a ``blocking=False`` DataProto call) and joining per-rank results."""
 
 from __future__ import annotations
 
@@ -11,25 +11,7 @@ import torch
 from single_controller.data_proto import DataProto
 from single_controller.tensor_batch import is_tensordict
 
-__all__ = ["DataProtoFuture", "concat_results", "pad_dataproto_to_divisor", "unpad_dataproto"]
-
-
-def pad_dataproto_to_divisor(data: DataProto, divisor: int) -> tuple[DataProto, int]:
-    """Return ``(padded, pad_size)``: rows repeated from the start until ``len % divisor == 0``.
-
-    The input is not modified.
-    """
-    pad_size = (-len(data)) % divisor
-    if pad_size == 0:
-        return data, 0
-    if len(data) == 0:
-        raise ValueError("cannot pad an empty DataProto")
-    rows = torch.arange(len(data) + pad_size) % len(data)
-    return data._select_rows(rows), pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    return data[: len(data) - pad_size] if pad_size else data
+__all__ = ["DataProtoFuture", "concat_results"]
 
 
 def concat_results(parts: Sequence[Any]) -> Any:
@@ -53,6 +35,11 @@ class DataProtoFuture:
     futures: list
     keep: int | None = None  # trim to this many rows after concatenation (undo dispatch padding)
     part: tuple[int, int] | None = None  # (index, of) chunk to take after concatenation
+
+    @staticmethod
+    def concat(data: list) -> DataProtoFuture:
+        """The future of the concatenation of these per-rank results (verl's constructor)."""
+        return DataProtoFuture(list(data))
 
     def chunk(self, chunks: int) -> list:
         """One piece per rank. When rank i needs exactly result i, the piece is that ObjectRef itself:

@@ -1,10 +1,11 @@
-"""TensorBatch: the tensor storage of a DataProto, and its bridge to ``tensordict.TensorDict``.
+"""TensorBatch: the tensor storage of a DataProto.
 
-A ``TensorBatch`` is a ``dict[str, Tensor]`` whose tensors share the size of dim 0. It offers the
-part of ``TensorDict``'s interface that verl code uses on ``DataProto.batch`` (``batch_size``,
-``keys()``, ``select``, ``exclude``, ``to``, ``clone``, row indexing, ``torch.cat``) and converts to
-and from a ``TensorDict``. It stays a plain dict of tensors, not a ``TensorDict``, because a chunk of a
-DataProto must travel through Ray with only its own rows (see ``pack`` and docs/benchmarks.md).
+A ``TensorBatch`` is a ``dict[str, Tensor]`` whose tensors share the size of dim 0 (the batch size, kept even
+when the batch holds no tensor). It offers the part of ``TensorDict``'s interface that verl code uses on
+``DataProto.batch`` (``batch_size``, ``keys()``, ``select``, ``exclude``, ``to``, ``clone``, row indexing,
+``torch.cat``) and converts to and from a ``TensorDict`` without copying. It stays a plain dict of tensors,
+not a ``TensorDict``, because a chunk of a DataProto must travel through Ray with only its own rows (see
+``pack`` and docs/benchmarks.md, "DataProto storage").
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["TensorBatch", "is_tensordict", "pack", "unpack"]
+from single_controller.errors import ContractError
+
+__all__ = ["TensorBatch", "cat", "is_tensordict", "pack", "unpack"]
 
 RowIndex = slice | int | Sequence[int] | np.ndarray | torch.Tensor
 
@@ -32,20 +35,23 @@ class TensorBatch(dict):
 
     def __init__(self, tensors: dict[str, torch.Tensor] | None = None, batch_size: int | None = None):
         super().__init__()
-        self._size = batch_size
+        self._size = None if batch_size is None else int(batch_size)
         for key, value in (tensors or {}).items():
             self[key] = value
 
     @classmethod
     def from_tensordict(cls, td: Any) -> TensorBatch:
-        """The tensors of a 1-d batched ``TensorDict`` (nested TensorDicts are not supported)."""
+        """The tensors of a 1-d batched ``TensorDict``, shared (not copied)."""
         if len(td.batch_size) != 1:
-            raise ValueError(
+            raise ContractError(
                 f"a DataProto batch needs a TensorDict with one batch dimension, got batch_size={list(td.batch_size)}"
             )
         nested = [k for k, v in td.items() if is_tensordict(v)]
         if nested:
-            raise TypeError(f"TensorDict keys {nested} hold nested TensorDicts; a DataProto batch holds tensors only")
+            raise TypeError(
+                f"TensorDict keys {nested} hold nested TensorDicts or non-tensor data; a DataProto batch holds "
+                "tensors only (DataProto.from_tensordict puts non-tensor data in non_tensor_batch and meta_info)"
+            )
         return cls(dict(td.items()), batch_size=int(td.batch_size[0]))
 
     def to_tensordict(self) -> Any:
@@ -53,6 +59,11 @@ class TensorBatch(dict):
         from tensordict import TensorDict
 
         return TensorDict(dict(self), batch_size=self.batch_size)
+
+    @property
+    def size(self) -> int | None:
+        """The batch size, ``None`` while the batch has neither a tensor nor a declared size."""
+        return self._size
 
     @property
     def batch_size(self) -> torch.Size:
@@ -69,7 +80,7 @@ class TensorBatch(dict):
             self._size = value.shape[0]
         elif value.shape[0] != self._size:
             sizes = {k: v.shape[0] for k, v in self.items()}
-            raise ValueError(
+            raise ContractError(
                 f"batch[{key!r}] has batch size {value.shape[0]} but the batch has size {self._size} "
                 f"(sizes of the other keys: {sizes})"
             )
@@ -91,15 +102,17 @@ class TensorBatch(dict):
             if not 0 <= index < size:
                 raise IndexError(f"row {item} out of range for a batch of size {size}")
             item = slice(index, index + 1)
-        elif not isinstance(item, slice):
-            item = torch.as_tensor(np.asarray(item))
-        return self.map(lambda t: t[item])
+        if isinstance(item, slice):
+            return self.map(lambda t: t[item], size=len(range(*item.indices(size))))
+        index = torch.as_tensor(np.asarray(item))
+        rows = int(index.sum()) if index.dtype == torch.bool else index.numel()
+        return self.map(lambda t: t[index], size=rows)
 
     def map(self, fn, size: int | None = None) -> TensorBatch:
-        """A new TensorBatch with ``fn`` applied to every tensor."""
+        """A new TensorBatch with ``fn`` applied to every tensor (``size``: the new batch size, else read off)."""
         out = {k: fn(v) for k, v in self.items()}
         if size is None:
-            size = next(iter(out.values())).shape[0] if out else 0
+            size = next(iter(out.values())).shape[0] if out else self._size
         return TensorBatch(out, batch_size=size)
 
     # ------------------------------------------------------------------ TensorDict-style methods
@@ -137,30 +150,35 @@ def cat(batches: Sequence[TensorBatch]) -> TensorBatch:
     keys = set(batches[0])
     for i, b in enumerate(batches):
         if set(b) != keys:
-            raise ValueError(f"cannot join batches: part {i} has keys {sorted(b)}, part 0 has {sorted(keys)}")
-    return TensorBatch({k: torch.cat([dict.__getitem__(b, k) for b in batches]) for k in batches[0]})
+            raise ContractError(f"cannot join batches: part {i} has keys {sorted(b)}, part 0 has {sorted(keys)}")
+    tensors = {k: torch.cat([dict.__getitem__(b, k) for b in batches]) for k in batches[0]}
+    return TensorBatch(tensors, batch_size=sum(b.size or 0 for b in batches))
 
 
 # ---------------------------------------------------------------------------- pickling
-def pack(batch: TensorBatch | None) -> dict[str, tuple[np.ndarray, str]]:
-    """The tensors as numpy arrays, for pickling.
+def pack(batch: TensorBatch | None) -> dict[str, tuple[np.ndarray, str]] | None:
+    """The tensors as numpy arrays, for pickling (``None`` for no batch).
 
     Ray's pickle-5 path moves numpy arrays out of band (one copy into the object store), and a
     contiguous copy of a view holds only its rows; a pickled torch view would carry its whole storage.
     """
+    if batch is None:
+        return None
     tensors = {}
-    for key, t in (batch or {}).items():
+    for key, t in batch.items():
         t = t.detach().cpu().contiguous()
         stored = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
         tensors[key] = (stored.numpy(), str(t.dtype).removeprefix("torch."))
     return tensors
 
 
-def unpack(tensors: dict[str, tuple[np.ndarray, str]], size: int) -> TensorBatch | None:
+def unpack(tensors: dict[str, tuple[np.ndarray, str]] | None, size: int) -> TensorBatch | None:
     """Inverse of :func:`pack`."""
+    if tensors is None:
+        return None
     out = {}
     for key, (array, dtype) in tensors.items():
         # copy: arrays read from Ray's object store are read-only, and workers update batches in place
         t = torch.from_numpy(np.array(array, copy=True))
         out[key] = t.view(torch.bfloat16) if dtype == "bfloat16" else t
-    return TensorBatch(out, batch_size=size) if out else None
+    return TensorBatch(out, batch_size=size)

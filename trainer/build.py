@@ -15,10 +15,14 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
 from config.verl import ignored_key_warnings
-from data.builtin import prepare_builtin
+from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
 from data.reward import RewardManager, load_custom_compute_score
+from trainer.dry_run import preflight
 from trainer.ppo_trainer import RayPPOTrainer
+from workers.agent_loop import check_tools
+from workers.lora import check_target_modules
+from workers.tools import ToolConfigError
 
 
 def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer:
@@ -26,8 +30,9 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
 
     ``plan`` is ``cfg``'s step plan when the caller has it already (``config.load_with_plan``), else computed here.
     """
-    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     plan = plan or make_plan(cfg, num_workers(cfg))
+    preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # trainer.dry_run exits here; the memory check
+    cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
     compute_score = _load_compute_score(cfg)
@@ -36,14 +41,20 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
     if plan.use_critic and critic_model.path != model.path:
         _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
+    if cfg.reward_model.enable:
+        _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
+    check_target_modules(model)
     tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer)
+    train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer, _tool_schemas(cfg, tokenizer))
+    reward_fn = RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key)
+    if compute_score is not None:  # the user's function, tried once on the first prompt before any model loads
+        reward_fn.probe(train_dataloader.dataset[0], "custom_reward_function.name")
     return RayPPOTrainer(
         config=cfg,
         tokenizer=tokenizer,
         train_dataloader=train_dataloader,
         val_dataloader=val_dataloader,
-        reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
+        reward_fn=reward_fn,
         val_reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
         plan=plan,
     )
@@ -90,6 +101,10 @@ def _fill_paths(cfg: PPOConfig) -> PPOConfig:
         if data.train_files is None:
             paths["data.train_files"] = assets["train_files"]
             paths["data.val_files"] = data.val_files or assets["val_files"]
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    for key in ("tool_config_path", "function_tool_path"):  # the workers load the tools from their own directory
+        if getattr(multi_turn, key):
+            paths[f"actor_rollout_ref.rollout.multi_turn.{key}"] = os.path.abspath(getattr(multi_turn, key))
     model_path = paths.get("actor_rollout_ref.model.path", model.path)
     if cfg.critic.model.path is None:
         paths["critic.model.path"] = model_path
@@ -112,18 +127,44 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
                                   "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)")
 
 
-def _build_dataloaders(cfg: PPOConfig, tokenizer: Any) -> tuple[Any, Any]:
-    """(train, val) loaders; val is None without data.val_files and holds the whole set when val_batch_size is null."""
+def _tool_schemas(cfg: PPOConfig, tokenizer: Any) -> list[dict] | None:
+    """With rollout.multi_turn.enable, the tools' schemas (tool_agent prompts show them), after checking that the
+    tools load and that the chat template renders a tool turn; None without multi-turn."""
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if not multi_turn.enable:
+        return None
+    try:
+        schemas = check_tools(tokenizer, multi_turn)
+    except ToolConfigError as exc:
+        key = exc.key or "tool_config_path"
+        raise ConfigError.invalid(f"actor_rollout_ref.rollout.multi_turn.{key}", getattr(multi_turn, key), str(exc)) from None
+    if not schemas:
+        print("colorl: warning: actor_rollout_ref.rollout.multi_turn.enable=true without tool_config_path or "
+              "function_tool_path: every tool call is answered 'unknown tool'", file=sys.stderr)
+    return schemas
+
+
+def _build_dataloaders(cfg: PPOConfig, tokenizer: Any, tool_schemas: list[dict] | None = None) -> tuple[Any, Any]:
+    """(train, val) loaders; val is None without data.val_files and holds the whole set when val_batch_size is null.
+    ``tool_schemas`` (multi-turn): rendered into the prompts of tool_agent rows."""
     data = cfg.data
+    default_agent = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
 
     def dataset(key: str, max_samples: int) -> RLHFDataset:
         files = getattr(data, key)
         try:
-            return RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts,
-                               data.truncation, max_samples)
-        except (FileNotFoundError, ValueError) as exc:  # a missing file or column, every prompt too long
+            built = RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts,
+                                data.truncation, max_samples, tool_schemas, default_agent, data.reward_fn_key)
+        except (FileNotFoundError, ValueError) as exc:  # a missing, unreadable or empty file, a missing column,
+            # a prompt cell that is not a prompt, every prompt too long
             shown = files if isinstance(files, str) else list(files)
             raise ConfigError.invalid(f"data.{key}", shown, str(exc)) from None
+        if (built.num_tool_agent_rows > 0) != (tool_schemas is not None):
+            print(f"colorl: warning: data.{key}: {built.num_tool_agent_rows} of {len(built)} rows are tool_agent rows "
+                  f"and actor_rollout_ref.rollout.multi_turn.enable={tool_schemas is not None}: "
+                  f"{'they are generated single-turn' if tool_schemas is None else 'no row calls tools'}",
+                  file=sys.stderr)
+        return built
 
     train = dataset("train_files", data.train_max_samples)
     train_dataloader = make_dataloader(

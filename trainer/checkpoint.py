@@ -6,30 +6,39 @@ Layout under ``trainer.default_local_dir``::
         actor/            model + optimizer shards (DCP: .metadata, __<r>_0.distcp), config.json, tokenizer,
                           extra.pt, rng_rank<r>.pt   (written by the workers: workers/checkpoint.py)
         critic/           the same for the value model (when there is a critic)
-        driver.pt         step, data position, KL controller, wandb run id
+        driver.pt         step, data position, KL controller, wandb run id, the resolved config (trainer.fingerprint)
         COMPLETE          size and SHA-256 of every file above: written last, verified on load
     latest_checkpointed_iteration.txt
+    metrics.jsonl         (trainer.tracking)
+    .colorl.lock          the run lock: one run per directory (trainer.run_dir)
 
 A checkpoint is written into a hidden staging directory, every file and directory of it flushed to disk (fsync),
 and only then renamed into place; older checkpoints are pruned once the rename itself is on disk. So a crash, a
-power cut or a full disk at any moment leaves the previous checkpoint untouched and loadable.
+power cut or a full disk at any moment leaves the previous checkpoint untouched and loadable (the file-safety
+helpers: ``workers.safe_files``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import warnings
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workers.checkpoint import WRITE_ERRORS, UnsafeCheckpointError, fsync, load_plain, write_error
+from workers.safe_files import (
+    WRITE_ERRORS,
+    UnsafeCheckpointError,
+    damage,
+    load_plain,
+    recover_replaced,
+    replace_dir,
+    seal,
+    write_atomically,
+    write_error,
+)
 
 LATEST = "latest_checkpointed_iteration.txt"
 COMPLETE = "COMPLETE"
@@ -44,37 +53,6 @@ def _step_of(path: Path) -> int:
     return int(path.name[len(PREFIX) :])
 
 
-def _digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _parallel(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-    """``fn`` over ``items`` in threads: hashing and fsync release the GIL, and a checkpoint has a shard per rank."""
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        return list(pool.map(fn, items))
-
-
-def _seal(root: Path) -> dict[str, dict[str, Any]]:
-    """Size and SHA-256 of every file below ``root``, each file and directory flushed to disk on the way."""
-    paths = sorted(root.rglob("*"))
-    files = [p for p in paths if p.is_file()]
-    digests = _parallel(_digest, files)
-    _parallel(fsync, [*paths, root])
-    return {os.fspath(p.relative_to(root)): {"size": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` so that a crash leaves the old or the new content, both on disk."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync(path.parent)
-
-
 def _manifest(path: Path) -> dict[str, dict[str, Any]]:
     try:
         files = json.loads((path / COMPLETE).read_text())["files"]
@@ -85,25 +63,11 @@ def _manifest(path: Path) -> dict[str, dict[str, Any]]:
         raise CheckpointError(f"{path}/{COMPLETE} is unreadable ({exc})") from None
 
 
-def _damage(path: Path, name: str, expected: dict[str, Any]) -> str | None:
-    """What is wrong with file ``name`` of checkpoint ``path`` (None: it has its recorded size and checksum)."""
-    file = path / name
-    if not file.is_file():
-        return f"{name} is missing"
-    size = file.stat().st_size
-    if size != expected["size"]:
-        return f"{name} has {size} bytes instead of {expected['size']} (truncated or overwritten)"
-    if _digest(file) != expected["sha256"]:
-        return f"{name} does not match its SHA-256 checksum (damaged on disk or altered)"
-    return None
-
-
 def check_checkpoint(path: Path) -> None:
     """Raise CheckpointError unless ``path`` is a complete checkpoint whose every file has its recorded checksum."""
     if not (path / COMPLETE).exists():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE} marker: interrupted while saving?)")
-    manifest = sorted(_manifest(path).items())
-    damaged = [d for d in _parallel(lambda item: _damage(path, *item), manifest) if d]
+    damaged = damage(path, _manifest(path))
     if damaged:
         more = f" (and {len(damaged) - 1} more damaged file(s))" if len(damaged) > 1 else ""
         raise CheckpointError(f"{path} is corrupted: {damaged[0]}{more}")
@@ -130,33 +94,15 @@ class CheckpointManager:
         it, then prune: nothing older is deleted before the new checkpoint is durable."""
         try:
             torch.save(driver_state, staging / "driver.pt")
-            _write_atomically(staging / COMPLETE, json.dumps({"step": step, "files": _seal(staging)}))
+            write_atomically(staging / COMPLETE, json.dumps({"step": step, "files": seal(staging)}))
         except WRITE_ERRORS as exc:  # a full disk: the caller abandons the staging directory
             raise write_error(staging, exc, "the driver ") from exc
-        self._recover()
+        recover_replaced(self.root)
         final = self.root / f"{PREFIX}{step}"
-        replaced = self._replaced_path(step)
-        if final.exists():  # re-saving the same step: set the old one aside until the new one is in place
-            os.rename(final, replaced)
-        os.rename(staging, final)
-        fsync(self.root)
-        _write_atomically(self.root / LATEST, str(step))
-        shutil.rmtree(replaced, ignore_errors=True)
+        replace_dir(staging, final)  # re-saving the same step sets the old one aside until the new one is in place
+        write_atomically(self.root / LATEST, str(step))
         self._prune()
         return final
-
-    def _replaced_path(self, step: int) -> Path:
-        return self.root / f".{PREFIX}{step}.replaced"
-
-    def _recover(self) -> None:
-        """Finish a replacement that a crash cut short: the old checkpoint goes back unless the new one made it."""
-        for replaced in self.root.glob(f".{PREFIX}*.replaced"):
-            final = self.root / replaced.name[1 : -len(".replaced")]
-            if final.exists():
-                shutil.rmtree(replaced)
-            else:
-                os.rename(replaced, final)
-                fsync(self.root)
 
     def abandon(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
@@ -193,20 +139,39 @@ class CheckpointManager:
         if resume_mode == "disable":
             self._refuse_to_mix()
             return None
-        self._recover()
+        recover_replaced(self.root)
         if resume_mode == "resume_path":
             path = Path(resume_from_path)
             if not path.is_dir():
                 raise CheckpointError(f"trainer.resume_from_path={resume_from_path}: no such checkpoint directory")
             check_checkpoint(path)
             return path
-        for path in reversed(self.checkpoints()):  # auto: the newest sound one
+        path, damaged = self._newest_intact(warn=True)
+        if path is None and damaged:  # starting again from step 1 here would mix two runs
+            raise CheckpointError(
+                f"trainer.default_local_dir={self.root} holds checkpoints, but none is intact: {'; '.join(damaged)}. "
+                "Nothing was changed. Resume from an intact copy (trainer.resume_mode=resume_path "
+                "trainer.resume_from_path=...), or start afresh in another trainer.default_local_dir (or remove "
+                "these checkpoints)"
+            )
+        return path
+
+    def latest(self) -> Path | None:
+        """The newest intact checkpoint, or None (for messages: nothing is printed about the others)."""
+        return self._newest_intact(warn=False)[0]
+
+    def _newest_intact(self, warn: bool) -> tuple[Path | None, list[str]]:
+        """The newest checkpoint that passes ``check_checkpoint``, and what is wrong with each newer one."""
+        damaged = []
+        for path in reversed(self.checkpoints()):
             try:
                 check_checkpoint(path)
-                return path
+                return path, damaged
             except CheckpointError as exc:
-                warnings.warn(f"skipping checkpoint: {exc}; trying the previous one", stacklevel=2)
-        return None
+                damaged.append(str(exc))
+                if warn:
+                    warnings.warn(f"skipping checkpoint: {exc}; trying the previous one", stacklevel=3)
+        return None, damaged
 
 
 def load_driver_state(path: Path) -> dict[str, Any]:

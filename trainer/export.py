@@ -14,6 +14,7 @@ adapters into it, merges them into its weights (W + (α/r)·B·A) and writes the
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -27,31 +28,50 @@ from transformers import (
     GenerationConfig,
 )
 
-from trainer.checkpoint import CheckpointError, CheckpointManager, check_checkpoint
+from trainer.checkpoint import LATEST, PREFIX, CheckpointError, CheckpointManager, check_checkpoint
+from trainer.run_dir import LOCK
 from workers.checkpoint import PlainLoadPlanner, PlainReader, check_fits
+
+RUN_FILES = (LATEST, "metrics.jsonl", LOCK)  # what a run directory holds besides its checkpoints
 
 
 def export(checkpoint: str, out: str, role: str = "actor", overwrite: bool = False) -> Path:
     """Write ``role`` of ``checkpoint`` (a ``global_step_N`` dir, or a run dir: its latest) to ``out``; an ``out``
-    that exists and is not empty is refused unless ``overwrite`` (then it is replaced, never merged into)."""
+    that exists and is not empty is refused unless ``overwrite`` (then it is replaced, never merged into). Nothing
+    is deleted before the checkpoint is verified and read, and never a run directory."""
     target = Path(out)
-    if target.exists() and any(target.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"--out {target} exists and is not empty; exporting into it would mix two models' "
-                                  "files. Pass --overwrite to replace it, or choose another --out")
-        shutil.rmtree(target)
     path = Path(checkpoint)
-    if not path.name.startswith("global_step_"):
+    if not path.name.startswith(PREFIX):
         latest = CheckpointManager(str(path)).find("auto")
         if latest is None:
             raise FileNotFoundError(f"{path} holds no complete checkpoint")
         path = latest
+    replace = target.exists() and any(target.iterdir())
+    if replace and not overwrite:
+        raise FileExistsError(f"--out {target} exists and is not empty; exporting into it would mix two models' "
+                              "files. Pass --overwrite to replace it, or choose another --out")
+    if replace:
+        _refuse_run_dir(target, path)
     check_checkpoint(path)
     model = _load(path / role)
+    if replace:
+        shutil.rmtree(target)
     model.save_pretrained(target)
     AutoTokenizer.from_pretrained(path / role).save_pretrained(target)
     _model_class(target).from_pretrained(target)
     return target
+
+
+def _refuse_run_dir(target: Path, checkpoint: Path) -> None:
+    """``--overwrite`` deletes ``target``: not when it holds the checkpoint being exported or any run directory."""
+    if checkpoint.resolve().is_relative_to(target.resolve()):
+        raise FileExistsError(f"--out {target} holds the checkpoint being exported ({checkpoint}); --overwrite would "
+                              "delete it. Choose another --out")
+    for folder, dirs, files in os.walk(target):
+        run_files = [f for f in files if f in RUN_FILES] + [d for d in dirs if d.startswith(PREFIX)]
+        if run_files:
+            raise FileExistsError(f"--out {target} is or holds a run directory ({Path(folder) / run_files[0]}); "
+                                  "--overwrite would delete its checkpoints or metrics. Choose another --out")
 
 
 def _model_class(path: Path) -> type:

@@ -50,6 +50,8 @@ def compute_data_metrics(batch: Mapping[str, Tensor], use_critic: bool) -> dict[
     response_length = batch["responses"].shape[-1]
     response_mask = batch["response_mask"].bool()
     prompt_mask = batch["attention_mask"][:, :-response_length].bool()
+    # a response's length counts every real token: with tool calls it holds tool turns the mask leaves out (verl)
+    response_tokens = batch["attention_mask"][:, -response_length:]
     valid_returns = batch["returns"][response_mask]
 
     metrics = {
@@ -62,18 +64,31 @@ def compute_data_metrics(batch: Mapping[str, Tensor], use_critic: bool) -> dict[
         valid_values = batch["values"][response_mask]
         metrics |= _stats("critic/values", valid_values)
         metrics["critic/vf_explained_var"] = _explained_var(valid_returns.float(), valid_values.float())
-    metrics |= _length_stats("response_length", response_mask.sum(-1).float(), response_length)
+    metrics |= _length_stats("response_length", response_tokens.sum(-1).float(), response_length)
     metrics |= _length_stats("prompt_length", prompt_mask.sum(-1).float(), prompt_mask.shape[-1])
     return {name: float(value) for name, value in metrics.items()}
+
+
+def reward_group_metrics(scores: Tensor, uids: Sequence[Hashable]) -> dict[str, float]:
+    """``health/frac_reward_zero_std`` (TRL's ``frac_reward_zero_std``): the share of prompt groups (rows sharing a
+    uid: one prompt's n responses) whose scores (B,) are all equal. GRPO's advantages are zero there, so those
+    prompts teach nothing. Empty without groups of two or more responses."""
+    groups: dict[Hashable, list[float]] = {}
+    for uid, score in zip(uids, scores.tolist()):
+        groups.setdefault(uid, []).append(score)
+    groups_of_several = [group for group in groups.values() if len(group) > 1]
+    if not groups_of_several:
+        return {}
+    return {"health/frac_reward_zero_std": statistics.fmean(float(max(g) == min(g)) for g in groups_of_several)}
 
 
 def compute_timing_metrics(batch: Mapping[str, Tensor], timing_raw: Mapping[str, float]) -> dict[str, float]:
     """timing_s/<name> for every timer, and timing_per_token_ms/<name> for the phases that process tokens.
 
-    gen is normalised by response tokens; ref, values, adv, update_critic, update_actor and old_log_prob by all
-    (prompt + response) tokens.
+    gen is normalised by response tokens (tool turns included: the rollout feeds them); ref, values, adv,
+    update_critic, update_actor and old_log_prob by all (prompt + response) tokens.
     """
-    n_response_tokens = max(int(batch["response_mask"].sum()), 1)
+    n_response_tokens = max(int(batch["attention_mask"][:, -batch["responses"].shape[-1]:].sum()), 1)
     n_all_tokens = max(int(batch["attention_mask"].sum()), 1)
     tokens_per_phase = {"gen": n_response_tokens, **{name: n_all_tokens for name in _ALL_TOKEN_PHASES}}
     metrics = {f"timing_s/{name}": float(seconds) for name, seconds in timing_raw.items()}
@@ -94,6 +109,34 @@ def compute_throughput_metrics(
         "perf/time_per_step": step_time,
         "perf/throughput": total_tokens / (step_time * n_workers),
     }
+
+
+def multi_turn_metrics(rows: Mapping[str, Any]) -> dict[str, float]:
+    """Tool-use statistics of a multi-turn rollout from its per-row values (``workers.agent_loop``); {} without.
+
+    verl's ``num_turns/{mean,min,max}`` (user, assistant and tool turns) and ``tool_call_counts/{mean,min,max}``
+    per trajectory; ColoRL's ``multi_turn/``: tool errors and tool-output tokens per trajectory, the share of
+    calls that succeeded, of trajectories stopped by the turn or the length limit, and of trajectories whose
+    turn-by-turn tokens differ from the whole conversation's tokenization, and the mean tool step reward.
+    """
+    if "__num_turns__" not in rows:
+        return {}
+    column = {k: torch.tensor([float(v) for v in rows[k]]) for k in
+              ("__num_turns__", "tool_call_counts", "tool_error_counts", "tool_response_tokens", "tool_rewards",
+               "tokenization_mismatch")}
+    stops = list(rows["stop_reason"])
+    metrics = {**_stats("num_turns", column["__num_turns__"]), **_stats("tool_call_counts", column["tool_call_counts"]),
+               "multi_turn/tool_errors/mean": column["tool_error_counts"].mean(),
+               "multi_turn/tool_response_tokens/mean": column["tool_response_tokens"].mean(),
+               "multi_turn/tool_reward/mean": column["tool_rewards"].mean(),
+               "multi_turn/turn_limit_ratio": torch.tensor(stops.count("turn_limit") / len(stops)),
+               "multi_turn/length_limit_ratio": torch.tensor(stops.count("length_limit") / len(stops)),
+               "multi_turn/tokenization_mismatch_ratio": column["tokenization_mismatch"].mean()}
+    calls = column["tool_call_counts"].sum()
+    if calls > 0:
+        # errors also count failed create/calc_reward/release calls, hence the floor at 0
+        metrics["multi_turn/tool_success_rate"] = (1 - column["tool_error_counts"].sum() / calls).clamp(min=0)
+    return {name: float(value) for name, value in metrics.items()}
 
 
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -19,21 +19,26 @@ import numpy as np
 import torch
 
 import algos
-from config.plan import CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
+from config.plan import AGENT_KEYS, CRITIC_UPDATE_KEYS, FORWARD_KEYS, GEN_KEYS, StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.fingerprint import config_record
+from trainer.health import HealthMonitor
 from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    multi_turn_metrics,
     reduce_metrics,
+    reward_group_metrics,
     timed,
     validation_metrics,
 )
 from trainer.preemption import StopSignals
+from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -44,6 +49,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
+VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
 
 
 class RayPPOTrainer:
@@ -76,9 +82,11 @@ class RayPPOTrainer:
         self.epoch, self.batch_in_epoch, self._epoch_start_rng = 0, 0, None
         self.wandb_run_id: str | None = None
         self.nonfinite_streak = self.nonfinite_total = 0
+        self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep
         )
+        self.resume_from = open_run(config, self.checkpoints)  # locked; the checkpoint to continue from, config checked
         self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
             {}, config.trainer.phase_timeout_s,
             dump_fn=lambda: stall_report(self.fused_wg.processes),
@@ -114,9 +122,10 @@ class RayPPOTrainer:
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
-        for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
-            if wg is not None:
-                wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
+        with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
+            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
+                if wg is not None:
+                    wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -131,12 +140,13 @@ class RayPPOTrainer:
             local_dir=cfg.default_local_dir,
             total_steps=self.total_training_steps,
             resume_id=self.wandb_run_id,
+            resume_step=self.global_step,  # steps logged after it are computed again: one history
         )
         self.wandb_run_id = self.logger.wandb_run_id
         start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
-                self.logger.log(self.validate(), step=self.global_step)
+                self.logger.log(self.health.observe(self.validate(), self.global_step), step=self.global_step)
             batches = self._batches()
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
@@ -156,6 +166,7 @@ class RayPPOTrainer:
                     with self._phase("save_checkpoint", saving):
                         self.save_checkpoint()
                     last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
+                last = self.health.observe(last, self.global_step)  # health metrics; warns once when a pattern holds
                 self.logger.log(last, step=self.global_step)
                 if out_of_time or preempted:
                     break
@@ -177,7 +188,7 @@ class RayPPOTrainer:
         if self.nonfinite_streak >= limit:
             raise NonFiniteLossError(
                 f"{limit} steps in a row (up to step {self.global_step}) had NaN/inf losses or gradients and were "
-                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.find('auto') or 'none yet'}. "
+                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.latest() or 'none yet'}. "
                 "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
             )
 
@@ -207,7 +218,7 @@ class RayPPOTrainer:
             return self.checkpoints.commit(staging, self.global_step, self._driver_state())
         except OSError as exc:  # a worker's OSError reaches us as a RayTaskError that is also an OSError
             self.checkpoints.abandon(staging)
-            previous = self.checkpoints.find("auto")
+            previous = self.checkpoints.latest()
             raise CheckpointError(
                 f"saving the checkpoint of step {self.global_step} failed ({getattr(exc, 'cause', exc)}); "
                 f"the previous checkpoint is intact: {previous or 'none yet'}"
@@ -221,20 +232,21 @@ class RayPPOTrainer:
             "epoch_start_rng": self._epoch_start_rng,
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
+            "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
         }
 
     def load_checkpoint(self) -> bool:
-        """Resume as ``trainer.resume_mode`` says; True when a checkpoint was loaded."""
-        cfg = self.config.trainer
-        path = self.checkpoints.find(cfg.resume_mode, cfg.resume_from_path)
+        """Load the checkpoint ``open_run`` picked (``trainer.resume_mode``); True when there was one."""
+        path = self.resume_from
         if path is None:
             return False
         if self.critic_wg is not None and not (path / "critic").exists():
             raise CheckpointError(f"{path} has no critic/ to resume the critic from (saved by a run without one?)")
         try:
-            self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
-            if self.critic_wg is not None:
-                self.critic_wg.load_checkpoint(str(path / "critic"))
+            with self.watchdog.phase("load_checkpoint"):
+                self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
+                if self.critic_wg is not None:
+                    self.critic_wg.load_checkpoint(str(path / "critic"))
         except (ValueError, FileNotFoundError) as exc:  # raised in a worker: a different model, missing files
             raise CheckpointError(f"cannot resume from {path}: {getattr(exc, 'cause', exc)}") from exc
         state = load_driver_state(path)
@@ -252,7 +264,7 @@ class RayPPOTrainer:
         n = self.config.actor_rollout_ref.rollout.n
         with timed("step", timing):
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            if self.config.algorithm.adv_estimator == "remax":  # ReMax's baseline: the greedy answer's reward
+            if self.plan.compute_greedy_baseline:  # ReMax's baseline: the greedy answer's reward
                 with self._phase("gen_max", timing):
                     batch.batch["reward_baselines"] = self._greedy_reward(batch)
             batch = batch.repeat(n, interleave=True)
@@ -261,10 +273,11 @@ class RayPPOTrainer:
             if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             with self._phase("reward", timing):
-                scores, _ = self.reward_fn(batch)
+                scores, reward_extras = self.reward_fn(batch)
                 if self.rm_wg is not None:  # the learned score, on the last response token, adds to the rule's
                     scores = scores + self.rm_wg.compute_rm_score(_forward_inputs(batch)).batch["rm_scores"]
                 batch.batch["token_level_scores"] = scores
+            metrics.update(reward_group_metrics(scores.sum(-1), batch.non_tensor_batch["uid"]))
             if self.plan.recompute_old_log_prob:
                 with self._phase("old_log_prob", timing):
                     batch.union(self.actor_rollout_wg.compute_log_prob(_forward_inputs(batch)))
@@ -275,7 +288,7 @@ class RayPPOTrainer:
                 with self._phase("values", timing):
                     batch.union(self.critic_wg.compute_values(_forward_inputs(batch)))
             with self._phase("adv", timing):
-                self._compute_advantage(batch, metrics)
+                self._compute_advantage(batch, metrics, reward_extras)
             if self.plan.use_critic:
                 with self._phase("update_critic", timing):
                     metrics.update(self._update(self.critic_wg.update_critic, batch, CRITIC_UPDATE_KEYS))
@@ -298,9 +311,11 @@ class RayPPOTrainer:
     def _generate(self, batch: DataProto, metrics: dict, meta_info: dict | None = None) -> DataProto:
         """Replace the prompt tensors by prompt+response ones from the rollout workers."""
         prompts = batch.pop(batch_keys=GEN_KEYS)
+        prompts.non_tensor_batch.update({k: batch.non_tensor_batch[k] for k in AGENT_KEYS if k in batch.non_tensor_batch})
         prompts.meta_info.update(meta_info or {})
         out = self.actor_rollout_wg.generate_sequences(prompts)
         metrics.update(reduce_metrics(out.meta_info.pop("metrics", {})))
+        metrics.update(multi_turn_metrics(out.non_tensor_batch))
         return batch.union(out)
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
@@ -310,8 +325,10 @@ class RayPPOTrainer:
         out = self._generate(batch.select(batch_keys=GEN_KEYS), {}, meta_info=greedy)
         return self.reward_fn(out)[0].sum(-1)
 
-    def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
-        """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns."""
+    def _compute_advantage(self, batch: DataProto, metrics: dict, reward_extras: dict[str, list]) -> None:
+        """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns.
+
+        ``reward_extras`` are the reward function's per-row extra values (GDPO's reward components)."""
         algo = self.config.algorithm
         tensors = batch.batch
         mask = tensors["response_mask"]
@@ -330,12 +347,13 @@ class RayPPOTrainer:
             algo.adv_estimator,
             token_level_rewards=tensors["token_level_rewards"],
             response_mask=mask,
+            config=algo,
             values=tensors.get("values"),
             index=batch.non_tensor_batch["uid"],
             reward_baselines=tensors.get("reward_baselines"),
-            gamma=algo.gamma,
-            lam=algo.lam,
-            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            old_log_probs=tensors.get("old_log_probs"),
+            sum_pi_squared=tensors.get("sum_pi_squared"),
+            reward_components=_reward_components(reward_extras, algo.gdpo_reward_keys),
         )
 
     @staticmethod
@@ -354,9 +372,10 @@ class RayPPOTrainer:
         extras: dict[str, list[float]] = {}
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict).repeat(n, interleave=True)
-            with self.watchdog.phase("validate"):
+            with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 batch = self._generate(batch, {}, meta_info=val_kwargs)
-            reward, reward_extras = self.val_reward_fn(batch)
+                reward, reward_extras = self.val_reward_fn(batch)
+            reward_extras.update({k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch})
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
                     extras.setdefault(key, []).extend(values)
@@ -374,3 +393,14 @@ def _forward_inputs(batch: DataProto) -> DataProto:
 
 def _every(freq: int, step: int) -> bool:
     return freq > 0 and step % freq == 0
+
+
+def _reward_components(reward_extras: dict[str, list], keys: list[str] | None) -> list[torch.Tensor] | None:
+    """The (B,) reward components ``algorithm.gdpo_reward_keys`` names, from the reward function's extra values."""
+    if not keys:
+        return None
+    missing = [key for key in keys if key not in reward_extras]
+    if missing:
+        raise ValueError(f"algorithm.gdpo_reward_keys={keys}: compute_score returned no {missing} (its dict has "
+                         f"{sorted(reward_extras)})")
+    return [torch.tensor(reward_extras[key], dtype=torch.float32) for key in keys]

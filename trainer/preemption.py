@@ -6,6 +6,11 @@ finishes the step in progress (its phases are worker calls that cannot be cut sh
 writes a checkpoint, flushes its loggers and raises :class:`Preempted`, which ``trainer.run`` turns into exit status
 ``EXIT_PREEMPTED``. ``trainer.resume_mode=auto`` (the default) then continues from that step. A second SIGINT
 stops at once (KeyboardInterrupt), for a user who will not wait for the step to finish.
+
+Ctrl-C, Slurm's ``scancel``/``KillWait`` and ``systemd stop`` signal a whole process group or cgroup, not just the
+driver. The local Ray cluster the driver starts (GCS, raylet and, through the raylet, every worker) is started
+inside :func:`signals_left_to_driver`, so it ignores them: stopping is left to the driver, which finishes the
+step and saves it with its workers alive.
 """
 
 from __future__ import annotations
@@ -13,11 +18,26 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
 EXIT_PREEMPTED = 4  # the process exit status after a SIGTERM/SIGINT stop with its checkpoint written
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def signals_left_to_driver() -> Iterator[None]:
+    """Processes started inside the block start with SIGTERM and SIGINT blocked: a blocked signal mask is inherited
+    across fork and exec (Ray blocks SIGINT in its own processes the same way), so they never see a signal sent to
+    the group; this process, unblocked again after the block, gets it. ``ray.shutdown`` stops them with SIGKILL
+    after its SIGTERM goes unanswered."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class Preempted(Exception):

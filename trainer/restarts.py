@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
+
+from ray.exceptions import RayError
 
 from single_controller.ray.health import WorkerDiedError, shutdown_worker_group
+from trainer.faults import named
 
 
 def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: int) -> dict[str, float]:
@@ -15,7 +18,8 @@ def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: in
     A restart kills what is left of the worker group, then builds a fresh trainer with ``rebuild()`` (fresh
     driver state), whose config must say ``trainer.resume_mode=auto``: its ``fit`` then resumes from the run's
     latest complete checkpoint, so at most the steps since that checkpoint are computed again. However
-    the run ends, the workers are killed before this returns or raises: no process outlives it.
+    the run ends, the workers are killed before this returns or raises: no process outlives it. A Ray exception
+    that ends the run is raised as the one line ``trainer.faults.named`` makes of it.
     """
     restarts = 0
     while True:
@@ -24,13 +28,23 @@ def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: in
             return trainer.fit()
         except WorkerDiedError as exc:
             if restarts >= max_restarts:
-                raise
+                _raise_named(exc)
             restarts += 1
             print(f"colorl: {exc}\ncolorl: restart {restarts} of {max_restarts} (trainer.max_restarts): rebuilding "
                   "the workers and resuming from the last checkpoint", file=sys.stderr, flush=True)
+        except RayError as exc:  # a worker's exception, a full object store
+            _raise_named(exc)
         finally:
             _shutdown_workers(trainer)
         trainer = rebuild()
+
+
+def _raise_named(exc: BaseException) -> NoReturn:
+    """Raise ``exc`` as the one line ``trainer.faults.named`` makes of it (itself when it has none)."""
+    fault = named(exc)
+    if fault is exc:
+        raise exc
+    raise fault from exc
 
 
 def _shutdown_workers(trainer: Any) -> None:

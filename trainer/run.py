@@ -3,6 +3,7 @@ turn each failure a user can act on into one line on stderr and an exit status (
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import sys
@@ -14,11 +15,12 @@ from data.reward import RewardError
 from single_controller.ray.health import WorkerDiedError
 from trainer.build import build_trainer
 from trainer.checkpoint import CheckpointError
+from trainer.faults import FaultError
 from trainer.ppo_trainer import NonFiniteLossError
-from trainer.preemption import EXIT_PREEMPTED, Preempted
+from trainer.preemption import EXIT_PREEMPTED, Preempted, signals_left_to_driver
 from trainer.restarts import fit_with_restarts
 
-EXIT_FAILED = 1  # a dead worker, NaN losses, a checkpoint or reward failure
+EXIT_FAILED = 1  # a dead worker, a worker's exception, NaN losses, a checkpoint or reward failure
 
 
 def run_ppo(cfg: PPOConfig, plan: StepPlan | None = None) -> dict[str, float]:
@@ -41,7 +43,7 @@ def run_command_line(cfg: PPOConfig, plan: StepPlan) -> int:
     try:
         run_ppo(cfg, plan)
     # the run is over and the workers are torn down: say what went wrong, not where the driver was
-    except (WorkerDiedError, NonFiniteLossError, CheckpointError, RewardError) as exc:
+    except (WorkerDiedError, FaultError, NonFiniteLossError, CheckpointError, RewardError) as exc:
         print(f"colorl: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except Preempted as exc:  # SIGTERM/SIGINT: the step was finished and checkpointed
@@ -60,7 +62,12 @@ def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
     else:
         # On CPU every worker holds one CPU slot, plus one for the driver's tasks; Ray counts the cores on GPU.
         cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
-        ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default)
+        dashboard = cfg.ray_init.include_dashboard  # off unless asked for: anyone who reaches it can run code
+        if dashboard and importlib.util.find_spec("aiohttp") is None:  # what ray[default] adds to the minimal ray
+            raise ConfigError.invalid("ray_init.include_dashboard", dashboard, "Ray's dashboard needs ray[default]: "
+                                      f"pip install 'ray[default]=={ray.__version__}'")
+        with signals_left_to_driver():  # SIGTERM/SIGINT to the process group: the driver saves, then stops Ray
+            ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default, include_dashboard=dashboard)
     return True
 
 

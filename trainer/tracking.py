@@ -3,9 +3,12 @@
 Backends (``trainer.logger``):
 - ``console``: a tqdm bar over the training steps plus one compact line per step;
 - ``wandb``: a W&B run under ``<local_dir>/wandb``, offline unless ``WANDB_MODE`` says otherwise;
-- ``file``: ``<local_dir>/metrics.jsonl``, one JSON object per step with a ``step`` key (appended, so a resumed
-  run continues the same file).
-``finish()`` also draws ``<local_dir>/reward_curve.png``: training score and validation reward against step.
+- ``file``: ``<local_dir>/metrics.jsonl``, one JSON object per step with a ``step`` key. A resumed run continues
+  the same file, which then holds one history: the steps logged after the checkpoint it continues from (by an
+  attempt that crashed or was killed; all of them when it left no checkpoint) are removed first, since they are
+  computed again, and so is a partial last line (a full disk, a crash mid-write).
+``finish()`` also draws ``<local_dir>/reward_curve.png``: a grid of the run's health against step (reward and
+validation, response length, entropy and KL, prompt groups with all-equal rewards).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import json
 import math
 import os
 import re
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
@@ -22,6 +27,7 @@ from tqdm import tqdm
 
 from config.checks import ConfigError
 from config.schema import LoggerBackend
+from workers.safe_files import write_atomically
 
 LOGGER_BACKENDS = get_args(LoggerBackend)
 
@@ -50,6 +56,7 @@ class Tracking:
         local_dir: str,
         total_steps: int | None = None,
         resume_id: str | None = None,
+        resume_step: int = 0,
     ) -> None:
         unknown = [b for b in backends if b not in LOGGER_BACKENDS]
         if unknown:
@@ -60,13 +67,31 @@ class Tracking:
         self.plot_path = self.local_dir / "reward_curve.png"
         self._history: list[dict[str, Any]] = []  # this run's plotted values, for the plot when there is no file
         self._bar = tqdm(total=total_steps, desc=experiment_name, unit="step") if "console" in backends else None
-        self._file = open(self.metrics_path, "a", encoding="utf-8") if "file" in backends else None
+        self._to_file = "file" in backends
+        self._file = self._open_history(resume_step) if self._to_file else None
         self._wandb_run = None
         self.wandb_run_id: str | None = None
         if "wandb" in backends:
             self._wandb_run = self._init_wandb(project_name, experiment_name, config, resume_id)
             self.wandb_run_id = self._wandb_run.id
         self._finished = False
+
+    def _open_history(self, resume_step: int) -> Any:
+        """metrics.jsonl opened for appending, holding only the steps up to ``resume_step`` (see the module's doc)."""
+        if self.metrics_path.exists():
+            records, partial = _read_records(self.metrics_path)
+            kept = [r for r in records if r.get("step", 0) <= resume_step] if resume_step else []  # 0: a fresh start
+            dropped = sorted({r.get("step", 0) for r in records} - {r.get("step", 0) for r in kept})
+            if dropped:
+                when = f"after the checkpoint of step {resume_step}" if resume_step else "that left no checkpoint"
+                print(f"colorl: metrics.jsonl: removing steps {dropped[0]}-{dropped[-1]}, logged by an earlier attempt "
+                      f"{when}: this run computes them again", file=sys.stderr)
+            if partial:
+                print("colorl: metrics.jsonl: removing a partial line (a full disk or a crash while writing)",
+                      file=sys.stderr)
+            if dropped or partial:
+                write_atomically(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        return open(self.metrics_path, "a", encoding="utf-8")
 
     def _init_wandb(self, project: str, name: str, config: dict[str, Any], resume_id: str | None) -> Any:
         import wandb  # imported only when asked for: it is slow to import and starts a service process
@@ -87,8 +112,13 @@ class Tracking:
         record = {"step": step, **values}
         self._history.append({k: v for k, v in record.items() if k == "step" or _is_plotted(k)})
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()  # a crashed or killed run keeps every finished step
+            try:
+                self._file.write(json.dumps(record) + "\n")
+                self._file.flush()  # a crashed or killed run keeps every finished step
+            except OSError as exc:  # a full disk: the run goes on (its checkpoint save will say more)
+                print(f"colorl: warning: cannot write {self.metrics_path} ({exc}); no more metrics go there",
+                      file=sys.stderr)
+                self._close_file()
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
         if self._bar is not None:
@@ -100,15 +130,25 @@ class Tracking:
         if self._finished:
             return
         self._finished = True
-        if self._file is not None:
-            self._file.close()
+        self._close_file()
         if self._bar is not None:
             self._bar.close()
         if self._wandb_run is not None:
             self._wandb_run.finish()
         # metrics.jsonl also holds the steps of earlier (resumed) runs, so it plots the whole curve
-        records = read_metrics(self.metrics_path) if self._file is not None else self._history
-        plot_reward_curve(records, self.plot_path)
+        records = read_metrics(self.metrics_path) if self._to_file else self._history
+        try:
+            plot_reward_curve(records, self.plot_path)
+        except OSError as exc:  # a full disk must not hide how the run ended
+            print(f"colorl: warning: cannot write {self.plot_path} ({exc})", file=sys.stderr)
+
+    def _close_file(self) -> None:
+        try:
+            if self._file is not None:
+                self._file.close()
+        except OSError:  # the last flush failed (a full disk): its partial line is removed on the next open
+            pass
+        self._file = None
 
 
 def _plain(value: Any) -> Any:
@@ -127,7 +167,7 @@ def _console_line(record: dict[str, Any]) -> str:
 
 
 def _is_plotted(key: str) -> bool:
-    return key == TRAIN_SCORE or VAL_REWARD.fullmatch(key) is not None
+    return any(panel.plots(key) for panel in PANELS)
 
 
 def _is_number(value: Any) -> bool:
@@ -135,13 +175,53 @@ def _is_number(value: Any) -> bool:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, in the order they were logged."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a ``metrics.jsonl`` file, in the order they were logged (a partial line is skipped)."""
+    return _read_records(path)[0]
+
+
+def _read_records(path: str | os.PathLike) -> tuple[list[dict[str, Any]], bool]:
+    """(the records, whether a line was unreadable: a write cut short by a full disk or a crash)."""
+    records, partial = [], False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in filter(str.strip, f):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                partial = True
+    return records, partial
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot of the end-of-run grid: its series on the left axis, those of another scale on the right one, and
+    the health warning whose first step it marks."""
+
+    title: str
+    left: tuple[str | re.Pattern, ...]
+    right: tuple[str | re.Pattern, ...] = ()
+    warning: str | None = None
+
+    def plots(self, key: str) -> bool:
+        return any(_matches(p, key) for p in (*self.left, *self.right)) or key == f"health/warning/{self.warning}"
+
+
+HELD_OUT_EXTRA = re.compile(r"val-aux/(.+)/(.+)/mean@1")  # scores the reward does not train, e.g. the flexible one
+PANELS = (
+    Panel("reward and validation", (TRAIN_SCORE, VAL_REWARD, HELD_OUT_EXTRA), warning="reward_vs_held_out"),
+    Panel("response length", ("response_length/mean",), ("response_length/clip_ratio",), "responses_at_limit"),
+    Panel("entropy and KL", ("actor/entropy",), ("actor/kl_loss", "actor/ref_kl"), "entropy_collapse"),
+    Panel("prompt groups with all-equal rewards", ("health/frac_reward_zero_std",), warning="all_equal_groups"),
+)
 
 
 def plot_reward_curve(records: list[dict[str, Any]], path: str | os.PathLike) -> bool:
-    """Plot training score and every validation reward@1 against step; False (no file) when none was logged.
+    """A 2 × 2 grid (``PANELS``) against step: training score and validation rewards, response length (and the
+    share cut at the limit), entropy and KL, and the share of prompt groups with all-equal rewards; a dotted line
+    where a health warning first fired. False (no file) when none of it was logged.
 
     A step logged twice (a run resumed from an earlier checkpoint) keeps its latest value.
     """
@@ -150,17 +230,53 @@ def plot_reward_curve(records: list[dict[str, Any]], path: str | os.PathLike) ->
         for key, value in record.items():
             if _is_plotted(key) and _is_number(value) and math.isfinite(value):
                 curves.setdefault(key, {})[record["step"]] = value
-    if not curves:
+    if not any(not k.startswith("health/warning/") for k in curves):
         return False
-    fig = Figure(figsize=(7, 4), layout="tight")  # a bare Figure renders with Agg; pyplot's global state not needed
-    ax = fig.subplots()
-    for key, points in sorted(curves.items()):
-        steps = sorted(points)
-        label = "train score" if key == TRAIN_SCORE else f"val reward@1 ({VAL_REWARD.fullmatch(key)[1]})"
-        ax.plot(steps, [points[s] for s in steps], marker="o" if len(steps) < 30 else None, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.savefig(path, dpi=100)
+    fig = Figure(figsize=(11, 7), layout="tight")  # a bare Figure renders with Agg; pyplot's global state not needed
+    for ax, panel in zip(fig.subplots(2, 2).flat, PANELS):
+        _draw_panel(ax, panel, curves)
+    fig.savefig(path, dpi=100, metadata={"Title": " | ".join(panel.title for panel in PANELS)})
     return True
+
+
+def _draw_panel(ax: Any, panel: Panel, curves: dict[str, dict[int, float]]) -> None:
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    drawn = _draw_series(ax, panel.left, curves, 0)
+    if any(_matches(p, k) for p in panel.right for k in curves):  # another scale: the right axis
+        twin = ax.twinx()
+        drawn += _draw_series(twin, panel.right, curves, drawn, linestyle="--")
+        twin.legend(loc="upper right", fontsize=7)
+    fired = [step for step, flag in sorted(curves.get(f"health/warning/{panel.warning}", {}).items()) if flag]
+    if fired:
+        ax.axvline(fired[0], color="red", linestyle=":", label=f"warning: {panel.warning}")
+    if drawn or fired:
+        ax.legend(loc="upper left", fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="gray")
+
+
+def _matches(pattern: str | re.Pattern, key: str) -> bool:
+    return key == pattern if isinstance(pattern, str) else pattern.fullmatch(key) is not None
+
+
+def _draw_series(ax: Any, patterns: tuple[str | re.Pattern, ...], curves: dict[str, dict[int, float]],
+                 color_offset: int, linestyle: str = "-") -> int:
+    keys = [k for p in patterns for k in sorted(curves) if _matches(p, k)]
+    for i, key in enumerate(keys):
+        points = curves[key]
+        steps = sorted(points)
+        ax.plot(steps, [points[s] for s in steps], marker="o" if len(steps) < 30 else None, markersize=3,
+                linestyle=linestyle, color=f"C{color_offset + i}", label=_label(key))
+    return len(keys)
+
+
+def _label(key: str) -> str:
+    if key == TRAIN_SCORE:
+        return "train score"
+    if match := VAL_REWARD.fullmatch(key):
+        return f"val reward@1 ({match[1]})"
+    if match := HELD_OUT_EXTRA.fullmatch(key):
+        return f"val {match[2]} ({match[1]})"
+    return key

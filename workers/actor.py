@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from algos import agg_loss, compute_policy_loss, kl_penalty
+from algos import aggregate, compute_policy_loss, kl_penalty
 from config.plan import LOG_PROB_KEYS, actor_update_keys, is_single_step, uses_full_kl
 from single_controller import DataProto
-from workers.logprob import TokenStats, token_stats
+from workers.logprob import token_stats
 from workers.packing import restore_order
 from workers.update import configured_update, micro_batches, model_device
 
@@ -74,13 +74,16 @@ class DataParallelPPOActor:
         Positions without a valid response token (``attention_mask`` 0) are 0.
         """
         micro = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        stats = self._token_stats(micro, response_length, temperature)
-        return stats.log_prob, stats.entropy if calculate_entropy else None
+        stats = self._token_stats(micro, response_length, temperature, ("entropy",) if calculate_entropy else ())
+        return stats["log_probs"], stats.get("entropy")
 
     def _token_stats(self, micro: dict[str, Tensor], response_length: int, temperature: float,
-                     ref_module: nn.Module | None = None, entropy_grad: bool = True) -> TokenStats:
+                     stats: tuple[str, ...], ref_module: nn.Module | None = None,
+                     entropy_grad: bool = True) -> dict[str, Tensor]:
+        """``log_probs`` (B, R) plus the per-position statistics named in ``stats`` (``workers.logprob.STATS``), and
+        with ``ref_module`` the exact KL to it (``kl``)."""
         return token_stats(self.module, micro, response_length, temperature, self.use_remove_padding,
-                           self.use_fused_kernels, ref_module, entropy_grad)
+                           self.use_fused_kernels, stats, ref_module, entropy_grad)
 
     @torch.no_grad()
     def compute_log_prob(
@@ -95,58 +98,65 @@ class DataParallelPPOActor:
 
         Micro-batches of ``micro_batch_size`` rows, or of at most ``max_token_len`` valid tokens when it is set.
         """
+        stats = self.compute_token_stats(data, micro_batch_size, temperature, max_token_len,
+                                         ("entropy",) if calculate_entropy else ())
+        return stats["log_probs"], stats.get("entropy")
+
+    @torch.no_grad()
+    def compute_token_stats(
+        self,
+        data: DataProto,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        max_token_len: int | None = None,
+        stats: tuple[str, ...] = (),
+    ) -> dict[str, Tensor]:
+        """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``workers.logprob.STATS``), each
+        (B, R)."""
         self.module.eval()
         tensors = {k: data.batch[k] for k in LOG_PROB_KEYS}
         response_length = tensors["responses"].shape[-1]
         device = model_device(self.module)
-        log_probs, entropys = [], []
+        chunks: dict[str, list[Tensor]] = {name: [] for name in ("log_probs", *stats)}
         indices = micro_batches(self.module, tensors, micro_batch_size, max_token_len)
         for index in indices:
             micro = {k: v[index].to(device) for k, v in tensors.items()}
-            lp, ent = self.forward_log_prob(
-                micro["input_ids"],
-                micro["attention_mask"],
-                micro["position_ids"],
-                response_length,
-                temperature,
-                calculate_entropy,
-            )
-            log_probs.append(lp.cpu())
-            if ent is not None:
-                entropys.append(ent.cpu())
-        entropy = restore_order(entropys, indices) if calculate_entropy else None
-        return restore_order(log_probs, indices), entropy
+            for name, value in self._token_stats(micro, response_length, temperature, stats).items():
+                chunks[name].append(value.cpu())
+        return {name: restore_order(values, indices) for name, values in chunks.items()}
 
-    def _micro_loss(self, micro: dict[str, Tensor], temperature: float) -> tuple[Tensor, dict[str, Tensor]]:
-        """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref)."""
+    def _micro_loss(self, micro: dict[str, Tensor], temperature: float, global_batch: dict[str, float]
+                    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref),
+        each term this micro-batch's share of the mini-batch's (``global_batch``: see ``algos.aggregate``)."""
         cfg = self.config
         mask = micro["response_mask"].to(torch.float32)
         # kl_loss_type=full compares the two models' whole distributions on the same rows (a LoRA actor is its
         # own reference); the entropy is always logged, but keeps a graph only when it is part of the loss
-        stats = self._token_stats(micro, micro["responses"].shape[-1], temperature,
+        stats = self._token_stats(micro, micro["responses"].shape[-1], temperature, ("entropy",),
                                   ref_module=self.ref_module if uses_full_kl(cfg) else None,
                                   entropy_grad=cfg.entropy_coeff != 0)
-        log_prob = stats.log_prob
+        log_prob = stats["log_probs"]
         pg_loss, metrics = compute_policy_loss(
+            cfg.policy_loss.loss_mode,
             # on-policy (no old_log_probs sent): this forward is the policy that sampled, so ratio = 1
             old_log_prob=micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach(),
             log_prob=log_prob,
             advantages=micro["advantages"],
             response_mask=mask,
-            clip_ratio_low=cfg.clip_ratio if cfg.clip_ratio_low is None else cfg.clip_ratio_low,
-            clip_ratio_high=cfg.clip_ratio if cfg.clip_ratio_high is None else cfg.clip_ratio_high,
-            clip_ratio_c=cfg.clip_ratio_c,
             loss_agg_mode=cfg.loss_agg_mode,
-            loss_mode=cfg.policy_loss.loss_mode,
+            config=cfg,
+            rollout_log_probs=micro.get("rollout_log_probs"),
+            global_batch=global_batch,
         )
-        entropy = agg_loss(stats.entropy, mask, cfg.loss_agg_mode)
+        agg = (cfg.loss_agg_mode, cfg.loss_scale_factor, global_batch)
+        with torch.set_grad_enabled(cfg.entropy_coeff != 0):
+            entropy, metrics["actor/entropy"] = aggregate(stats["entropy"], mask, *agg)
         loss = pg_loss - cfg.entropy_coeff * entropy if cfg.entropy_coeff != 0 else pg_loss
-        metrics["actor/entropy"] = entropy.detach()
         if cfg.use_kl_loss:
-            kl = stats.kl if stats.kl is not None else kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
-            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
+            kl = stats["kl"] if "kl" in stats else kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+            kl_loss, metrics["actor/kl_loss"] = aggregate(kl, mask, *agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.detach()
             metrics["actor/kl_coef"] = torch.tensor(float(cfg.kl_loss_coef))
         return loss, metrics
 
@@ -172,5 +182,6 @@ class DataParallelPPOActor:
                              f"ppo_epochs={cfg.ppo_epochs}, mini-batch {mini} of {rows} rows")
         return configured_update(
             self.module, self.optimizer, self.lr_scheduler, {k: data.batch[k] for k in keys},
-            lambda micro: self._micro_loss(micro, temperature), cfg, self.mini_batch_size, prefix="actor",
+            lambda micro, global_batch: self._micro_loss(micro, temperature, global_batch), cfg,
+            self.mini_batch_size, prefix="actor",
         )

@@ -19,10 +19,8 @@ only: a checkpoint may come from a shared file system, and unpickling anything e
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +43,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from workers import fsdp, lora
+from workers.safe_files import (
+    WRITE_ERRORS,
+    CheckpointWriteError,
+    UnsafeCheckpointError,
+    fsync,
+    load_plain,
+    write_error,
+)
 
 
 def _rank() -> int:
@@ -53,55 +59,6 @@ def _rank() -> int:
 
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def fsync(path: str | Path) -> None:
-    """Flush ``path`` (a file, or a directory's entries) to stable storage: a rename or a ``COMPLETE`` marker
-    that reaches the disk before the data it vouches for would survive a power cut that the data does not."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# What the writers raise when a write fails part-way (e.g. a full disk): OSError from plain files, RuntimeError
-# from torch.save's zip writer, CheckpointException (a BaseException) from DCP, on every rank, for any rank's.
-WRITE_ERRORS = (OSError, RuntimeError, CheckpointException)
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint file that could not be written (e.g. a full disk); the message names the path and free space."""
-
-
-def write_error(path: str | Path, exc: BaseException, who: str = "") -> CheckpointWriteError:
-    """A :class:`CheckpointWriteError` for writing under ``path`` failing with ``exc``, with the space left there."""
-    existing = Path(path)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
-    if isinstance(exc, CheckpointException) and exc.failures:  # DCP's: every rank's error; name the first
-        exc = next(iter(exc.failures.values()))[0]
-    first_line = (str(exc).splitlines() or [""])[0]
-    return CheckpointWriteError(f"{who}could not write the checkpoint to {path}: {type(exc).__name__}: {first_line} "
-                                f"({free / 2**20:.1f} MiB free on that file system)")
-
-
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint file holding pickled objects beyond tensors and plain types (loading it could run code)."""
-
-
-def load_plain(file: str | Path | io.BytesIO, name: str | None = None) -> Any:
-    """``torch.load`` restricted to tensors and plain Python types (``weights_only``): a checkpoint may come from a
-    shared file system or ``trainer.resume_from_path``, and unpickling anything else can run arbitrary code."""
-    try:
-        return torch.load(file, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as exc:
-        first_line = (str(exc).splitlines() or [""])[0]
-        raise UnsafeCheckpointError(
-            f"refusing to load {name or file}: it holds pickled Python objects other than tensors and plain types, which "
-            f"could run code when loaded (a crafted file, or one written by an older ColoRL): {first_line}"
-        ) from None
 
 
 def rng_state() -> dict[str, Any]:
@@ -204,6 +161,7 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     for group in fsdp.fsdp_modules(module):  # a gathered copy left by an earlier forward would go stale
         group.reshard()
     state = _state(module, optimizer)
+    configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     check_fits(src, reader.read_metadata(), state["model"], "model.")
     try:
         dcp.load(state, storage_reader=reader, planner=PlainLoadPlanner(), no_dist=not dist.is_initialized())
@@ -216,10 +174,22 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     set_model_state_dict(module, state["model"], options=StateDictOptions(strict=not lora.is_lora(module)))
     set_optimizer_state_dict(module, optimizer, state["optimizer"])
     extra = load_plain(src / "extra.pt")
-    scheduler.load_state_dict(extra["lr_scheduler"])
+    scheduler.load_state_dict({**extra["lr_scheduler"], "base_lrs": scheduler.base_lrs})
+    _keep_configured(optimizer, scheduler, configured)
     rng_file = src / f"rng_rank{_rank()}.pt"
     if extra["world_size"] == _world_size() and rng_file.exists():  # elastic resume starts fresh streams
         set_rng_state(load_plain(rng_file))
+
+
+def _keep_configured(optimizer: torch.optim.Optimizer, scheduler: Any, configured: list[dict[str, Any]]) -> None:
+    """The hyper-parameters this run's config built the optimizer and schedule with, not the checkpoint's: a
+    changed learning rate, betas or weight decay applies from the next update (the driver prints it:
+    ``trainer.fingerprint``); the moments (exp_avg, exp_avg_sq, step) and the schedule's position are the
+    checkpoint's, and the learning rate is the schedule's at that position."""
+    for group, values in zip(optimizer.param_groups, configured):
+        group.update(values)
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
 
 
 def check_fits(src: Path, metadata: Metadata, expected: dict[str, torch.Tensor], prefix: str) -> None:

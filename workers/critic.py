@@ -117,7 +117,7 @@ class DataParallelPPOCritic:
             values.append(self._values(micro, response_length).cpu())
         return restore_order(values, indices) * _response_mask(data, response_length)
 
-    def _micro_loss(self, micro: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    def _micro_loss(self, micro: dict[str, Tensor], global_batch: dict[str, float]) -> tuple[Tensor, dict[str, Tensor]]:
         return compute_value_loss(
             vpreds=self._values(micro, micro["responses"].shape[-1]),
             returns=micro["returns"],
@@ -125,6 +125,8 @@ class DataParallelPPOCritic:
             response_mask=micro["response_mask"].to(torch.float32),
             cliprange_value=self.config.cliprange_value,
             loss_agg_mode=self.config.loss_agg_mode,
+            loss_scale_factor=self.config.loss_scale_factor,
+            global_batch=global_batch,
         )
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:

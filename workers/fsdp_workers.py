@@ -23,6 +23,7 @@ from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
 from workers import fsdp, lora, malloc
 from workers.actor import DataParallelPPOActor
+from workers.agent_loop import build_agent_loop
 from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.reward_model import compute_rm_scores, load_reward_model
 from workers.role import FrozenRole, TrainedRole
@@ -107,6 +108,9 @@ class ActorRolloutRefWorker(Worker):
                 use_fused_kernels=cfg.model.use_fused_kernels,
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
+            # tool-calling rollouts (rollout.multi_turn): loading the tools runs the code the tool config names
+            multi_turn = cfg.rollout.multi_turn.enable
+            self.agent_loop = build_agent_loop(self.tokenizer, cfg.rollout) if multi_turn else None
         if self._is_ref:
             self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor,
                                                    use_remove_padding=remove_padding,
@@ -120,7 +124,9 @@ class ActorRolloutRefWorker(Worker):
         Sampling settings come from ``config.rollout``; ``prompts.meta_info`` may override temperature, top_p,
         top_k and do_sample (validation passes ``val_kwargs``). Returns prompts, responses, input_ids,
         attention_mask, position_ids and response_mask, and with ``rollout.calculate_log_probs``
-        rollout_log_probs (the sampled tokens' log-probs under this very policy: the old log-probs).
+        rollout_log_probs (the sampled tokens' log-probs under this very policy: the old log-probs); with
+        ``rollout.multi_turn.enable`` also the agent loop's per-row non-tensors (``workers.agent_loop``), reading
+        ``raw_prompt``/``agent_name``/``tools_kwargs`` (and no log-probs: the plan keeps the forward).
         """
         if not self._is_actor:
             raise RuntimeError(f"generate_sequences needs the actor; this worker's role is {self.role!r}")
@@ -131,6 +137,12 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         with self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module:
             module.eval()
+            if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools
+                out, rows, metrics = self.agent_loop.generate(
+                    module, prompts.batch, prompts.non_tensor_batch, response_length=int(rollout.response_length),
+                    eos_token_id=eos_ids, pad_token_id=pad_id if pad_id is not None else eos_ids[0], sampling=sampling)
+                metrics["timing_s/worker_gen"] = time.perf_counter() - start
+                return DataProto.from_dict({k: v.cpu() for k, v in out.items()}, rows, {"metrics": metrics})
             out = generate_sequences(
                 module,
                 prompts.batch["input_ids"],
@@ -147,16 +159,18 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (B, R) of the responses under the current policy (``actor/entropy`` is the update's)."""
+        """``old_log_probs`` (B, R) of the responses under the current policy (``actor/entropy`` is the update's),
+        and ``sum_pi_squared`` (B, R) when the plan says so."""
         rollout = self.config.rollout
         with self.trained.onloaded():
-            log_probs, _ = self.actor.compute_log_prob(
+            stats = self.actor.compute_token_stats(
                 data,
                 micro_batch_size=rollout.log_prob_micro_batch_size_per_gpu,
                 temperature=rollout.temperature,
                 max_token_len=rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
+                stats=("sum_pi_squared",) if self.plan.compute_sum_pi_squared else (),
             )
-        return _proto({"old_log_probs": log_probs})
+        return _proto({"old_log_probs" if name == "log_probs" else name: value for name, value in stats.items()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

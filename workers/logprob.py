@@ -24,11 +24,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from algos import entropy_from_logits, kl_full, logprobs_from_logits
+from algos import entropy_from_logits, kl_full, logprobs_from_logits, sum_pi_squared_from_logits
 from algos.linear_logprob import head_logits, linear_log_probs
 from workers.lora import as_reference
 from workers.packing import pack_batch, pack_width
 
+# per-position statistics of the policy a forward can return beside the log-probs: logits (..., V) -> (...)
+STATS: dict[str, Callable[[Tensor], Tensor]] = {
+    "entropy": entropy_from_logits,
+    "sum_pi_squared": sum_pi_squared_from_logits,
+}
 # config attributes of models whose logits are a transform of the head's output (Gemma's softcapping, Cohere's
 # logit_scale, Granite's logits_scaling, ...): their own head is kept
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier")
@@ -108,19 +113,12 @@ def response_rows(module: nn.Module, micro: dict[str, Tensor], response_length: 
     return ResponseRows(out[valid], input_ids[:, -response_length:][valid], unpack)
 
 
-@dataclass
-class TokenStats:
-    """Per-token statistics (B, R) of a micro-batch's responses, zero where there is no valid response token."""
-
-    log_prob: Tensor
-    entropy: Tensor
-    kl: Tensor | None  # exact KL(π ‖ π_ref) over the vocabulary, when a reference was given
-
-
 def token_stats(module: nn.Module, micro: dict[str, Tensor], response_length: int, temperature: float,
-                remove_padding: bool, fused: bool, ref_module: nn.Module | None = None,
-                entropy_grad: bool = True) -> TokenStats:
-    """log π, entropy (and with ``ref_module`` the exact KL) of the temperature-scaled policy on a micro-batch.
+                remove_padding: bool, fused: bool, stats: tuple[str, ...] = ("entropy",),
+                ref_module: nn.Module | None = None, entropy_grad: bool = True) -> dict[str, Tensor]:
+    """``log_probs`` log π (B, R) of the temperature-scaled policy on a micro-batch, the statistics named in
+    ``stats`` (``STATS``) and, with ``ref_module``, ``kl``: the exact KL to it; zero where there is no valid
+    response token.
 
     ``fused``: the chunked head of ``algos.linear_logprob``; otherwise the head's logits of the N valid rows, as one
     (N, V) matrix. ``ref_module`` runs first, without gradient, on the same rows (a LoRA actor is its own reference:
@@ -132,21 +130,22 @@ def token_stats(module: nn.Module, micro: dict[str, Tensor], response_length: in
     if ref_module is not None:
         ref_head = output_head(ref_module)
         with torch.no_grad(), as_reference(ref_module), hidden_states_out(ref_head):
-            ref_rows = response_rows(ref_module, micro, response_length, remove_padding)
-        ref = (ref_rows.outputs, ref_head) if ref_head is not None else (ref_rows.outputs, None)
+            ref = (response_rows(ref_module, micro, response_length, remove_padding).outputs, ref_head)
     with hidden_states_out(head):
         rows = response_rows(module, micro, response_length, remove_padding)
     if fused and head is not None and (ref is None or ref[1] is not None):
         ref_args = (ref[0], ref[1].weight, ref[1].bias) if ref is not None else None
-        log_prob, entropy, kl = linear_log_probs(rows.outputs, head.weight, rows.labels, head.bias, temperature,
-                                                 ref=ref_args)
+        out = linear_log_probs(rows.outputs, head.weight, rows.labels, head.bias, temperature, ref=ref_args)
+        values = {"log_probs": out["log_probs"], **{k: out[k] for k in (*stats, "kl") if k in out}}
     else:
         logits = _logits(rows.outputs, head, temperature)
-        log_prob = logprobs_from_logits(logits, rows.labels)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-            entropy = entropy_from_logits(logits)
-        kl = kl_full(logits, _logits(ref[0], ref[1], temperature)) if ref is not None else None
-    return TokenStats(rows.unpack(log_prob), rows.unpack(entropy), rows.unpack(kl) if kl is not None else None)
+        values = {"log_probs": logprobs_from_logits(logits, rows.labels)}
+        for name in stats:  # only an entropy in the loss keeps its graph
+            with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad and name == "entropy"):
+                values[name] = STATS[name](logits)
+        if ref is not None:
+            values["kl"] = kl_full(logits, _logits(ref[0], ref[1], temperature))
+    return {name: rows.unpack(value) for name, value in values.items()}
 
 
 def _logits(outputs: Tensor, head: nn.Linear | None, temperature: float) -> Tensor:

@@ -10,16 +10,24 @@ shards, and peft's ``adapter_config.json``, whose ``base_model_name_or_path`` na
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.pytorch_utils import Conv1D
+
+from config import ConfigError
 
 ADAPTER = "default"  # peft's name of the one adapter; its checkpoint keys leave it out
+ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer but the output head
+ADAPTABLE = (nn.Linear, nn.Embedding, Conv1D)  # the layer types a target name must reach
 
 
 def is_lora(module: nn.Module) -> bool:
@@ -45,6 +53,28 @@ def add_adapters(model: nn.Module, model_config: Any) -> nn.Module:
         return get_peft_model(model, config)
     except ValueError as exc:  # e.g. a module name the model does not have
         raise ValueError(f"actor_rollout_ref.model.target_modules={targets!r}: {exc}") from None
+
+
+def check_target_modules(model_config: Any) -> None:
+    """Fail before any worker starts when ``target_modules`` names no layer of the model, as peft matches names
+    (a list: a layer's full name or its last parts; a string: a regular expression over full names). The model is
+    built from its config on the meta device: no weight is read, no memory taken."""
+    targets = model_config.target_modules
+    if model_config.lora_rank == 0 or targets == ALL_LINEAR:
+        return
+    config = AutoConfig.from_pretrained(model_config.path, trust_remote_code=model_config.trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_config.trust_remote_code)
+    layers = [name for name, module in model.named_modules() if isinstance(module, ADAPTABLE)]
+    if isinstance(targets, str):
+        unmatched = [] if any(re.fullmatch(targets, name) for name in layers) else [targets]
+    else:
+        unmatched = [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in layers)]
+    if unmatched:
+        names = sorted({name.rpartition(".")[2] for name in layers})
+        raise ConfigError.invalid("actor_rollout_ref.model.target_modules", targets,
+                                  f"{unmatched} match no layer of the model; its layers are named {names}, "
+                                  f"or use {ALL_LINEAR!r}")
 
 
 @contextmanager

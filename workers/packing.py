@@ -108,6 +108,10 @@ class BatchTotals:
     rows: float
     ranks: int  # FSDP averages the ranks' gradients, so each rank's loss counts 1/ranks
 
+    def global_batch(self) -> dict[str, float]:
+        """``algos.agg_loss``'s keywords that make a micro-batch's loss its share of this mini-batch's loss."""
+        return {"dp_size": self.ranks, "batch_num_tokens": max(self.tokens, 1.0), "global_batch_size": self.rows}
+
 
 def mini_batch_totals(response_mask: Tensor, sync_device: torch.device | None = None) -> BatchTotals:
     """Tokens and rows of this rank's (rows, R) mini-batch, summed over all ranks when ``sync_device`` is set."""
@@ -117,24 +121,6 @@ def mini_batch_totals(response_mask: Tensor, sync_device: torch.device | None = 
     total = local.to(sync_device)
     dist.all_reduce(total)
     return BatchTotals(float(total[0]), float(total[1]), dist.get_world_size())
-
-
-def loss_weight(micro_mask: Tensor, totals: BatchTotals, loss_agg_mode: str) -> float:
-    """The factor on a micro-batch's loss that makes the sum over micro-batches (and the FSDP mean over
-    ranks) the loss of the whole mini-batch: ranks × the micro-batch's share of it.
-
-    token-mean: tokens_micro / tokens;  seq-mean-token-sum / seq-mean-token-mean: rows_micro / rows;
-    seq-mean-token-sum-norm (a sum over the batch / response_length): 1. ``micro_mask`` is (rows, R).
-    """
-    if loss_agg_mode == "token-mean":
-        share = float(micro_mask.sum()) / max(totals.tokens, 1.0)
-    elif loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        share = micro_mask.shape[0] / totals.rows
-    elif loss_agg_mode == "seq-mean-token-sum-norm":
-        share = 1.0
-    else:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
-    return totals.ranks * share
 
 
 @dataclass

@@ -10,10 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from workers.fsdp import clip_grad_norm_, is_fsdp
-from workers.packing import loss_weight, micro_batch_indices, mini_batch_totals
+from workers.packing import micro_batch_indices, mini_batch_totals
 
-# micro-batch (on the model's device) -> (loss before accumulation scaling, metrics as scalar tensors)
-LossFn = Callable[[dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
+# (micro-batch on the model's device, the mini-batch's agg_loss keywords: BatchTotals.global_batch) ->
+# (the micro-batch's share of the mini-batch's loss, metrics as scalar tensors)
+LossFn = Callable[[dict[str, Tensor], dict[str, float]], tuple[Tensor, dict[str, Tensor]]]
 
 
 def split_batch(tensors: dict[str, Tensor], size: int) -> list[dict[str, Tensor]]:
@@ -63,15 +64,14 @@ def minibatch_update(
     shuffle: bool,
     grad_clip: float,
     prefix: str,
-    loss_agg_mode: str,
     max_token_len: int | None = None,
 ) -> dict[str, list]:
     """``epochs`` passes over mini-batches; one optimizer step per mini-batch, accumulated over micro-batches.
 
     Micro-batches hold ``micro_batch_size`` rows, or (``max_token_len`` set: dynamic batch size) as many rows
-    as fit that many valid tokens. Each micro-batch loss is scaled by its share of the mini-batch over all
-    ranks (``packing.loss_weight`` for ``loss_agg_mode``), so the accumulated, FSDP-averaged gradient is that
-    of the whole global mini-batch's loss however it was split. A mini-batch whose clipped
+    as fit that many valid tokens. ``loss_fn`` gets the mini-batch's totals over all ranks and returns each
+    micro-batch's share of the mini-batch's loss (``algos.agg_loss``), so the accumulated, FSDP-averaged
+    gradient is that of the whole global mini-batch's loss however it was split. A mini-batch whose clipped
     gradient norm is not finite is skipped (its gradients dropped). Metrics: the loss_fn's, once per
     micro-batch, plus ``{prefix}/grad_norm``, ``{prefix}/lr`` and ``{prefix}/nonfinite_skipped`` (1 for a skipped mini-batch)
     once per mini-batch.
@@ -87,12 +87,11 @@ def minibatch_update(
         else:
             epoch_tensors = tensors
         for mini in split_batch(epoch_tensors, mini_batch_size):
-            totals = mini_batch_totals(mini["response_mask"], _sync_device(module))
+            global_batch = mini_batch_totals(mini["response_mask"], _sync_device(module)).global_batch()
             for index in micro_batches(module, mini, micro_batch_size, max_token_len):
-                weight = loss_weight(mini["response_mask"][index], totals, loss_agg_mode)
                 micro = {k: v[index].to(device) for k, v in mini.items()}
-                loss, micro_metrics = loss_fn(micro)
-                (loss * weight).backward()
+                loss, micro_metrics = loss_fn(micro, global_batch)
+                loss.backward()
                 for key, value in micro_metrics.items():
                     metrics[key].append(value)
             grad_norm = clip_grad_norm_(optimizer, grad_clip)
@@ -126,7 +125,6 @@ def configured_update(
         shuffle=config.shuffle,
         grad_clip=config.grad_clip,
         prefix=prefix,
-        loss_agg_mode=config.loss_agg_mode,
         max_token_len=config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None,
     )
     if lr_scheduler is not None:

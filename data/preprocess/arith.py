@@ -14,6 +14,11 @@ to 99 it is right far less often (docs/benchmarks.md, "A real model"). The rows 
 
 No expression appears in two rows, so the test split is held out from the train split (one step up to 20 has
 610 distinct expressions: the default sizes use most of them).
+
+``--tools`` writes the same problems for the multi-turn rollout (``conf/smollm2_tools.yaml``): ``"agent_name":
+"tool_agent"``, and before the question an example as earlier turns: a problem, the hermes calculator call and
+the calculator's turn. The prompt shows the format itself because SmolLM2's chat template does not
+render tool schemas (``tools=``); a template that does shows the model the schema as well.
 """
 
 from __future__ import annotations
@@ -32,6 +37,18 @@ from data.rewards.arith import DATA_SOURCE
 # (docs/benchmarks.md, "A real model").
 SYSTEM = ('You solve arithmetic word problems. Reply with the calculation and then "#### <number>", for example:\n'
           "5 + 3 - 2 = 6\n#### 6")
+# The calculator variant: an example as earlier turns of the conversation (a question, the call, the calculator's
+# turn). So untrained SmolLM2-135M-Instruct sometimes calls; with the format only described in the system message it
+# does not, and with the example's answer turn too it copies that answer instead (docs/benchmarks.md, "Tool use")
+TOOL_SYSTEM = ("You solve arithmetic word problems with a calculator: call it with the problem's calculation, then "
+               'reply with "#### <result>".')
+TOOL_EXAMPLE = [
+    {"role": "user", "content": "Ben has 12 pencils. Then Ben buys 30 more. Then Ben loses 5. How many pencils does "
+                                "Ben have now?"},
+    {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30 - 5"}}'
+                                     "</tool_call>"},
+    {"role": "tool", "content": "37"},
+]
 MAX_STEPS = 1
 MAX_NUMBER = 20
 NAMES = ("Mia", "Tom", "Ava", "Leo", "Sara", "Ben", "Nora", "Omar", "Lily", "Sam")
@@ -61,20 +78,26 @@ def make_problem(
     return " ".join(sentences), expression, total
 
 
-def make_row(question: str, expression: str, result: int, split: str, index: int) -> dict[str, Any]:
-    """One row in GSM8K's layout (``data.preprocess.gsm8k.make_row``), with a worked reference answer."""
-    return {
+def make_row(question: str, expression: str, result: int, split: str, index: int, tools: bool = False
+             ) -> dict[str, Any]:
+    """One row in GSM8K's layout (``data.preprocess.gsm8k.make_row``), with a worked reference answer; with
+    ``tools`` a tool_agent row whose prompt shows a worked calculator call first."""
+    system = [{"role": "system", "content": TOOL_SYSTEM}, *TOOL_EXAMPLE] if tools else [{"role": "system",
+                                                                                         "content": SYSTEM}]
+    row = {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        "prompt": [*system, {"role": "user", "content": question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(result)},
         "extra_info": {"split": split, "index": index, "answer": f"{expression} = {result}\n#### {result}",
                        "question": question},
     }
+    return {**row, "agent_name": "tool_agent"} if tools else row
 
 
 def make_splits(
-    sizes: dict[str, int], seed: int = 0, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER
+    sizes: dict[str, int], seed: int = 0, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER,
+    tools: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows of every split (split -> size), deterministic in ``seed``; no expression is in two rows."""
     if any(size < 0 for size in sizes.values()) or max_steps < 1 or max_number < 1:
@@ -94,7 +117,7 @@ def make_splits(
             question, expression, result = make_problem(rng, max_steps, max_number)
             if expression not in seen:
                 seen.add(expression)
-                rows.append(make_row(question, expression, result, split, len(rows)))
+                rows.append(make_row(question, expression, result, split, len(rows), tools))
     return splits
 
 
@@ -107,10 +130,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the problems are a function of the seed")
     parser.add_argument("--max_steps", type=int, default=MAX_STEPS, help="at most this many +/- steps per problem")
     parser.add_argument("--max_number", type=int, default=MAX_NUMBER, help="numbers in [1, max_number]")
+    parser.add_argument("--tools", action="store_true", help="tool_agent rows for the calculator (multi-turn)")
     args = parser.parse_args(argv)
     try:
         sizes = {"train": args.train_size, "test": args.test_size}
-        splits = make_splits(sizes, args.seed, args.max_steps, args.max_number)
+        splits = make_splits(sizes, args.seed, args.max_steps, args.max_number, args.tools)
         written = write_splits(splits, args.out_dir)
     except (OSError, ValueError) as exc:
         parser.exit(2, f"arith: error: {exc}\n")

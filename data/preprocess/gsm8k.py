@@ -15,6 +15,11 @@ Each output row follows verl's GSM8K layout::
 
 The prompt is a chat message list: ``RLHFDataset`` renders it with the tokenizer's chat template when the
 tokenizer has one. The ground truth is the number after ``####`` in the reference answer, commas removed.
+
+``--tools`` writes the layout of verl's ``examples/data_preprocess/gsm8k_tool_agent_loop.py`` instead: each row
+also has ``"agent_name": "tool_agent"``, a system prompt asking for the answer-checking tool, and
+``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth``. Train on it with
+``actor_rollout_ref.rollout.multi_turn.enable=true`` and ``...multi_turn.tool_config_path=conf/tools/gsm8k.yaml``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from data.rewards.gsm8k import DATA_SOURCE, extract_answer
 SPLITS = ("train", "test")
 COLUMNS = ("question", "answer")
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+TOOL = "calc_gsm8k_reward"
+TOOL_SYSTEM = ("You are a math expert. Solve the question step by step. After solving it, call the calc_gsm8k_reward "
+               "tool with your answer at least once, and refine the answer if the tool says it is incorrect. Put "
+               "your final answer in the format #### <answer>.")
 
 
 def _split_files(local_dir: Path, split: str) -> list[Path]:
@@ -95,12 +104,22 @@ def make_row(question: str, answer: str, split: str, index: int) -> dict[str, An
     }
 
 
+def make_tool_row(question: str, answer: str, split: str, index: int) -> dict[str, Any]:
+    """``make_row`` in verl's tool-agent layout: a system prompt, ``agent_name`` and the tool's ``create_kwargs``."""
+    row = make_row(question, answer, split, index)
+    truth = row["reward_model"]["ground_truth"]
+    return {**row, "agent_name": "tool_agent", "prompt": [{"role": "system", "content": TOOL_SYSTEM}, *row["prompt"]],
+            "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
+                           "tools_kwargs": {TOOL: {"create_kwargs": {"ground_truth": truth}}}}}
+
+
 def preprocess(
-    local_dir: str | os.PathLike, out_dir: str | os.PathLike, splits: Sequence[str] = SPLITS
+    local_dir: str | os.PathLike, out_dir: str | os.PathLike, splits: Sequence[str] = SPLITS, tools: bool = False
 ) -> dict[str, Path]:
     """Write ``<out_dir>/<split>.parquet`` for every split; returns split -> path. Every split is read first."""
+    make = make_tool_row if tools else make_row
     rows = {
-        split: [make_row(r["question"], r["answer"], split, i) for i, r in enumerate(load_split(local_dir, split))]
+        split: [make(r["question"], r["answer"], split, i) for i, r in enumerate(load_split(local_dir, split))]
         for split in splits
     }
     return write_splits(rows, out_dir)
@@ -112,9 +131,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--local_dir", required=True, help="local GSM8K copy with train/test splits")
     parser.add_argument("--out_dir", default="~/data/gsm8k", help="where train.parquet/test.parquet go")
     parser.add_argument("--splits", nargs="+", default=list(SPLITS), help="splits to convert (default: train test)")
+    parser.add_argument("--tools", action="store_true", help="verl's tool-agent layout (calc_gsm8k_reward)")
     args = parser.parse_args(argv)
     try:
-        written = preprocess(args.local_dir, args.out_dir, args.splits)
+        written = preprocess(args.local_dir, args.out_dir, args.splits, args.tools)
     except (OSError, ValueError) as exc:
         parser.exit(2, f"gsm8k: error: {exc}\n")
     for split, path in written.items():

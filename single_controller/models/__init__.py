@@ -1,1 +1,1 @@
-"""Seed-only (not used by the trainer): small model pieces that demonstrate tensor-parallel worker groups (seed 000, chapter 4)."""
+"""The seed's import path for the tensor-parallel LLaMA MLP (seed 000, chapter 4): single_controller/compat/llama_tp_mlp.py."""

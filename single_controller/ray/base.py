@@ -1,36 +1,41 @@
-"""Ray back end of the single controller: worker groups and method binding.
+"""Ray back end of the single controller: ``RayWorkerGroup``, one Ray actor per bundle of a resource pool.
 
-``RayWorkerGroup`` starts one Ray actor per bundle of a resource pool (single_controller/ray/placement.py)
-and turns every ``@register``-ed worker method into a group method (see ``_bind_worker_methods``: the one
-place where that happens). Colocated roles: single_controller/ray/colocate.py.
+A group starts its workers (``_start_workers``: the environment each one reads is set there), then gets
+its methods from the workers' ``@register``-ed methods (single_controller/ray/binding.py, the one place
+method names are decided). ``spawn`` gives the per-role views of a colocated group (ray/colocate.py).
+verl's further group methods (``from_detached``, ``fuse``, mesh queries): single_controller/compat/worker_group.py.
+This module is also verl's import path for the pools, worker classes and colocation helpers.
 """
 
 from __future__ import annotations
 
+import copy
 import socket
 import uuid
+from collections.abc import Iterable
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from single_controller.base.decorator import MAGIC_ATTR, PADDED_MODES, Execute, get_dispatch_fns, proto_pad_size
-from single_controller.protocol import DataProto, DataProtoFuture
+from single_controller.compat.fused import create_colocated_worker_cls_fused, create_colocated_worker_raw_cls
+from single_controller.compat.resource_pool import SubRayResourcePool, merge_resource_pool, split_resource_pool
+from single_controller.compat.worker_group import VerlWorkerGroupMethods
+from single_controller.ray.binding import GroupMethod, Target, method_table
 from single_controller.ray.colocate import create_colocated_worker_cls
-from single_controller.ray.health import describe_processes, get_alive
-from single_controller.ray.placement import (
-    RayClassWithInitArgs,
-    RayResourcePool,
-    ResourceUnavailableError,
-    merge_resource_pool,
-)
+from single_controller.ray.health import describe_processes
+from single_controller.ray.placement import RayClassWithInitArgs, RayResourcePool, ResourceUnavailableError
 
 __all__ = [
-    "ResourceUnavailableError",
-    "RayResourcePool",
     "RayClassWithInitArgs",
+    "RayResourcePool",
     "RayWorkerGroup",
-    "merge_resource_pool",
+    "ResourceUnavailableError",
+    "SubRayResourcePool",
     "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
+    "merge_resource_pool",
+    "split_resource_pool",
 ]
 
 
@@ -44,13 +49,14 @@ def _node_address_and_free_port() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(VerlWorkerGroupMethods):
     """One Ray actor per bundle of ``resource_pool``; ranks follow bundle order.
 
     Each actor is named ``<name_prefix>_<class>_<rank>`` (``worker_names``); with ``detached`` the
     actors outlive this driver, and another process attaches to them by name (``worker_names``,
     or :meth:`from_detached`) or by handle (``worker_handles``) instead of giving a resource pool.
     ``device_name`` (``"cuda"`` or ``"cpu"``) is the workers' device; by default the pool's.
+    ``worker_env`` adds environment variables to every worker (not the ones the group sets itself).
     """
 
     def __init__(
@@ -62,6 +68,7 @@ class RayWorkerGroup:
         worker_names: list[str] | None = None,
         worker_handles: list | None = None,
         device_name: str | None = None,
+        worker_env: dict[str, str] | None = None,
         start_timeout_s: float = 300.0,
     ) -> None:
         if ray_cls_with_init is None:
@@ -69,6 +76,9 @@ class RayWorkerGroup:
         self.resource_pool = resource_pool
         self.ray_cls_with_init = ray_cls_with_init
         self.name_prefix = name_prefix if name_prefix is not None else uuid.uuid4().hex[:6]
+        self._role: str | None = None  # in a role view (spawn): the colocated role its calls run on
+        self._master_addr = self._master_port = None
+        self._methods = self._bind()  # before any worker starts: a name clash is refused at no cost
         if worker_names is not None or worker_handles is not None:
             self._workers = list(worker_handles) if worker_handles is not None else [ray.get_actor(n) for n in worker_names]
             self._worker_names = list(worker_names) if worker_names is not None else [None] * len(self._workers)
@@ -77,21 +87,8 @@ class RayWorkerGroup:
         else:
             use_gpu = _uses_gpu(resource_pool, device_name)
             self._worker_names = [f"{self.name_prefix}_{ray_cls_with_init.user_cls.__name__}_{rank}" for rank in range(resource_pool.world_size)]
-            self._workers = self._start_workers(use_gpu, detached, start_timeout_s)
+            self._workers = self._start_workers(use_gpu, detached, worker_env or {}, start_timeout_s)
         self.processes = describe_processes(self._workers)  # pid and node per rank, for error reports
-        self._mesh_info: dict[str, tuple[list[int], list[bool]]] = {}
-        self._bind_worker_methods(ray_cls_with_init.user_cls)
-
-    @classmethod
-    def from_detached(
-        cls,
-        name_prefix: str | None = None,
-        worker_names: list[str] | None = None,
-        worker_handles: list | None = None,
-        ray_cls_with_init: RayClassWithInitArgs | None = None,
-    ) -> RayWorkerGroup:
-        """A group of running (detached) workers, found by name or handle."""
-        return cls(ray_cls_with_init=ray_cls_with_init, name_prefix=name_prefix, worker_names=worker_names, worker_handles=worker_handles)
 
     @property
     def world_size(self) -> int:
@@ -107,108 +104,86 @@ class RayWorkerGroup:
         return self._worker_names
 
     # ---------------------------------------------------------------- start-up
-    def _start_workers(self, use_gpu: bool, detached: bool, start_timeout_s: float) -> list:
+    def _start_workers(self, use_gpu: bool, detached: bool, worker_env: dict[str, str], start_timeout_s: float) -> list:
         pool = self.resource_pool
-        pgs = pool.get_placement_groups()
-        addr, port = ray.get(
-            _node_address_and_free_port.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pgs[0], placement_group_bundle_index=0)
-            ).remote()
-        )
+        bundles = pool.bundles()
+        first = PlacementGroupSchedulingStrategy(placement_group=bundles[0].pg, placement_group_bundle_index=bundles[0].index)
+        addr, port = ray.get(_node_address_and_free_port.options(scheduling_strategy=first).remote())
+        self._master_addr, self._master_port = addr, str(port)
         share = 1 / pool.max_colocate_count
-        resources = {"num_cpus": pool.cpus_per_bundle * share, **({"num_gpus": share} if pool.use_gpu else {})}
-        workers, rank = [], 0
-        for pg, local_world_size in zip(pgs, pool.process_on_nodes):
-            for local_rank in range(local_world_size):
-                env = {
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(pool.world_size),
-                    "LOCAL_RANK": str(local_rank),
-                    "LOCAL_WORLD_SIZE": str(local_world_size),
-                    "MASTER_ADDR": addr,
-                    "MASTER_PORT": str(port),
-                    "COLORL_USE_GPU": "1" if use_gpu else "0",
-                }
-                if pool.use_gpu:
-                    env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
-                try:
-                    workers.append(self.ray_cls_with_init(pg, local_rank, env, resources, self._worker_names[rank], detached))
-                except ValueError as exc:  # Ray's "actor name already taken"
-                    for worker in workers:
-                        ray.kill(worker, no_restart=True)
-                    raise ValueError(f"cannot start worker {self._worker_names[rank]!r} ({exc}); use another name_prefix") from exc
-                rank += 1
+        resources = {"num_cpus": pool.cpus_per_bundle * share, **({"num_gpus": share} if use_gpu else {})}
+        workers = []
+        for rank, bundle in enumerate(bundles):
+            env = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(len(bundles)),
+                "LOCAL_RANK": str(bundle.local_rank),
+                "LOCAL_WORLD_SIZE": str(bundle.local_world_size),
+                "MASTER_ADDR": addr,
+                "MASTER_PORT": str(port),
+                # verl's names: the same local rank and size as Ray places them, and the group's identity
+                "RAY_LOCAL_RANK": str(bundle.local_rank),
+                "RAY_LOCAL_WORLD_SIZE": str(bundle.local_world_size),
+                "WG_PREFIX": self.name_prefix,
+                "WG_BACKEND": "ray",
+            }
+            if use_gpu:  # every GPU of the node stays visible (NCCL peer-to-peer); the worker picks Ray's (base/worker.py)
+                env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+            taken = sorted(set(worker_env) & set(env))
+            if taken:
+                raise ValueError(f"worker_env may not set {taken}: the worker group sets them (it sets {sorted(env)})")
+            try:
+                workers.append(self.ray_cls_with_init(bundle, {**env, **worker_env}, resources, self._worker_names[rank], detached))
+            except ValueError as exc:  # Ray's "actor name already taken"
+                for worker in workers:
+                    ray.kill(worker, no_restart=True)
+                raise ValueError(f"cannot start worker {self._worker_names[rank]!r} ({exc}); use another name_prefix") from exc
         # Surface constructor errors now, not at the first method call.
         ray.get([w.__ray_ready__.remote() for w in workers], timeout=start_timeout_s)
         return workers
 
-    def query_mesh(self, mesh_name: str) -> tuple[list[int], list[bool]]:
-        """Per rank, its dp rank in ``mesh_name`` and whether it reports results (asked once, then cached)."""
-        if mesh_name not in self._mesh_info:
-            infos = get_alive(self.execute_all_async("_query_dispatch_collect_info", mesh_name), "query_mesh", self.processes)
-            self._mesh_info[mesh_name] = ([dp for dp, _ in infos], [collect for _, collect in infos])
-        return self._mesh_info[mesh_name]
+    # ---------------------------------------------------------------- methods
+    def _bind(self) -> dict[str, GroupMethod]:
+        """This group's methods, by name (single_controller/ray/binding.py)."""
+        table = method_table(self.ray_cls_with_init.user_cls, self._role)
+        for name, (target, _) in table.items():
+            if hasattr(type(self), name):
+                raise ValueError(f"worker method {target.method!r} would shadow {type(self).__name__}.{name}; rename it")
+        return {name: GroupMethod(self, name, target, attrs) for name, (target, attrs) in table.items()}
 
-    # ---------------------------------------------------------------- method binding
-    def _bind_worker_methods(self, user_cls: type, prefix: str | None = None) -> list[str]:
-        """Make every ``@register``-ed method of ``user_cls`` a method of this group.
+    def __getattr__(self, name: str) -> GroupMethod:
+        """A registered worker method, as a group method (found only when no attribute of the group has the name)."""
+        methods = self.__dict__.get("_methods")  # absent while copy/pickle rebuild the object
+        if methods is not None and name in methods:
+            return methods[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-        With ``prefix`` (a role view of a colocated group), only methods named ``<prefix>_<name>``
-        are bound, under ``<name>``.
-        """
-        bound = []
-        for attr_name in dir(user_cls):
-            attrs = getattr(getattr(user_cls, attr_name, None), MAGIC_ATTR, None)
-            if attrs is None:
-                continue
-            if prefix is None:
-                public_name = attr_name
-            elif attr_name.startswith(prefix + "_"):
-                public_name = attr_name[len(prefix) + 1 :]
-            else:
-                continue
-            if hasattr(type(self), public_name):
-                raise ValueError(f"worker method {attr_name!r} would shadow RayWorkerGroup.{public_name}; rename it")
-            setattr(self, public_name, self._group_method(attr_name, public_name, attrs))
-            bound.append(public_name)
-        return bound
-
-    def _group_method(self, method_name: str, public_name: str, attrs: dict):
-        """dispatch -> execute on the ranks -> (get, failing fast on a dead worker) -> collect -> undo padding."""
-        fns = get_dispatch_fns(attrs["dispatch_mode"])
-        role = method_name[: -len(public_name) - 1] or self.ray_cls_with_init.user_cls.__name__
-        call = f"{role}.{public_name}"  # e.g. actor_rollout.update_actor, for error reports
-        execute = self.execute_rank_zero_async if attrs["execute_mode"] is Execute.RANK_ZERO else self.execute_all_async
-        # rows are padded to a multiple of pad_divisor(group): a custom mode may name one (the n-d mode does)
-        pad_divisor = fns.get("pad_divisor") or (_world_size if attrs["dispatch_mode"] in PADDED_MODES else None)
-
-        def group_method(*args, **kwargs):
-            pad = proto_pad_size(pad_divisor(self), args, kwargs) if pad_divisor else 0
-            rows = next((len(a) for a in (*args, *kwargs.values()) if isinstance(a, DataProto)), 0)
-            args, kwargs = fns["dispatch_fn"](self, *args, **kwargs)
-            outputs = execute(method_name, *args, **kwargs)
-            if attrs["blocking"]:
-                outputs = get_alive(outputs, call, self.processes)
-            result = fns["collect_fn"](self, outputs)
-            return _trim(result, keep=rows) if pad else result
-
-        group_method.__name__ = public_name
-        return group_method
+    def __dir__(self) -> Iterable[str]:
+        return [*super().__dir__(), *self.__dict__.get("_methods", {})]
 
     # ---------------------------------------------------------------- execution
+    def submit(self, target: Target, ranks: Iterable[int], args: tuple, kwargs: dict) -> list:
+        """Start ``target`` on ``ranks``; returns their ObjectRefs. Rank i gets item i of every argument when
+        each argument is a list of world_size items, else all of them (verl's rule)."""
+        refs = []
+        for rank in ranks:
+            a, kw = self._args_for_rank(rank, args, kwargs)
+            worker = self._workers[rank]
+            if target.role is None:
+                refs.append(getattr(worker, target.method).remote(*a, **kw))
+            else:
+                refs.append(worker.execute_role.remote(target.role, target.method, *a, **kw))
+        return refs
+
     def _args_for_rank(self, rank: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Rank i gets item i when every argument is a list of length world_size, else all of them."""
         values = [*args, *kwargs.values()]
         if values and all(isinstance(v, list) and len(v) == self.world_size for v in values):
             return tuple(a[rank] for a in args), {k: v[rank] for k, v in kwargs.items()}
         return args, kwargs
 
     def execute_all_async(self, method_name: str, *args, **kwargs) -> list:
-        refs = []
-        for rank, worker in enumerate(self._workers):
-            a, kw = self._args_for_rank(rank, args, kwargs)
-            refs.append(getattr(worker, method_name).remote(*a, **kw))
-        return refs
+        """Call ``method_name`` (any worker method, registered or not; in a role view, the role's) on every rank."""
+        return self.submit(Target(self._role, method_name), range(self.world_size), args, kwargs)
 
     def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
         return ray.get(self.execute_all_async(method_name, *args, **kwargs))
@@ -216,8 +191,7 @@ class RayWorkerGroup:
     execute_all = execute_all_async
 
     def execute_rank_zero_async(self, method_name: str, *args, **kwargs):
-        a, kw = self._args_for_rank(0, args, kwargs)
-        return getattr(self._workers[0], method_name).remote(*a, **kw)
+        return self.submit(Target(self._role, method_name), [0], args, kwargs)[0]
 
     def execute_rank_zero_sync(self, method_name: str, *args, **kwargs):
         return ray.get(self.execute_rank_zero_async(method_name, *args, **kwargs))
@@ -226,18 +200,17 @@ class RayWorkerGroup:
 
     # ---------------------------------------------------------------- colocated roles
     def spawn(self, prefix_set) -> dict[str, RayWorkerGroup]:
-        """Per-role views of a colocated group: ``spawn(["actor"])["actor"].add`` calls ``actor_add``."""
+        """Per-role views of a colocated group: ``spawn(["actor"])["actor"].add`` runs the actor role's ``add``."""
+        roles = getattr(self.ray_cls_with_init.user_cls, "raw_cls_dict", {})
         views = {}
-        for prefix in prefix_set:
-            view = object.__new__(type(self))
-            view.__dict__.update({k: v for k, v in self.__dict__.items() if not callable(v)})
-            view._bind_worker_methods(self.ray_cls_with_init.user_cls, prefix=prefix)
-            views[prefix] = view
+        for role in prefix_set:
+            if role not in roles:
+                raise ValueError(f"{role!r} is not a role of {self.ray_cls_with_init.user_cls.__name__}; its roles: {sorted(roles)}")
+            view = copy.copy(self)  # the same workers and processes
+            view._role = role
+            view._methods = view._bind()
+            views[role] = view
         return views
-
-
-def _world_size(worker_group: RayWorkerGroup) -> int:
-    return worker_group.world_size
 
 
 def _uses_gpu(pool: RayResourcePool, device_name: str | None) -> bool:
@@ -249,12 +222,3 @@ def _uses_gpu(pool: RayResourcePool, device_name: str | None) -> bool:
     if device_name == "cuda" and not pool.use_gpu:
         raise ValueError(f"device_name='cuda' needs a pool with use_gpu=True; {pool!r} reserves no GPUs")
     return device_name == "cuda"
-
-
-def _trim(result, keep: int):
-    """Drop the rows that dispatch padding added."""
-    if isinstance(result, DataProto):
-        return result[:keep]
-    if isinstance(result, DataProtoFuture):
-        return DataProtoFuture(result.futures, keep=keep)
-    return result

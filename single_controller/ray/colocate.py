@@ -1,4 +1,10 @@
-"""Colocation: several worker roles in one process, each role a view of one worker group."""
+"""Colocation: several worker roles in one process, each role a view of one worker group.
+
+``create_colocated_worker_cls({"actor": RayClassWithInitArgs(Actor), "critic": ...})`` gives a ``WorkerDict``
+class: one process per rank builds every role's worker (``worker_dict[role]``). A group of it is split into
+per-role views with ``RayWorkerGroup.spawn``; a view's methods are its role's registered methods, which
+run through ``WorkerDict.execute_role(role, method, ...)`` in the worker process.
+"""
 
 from __future__ import annotations
 
@@ -7,49 +13,60 @@ from typing import Any
 
 import ray
 
-from single_controller.base.decorator import MAGIC_ATTR
+from single_controller.base.decorator import registered_methods
 from single_controller.base.worker import Worker
 from single_controller.ray.placement import RayClassWithInitArgs
 
-__all__ = ["create_colocated_worker_cls"]
+__all__ = ["AsyncRoles", "WorkerDict", "colocated_class", "create_colocated_worker_cls"]
+
+
+class WorkerDict(Worker):
+    """Every role's worker in one process: ``worker_dict[role]``, built in the order the roles were given.
+
+    The roles come from class attributes, set by :func:`colocated_class` on a subclass per colocation:
+    ``raw_cls_dict`` (verl's name) maps each role to its worker class, ``role_inits`` to its arguments.
+    """
+
+    raw_cls_dict: dict[str, type] = {}
+    role_inits: dict[str, tuple[tuple, dict]] = {}
+    # verl's WorkerDict also offers role R's method M as "R_M" on the group it starts, before spawn
+    role_methods_on_group = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        # each role's Worker.__init__ reads the same RANK/WORLD_SIZE env: every role sees this process's rank
+        self.worker_dict = {role: cls(*self.role_inits[role][0], **self.role_inits[role][1]) for role, cls in self.raw_cls_dict.items()}
+
+    def execute_role(self, role: str, method_name: str, *args, **kwargs) -> Any:
+        """Run ``worker_dict[role].<method_name>(*args, **kwargs)``: how a role view's calls reach their worker."""
+        return getattr(self.worker_dict[role], method_name)(*args, **kwargs)
+
+
+class AsyncRoles:
+    """For roles with ``async def`` methods: ``execute_role`` awaits them (Ray then runs the class as an async actor)."""
+
+    async def execute_role(self, role: str, method_name: str, *args, **kwargs) -> Any:
+        result = getattr(self.worker_dict[role], method_name)(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+
+def colocated_class(base: type[WorkerDict], class_dict: dict[str, RayClassWithInitArgs], name: str) -> type:
+    """A subclass of ``base`` named ``name`` that holds the roles of ``class_dict`` (see :class:`WorkerDict`)."""
+    for role, cia in class_dict.items():
+        if not issubclass(cia.user_cls, Worker):
+            raise TypeError(f"role {role!r}: {cia.user_cls.__name__} must subclass single_controller.base.Worker")
+    has_async = any(
+        inspect.iscoroutinefunction(getattr(cia.user_cls, method)) for cia in class_dict.values() for method in registered_methods(cia.user_cls)
+    )
+
+    class Colocated(*((AsyncRoles, base) if has_async else (base,))):
+        raw_cls_dict = {role: cia.user_cls for role, cia in class_dict.items()}
+        role_inits = {role: (cia.args, cia.kwargs) for role, cia in class_dict.items()}
+
+    Colocated.__name__ = Colocated.__qualname__ = name
+    return Colocated
 
 
 def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
-    """One ``WorkerDict`` class that holds every role of ``class_dict`` in one process.
-
-    ``WorkerDict`` builds each role's worker in its own ``__init__`` and exposes each registered
-    method ``m`` of role ``key`` as ``key_m``; ``RayWorkerGroup.spawn`` then gives per-role views.
-    """
-    specs = {key: (cia.user_cls, cia.args, cia.kwargs) for key, cia in class_dict.items()}
-    methods: dict[str, Any] = {"__init__": _worker_dict_init}
-    for key, (cls, _, _) in specs.items():
-        if not issubclass(cls, Worker):
-            raise TypeError(f"role {key!r}: {cls.__name__} must subclass single_controller.base.Worker")
-        for name in dir(cls):
-            method = getattr(cls, name, None)
-            attrs = getattr(method, MAGIC_ATTR, None)
-            if attrs is not None:
-                methods[f"{key}_{name}"] = _delegate(key, name, method, attrs)
-    worker_dict_cls = type("WorkerDict", (Worker,), methods)
-    return RayClassWithInitArgs(ray.remote(worker_dict_cls), specs)
-
-
-def _worker_dict_init(self, specs: dict) -> None:
-    Worker.__init__(self)
-    # Each role reads the same RANK/WORLD_SIZE env, so every role sees this process's rank.
-    self.worker_dict = {key: cls(*args, **kwargs) for key, (cls, args, kwargs) in specs.items()}
-
-
-def _delegate(key: str, name: str, method, attrs: dict):
-    if inspect.iscoroutinefunction(method):
-
-        async def call(self, *args, **kwargs):
-            return await getattr(self.worker_dict[key], name)(*args, **kwargs)
-    else:
-
-        def call(self, *args, **kwargs):
-            return getattr(self.worker_dict[key], name)(*args, **kwargs)
-
-    call.__name__ = f"{key}_{name}"
-    setattr(call, MAGIC_ATTR, attrs)
-    return call
+    """A ``WorkerDict`` class holding every role of ``class_dict`` in one process (see the module docstring)."""
+    return RayClassWithInitArgs(ray.remote(colocated_class(WorkerDict, class_dict, "WorkerDict")))

@@ -4,7 +4,8 @@ A rank that dies in the middle of a collective leaves its peers blocked (gloo an
 timeout), so a plain ``ray.get`` over all ranks could wait minutes on the peers before it saw the death.
 ``get_alive`` takes each result as it arrives instead, and the first ``RayActorError`` becomes a
 ``WorkerDiedError`` naming the call, the rank and the node. Those come from ``describe_processes``, asked
-once when the group starts, because a dead process cannot describe itself.
+once when the group starts, because a dead process cannot describe itself. An exception a live worker raised
+is re-raised as it is, marked with the ``WorkerCall`` it came from.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
-from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 __all__ = [
+    "WorkerCall",
     "WorkerDiedError",
     "describe_processes",
     "get_alive",
@@ -42,13 +44,33 @@ _in_flight: dict[str, list[int]] = {}  # call -> ranks still running it (read by
 _in_flight_lock = threading.Lock()
 
 
+def _where(process: dict[str, Any]) -> str:
+    return f"pid {process.get('pid', '?')} on node {process.get('node_ip', '?')} ({process.get('host', '?')})"
+
+
 class WorkerDiedError(RuntimeError):
     """A worker process died (killed, out of memory, crashed) while the driver waited on it."""
 
     def __init__(self, call: str, rank: int, world_size: int, process: dict[str, Any], cause: str) -> None:
         self.call, self.rank, self.process = call, rank, process
-        where = f"pid {process.get('pid', '?')} on node {process.get('node_ip', '?')} ({process.get('host', '?')})"
-        super().__init__(f"worker rank {rank} of {world_size} died during {call}: {where}; {cause}")
+        super().__init__(f"worker rank {rank} of {world_size} died during {call}: {_where(process)}; {cause}")
+
+
+@dataclass(frozen=True)
+class WorkerCall:
+    """Which worker raised an exception, set by ``get_alive`` on that exception as ``exc.worker_call``: the
+    exception keeps its own type (the caller may catch it as what it is), and a top level can still report it
+    in one line (``describe``)."""
+
+    call: str  # role.method, e.g. actor_rollout.update_actor
+    rank: int
+    world_size: int
+    process: dict[str, Any]
+
+    def describe(self, cause: BaseException) -> str:
+        first = (str(cause).splitlines() or [""])[0]
+        return (f"worker rank {self.rank} of {self.world_size} raised {type(cause).__name__} during {self.call}: "
+                f"{_where(self.process)}; {first}")
 
 
 # ---------------------------------------------------------------------------------- at start-up
@@ -93,9 +115,10 @@ def get_alive(refs: Any, call: str, processes: list[dict[str, Any]] | None = Non
                 results[rank] = ray.get(ready[0])
             except RayActorError as exc:
                 raise _died(call, rank, len(refs), processes, exc) from exc
-            except Exception:
+            except Exception as exc:
                 # a peer's death often reaches a live rank first, as a failed collective: name the death
                 _raise_if_any_died(pending, rank_of, call, len(refs), processes)
+                exc.worker_call = WorkerCall(call, rank, len(refs), processes[rank] if processes else {})
                 raise
     finally:
         with _in_flight_lock:
@@ -195,9 +218,5 @@ def shutdown_worker_group(worker_group: Any) -> None:
     """Kill every actor of a ``RayWorkerGroup`` and free its placement groups; nothing outlives it."""
     for worker in worker_group.workers:
         ray.kill(worker, no_restart=True)
-    pool = worker_group.resource_pool
-    if pool is None:  # a group attached to running workers holds no placement groups
-        return
-    for pg in pool.pgs or []:
-        remove_placement_group(pg)
-    pool.pgs = None
+    if worker_group.resource_pool is not None:  # a group attached to running workers holds no placement groups
+        worker_group.resource_pool.release()

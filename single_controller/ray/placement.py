@@ -1,23 +1,35 @@
 """Where a worker group runs and what it starts: resource pools (placement groups) and worker classes.
 
-- ``RayResourcePool`` reserves one bundle per worker process (a placement group per node).
+- ``RayResourcePool`` reserves one bundle per worker process (a placement group per node); ``bundles()``
+  lists them in rank order. Pools cut from another one: single_controller/compat/resource_pool.py.
 - ``RayClassWithInitArgs`` is a worker class plus the arguments to build it with.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-__all__ = ["ResourceUnavailableError", "RayResourcePool", "RayClassWithInitArgs", "merge_resource_pool"]
+from single_controller.compat.placement import VerlClassOptions
+
+__all__ = ["Bundle", "ResourceUnavailableError", "RayResourcePool", "RayClassWithInitArgs"]
 
 
 class ResourceUnavailableError(RuntimeError):
     """The Ray cluster cannot hold a resource pool."""
+
+
+class Bundle(NamedTuple):
+    """Where one rank runs: a bundle of a placement group, and the rank's place among its group's ranks on that node."""
+
+    pg: Any
+    index: int  # bundle index in the placement group
+    local_rank: int
+    local_world_size: int
 
 
 class RayResourcePool:
@@ -59,16 +71,24 @@ class RayResourcePool:
     def bundle(self) -> dict[str, float]:
         return {"CPU": self.cpus_per_bundle, **({"GPU": 1} if self.use_gpu else {})}
 
-    def get_placement_groups(self) -> list:
-        """The placement groups (one per node entry), created and waited for on first call."""
+    def bundles(self) -> list[Bundle]:
+        """One bundle per rank, in rank order: node by node, bundle by bundle."""
+        pgs = self.get_placement_groups()
+        return [Bundle(pg, i, i, n) for pg, n in zip(pgs, self.process_on_nodes) for i in range(n)]
+
+    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None) -> list:
+        """The placement groups (one per node entry), created and waited for on first call.
+
+        ``strategy``: Ray's placement strategy of each group (verl's ``bin_pack=False`` is ``"PACK"``);
+        ``name``: the groups' name prefix; ``device_name`` is accepted for verl's signature (the bundles
+        follow ``use_gpu``).
+        """
         if self.pgs is None:
             if not ray.is_initialized():
                 ray.init()
             self._check_cluster_can_hold()
-            pgs = [
-                placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_pg{i}")
-                for i, n in enumerate(self.process_on_nodes)
-            ]
+            prefix = name or f"{self.name_prefix}_pg"
+            pgs = [placement_group([self.bundle()] * n, strategy=strategy, name=f"{prefix}{i}") for i, n in enumerate(self.process_on_nodes)]
             ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.placement_timeout_s)
             if len(ready) < len(pgs):
                 for pg in pgs:
@@ -80,6 +100,12 @@ class RayResourcePool:
                 )
             self.pgs = pgs
         return self.pgs
+
+    def release(self) -> None:
+        """Remove this pool's placement groups (and so every actor in them)."""
+        for pg in self.pgs or []:
+            remove_placement_group(pg)
+        self.pgs = None
 
     def _asked(self) -> str:
         return ", ".join(f"{n} x {self.bundle()} on one node" for n in self.process_on_nodes)
@@ -108,44 +134,27 @@ def _cpu_gpu(resources: dict) -> dict:
     return {k: resources.get(k, 0) for k in ("CPU", "GPU")}
 
 
-def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResourcePool:
-    """A pool spanning both pools' bundles (ranks: rp1's first, then rp2's); shares their placement groups."""
-    if rp1.use_gpu != rp2.use_gpu or rp1.max_colocate_count != rp2.max_colocate_count:
-        raise ValueError("merge_resource_pool needs pools with the same use_gpu and max_colocate_count")
-    merged = RayResourcePool(
-        rp1.process_on_nodes + rp2.process_on_nodes,
-        use_gpu=rp1.use_gpu,
-        name_prefix=f"{rp1.name_prefix}_{rp2.name_prefix}",
-        max_colocate_count=rp1.max_colocate_count,
-        cpus_per_bundle=rp1.cpus_per_bundle,
-    )
-    merged.pgs = rp1.get_placement_groups() + rp2.get_placement_groups()
-    return merged
+class RayClassWithInitArgs(VerlClassOptions):
+    """A worker class (``ray.remote`` or plain) and the arguments to construct it with.
 
-
-class RayClassWithInitArgs:
-    """A worker class (``ray.remote`` or plain) and the arguments to construct it with."""
+    verl's ``update_options`` / ``set_additional_resource``: single_controller/compat/placement.py.
+    """
 
     def __init__(self, cls: Any, *args, **kwargs) -> None:
         self.cls = cls if hasattr(cls, "__ray_actor_class__") else ray.remote(cls)
         self.args = args
         self.kwargs = kwargs
-        self._options: dict[str, Any] = {}
+        self._options: dict[str, Any] = {}  # verl's update_options: extra Ray options for every worker
 
     @property
     def user_cls(self) -> type:
         """The plain Python class behind the Ray actor class."""
         return self.cls.__ray_actor_class__
 
-    def update_options(self, options: dict[str, Any]) -> None:
-        self._options.update(options)
-
-    def __call__(
-        self, pg, bundle_index: int, env_vars: dict[str, str], resources: dict[str, float], name: str | None = None, detached: bool = False
-    ):
-        """Start one actor in bundle ``bundle_index`` of ``pg``; a named one, outliving its driver if ``detached``."""
+    def __call__(self, bundle: Bundle, env_vars: dict[str, str], resources: dict[str, float], name: str | None = None, detached: bool = False):
+        """Start one actor in ``bundle``; a named one, outliving its driver if ``detached``."""
         options = {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle_index),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=bundle.pg, placement_group_bundle_index=bundle.index),
             "runtime_env": {"env_vars": env_vars},
             **resources,
             **({"name": name} if name else {}),

@@ -247,6 +247,22 @@ def test_tensordict_storage_compares_both_storages():
     run_benchmark("tensordict_storage", "--rows", "64", "--width", "16", "--repeats", "1")
 
 
+def test_memory_estimate_compares_the_estimate_with_the_workers_peak(cache_dir):
+    tiny = {"builtin.hidden_size": 32, "builtin.num_layers": 1, "builtin.sft_warmup_steps": 0,
+            "builtin.cache_dir": cache_dir, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "trainer.n_gpus_per_node": 1, "trainer.device": "cpu"}
+    out = run_benchmark("memory_estimate", "--steps", "1", *[f"--set={k}={v}" for k, v in tiny.items()])
+    assert out["workers"] == 1 and out["measured"] == "perf/cpu_memory_peak_gb"
+    assert 0.2 < out["measured_peak_gib_per_worker"] < 2
+    for name in ("at_max_lengths", "at_observed_lengths"):
+        estimate = out[name]
+        assert estimate["peak_phase"] in estimate["phases"] and {"load", "generate", "update_actor"} <= set(
+            estimate["phases"])
+        assert estimate["measured_over_estimate"] == pytest.approx(out["measured_peak_gib_per_worker"]
+                                                                   / estimate["peak_gib"], rel=0.01)
+    assert 1 <= out["observed_lengths"]["response"] <= 8
+
+
 def test_against_runs_the_same_command_in_another_checkout(tmp_path):
     """benchmarks.against: a detached worktree of a commit, the command in each tree, head / ref ratios."""
     import subprocess

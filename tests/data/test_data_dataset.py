@@ -85,16 +85,18 @@ def test_collate_left_pads_with_position_ids(parquet_file, char_tokenizer):
     assert batch["reward_model"][1] == {"ground_truth": "c12345>"}
 
 
-def test_dataloader_order_is_seeded(parquet_file, char_tokenizer):
-    ds = RLHFDataset(parquet_file, char_tokenizer, max_prompt_length=16)
+def test_dataloader_order_is_seeded(tmp_path, char_tokenizer):
+    write_parquet(_rows([f"c{i}>" for i in range(16)]), tmp_path / "16.parquet")
+    ds = RLHFDataset(str(tmp_path / "16.parquet"), char_tokenizer, max_prompt_length=16)
 
     def order(seed):
-        return [b["raw_prompt"].tolist() for b in make_dataloader(ds, 2, shuffle=True, seed=seed, drop_last=False)]
+        return sum((b["raw_prompt"].tolist() for b in make_dataloader(ds, 2, shuffle=True, seed=seed, drop_last=False)), [])
 
-    assert order(5) == order(5)
-    assert sorted(sum(order(5), [])) == sorted(row["raw_prompt"] for row in ds)
+    assert order(5) == order(5)  # two loaders, one seed: one order
+    assert order(5) != order(6)  # another seed, another order (of 16! possible ones)
+    assert order(5) != [row["raw_prompt"] for row in ds] and sorted(order(5)) == sorted(row["raw_prompt"] for row in ds)
     loader = make_dataloader(ds, 3, shuffle=False, drop_last=True)
-    assert [len(b["raw_prompt"]) for b in loader] == [3]
+    assert [len(b["raw_prompt"]) for b in loader] == [3] * 5
     assert isinstance(next(iter(loader))["input_ids"], torch.Tensor)
 
 

@@ -4,15 +4,17 @@ checkpoints, a full disk."""
 import contextlib
 import json
 import shutil
-import subprocess
+from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config import load_config
+from config import ConfigError, load_config
 from trainer.build import build_trainer
 from tests.e2e.test_ppo_e2e import read_jsonl
+from tests.reliability.conftest import tmpfs
 from tests.wandb_offline import history, run_files, wandb_records
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager
 from trainer.export import export
@@ -33,11 +35,63 @@ def config(tmp_path, steps: int, n_workers: int = 2, *extra: str):
     ])
 
 
-def run(cfg):
+def run(cfg, reloaded: Path | None = None):
+    """Build, start and fit a trainer; with ``reloaded``, first load its checkpoint and write the actor's state,
+    as loaded, there (before ``fit``, which loads the same checkpoint again), and record the watchdog's phases."""
     trainer = build_trainer(cfg)
+    trainer.phases = watch_phases(trainer)
     trainer.init_workers()
+    trainer.reloaded = reloaded
+    if reloaded is not None:
+        assert trainer.load_checkpoint()
+        trainer.actor_rollout_wg.save_checkpoint(str(reloaded / "actor"))
     trainer.fit()
     return trainer
+
+
+def watch_phases(trainer) -> dict[str, list]:
+    """The phases the watchdog armed (``entered``), and those armed while validation rewards were computed."""
+    seen, active, watched = {"entered": [], "val_reward": []}, [], trainer.watchdog.phase
+    reward_fn = trainer.val_reward_fn
+
+    @contextlib.contextmanager
+    def phase(name):
+        seen["entered"].append(name)
+        active.append(name)
+        try:
+            with watched(name):
+                yield
+        finally:
+            active.pop()
+
+    def val_reward_fn(batch):
+        seen["val_reward"].append(list(active))
+        return reward_fn(batch)
+
+    trainer.watchdog.phase, trainer.val_reward_fn = phase, val_reward_fn
+    return seen
+
+
+def role_state(role_dir: Path, scratch: Path) -> dict:
+    """Every tensor and value of a role's shards (model and optimizer), unsharded, read in this process."""
+    out = scratch / f"{role_dir.parent.name}.pt"
+    dcp_to_torch_save(role_dir, out)
+    return torch.load(out, weights_only=False)
+
+
+def assert_same(saved, loaded, where: str = "") -> None:
+    if isinstance(saved, torch.Tensor):
+        assert torch.equal(saved, loaded), where
+    elif isinstance(saved, dict):
+        assert saved.keys() == loaded.keys(), where
+        for key in saved:
+            assert_same(saved[key], loaded[key], f"{where}.{key}")
+    elif isinstance(saved, (list, tuple)):
+        assert len(saved) == len(loaded), where
+        for i, (a, b) in enumerate(zip(saved, loaded)):
+            assert_same(a, b, f"{where}[{i}]")
+    else:
+        assert saved == loaded, where
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +100,21 @@ def straight_and_resumed(ray_cluster, tmp_path_factory):
     straight_dir, resumed_dir = tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("resumed")
     run(config(straight_dir, 6))
     first = run(config(resumed_dir, 3))
-    second = run(config(resumed_dir, 6))
+    second = run(config(resumed_dir, 6), reloaded=tmp_path_factory.mktemp("reloaded"))
     return straight_dir, resumed_dir, first, second
+
+
+def test_resume_loads_the_saved_weights_and_optimizer_state(straight_and_resumed, tmp_path):
+    _, resumed_dir, _, second = straight_and_resumed
+    saved = role_state(resumed_dir / "global_step_3" / "actor", tmp_path)
+    assert saved["optimizer"]["state"]  # Adam's moments are there to compare
+    assert_same(saved, role_state(second.reloaded / "actor", tmp_path))
+
+
+def test_the_watchdog_covers_model_loading_checkpoint_loading_and_the_validation_reward(straight_and_resumed):
+    phases = straight_and_resumed[3].phases
+    assert {"init_model", "load_checkpoint", "validate", "save_checkpoint"} <= set(phases["entered"])
+    assert phases["val_reward"] and all("validate" in active for active in phases["val_reward"])
 
 
 def test_resume_gives_identical_metrics(straight_and_resumed):
@@ -87,7 +154,10 @@ def test_export_loads_and_generates(straight_and_resumed, tmp_path):
 def test_elastic_resume_with_one_worker(straight_and_resumed, tmp_path):
     _, resumed_dir, _, _ = straight_and_resumed
     shutil.copytree(resumed_dir / "global_step_6", tmp_path / "global_step_6")
-    trainer = run(config(tmp_path, 7, 1, "trainer.logger=[file]"))
+    trainer = run(config(tmp_path, 7, 1, "trainer.logger=[file]"), reloaded=tmp_path / "reloaded")
+    # the one worker holds exactly what the two saved: every weight, every Adam moment and step count
+    assert_same(role_state(resumed_dir / "global_step_6" / "actor", tmp_path),
+                role_state(tmp_path / "reloaded" / "actor", tmp_path))
     assert trainer.global_step == 7 and [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [7]
     saved = AutoModelForCausalLM.from_pretrained(export(str(resumed_dir / "global_step_6"), str(tmp_path / "6"))).state_dict()
     now = AutoModelForCausalLM.from_pretrained(export(str(tmp_path / "global_step_7"), str(tmp_path / "7"))).state_dict()
@@ -119,23 +189,24 @@ def test_interrupted_save_is_ignored(straight_and_resumed, tmp_path):
 
 def test_resume_with_a_different_model_is_a_clear_error(straight_and_resumed, tmp_path):
     _, resumed_dir, _, _ = straight_and_resumed
-    cfg = config(tmp_path, 7, 2, "builtin.hidden_size=48", "trainer.resume_mode=resume_path",
-                 f"trainer.resume_from_path={resumed_dir / 'global_step_6'}", "trainer.logger=[file]")
-    trainer = build_trainer(cfg)
+    overrides = ("builtin.hidden_size=48", "trainer.resume_mode=resume_path", "trainer.logger=[file]",
+                 f"trainer.resume_from_path={resumed_dir / 'global_step_6'}")
+    with pytest.raises(ConfigError, match="it was saved with a different config: ") as info:
+        build_trainer(config(tmp_path, 7, 2, *overrides))  # before any worker starts
+    assert "builtin.hidden_size 32 -> 48" in str(info.value)
+    assert "actor_rollout_ref.model.architecture.hidden_size 32 -> 48" in str(info.value)
+    accepted = "trainer.resume_accept_changes=[builtin,actor_rollout_ref.model,critic.model,data.train_files]"
+    trainer = build_trainer(config(tmp_path, 7, 2, *overrides, accepted))
     trainer.init_workers()
-    with pytest.raises(CheckpointError, match="does not fit this model"):
+    with pytest.raises(CheckpointError, match="does not fit this model"):  # then the shards themselves say so
         trainer.fit()
 
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A 3 MiB tmpfs: big enough for one tiny checkpoint, easy to fill up."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "disk", "3M") as mount:
+        yield mount
 
 
 def test_full_disk_keeps_the_previous_checkpoint(ray_cluster, tmp_path, small_disk):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
+from data.builtin import build_char_tokenizer
 from trainer.build import build_trainer
 from tests.e2e.test_ppo_e2e import CRITIC_REQUIRED, REQUIRED, read_jsonl, tiny_config
 from tests.workers.helpers import PAD, VOCAB, make_update_batch
@@ -67,7 +68,7 @@ def rm_run(ray_cluster, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("rm")
     cfg = tiny_config(tmp_path, "gae", extra=(
         "reward_model.enable=true",
-        f"reward_model.model.path={tmp_path / 'rm'}",  # written below, once the policy's tokenizer exists
+        f"reward_model.model.path={tmp_path / 'rm'}",
         "reward_model.micro_batch_size_per_gpu=3",
         "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
@@ -76,9 +77,9 @@ def rm_run(ray_cluster, tmp_path_factory):
         "critic.use_dynamic_bsz=true",
         "critic.ppo_max_token_len_per_gpu=40",
     ))
+    build_constant_rm(cfg.reward_model.model.path, len(build_char_tokenizer()))  # the built-in model's vocabulary
     trainer = build_trainer(cfg)  # fills actor_rollout_ref.model.path with the built-in tiny model
-    vocab_size = AutoConfig.from_pretrained(trainer.config.actor_rollout_ref.model.path).vocab_size
-    build_constant_rm(trainer.config.reward_model.model.path, vocab_size)
+    assert AutoConfig.from_pretrained(trainer.config.actor_rollout_ref.model.path).vocab_size == len(build_char_tokenizer())
     trainer.init_workers()
     trainer.fit()
     return trainer, tmp_path

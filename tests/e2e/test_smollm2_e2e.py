@@ -29,6 +29,7 @@ def test_two_grpo_steps_with_lora_on_the_real_model(ray_cluster, smollm2_model_d
     assert all(math.isfinite(v) for v in last.values())
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
-    # adapters start at zero, so the policy is the reference: KL 0 up to bf16 rounding (differently batched forwards)
-    assert abs(records[0]["actor/kl_loss"]) < 0.02
+    # adapters start at zero, so the policy is the reference: in fp32 (the preset on CPU) the KL is 0 up to the
+    # rounding of differently batched forwards (0.02, the bound this once had, was bf16 rounding's)
+    assert abs(records[0]["actor/kl_loss"]) < 1e-6
     assert "val-core/colorl/arith/reward/mean@1" in last and "val-aux/colorl/arith/flexible/mean@1" in last

@@ -1,9 +1,11 @@
 """Running ColoRL in a child process and checking that nothing it started outlives it."""
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,10 +60,14 @@ class Run:
 
 
 def run_child(args: list[str], cwd: Path, timeout_s: float = 300.0, env: dict[str, str] | None = None) -> Run:
-    """Run ``python *args`` in ``cwd`` (``env`` added to ``child_env()``), recording its process tree as it runs."""
+    """Run ``python *args`` in ``cwd`` (``env`` added to ``child_env()``), recording its process tree as it runs.
+
+    The child leads a process group of its own, as a command started from a shell or by Slurm does, so a test can
+    signal the whole group without signalling itself."""
     start = time.monotonic()
     child = subprocess.Popen([sys.executable, *args], cwd=cwd, env={**child_env(), **(env or {})}, text=True,
-                             stdout=open(cwd / "stdout.txt", "w"), stderr=open(cwd / "stderr.txt", "w"))
+                             stdout=open(cwd / "stdout.txt", "w"), stderr=open(cwd / "stderr.txt", "w"),
+                             process_group=0)
     seen: set = set()
     parent = psutil.Process(child.pid)
     while child.poll() is None:
@@ -76,6 +82,19 @@ def run_child(args: list[str], cwd: Path, timeout_s: float = 300.0, env: dict[st
         time.sleep(0.3)
     return Run(child.returncode, (cwd / "stdout.txt").read_text(), (cwd / "stderr.txt").read_text(),
                time.monotonic() - start, seen)
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``2M``) mounted at ``path`` (made here) for the block: a small disk to fill up, or a
+    store to overflow. Skips the test where mounting needs a root it does not have."""
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,9 @@
 """``main.py`` with a fault injected into one worker, for the fault tests (run as a script, in its own process).
 
-    python tests/reliability/fault_run.py kill|hang RANK CALL [key=value ...]
+    python tests/reliability/fault_run.py kill|hang|oom RANK CALL [key=value ...]
 
 In the first worker group only (a restarted group is healthy), rank RANK's ``update_actor`` SIGKILLs its own
-process, or hangs, on its CALL-th call. Everything else is the ordinary ``python main.py key=value ...``.
+process, hangs, or raises CUDA's out-of-memory error, on its CALL-th call. Everything else is the ordinary ``python main.py key=value ...``.
 """
 
 import os
@@ -31,6 +31,10 @@ def arm(actor, fault: str, on_call: int) -> None:
         if calls[0] == on_call:
             if fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "oom":
+                import torch
+
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
             while True:  # fault == "hang"
                 time.sleep(1)
         return original(data)

@@ -5,6 +5,7 @@ tests/test_main_cli.py), GPUs requested where there are none (test_config.py::te
 custom reward file (tests/data/test_data_reward.py::test_load_custom_compute_score).
 """
 
+import pandas as pd
 import pytest
 import torch
 from transformers import DistilBertConfig
@@ -35,16 +36,77 @@ def build(tmp_path, assets, *overrides: str):
         ("data.max_prompt_length=1",
          ["all 64 prompts", "longer than max_prompt_length=1 tokens (the shortest has",
           "raise data.max_prompt_length"]),
+        ("data.reward_fn_key=source",
+         ["data.train_files='", "reward fn key 'source' not found in ", "its columns are ['data_source', 'prompt'",
+          "Set data.reward_fn_key to one of them"]),
+        ("reward_model.enable=true reward_model.model.path=/no/such/rm",
+         ["reward_model.model.path='/no/such/rm': no such directory", "Hugging Face model directory"]),
+        ("actor_rollout_ref.model.lora_rank=4 actor_rollout_ref.model.target_modules=[q_prj,v_proj]",
+         ["actor_rollout_ref.model.target_modules=['q_prj', 'v_proj']: ['q_prj'] match no layer of the model; its "
+          "layers are named [", "'q_proj'", "or use 'all-linear'"]),
     ],
-    ids=["model-path-missing", "dataset-file-missing", "prompt-key-missing", "every-prompt-too-long"],
+    ids=["model-path-missing", "dataset-file-missing", "prompt-key-missing", "every-prompt-too-long",
+         "reward-fn-key-missing", "reward-model-path-missing", "lora-target-typo"],
 )
 def test_bad_paths_and_data_name_the_key_and_what_is_valid(tmp_path, assets, override, expected):
     with pytest.raises(ConfigError) as info:
-        build(tmp_path, assets, override)
+        build(tmp_path, assets, *override.split())
     message = str(info.value)
     assert "\n" not in message
     for part in expected:
         assert part in message
+
+
+def write_parquet(path, prompts) -> str:
+    pd.DataFrame({"prompt": prompts, "reward_model": [{"ground_truth": "x"}] * len(prompts)}).to_parquet(path)
+    return str(path)
+
+
+BAD_FILES = {  # name -> (how to write it, what the line says after naming data.train_files and the file)
+    "corrupt.parquet": (lambda p: p.write_bytes(b"PAR1" + bytes(range(200))),
+                        "cannot be read (ArrowInvalid: ", "expected a parquet file (as pandas.DataFrame.to_parquet"),
+    "malformed.jsonl": (lambda p: p.write_text('{"prompt": "ab"}\n{"prompt": "cd"\n'),
+                        "line 2 of ", "is not a JSON object (", "expected one JSON object per line"),
+    "empty.jsonl": (lambda p: p.write_text(""), "is empty (0 bytes); expected one prompt per row"),
+    "no-rows.parquet": (lambda p: write_parquet(p, []), "holds no rows; expected one prompt per row"),
+    "null-prompt.parquet": (lambda p: write_parquet(p, ["ab", None]),
+                            "row 1 of ", "its 'prompt' is None; expected a non-empty string or a list of chat messages"),
+    "numeric-prompt.jsonl": (lambda p: p.write_text('{"prompt": 12}\n'),
+                             "row 0 of ", "its 'prompt' is 12; expected a non-empty string or a list of chat messages"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FILES)
+def test_an_unreadable_empty_or_malformed_data_file_is_named(tmp_path, assets, name):
+    write, *expected = BAD_FILES[name]
+    write(tmp_path / name)
+    with pytest.raises(ConfigError) as info:
+        build(tmp_path, assets, f"data.train_files={tmp_path / name}")
+    message = str(info.value)
+    assert message.startswith(f"data.train_files='{tmp_path / name}': ") and "\n" not in message
+    for part in expected:
+        assert part in message
+
+
+REWARD_FUNCTIONS = "def none(**kw):\n    return None\ndef text(**kw):\n    return '1.0'\ndef pair(**kw):\n    return 1.0, {}\n"
+
+
+@pytest.mark.parametrize("name, shown", [("none", "None"), ("text", "'1.0'"), ("pair", "(1.0, {})")])
+def test_a_reward_function_that_returns_no_score_is_refused_before_any_model_loads(tmp_path, assets, name, shown):
+    (tmp_path / "rewards.py").write_text(REWARD_FUNCTIONS)
+    with pytest.raises(ConfigError) as info:
+        build(tmp_path, assets, f"custom_reward_function.path={tmp_path / 'rewards.py'}",
+              f"custom_reward_function.name={name}")
+    assert str(info.value) == (
+        f"custom_reward_function.name='{name}': returned {shown} for the first prompt (with an empty response); a "
+        "reward function must return a number, or a dict with a numeric 'score' (and any other values)")
+
+
+def test_an_unwritable_output_directory_is_refused(tmp_path, assets):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=rf"^trainer.default_local_dir='{tmp_path}/file/run': cannot write there "
+                                          r"\(NotADirectoryError: Not a directory\); choose a directory this user can"):
+        build(tmp_path, assets, f"trainer.default_local_dir={tmp_path / 'file' / 'run'}")
 
 
 def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path, assets):
@@ -71,17 +133,31 @@ def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path):
     assert batch["input_ids"][0, :4].eq(tokenizer.eos_token_id).all() and batch["attention_mask"][0, :4].eq(0).all()
 
 
+def two_responses(tokenizer) -> DataProto:
+    ids = torch.tensor(tokenizer(["ab", "cd"], add_special_tokens=False)["input_ids"])
+    return DataProto.from_dict(
+        {"responses": ids, "response_mask": torch.ones_like(ids)},
+        non_tensors={"data_source": ["mine", "mine"], "reward_model": [{"ground_truth": "x"}] * 2},
+    )
+
+
 def test_a_raising_reward_function_is_named_with_its_row():
     tokenizer = build_char_tokenizer()
 
     def my_score(data_source, solution_str, ground_truth, extra_info=None):
         raise KeyError("answer")
 
-    ids = torch.tensor(tokenizer(["ab", "cd"], add_special_tokens=False)["input_ids"])
-    data = DataProto.from_dict(
-        {"responses": ids, "response_mask": torch.ones_like(ids)},
-        non_tensors={"data_source": ["mine", "mine"], "reward_model": [{"ground_truth": "x"}] * 2},
-    )
     with pytest.raises(RewardError, match=r"reward function 'my_score' raised KeyError: 'answer' \(row 0, "
                                           r"data_source='mine', response='ab'\)"):
-        RewardManager(tokenizer, compute_score=my_score)(data)
+        RewardManager(tokenizer, compute_score=my_score)(two_responses(tokenizer))
+
+
+def test_a_reward_function_returning_no_score_during_the_run_is_named_with_its_row():
+    tokenizer = build_char_tokenizer()
+
+    def my_score(data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0 if solution_str == "ab" else None  # passes the probe's empty response? no: None there too
+
+    with pytest.raises(RewardError, match=r"reward function 'my_score' returned None \(row 1, data_source='mine', "
+                                          r"response='cd'\); a reward function must return a number, or a dict"):
+        RewardManager(tokenizer, compute_score=my_score)(two_responses(tokenizer))

@@ -1,7 +1,6 @@
 """A disk that fills up in the middle of a checkpoint file: real writes on a small tmpfs, one and two ranks."""
 
 import contextlib
-import subprocess
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,21 +12,18 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from config.roles import FSDPConfig
+from tests.reliability.conftest import tmpfs
 from tests.workers.helpers import build_tiny_checkpoint, free_port, init_gloo
 from trainer.checkpoint import CheckpointManager
-from workers import checkpoint
+from workers import checkpoint, safe_files
 from workers.role import shard_role
 
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs: room for a few tiny checkpoints, easy to fill."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "disk", "2M") as mount:
+        yield mount
 
 
 def fill(disk: Path, leave: int) -> None:
@@ -100,6 +96,6 @@ def test_a_driver_state_that_does_not_fit_is_an_os_error_naming_the_path(small_d
     staging = manager.staging_path(1)
     manager.make_staging(staging)
     fill(small_disk, 0)
-    with pytest.raises(checkpoint.CheckpointWriteError, match=rf"the driver could not write the checkpoint to "
+    with pytest.raises(safe_files.CheckpointWriteError, match=rf"the driver could not write the checkpoint to "
                        rf"{staging}: .*MiB free"):
         manager.commit(staging, 1, {"global_step": 1, "blob": torch.zeros(100_000)})

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.workers.helpers import build_tiny_checkpoint
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager, check_checkpoint, load_driver_state
 from trainer.export import export
-from workers import checkpoint
+from workers import checkpoint, safe_files
 
 
 class Payload:
@@ -44,7 +44,7 @@ def test_rng_state_round_trips_through_plain_files(tmp_path):
     torch.save(checkpoint.rng_state(), tmp_path / "rng.pt")
     expected = torch.rand(3), np.random.rand(3), random.random()
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
-    checkpoint.set_rng_state(checkpoint.load_plain(tmp_path / "rng.pt"))
+    checkpoint.set_rng_state(safe_files.load_plain(tmp_path / "rng.pt"))
     got = torch.rand(3), np.random.rand(3), random.random()
     assert torch.equal(expected[0], got[0]) and np.array_equal(expected[1], got[1]) and expected[2] == got[2]
 
@@ -72,7 +72,7 @@ def test_a_crafted_pickle_in_a_role_is_refused_and_runs_nothing(role, tmp_path, 
     checkpoint.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
     marker = tmp_path / "pwned"
     craft(tmp_path / "actor", name, Payload(marker), model, optimizer)
-    with pytest.raises(checkpoint.UnsafeCheckpointError, match="refusing to load .*(not part of|holds pickled)"):
+    with pytest.raises(safe_files.UnsafeCheckpointError, match="refusing to load .*(not part of|holds pickled)"):
         checkpoint.load_role(str(tmp_path / "actor"), model, optimizer, scheduler)
     assert not marker.exists()
 
@@ -206,3 +206,42 @@ def test_export_refuses_a_non_empty_out_unless_told_to_replace_it(tmp_path, role
     export(str(run), str(out), overwrite=True)
     assert not (out / "model-00001-of-00002.safetensors").exists()  # replaced, not merged into
     assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_export_overwrite_never_deletes_a_run_and_checks_the_checkpoint_first(tmp_path, role):
+    run = tmp_path / "runs" / "a"
+    committed(CheckpointManager(str(run)), 1, role)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    for out, named in ((run, "holds the checkpoint being exported"), (tmp_path / "runs", "holds the checkpoint"),
+                       (run / "global_step_1", "holds the checkpoint")):
+        with pytest.raises(FileExistsError, match=f"--out {out} {named}.*--overwrite would delete it"):
+            export(str(run / "global_step_1"), str(out), overwrite=True)
+    other = tmp_path / "other"
+    committed(CheckpointManager(str(other / "nested")), 1, role)
+    with pytest.raises(FileExistsError, match=rf"--out {other} is or holds a run directory \({other}/nested/"):
+        export(str(run), str(other), overwrite=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # an earlier export
+    weights = run / "global_step_1" / "actor" / "__0_0.distcp"
+    weights.write_bytes(weights.read_bytes()[:-1])
+    with pytest.raises(CheckpointError, match="__0_0.distcp has .* bytes instead of"):
+        export(str(run / "global_step_1"), str(out), overwrite=True)
+    assert (out / "config.json").exists() and (run / "metrics.jsonl").exists()  # nothing deleted
+    assert len(list(run.rglob("*.distcp"))) == 1
+
+
+def test_a_resume_loads_the_saved_state_but_keeps_the_configured_hyper_parameters(role, tmp_path):
+    """Weights and Adam moments are the checkpoint's; lr, betas and weight decay this run's (the driver says so)."""
+    model, optimizer, scheduler, tokenizer = role
+    checkpoint.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
+    fresh = AutoModelForCausalLM.from_pretrained(tokenizer.name_or_path)
+    optim = torch.optim.AdamW(fresh.parameters(), lr=5e-3, betas=(0.8, 0.99), weight_decay=0.1)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optim, lambda step: min(1.0, (step + 1) / 4))
+    checkpoint.load_role(str(tmp_path / "actor"), fresh, optim, warmup)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), fresh.parameters()))
+    saved, loaded = optimizer.state_dict()["state"], optim.state_dict()["state"]
+    assert all(torch.equal(saved[i][k], loaded[i][k]) for i in saved for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert warmup.last_epoch == scheduler.last_epoch == 1  # the schedule's position is the checkpoint's
+    group = optim.param_groups[0]
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (5e-3 * 2 / 4, (0.8, 0.99), 0.1)

@@ -102,6 +102,16 @@ def placement(stdout: str) -> list[tuple[str, str, str]]:
     return PLACED.findall(line)
 
 
+def test_a_driver_without_the_token_is_refused(cluster, tmp_path, assets):
+    """The cluster checks a token (RAY_AUTH_MODE=token on every node): a driver with another one cannot join."""
+    run = run_child([str(REPO / "main.py"), *overrides(tmp_path, assets, nnodes=2, steps=1),
+                     f"ray_init.address={cluster.address}"], cwd=tmp_path,
+                    env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert f"colorl: config error: ray_init.address='{cluster.address}': cannot join that Ray cluster" in run.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_ranks_on_two_nodes_meet_at_rank_zeros_node_address(cluster):
     probe = subprocess.run([sys.executable, str(REPO / "tests/reliability/multinode_probe.py"), cluster.address, "2"],
                            env={**child_env(), **cluster.env}, capture_output=True, text=True, timeout=180)

@@ -1,11 +1,14 @@
-"""SIGTERM in the middle of a real run of ``main.py`` (a child process), then the same command again."""
+"""SIGTERM or SIGINT to the whole process group of a real run of ``main.py`` (a child process), as Slurm's
+``scancel``, ``systemd stop`` or Ctrl-C in a terminal send it; then the same command again."""
 
 import json
+import os
 import signal
 import threading
 import time
 
 import psutil
+import pytest
 
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
 from trainer.checkpoint import check_checkpoint
@@ -19,8 +22,9 @@ def logged_steps(run_dir) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def send_when_logged(run_dir, step: int, sig: signal.Signals) -> threading.Thread:
-    """Send ``sig`` to the child ``main.py`` once ``step`` is in its metrics.jsonl (a step in progress then)."""
+def signal_group_when_logged(run_dir, step: int, sig: signal.Signals) -> threading.Thread:
+    """Send ``sig`` to the process group of the child ``main.py`` (it, its local Ray cluster and the workers that
+    cluster started) once ``step`` is in its metrics.jsonl: a step is in progress then."""
 
     def watch() -> None:
         deadline = time.monotonic() + 300
@@ -28,7 +32,7 @@ def send_when_logged(run_dir, step: int, sig: signal.Signals) -> threading.Threa
             if step in logged_steps(run_dir):
                 for child in psutil.Process().children():
                     if any(arg.endswith("main.py") for arg in child.cmdline()):
-                        child.send_signal(sig)
+                        os.killpg(os.getpgid(child.pid), sig)
                         return
             time.sleep(0.2)
 
@@ -37,23 +41,33 @@ def send_when_logged(run_dir, step: int, sig: signal.Signals) -> threading.Threa
     return thread
 
 
-def test_sigterm_checkpoints_the_step_and_the_same_command_continues_from_it(tmp_path, assets):
+def preempted_run(tmp_path, assets, sig: signal.Signals) -> tuple[list[str], int]:
+    """A run stopped by ``sig`` to its group: (its arguments, the step it stopped after), checked on the way."""
     # periodic checkpoints off: the one written on the signal is the only one to resume from
     overrides = [o for o in tiny_overrides(tmp_path, assets, STEPS) if not o.startswith("trainer.save_freq")]
     args = [str(REPO / "main.py"), *overrides, "trainer.save_freq=-1"]
-    send_when_logged(tmp_path, 2, signal.SIGTERM)
+    signal_group_when_logged(tmp_path, 2, sig)
     first = run_child(args, cwd=tmp_path)
     assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
     stopped_at = logged_steps(tmp_path)[-1]
     assert 2 <= stopped_at < STEPS and logged_steps(tmp_path) == list(range(1, stopped_at + 1))
-    assert "colorl: received SIGTERM: finishing the current step" in first.stderr
-    assert f"colorl: stopped by SIGTERM after step {stopped_at}; its checkpoint is " in first.stderr
+    assert f"colorl: received {sig.name}: finishing the current step" in first.stderr
+    assert f"colorl: stopped by {sig.name} after step {stopped_at}; its checkpoint is " in first.stderr
     assert "Traceback" not in first.stderr
     assert [p.name for p in tmp_path.glob("global_step_*")] == [f"global_step_{stopped_at}"]
     check_checkpoint(tmp_path / f"global_step_{stopped_at}")
     assert first.survivors() == []
+    return args, stopped_at
 
+
+def test_sigterm_to_the_group_checkpoints_the_step_and_the_same_command_continues_from_it(tmp_path, assets):
+    args, stopped_at = preempted_run(tmp_path, assets, signal.SIGTERM)
     second = run_child(args, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from {tmp_path / f'global_step_{stopped_at}'} (step {stopped_at})" in second.stdout
     assert logged_steps(tmp_path) == list(range(1, STEPS + 1))  # every step once: none lost, none repeated
+
+
+@pytest.mark.slow  # a third child run: SIGINT takes the same path as SIGTERM
+def test_ctrl_c_to_the_group_checkpoints_the_step(tmp_path, assets):
+    preempted_run(tmp_path, assets, signal.SIGINT)

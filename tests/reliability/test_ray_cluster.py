@@ -4,6 +4,7 @@ The test starts its own head (a free port, its own temp dir, so ``ray.init()`` e
 finds it) with ``--block``, so that ending that one process stops every process of that cluster and no other.
 """
 
+import importlib.util
 import shutil
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import ray
 
 from tests.reliability.conftest import REPO, Run, child_env, run_child, tiny_overrides
 
@@ -71,3 +73,16 @@ def test_an_address_where_no_cluster_answers_fails_in_seconds(tmp_path, assets):
                     cwd=tmp_path, timeout_s=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert f"colorl: config error: ray_init.address='{address}': no Ray cluster answers there" in run.stderr
+
+
+def test_a_dashboard_is_started_only_when_asked_for(tmp_path, assets):
+    """``ray_init.include_dashboard`` (default false) reaches ``ray.init``; with the minimal ``ray`` ColoRL depends
+    on, asking for a dashboard is a config error naming what to install."""
+    if importlib.util.find_spec("aiohttp") is not None:
+        pytest.skip("ray[default] is installed: this checks the minimal ray")
+    run = run_child([str(REPO / "main.py"), *tiny_overrides(tmp_path, assets), "ray_init.include_dashboard=true"],
+                    cwd=tmp_path, timeout_s=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        "colorl: config error: ray_init.include_dashboard=True: Ray's dashboard needs ray[default]: "
+        f"pip install 'ray[default]=={ray.__version__}'")

@@ -63,10 +63,13 @@ def test_nested_phases_keep_their_own_deadlines():
 
 
 def test_unlisted_phases_are_unwatched_without_a_default():
-    dog, exits, _ = make(deadlines={"gen": 5}, default_s=None)
-    with dog.phase("reward"):
-        time.sleep(0.3)
+    dog, exits, stream = make(deadlines={"gen": 0.1}, default_s=None)
+    with dog.phase("reward"):  # five times gen's deadline: it would fire if reward were watched at all
+        time.sleep(0.5)
     assert exits.codes == []
+    with dog.phase("gen"):  # while the listed phase, with the same clock, does fire
+        assert exits.called.wait(10)
+    assert exits.codes == [EXIT_HUNG] and "phase 'gen'" in stream.getvalue()
 
 
 def test_a_failing_dump_still_exits():

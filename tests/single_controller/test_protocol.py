@@ -74,7 +74,7 @@ def test_select_pop_rename_union():
     assert "observation" in d.batch
     d.union(popped)
     assert set(d.batch) == {"observation", "act"}
-    with pytest.raises(ValueError, match="different values"):
+    with pytest.raises(ValueError, match="values differ"):
         d.union(DataProto.from_dict({"act": torch.zeros(6, dtype=torch.long)}))
     with pytest.raises(ValueError, match="equal batch sizes"):
         d.union(DataProto.from_dict({"z": torch.zeros(5)}))

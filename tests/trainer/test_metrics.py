@@ -87,3 +87,32 @@ def test_timed_accumulates_and_survives_exceptions():
     with tm.Timer() as t:
         pass
     assert 0.0 <= t.elapsed < 1.0
+
+
+def test_a_tool_turn_counts_in_the_response_length_but_not_in_the_trained_tokens():
+    batch = _batch()
+    batch["response_mask"] = batch["response_mask"].clone()
+    batch["response_mask"][0, 1] = 0  # sample 0's middle token is a tool token: attended, not trained
+    m = tm.compute_data_metrics(batch, use_critic=False)
+    assert (m["response_length/max"], m["response_length/clip_ratio"]) == (3.0, 0.5)  # the attended tokens
+
+
+def test_multi_turn_metrics_have_verls_names_and_tool_rates():
+    import numpy as np
+
+    def column(values):
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    rows = {"__num_turns__": column([2, 4, 6, 4]), "tool_call_counts": column([0, 1, 3, 1]),
+            "tool_error_counts": column([0, 0, 1, 1]), "tool_response_tokens": column([0, 10, 30, 12]),
+            "tool_rewards": column([0.0, 0.5, -0.1, 0.0]), "tokenization_mismatch": column([False, False, True, False]),
+            "stop_reason": column(["answer", "answer", "turn_limit", "length_limit"])}
+    m = tm.multi_turn_metrics(rows)
+    assert (m["num_turns/mean"], m["num_turns/min"], m["num_turns/max"]) == (4.0, 2.0, 6.0)
+    assert (m["tool_call_counts/mean"], m["tool_call_counts/max"]) == (1.25, 3.0)
+    assert m["multi_turn/tool_success_rate"] == pytest.approx(0.6) and m["multi_turn/tool_errors/mean"] == 0.5
+    assert (m["multi_turn/turn_limit_ratio"], m["multi_turn/length_limit_ratio"]) == (0.25, 0.25)
+    assert m["multi_turn/tool_response_tokens/mean"] == 13.0 and m["multi_turn/tokenization_mismatch_ratio"] == 0.25
+    assert tm.multi_turn_metrics({}) == {}

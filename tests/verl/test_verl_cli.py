@@ -70,9 +70,31 @@ def test_verl_spellings_carry_over():
     assert warned == ["actor_rollout_ref.rollout.gpu_memory_utilization"]
 
 
+def test_verls_multi_turn_keys_carry_over_and_engine_keys_warn():
+    """The keys of verl's tool-agent example run script (sglang, async agent loop) load with verl's meaning."""
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    cfg = load_config([*commands.overrides(commands.QUICKSTART, **PATHS), "actor_rollout_ref.rollout.name=sglang",
+                       "actor_rollout_ref.rollout.mode=async", f"{mt}.enable=true", f"{mt}.max_assistant_turns=5",
+                       f"{mt}.max_user_turns=5", f"{mt}.max_parallel_calls=2", f"{mt}.max_tool_response_length=1200",
+                       f"{mt}.tool_response_truncate_side=left", f"{mt}.format=hermes",
+                       f"{mt}.tool_config_path=conf/tools/gsm8k.yaml", f"{mt}.use_inference_chat_template=true",
+                       "actor_rollout_ref.rollout.agent.num_workers=4",
+                       "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"])
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    assert (multi_turn.max_assistant_turns, multi_turn.max_user_turns, multi_turn.max_parallel_calls) == (5, 5, 2)
+    assert (multi_turn.max_tool_response_length, multi_turn.tool_response_truncate_side) == (1200, "left")
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
+    warned = sorted(line.split("=")[0] for line in ignored_key_warnings(cfg))
+    assert warned == ["actor_rollout_ref.rollout.agent.num_workers", "actor_rollout_ref.rollout.gpu_memory_utilization",
+                      "actor_rollout_ref.rollout.mode", f"{mt}.use_inference_chat_template",
+                      "actor_rollout_ref.rollout.name"]
+
+
 @pytest.mark.parametrize("override, expected", [
-    ("actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.enable=True: ColoRL "
-                                                         "has no multi-turn"),
+    ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=x.yaml",
+     "actor_rollout_ref.rollout.multi_turn.interaction_config_path='x.yaml': verl's simulated-user"),
+    ("actor_rollout_ref.rollout.multi_turn.format=gpt-oss", "actor_rollout_ref.rollout.multi_turn.format='gpt-oss': "
+                                                            "must be one of hermes"),
     ("actor_rollout_ref.rollout.name=trtllm", "actor_rollout_ref.rollout.name='trtllm': must be one of hf, vllm"),
     ("actor_rollout_ref.rollout.no_such_key=1", "unknown config key 'actor_rollout_ref.rollout.no_such_key'"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null", "ppo_micro_batch_size_per_gpu=null: set"),

@@ -1,15 +1,18 @@
 """The PPO actor on a plain (single-process) model: log-probs, the update, and its guard rails."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
 from algos import entropy_from_logits
 from tests.workers.helpers import actor_config, make_update_batch
 from workers.actor import DataParallelPPOActor
 from workers.optim import build_optimizer
+from workers.role import TrainedRole
 
 P, R = 6, 5
 
@@ -139,14 +142,27 @@ def test_non_finite_gradient_skips_the_step(tiny_model_dir):
     assert all(p.grad is None for p in actor.module.parameters())
 
 
+def _role_actor(model_dir, compile: bool, **cfg):
+    """An actor on the module a worker's ``TrainedRole`` builds (one rank: no FSDP)."""
+    torch.manual_seed(0)
+    config = actor_config(**cfg)
+    where = SimpleNamespace(device=torch.device("cpu"), world_size=1)
+    role = TrainedRole(where, AutoModelForCausalLM.from_pretrained(model_dir), config.fsdp_config, config.optim, 10,
+                       compile=compile)
+    return DataParallelPPOActor(role.module, role.optimizer, None, config)
+
+
 def test_compiled_policy_matches_eager(tiny_model_dir):
     """``use_torch_compile``: the worker compiles the policy in place; log-probs and the update agree with eager."""
     data = make_update_batch(8, P, R)
-    eager = _actor(tiny_model_dir, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8)
-    compiled = _actor(tiny_model_dir, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8)
-    compiled.module.compile()
+    eager = _role_actor(tiny_model_dir, False, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8)
+    compiled = _role_actor(tiny_model_dir, True, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8)
+    torch._dynamo.reset()
+    counters.clear()
     want, _ = eager.compute_log_prob(data, micro_batch_size=8)
+    assert counters["stats"]["unique_graphs"] == 0  # eager ran no compiler
     got, _ = compiled.compute_log_prob(data, micro_batch_size=8)
+    assert counters["stats"]["unique_graphs"] > 0  # the forward was captured and compiled
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     eager_metrics, compiled_metrics = eager.update_policy(data), compiled.update_policy(data)
     torch.testing.assert_close(compiled_metrics["actor/grad_norm"], eager_metrics["actor/grad_norm"], rtol=1e-4, atol=0)

@@ -14,7 +14,6 @@ from workers.critic import DataParallelPPOCritic, load_value_model
 from workers.packing import (
     BatchTotals,
     best_fit_decreasing,
-    loss_weight,
     micro_batch_indices,
     mini_batch_totals,
     pack_batch,
@@ -61,14 +60,15 @@ def test_dynamic_micro_batches_and_restored_order():
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_loss_weights_make_the_mini_batch_loss(mode):
-    """Σ_micro weight·agg(micro) == agg(mini), for any split."""
+def test_micro_batch_losses_add_up_to_the_mini_batch_loss(mode):
+    """Σ_micro agg(micro, the mini-batch's totals) == agg(mini), for any split."""
     g = torch.Generator().manual_seed(0)
     losses = torch.randn(7, 4, generator=g)
     mask = (torch.rand(7, 4, generator=g) > 0.3).float()
+    mask[:, 0] = 1.0  # every response has a token: the mini-batch's sequence count is its rows
     split = [torch.tensor([0, 5]), torch.tensor([1, 2, 3]), torch.tensor([4, 6])]
-    totals = mini_batch_totals(mask)
-    total = sum(loss_weight(mask[i], totals, mode) * agg_loss(losses[i], mask[i], mode) for i in split)
+    global_batch = mini_batch_totals(mask).global_batch()
+    total = sum(agg_loss(losses[i], mask[i], mode, **global_batch) for i in split)
     torch.testing.assert_close(total, agg_loss(losses, mask, mode))
 
 

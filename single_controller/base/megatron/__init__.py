@@ -1,11 +1,4 @@
-"""Seed-only (not used by the trainer): workers in a (pp, dp, tp) mesh, tensor-parallel models behind a worker group."""
+"""The seed's import path for the tensor-parallel (Megatron-style) worker; the code is in single_controller/compat/megatron_worker.py."""
 
-from single_controller.base.megatron.worker import (
-    DistGlobalInfo,
-    DistRankInfo,
-    MegatronWorker,
-    TensorParallelWorker,
-    model_parallel_shape,
-)
-
-__all__ = ["DistGlobalInfo", "DistRankInfo", "MegatronWorker", "TensorParallelWorker", "model_parallel_shape"]
+from single_controller.base.megatron.worker import *  # noqa: F403  (the names of base/megatron/worker.py)
+from single_controller.base.megatron.worker import __all__  # noqa: F401

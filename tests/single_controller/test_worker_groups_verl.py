@@ -1,0 +1,175 @@
+"""verl's worker-group API beyond the trainer's, on a real Ray cluster: split pools, the environment workers see,
+fused colocated classes, n-d meshes declared per role, how group methods are named, and verl's class options."""
+
+import os
+import threading
+
+import pytest
+import ray
+import torch
+
+from single_controller import DataProto
+from single_controller.base import Worker
+from single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from single_controller.protocol import all_gather_data_proto
+from single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+    create_colocated_worker_raw_cls,
+    split_resource_pool,
+)
+from single_controller.ray.health import shutdown_worker_group
+
+ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE", "WG_PREFIX", "EXTRA")
+
+
+class Probe(Worker):
+    def __init__(self, tag: int = 0) -> None:
+        super().__init__()
+        self.tag = tag
+        self._register_dispatch_collect_info("half", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
+
+    def env(self) -> dict:
+        return {key: os.environ.get(key) for key in ENV} | {"device": str(self.device)}
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def add_tag(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"x": data.batch["x"] + self.tag + self.rank})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("half"))
+    def rows_seen(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"n": torch.full((len(data),), len(data)), "rank": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    async def rank_later(self) -> int:
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def gathered(self) -> list:
+        self.init_process_group()
+        data = DataProto.from_dict({"r": torch.full((self.rank + 1,), self.rank)}, {"s": [str(self.rank)] * (self.rank + 1)})
+        all_gather_data_proto(data)
+        return data.batch["r"].tolist() + data.non_tensor_batch["s"].tolist()
+
+
+class Scale(Worker):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def scale(self, x: float) -> float:
+        return x * self.factor
+
+    def peek(self) -> float:  # not registered: reachable with execute_all_sync on a role view
+        return self.factor
+
+
+class Chain(create_colocated_worker_raw_cls({"probe": RayClassWithInitArgs(Probe, tag=5), "scale": RayClassWithInitArgs(Scale, factor=2.0)})):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def scaled_rank(self) -> float:
+        return self.scale.scale(self.probe.rank + self.fused_worker_dict["probe"].tag)
+
+
+@pytest.fixture(scope="module")
+def pool(ray_cluster):
+    pool = RayResourcePool([2, 2], use_gpu=False, max_colocate_count=4)
+    pool.get_placement_groups()
+    return pool
+
+
+# ---------------------------------------------------------------------------- split pools, environment
+def test_split_pools_hold_their_own_groups_and_ranks(pool):
+    first, rest = split_resource_pool(pool, [1, 3])
+    one, three = (RayWorkerGroup(p, RayClassWithInitArgs(Probe, tag=10 * i), name_prefix=f"split{i}", worker_env={"EXTRA": "x"}) for i, p in enumerate((first, rest)))
+    envs = three.execute_all_sync("env")
+    assert [e["RANK"] for e in envs] == ["0", "1", "2"] and {e["WORLD_SIZE"] for e in envs} == {"3"}
+    # rest = bundle 1 of node 0, bundles 0-1 of node 1: local ranks count this group's ranks per node
+    assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [("0", "1"), ("0", "2"), ("1", "2")]
+    assert all(e["RAY_LOCAL_RANK"] == e["LOCAL_RANK"] and e["RAY_LOCAL_WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] for e in envs)
+    assert {e["WG_PREFIX"] for e in envs} == {"split1"} and {e["EXTRA"] for e in envs} == {"x"} and {e["device"] for e in envs} == {"cpu"}
+    assert three.add_tag(DataProto.from_dict({"x": torch.zeros(3)})).batch["x"].tolist() == [10.0, 11.0, 12.0]
+    assert three.gathered() == [[0, 1, 1, 2, 2, 2, "0", "1", "1", "2", "2", "2"]] * 3  # every rank's rows, rank order
+    halves = split_resource_pool(rest, 1)  # a sub-pool splits again, from where it starts
+    assert [h.bundles()[0].index for h in halves] == [1, 0, 1]
+    shutdown_worker_group(one)  # a sub-pool's group goes; the pool it was cut from keeps its placement groups
+    assert pool.pgs is not None and len(three.execute_all_sync("env")) == 3
+    shutdown_worker_group(three)
+
+
+def test_split_and_worker_env_refuse_what_cannot_work(pool):
+    with pytest.raises(ValueError, match=r"sum up to world_size 4, got \[1, 2\]"):
+        split_resource_pool(pool, [1, 2])
+    with pytest.raises(AssertionError, match="divisor"):
+        split_resource_pool(pool, 3)
+    with pytest.raises(ValueError, match=r"may not set \['RANK'\]"):
+        RayWorkerGroup(pool, RayClassWithInitArgs(Probe), worker_env={"RANK": "7"})
+
+
+# ---------------------------------------------------------------------------- colocation and method names
+def test_fused_class_chains_roles_and_fuse_adds_role_views(pool):
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(Chain), name_prefix="fused")
+    assert group.scaled_rank() == [10.0, 12.0, 14.0, 16.0]  # (rank + tag 5) * factor 2, in one call per rank
+    assert not hasattr(group, "scale") and not hasattr(group, "probe_add_tag")  # fused: no <role>_<method> names
+    group.fuse(["probe", "scale"])
+    assert group.scale.scale(1.5) == [3.0] * 4 and group.probe.rank_later() == [0, 1, 2, 3]
+    assert group.scale.execute_all_sync("peek") == [2.0] * 4  # any method of the role, registered or not
+    shutdown_worker_group(group)
+
+
+def test_worker_dict_names_role_methods_and_views_see_their_role_only(pool):
+    roles = {"probe": RayClassWithInitArgs(Probe, tag=1), "scale": RayClassWithInitArgs(Scale, factor=3.0)}
+    group = RayWorkerGroup(pool, create_colocated_worker_cls(roles), name_prefix="dict")
+    assert group.scale_scale(2.0) == [6.0] * 4 and "probe_add_tag" in dir(group)  # verl's names before spawn
+    views = group.spawn(roles.keys())
+    assert views["scale"].scale(1.0) == [3.0] * 4 and not hasattr(views["scale"], "add_tag")
+    assert views["probe"].add_tag(DataProto.from_dict({"x": torch.zeros(4)})).batch["x"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert views["probe"].rank_later() == [0, 1, 2, 3]  # an async role method, awaited in the colocated process
+    # n-d dispatch in a role view: the mesh is the one the role declared (dp = rank // 2, even ranks report)
+    out = views["probe"].rows_seen(DataProto.from_dict({"x": torch.zeros(3)}))
+    assert out.batch["n"].tolist() == [2, 2, 2] and out.batch["rank"].tolist() == [0, 0, 2]
+    with pytest.raises(ValueError, match="'judge' is not a role of WorkerDict"):
+        group.spawn(["judge"])
+    shutdown_worker_group(group)
+
+
+class Shadowing(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def spawn(self):
+        return None
+
+
+def test_a_method_that_would_shadow_the_group_is_refused(pool):
+    with pytest.raises(ValueError, match="would shadow RayWorkerGroup.spawn"):
+        RayWorkerGroup(pool, RayClassWithInitArgs(Shadowing))
+
+
+# ---------------------------------------------------------------------------- verl's class options
+@ray.remote
+class Meeting(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(2)
+
+    def meet(self) -> bool:
+        self.barrier.wait(timeout=60)  # returns only when two calls run at once in this actor
+        return True
+
+
+def test_update_options_reach_every_worker(pool):
+    cls = RayClassWithInitArgs(Meeting)
+    cls.update_options({"max_concurrency": 2})
+    group = RayWorkerGroup(split_resource_pool(pool, 1)[0], cls)
+    assert ray.get([group.execute_rank_zero_async("meet") for _ in range(2)], timeout=90) == [True, True]
+    shutdown_worker_group(group)
+
+
+@pytest.mark.gpu
+def test_the_device_is_the_gpu_ray_assigned(ray_cluster):
+    pool = RayResourcePool([1], use_gpu=True, max_colocate_count=2)
+    on_gpu = RayWorkerGroup(pool, RayClassWithInitArgs(Probe), name_prefix="gpu")
+    on_cpu = RayWorkerGroup(pool, RayClassWithInitArgs(Probe), name_prefix="cpu", device_name="cpu")  # asks Ray for no GPU
+    assert on_gpu.execute_all_sync("env")[0]["device"].startswith("cuda:") and on_cpu.execute_all_sync("env")[0]["device"] == "cpu"
+    shutdown_worker_group(on_gpu)

@@ -1,0 +1,126 @@
+"""``trainer.dry_run=true``: a step's batch arithmetic and the memory per worker, before anything loads; and the
+pre-flight refusal of a run whose estimated peak memory exceeds the device."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config import ConfigError, load_config, make_plan, num_workers, replace_keys
+from tests.verl import commands
+from trainer.dry_run import phase_batches, preflight
+
+REPO = Path(__file__).resolve().parent.parent.parent
+QWEN2_5_0_5B = {  # Qwen2.5-0.5B-Instruct's config.json, the fields that size it
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+    "max_position_embeddings": 32768, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+}
+
+
+def _main(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _rows(stdout: str, first_word: str) -> list[list[str]]:
+    """The words of each line starting with ``first_word``: a phase's batch row, then its memory row."""
+    return [line.split() for line in stdout.splitlines() if line.split()[:1] == [first_word]]
+
+
+@pytest.fixture(scope="module")
+def qwen_config_dir(tmp_path_factory) -> str:
+    """A model directory with only a config.json: all a dry run reads."""
+    path = tmp_path_factory.mktemp("qwen2_5_0_5b")
+    (path / "config.json").write_text(json.dumps(QWEN2_5_0_5B))
+    return str(path)
+
+
+def test_dry_run_of_the_demo_prints_the_arithmetic_and_starts_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    result = _main(["trainer.dry_run=true", f"builtin.cache_dir={cache}"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    # 16 prompts × 8 responses over 2 workers; one mini-batch of 64 rows in one micro-batch; up to 16 + 8 tokens
+    assert "a step: 16 prompts × 8 responses = 128 sequences, 64 per worker, each up to 16 + 8 tokens" in out
+    assert _rows(out, "generate")[0] == ["generate", "64", "64", "1", "-", "-", "1536"]
+    assert _rows(out, "update_actor")[0] == ["update_actor", "64", "64", "1", "1", "1", "1536"]
+    assert "training steps: 700 = 5.60 epochs of 125 steps (2000 prompts / data.train_batch_size)" in out
+    for phase in ("load", "generate", "validate", "update_actor"):  # the memory table: every term and the total
+        assert len(_rows(out, phase)[-1]) == 9
+    assert "peak: 0." in out and "fits" in out
+    assert not cache.exists()  # the demo's assets (its weights) were not built
+    assert "Started a local Ray instance" not in result.stderr
+
+
+def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
+    """examples/grpo_trainer/run_qwen2-7b.sh on 2 workers: 1024 prompts × 5 = 5120 sequences, 2560 per worker;
+    the mini-batch of 256 prompts is 640 sequences per worker: 4 optimizer steps a step, each of 16 micro-batches
+    of 40; log-probs (old and ref) in micro-batches of 40; sequences up to 512 + 1024 tokens."""
+    cfg = load_config(commands.overrides(commands.GRPO, model=qwen_config_dir, train="/nonexistent/train.parquet",
+                                         val="/nonexistent/test.parquet") + ["trainer.device=cpu", "trainer.dry_run=true"])
+    plan = make_plan(cfg, num_workers(cfg))
+    batches = {b.name: b for b in phase_batches(cfg, plan)}
+    assert list(batches) == ["generate", "old_log_prob", "ref", "update_actor"]
+    tokens = 2560 * (512 + 1024)
+    assert (batches["generate"].rows, batches["generate"].tokens) == (2560, tokens)
+    for name in ("old_log_prob", "ref"):
+        assert (batches[name].micro, batches[name].micro_batches) == (40, 64)
+    update = batches["update_actor"]
+    assert (update.micro, update.grad_accum, update.optimizer_steps, update.micro_batches, update.tokens) == (
+        40, 16, 4, 64, tokens)
+    with pytest.raises(SystemExit) as exit_:
+        preflight(cfg, plan, demo_config=None)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "actor: 494.03 M parameters (494.03 M trained), 24 layers, hidden 896, vocabulary 151936" in out
+    assert "training steps: unknown (the training files cannot be read)" in out
+    assert _rows(out, "update_actor")[0] == ["update_actor", "2560", "40", "64", "16", "4", str(tokens)]
+
+
+@pytest.mark.parametrize("name", ["QUICKSTART", "PPO", "GRPO", "GRPO_LORA", "RLOO", "REMAX", "REINFORCE_PP"])
+def test_every_verl_command_line_can_be_dry_run(name, qwen_config_dir, capsys):
+    cfg = load_config([*commands.overrides(getattr(commands, name), model=qwen_config_dir, train="t.parquet",
+                                           val="v.parquet"), "trainer.device=cpu", "trainer.dry_run=true"])
+    with pytest.raises(SystemExit) as exit_:
+        preflight(cfg, make_plan(cfg, num_workers(cfg)), demo_config=None)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert _rows(out, "update_actor")[0][1] == str(cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // 2)
+    assert "peak: " in out and ("critic:" in out) == (cfg.algorithm.adv_estimator == "gae")
+
+
+def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_loads(qwen_config_dir, tmp_path):
+    """verl's GRPO command line with responses of up to a million tokens: a micro-batch's activations alone are
+    terabytes."""
+    args = commands.overrides(commands.GRPO, model=qwen_config_dir, train=str(tmp_path / "train.parquet"),
+                              val=str(tmp_path / "test.parquet"))
+    result = _main([*args, "trainer.device=cpu", "data.max_response_length=1000000"], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("colorl: config error: the estimated peak memory per worker, ")
+    assert " GiB of host RAM for 2 worker(s); to bring it down: " in line
+    assert "in update_actor (largest: activations " in line
+    assert "to bring it down: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (lower)" in line
+    assert line.endswith("trainer.check_memory=false skips this check")
+    assert "Started a local Ray instance" not in result.stdout + result.stderr
+
+
+def test_the_check_is_switched_off_by_its_key(qwen_config_dir):
+    base = commands.overrides(commands.GRPO, model=qwen_config_dir, train="t.parquet", val="v.parquet")
+    cfg = load_config([*base, "trainer.device=cpu", "data.max_response_length=1000000"])
+    plan = make_plan(cfg, num_workers(cfg))
+    with pytest.raises(ConfigError, match="exceeds .* GiB of host RAM"):
+        preflight(cfg, plan, demo_config=None)
+    preflight(replace_keys(cfg, {"trainer.check_memory": False}), plan, demo_config=None)  # no error
+
+
+def test_a_missing_model_config_is_a_config_error(tmp_path):
+    cfg = load_config([*commands.overrides(commands.QUICKSTART, model=str(tmp_path / "none"), train="t", val="v"),
+                       "trainer.device=cpu", "trainer.dry_run=true"])
+    with pytest.raises(ConfigError, match="actor_rollout_ref.model.path=.*no model config there"):
+        preflight(cfg, make_plan(cfg, num_workers(cfg)), demo_config=None)

@@ -1,0 +1,292 @@
+"""Know a run before it runs: ``trainer.dry_run=true`` prints a step's batch arithmetic and each worker's memory
+estimate, and every run checks before any model loads that the estimate fits the device (``trainer.check_memory``).
+
+Both come from the typed config, the step plan and the models' configs (``config.json``, or the built-in demo's
+config; the models are built on the meta device, so no weights are read): no Ray, no data loading, seconds.
+The memory model is ``workers.memory_estimate``'s; its phases ``workers.memory_phases``'.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+
+from config import ConfigError, PPOConfig, StepPlan
+from workers.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
+from workers.memory_phases import estimate_memory
+
+ARR = "actor_rollout_ref"
+
+
+@dataclass(frozen=True)
+class PhaseBatch:
+    """One phase's batch on one worker: ``micro`` rows per forward, ``grad_accum`` micro-batches per optimizer step
+    (None for a forward-only phase), ``optimizer_steps`` per training step, ``tokens`` through the model a step."""
+
+    name: str
+    rows: int
+    micro: int
+    micro_batches: int
+    grad_accum: int | None
+    optimizer_steps: int
+    tokens: int
+
+
+def phase_batches(cfg: PPOConfig, plan: StepPlan) -> list[PhaseBatch]:
+    """The batch arithmetic of every phase a step runs, at the longest sequences the config allows."""
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    rows = data.train_batch_size * arr.rollout.n // plan.n_workers
+    length = data.max_prompt_length + data.max_response_length
+    out = [PhaseBatch("generate", rows, rows, 1, None, 0, rows * length)]
+
+    def forward(name: str, micro: int | None, dynamic_budget: int | None) -> PhaseBatch:
+        size = max(1, dynamic_budget // length) if dynamic_budget else micro or rows
+        size = min(size, rows)
+        return PhaseBatch(name, rows, size, math.ceil(rows / size), None, 0, rows * length)
+
+    def update(name: str, section: Any, mini: int) -> PhaseBatch:
+        dynamic = section.ppo_max_token_len_per_gpu if section.use_dynamic_bsz else None
+        micro = min(max(1, dynamic // length) if dynamic else section.ppo_micro_batch_size_per_gpu, mini)
+        accum = math.ceil(mini / micro)
+        steps = rows // mini * section.ppo_epochs
+        return PhaseBatch(name, rows, micro, steps * accum, accum, steps, rows * length * section.ppo_epochs)
+
+    def budget(section: Any, enabled: str, key: str) -> int | None:
+        return getattr(section, key) if getattr(section, enabled) else None
+
+    rollout, ref, critic = arr.rollout, arr.ref, cfg.critic
+    if plan.recompute_old_log_prob:
+        out.append(forward("old_log_prob", rollout.log_prob_micro_batch_size_per_gpu,
+                           budget(rollout, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")))
+    if plan.compute_ref_log_prob:
+        out.append(forward("ref", ref.log_prob_micro_batch_size_per_gpu,
+                           budget(ref, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")))
+    if plan.use_critic:
+        out.append(forward("values", critic.forward_micro_batch_size_per_gpu,
+                           budget(critic, "use_dynamic_bsz", "forward_max_token_len_per_gpu")))
+        out.append(update("update_critic", critic, plan.critic_mini_batch_size))
+    out.append(update("update_actor", arr.actor, plan.actor_mini_batch_size))
+    return out
+
+
+def prompt_count(cfg: PPOConfig, split: str) -> int | None:
+    """Prompts in the train or val files (row counts; parquet from its footer), capped by ``*_max_samples``;
+    the built-in task's size when the files are null; None when a file cannot be read."""
+    data = cfg.data
+    files = getattr(data, f"{split}_files")
+    if files is None:
+        count = cfg.builtin.num_train if split == "train" else cfg.builtin.num_val
+    else:
+        counts = [_rows(path) for path in ([files] if isinstance(files, str) else files)]
+        if None in counts:
+            return None
+        count = sum(counts)
+    cap = getattr(data, f"{split}_max_samples")
+    return min(count, cap) if cap > 0 else count
+
+
+def _rows(path: str) -> int | None:
+    if not os.path.isfile(path):
+        return None
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_metadata(path).num_rows
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def requested_device(cfg: PPOConfig) -> str:
+    """trainer.device as a run would resolve it, without failing when CUDA is asked for and absent."""
+    device = cfg.trainer.device
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
+    """The actor's (and critic's, reward model's) sizes from their ``config.json``; ``demo_config()`` gives the
+    built-in model's config when ``actor_rollout_ref.model.path`` is null."""
+    arr = cfg.actor_rollout_ref
+    actor_path = arr.model.path
+    actor_config = demo_config() if actor_path is None else _config(f"{ARR}.model.path", actor_path,
+                                                                     arr.model.trust_remote_code)
+    sizes = {"actor": model_sizes(actor_config, arr.model, arr.actor.fsdp_config.wrap_policy.min_num_params)}
+    if plan.use_critic:
+        path = cfg.critic.model.path
+        config = actor_config if path in (None, actor_path) else _config("critic.model.path", path,
+                                                                          cfg.critic.model.trust_remote_code)
+        sizes["critic"] = model_sizes(config, None, cfg.critic.fsdp_config.wrap_policy.min_num_params, value_head=True)
+    if cfg.reward_model.enable:
+        config = _config("reward_model.model.path", cfg.reward_model.model.path, False)
+        sizes["rm"] = model_sizes(config, None, cfg.reward_model.fsdp_config.wrap_policy.min_num_params,
+                                  value_head=True)
+    return sizes
+
+
+def _config(key: str, path: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError.invalid(key, path, f"no model config there ({str(exc).splitlines()[0]})") from None
+
+
+def memory_limit(device: str, workers_per_node: int) -> tuple[int, str] | None:
+    """(bytes one worker may use, what the limit is): host RAM (or the cgroup's limit) shared by the node's
+    workers on a CPU; each GPU's memory on CUDA; None when no such device is here."""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        total = torch.cuda.get_device_properties(0).total_memory
+        return total, f"{total / GiB:.1f} GiB of GPU memory per worker"
+    total = min(psutil.virtual_memory().total, _cgroup_limit())
+    return total // workers_per_node, f"{total / GiB:.1f} GiB of host RAM for {workers_per_node} worker(s)"
+
+
+def _cgroup_limit() -> int:
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            value = f.read().strip()
+    except OSError:
+        return 1 << 62
+    return int(value) if value.isdigit() else 1 << 62
+
+
+def lowering_keys(cfg: PPOConfig, estimate: MemoryEstimate) -> list[str]:
+    """The keys that would bring the peak phase down: for each of its large terms (15 % of it or more), largest
+    first."""
+    peak, arr = estimate.peak, cfg.actor_rollout_ref
+    keys: list[str] = []
+    large = [t for t in sorted(peak.terms, key=lambda t: -peak.terms[t]) if peak.terms[t] >= 0.15 * peak.total]
+    for term in large:
+        if term in ("activations", "logits") and peak.key:
+            keys.append(f"{peak.key} (lower)")
+        if term == "activations" and peak.name.startswith("update") and peak.activations_other is not None \
+                and peak.activations_other < peak.terms["activations"]:
+            model = "critic.model" if peak.name == "update_critic" else f"{ARR}.model"
+            keys.append(f"{model}.enable_gradient_checkpointing=true")
+        if term == "kv_cache":
+            keys.append("data.val_batch_size (lower)" if peak.name == "validate" else
+                        f"data.train_batch_size or {ARR}.rollout.n or data.max_response_length (lower)")
+        if term in ("weights", "gradients", "optimizer"):
+            if arr.model.lora_rank == 0:
+                keys.append(f"{ARR}.model.lora_rank (LoRA trains adapters only)")
+            if estimate.device == "cuda":
+                keys += ["trainer.n_gpus_per_node (more GPUs shard the model)",
+                         "fsdp_config.param_offload / optimizer_offload=true (per role)"]
+        if term == "runtime":
+            keys.append("trainer.n_gpus_per_node (fewer workers per node)")
+    return list(dict.fromkeys(keys))
+
+
+def check_memory(cfg: PPOConfig, estimate: MemoryEstimate) -> None:
+    """ConfigError (one line: the estimate, the limit, the keys) when the peak per worker exceeds the device."""
+    limit = memory_limit(estimate.device, cfg.trainer.n_gpus_per_node)
+    peak = estimate.peak
+    if limit is None or peak.total <= limit[0]:
+        return
+    largest = max(peak.terms, key=lambda t: peak.terms[t])
+    raise ConfigError(
+        f"the estimated peak memory per worker, {peak.total / GiB:.1f} GiB in {peak.name} (largest: {largest} "
+        f"{peak.terms[largest] / GiB:.1f} GiB), exceeds {limit[1]}; to bring it down: "
+        f"{', '.join(lowering_keys(cfg, estimate))}. trainer.dry_run=true shows the breakdown; "
+        "trainer.check_memory=false skips this check"
+    )
+
+
+def preflight(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> None:
+    """Before any model loads: with ``trainer.dry_run`` print the report and exit; else, with
+    ``trainer.check_memory``, refuse a run whose estimated peak memory does not fit (``check_memory``)."""
+    trainer = cfg.trainer
+    device = requested_device(cfg)
+    if not trainer.dry_run and (not trainer.check_memory or (device == "cuda" and not torch.cuda.is_available())):
+        return  # a missing GPU is resolve_device's error to report
+    try:
+        models = load_model_sizes(cfg, plan, demo_config)
+    except ConfigError:
+        if trainer.dry_run:
+            raise
+        return  # a model path that does not load: the build's own check says so, as it does without this one
+    estimate = estimate_memory(cfg, plan, models, device, val_rows=validation_rows(cfg, plan))
+    if trainer.dry_run:
+        print(report(cfg, plan, models, estimate))
+        sys.exit(0)
+    check_memory(cfg, estimate)
+
+
+def validation_rows(cfg: PPOConfig, plan: StepPlan) -> int:
+    """Rows a worker generates at once in validation (a val batch, or the whole set: its share, × val n); 0
+    without validation data or when its size cannot be read."""
+    if cfg.data.val_files is None and cfg.data.train_files is not None:  # the demo brings its own
+        return 0
+    batch = cfg.data.val_batch_size or prompt_count(cfg, "val") or 0
+    return math.ceil(batch / plan.n_workers) * cfg.actor_rollout_ref.rollout.val_kwargs.n
+
+
+def training_steps(cfg: PPOConfig) -> tuple[int | None, float | None, int | None]:
+    """(total steps, epochs they make, prompts per epoch) as the trainer counts them; None where the data's size
+    is unknown (a file missing)."""
+    prompts = prompt_count(cfg, "train")
+    batch = cfg.data.train_batch_size
+    per_epoch = None if prompts is None else (prompts // batch if cfg.data.dataloader_drop_last
+                                              else math.ceil(prompts / batch))
+    total = cfg.trainer.total_training_steps or (None if per_epoch is None else per_epoch * cfg.trainer.total_epochs)
+    epochs = None if total is None or not per_epoch else total / per_epoch
+    return total, epochs, prompts
+
+
+def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estimate: MemoryEstimate) -> str:
+    """The dry run's text: models, steps, each phase's batch arithmetic and memory per worker."""
+    data, arr, trainer = cfg.data, cfg.actor_rollout_ref, cfg.trainer
+    total, epochs, prompts = training_steps(cfg)
+    rows = data.train_batch_size * arr.rollout.n // plan.n_workers
+    lines = [f"colorl dry run: {plan.n_workers} worker(s) on {estimate.device} (trainer.n_gpus_per_node="
+             f"{trainer.n_gpus_per_node} × trainer.nnodes={trainer.nnodes}); no Ray, no weights loaded"]
+    for role, m in models.items():
+        lines.append(f"  {role}: {m.params / 1e6:,.2f} M parameters ({m.trained / 1e6:,.2f} M trained), {m.layers} "
+                     f"layers, hidden {m.hidden}, vocabulary {m.vocab}")
+    steps = "unknown (the training files cannot be read)" if total is None else f"{total}"
+    if epochs is not None:
+        steps += f" = {epochs:.2f} epochs of {total / epochs:.0f} steps ({prompts} prompts / data.train_batch_size)"
+    lines += [f"training steps: {steps}",
+              f"a step: {data.train_batch_size} prompts × {arr.rollout.n} responses = "
+              f"{data.train_batch_size * arr.rollout.n} sequences, {rows} per worker, each up to "
+              f"{data.max_prompt_length} + {data.max_response_length} tokens", "",
+              "batch per worker and step   rows  micro-batch  micro-batches  grad. accum.  optimizer steps   tokens"]
+    for b in phase_batches(cfg, plan):
+        accum = "-" if b.grad_accum is None else str(b.grad_accum)
+        lines.append(f"  {b.name:24s}{b.rows:6d}{b.micro:13d}{b.micro_batches:15d}{accum:>14s}"
+                     f"{b.optimizer_steps or '-':>17}{b.tokens:9d}")
+    lines += ["", "memory per worker, GiB (at the longest sequences; activations with gradient checkpointing as "
+              "configured | switched)",
+              "  phase         " + "".join(f"{t:>{_width(t)}s}" for t in TERMS) + "       total"]
+    for phase in estimate.phases:
+        cells = [f"{phase.terms.get(t, 0) / GiB:{_width(t)}.3f}" for t in TERMS]
+        if phase.activations_other is not None:
+            both = f"{phase.terms['activations'] / GiB:.3f}|{phase.activations_other / GiB:.3f}"
+            cells[TERMS.index("activations")] = f"{both:>{_width('activations')}s}"
+        lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
+    lines.append(_verdict(cfg, estimate))
+    return "\n".join(lines)
+
+
+def _width(term: str) -> int:
+    return 16 if term == "activations" else 12  # room for both of the activations' figures
+
+
+def _verdict(cfg: PPOConfig, estimate: MemoryEstimate) -> str:
+    peak = estimate.peak
+    limit = memory_limit(estimate.device, cfg.trainer.n_gpus_per_node)
+    head = f"peak: {peak.total / GiB:.2f} GiB per worker in {peak.name}"
+    if limit is None:
+        return f"{head}; no {estimate.device} device here to compare with"
+    if peak.total <= limit[0]:
+        return f"{head}; fits {limit[1]}"
+    return f"{head}; does NOT fit {limit[1]}: lower {', '.join(lowering_keys(cfg, estimate))}"

@@ -1,0 +1,66 @@
+"""Faults named in one line: an exception raised inside a worker, a worker killed for memory, a full object store.
+
+``named(exc)`` is what ``trainer.restarts`` raises instead of a Ray exception that ends the run: a
+:class:`FaultError` whose message gives the worker's role and method, rank, pid and node and the exception
+(``single_controller.ray.health.WorkerCall``); for out of memory also the config keys that size that method's
+micro-batches; for a full object store, that it is one and what to change. Anything else stays as it was.
+"""
+
+from __future__ import annotations
+
+import ray.exceptions
+
+from single_controller.ray.health import WorkerDiedError
+
+# worker method -> the config keys that bound its memory, lowest-hanging first
+MEMORY_KEYS = {
+    "init_model": "actor_rollout_ref.actor.fsdp_config.param_offload/optimizer_offload (or more workers: "
+                  "trainer.n_gpus_per_node)",
+    "generate_sequences": "data.train_batch_size or data.max_response_length (a worker generates its whole share of "
+                          "data.train_batch_size × actor_rollout_ref.rollout.n at once)",
+    "compute_log_prob": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (log_prob_max_token_len_per_gpu "
+                        "with log_prob_use_dynamic_bsz)",
+    "compute_ref_log_prob": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu (log_prob_max_token_len_per_gpu "
+                            "with log_prob_use_dynamic_bsz)",
+    "update_actor": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with "
+                    "use_dynamic_bsz)",
+    "compute_values": "critic.forward_micro_batch_size_per_gpu (forward_max_token_len_per_gpu with use_dynamic_bsz)",
+    "update_critic": "critic.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with use_dynamic_bsz)",
+    "compute_rm_score": "reward_model.micro_batch_size_per_gpu",
+}
+OBJECT_STORE_FULL = (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError)
+STORE_HINT = ("the Ray object store is full, and so is the disk it spills to: free space in Ray's temp dir (default "
+              "/tmp/ray) or give the nodes more memory, or move less per step: lower data.train_batch_size or "
+              "data.max_response_length")
+
+
+class FaultError(RuntimeError):
+    """A fault that ended the run, in one line."""
+
+
+def named(exc: BaseException) -> BaseException:
+    """``exc`` as one line (a :class:`FaultError`) when it is a worker's exception, a worker killed for memory or
+    a full object store; else ``exc`` itself."""
+    cause = getattr(exc, "cause", None) or exc  # a RayTaskError carries the worker's own exception as .cause
+    worker_call = getattr(exc, "worker_call", None)
+    if isinstance(exc, WorkerDiedError):
+        return FaultError(f"{exc}; {_memory_hint(exc.call)}") if "memory" in str(exc).lower() else exc
+    if isinstance(cause, OBJECT_STORE_FULL):
+        where = f"{worker_call.describe(cause)}: " if worker_call else ""
+        return FaultError(f"{where}{STORE_HINT}")
+    if worker_call is None:
+        return exc
+    line = worker_call.describe(cause)
+    return FaultError(f"{line}; {_memory_hint(worker_call.call)}" if _out_of_memory(cause) else line)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
+
+
+def _memory_hint(call: str) -> str:
+    keys = MEMORY_KEYS.get(call.rpartition(".")[2])
+    return f"out of memory: lower {keys}" if keys else "out of memory: lower the micro-batch sizes (*micro_batch_size*)"

@@ -1,0 +1,127 @@
+"""Run health: whether training still learns, as metrics every step, and warnings, once and in words, when not.
+
+The driver's metrics carry the signals (verl's names): ``actor/entropy``, ``response_length/mean`` and
+``/clip_ratio``, ``critic/score/mean``, ``actor/kl_loss`` / ``actor/ref_kl``, ``actor/pg_clipfrac``, the validation
+scores ``val-core/<source>/reward/mean@n`` and the scores the reward does not train ``val-aux/<source>/<key>/mean@n``
+(e.g. the flexible score beside the strict one), and ``health/frac_reward_zero_std`` (``trainer.metrics``). The
+monitor adds ``health/response_length_trend`` (tokens per step over the last ``patience`` steps) and one flag per
+pattern, ``health/warning/<name>``, 1 on the steps where the pattern has held long enough, so wandb shows when.
+
+Patterns (thresholds in ``trainer.health``): the entropy collapsing to a fraction of its first value, responses
+running to ``max_response_length``, prompt groups whose responses all got the same reward (no GRPO signal), and
+the training score rising while a held-out score falls from one validation to the next (reward hacking).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import sys
+from collections import deque
+from typing import Any
+
+ENTROPY, CLIP, SCORE, LENGTH = "actor/entropy", "response_length/clip_ratio", "critic/score/mean", "response_length/mean"
+ZERO_STD = "health/frac_reward_zero_std"
+HELD_OUT = re.compile(r"val-(core|aux)/.+/mean@\d+")  # per-source validation means: reward and extra scores
+WARNINGS = ("entropy_collapse", "responses_at_limit", "all_equal_groups", "reward_vs_held_out")
+
+
+def trend(values: list[float]) -> float:
+    """Least-squares slope of ``values`` against their index (units per step); 0 for fewer than two."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean_x, mean_y = (n - 1) / 2, statistics.fmean(values)
+    return sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values)) / sum((i - mean_x) ** 2 for i in range(n))
+
+
+class HealthMonitor:
+    """Watches each step's metrics (``observe``); ``config`` is ``trainer.health``, ``max_response_length``
+    ``data.max_response_length``. State lives in the driver for the run (a resumed run starts watching afresh)."""
+
+    def __init__(self, config: Any, max_response_length: int) -> None:
+        self.config, self.max_response_length = config, max_response_length
+        self.streaks = dict.fromkeys(WARNINGS, 0)
+        self.warned: set[str] = set()
+        self.lengths: deque[float] = deque(maxlen=config.patience)
+        self.first_entropy: float | None = None
+        self.scores: list[float] = []  # training scores since the last validation
+        self.previous: tuple[float | None, dict[str, float]] | None = None  # (training score, held-out) then
+
+    def observe(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        """``metrics`` with this step's health metrics and warning flags added; prints a warning the first time
+        its pattern has held long enough."""
+        out = dict(metrics)
+        metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}  # a NaN step says nothing about health
+        if LENGTH in metrics:
+            self.lengths.append(metrics[LENGTH])
+            out["health/response_length_trend"] = trend(list(self.lengths))
+        if SCORE in metrics:
+            self.scores.append(metrics[SCORE])
+        messages = {  # None: the signal is not in this step's metrics; "": it is healthy; else what is wrong
+            "entropy_collapse": self._entropy(metrics),
+            "responses_at_limit": self._above(CLIP, metrics, self.config.max_clip_ratio),
+            "all_equal_groups": self._above(ZERO_STD, metrics, self.config.max_all_equal_share),
+            "reward_vs_held_out": self._divergence(metrics),
+        }
+        for name, message in messages.items():
+            if message is None:  # the streak stands
+                continue
+            limit = self.config.divergence_validations if name == "reward_vs_held_out" else self.config.patience
+            self.streaks[name] = self.streaks[name] + 1 if message else 0
+            firing = self.streaks[name] >= limit
+            out[f"health/warning/{name}"] = float(firing)
+            if firing and name not in self.warned:
+                self.warned.add(name)
+                print(f"colorl: warning: step {step}: {message}", file=sys.stderr, flush=True)
+        return out
+
+    def _entropy(self, metrics: dict[str, float]) -> str | None:
+        if ENTROPY not in metrics:
+            return None
+        entropy = metrics[ENTROPY]
+        if self.first_entropy is None:
+            self.first_entropy = entropy
+        ratio = self.config.entropy_collapse_ratio
+        if entropy >= ratio * self.first_entropy:
+            return ""
+        return (f"the policy's entropy has collapsed: actor/entropy {entropy:.3g} has stayed below {ratio} × its "
+                f"first value {self.first_entropy:.3g} for {self.config.patience} steps, so sampling barely explores "
+                "(raise actor_rollout_ref.actor.entropy_coeff or the rollout temperature, or lower the learning rate; "
+                "trainer.health.entropy_collapse_ratio sets the threshold)")
+
+    def _above(self, key: str, metrics: dict[str, float], threshold: float) -> str | None:
+        if key not in metrics:
+            return None
+        share = metrics[key]
+        if share <= threshold:
+            return ""
+        patience = self.config.patience
+        if key == CLIP:
+            return (f"{share:.0%} of the responses were cut at data.max_response_length={self.max_response_length} "
+                    f"(response_length/clip_ratio above {threshold}) for {patience} steps; a cut answer usually "
+                    "scores 0 (raise data.max_response_length or reward shorter answers; "
+                    "trainer.health.max_clip_ratio sets the threshold)")
+        return (f"{share:.0%} of the prompt groups got the same reward for every response ({key} above {threshold}) "
+                f"for {patience} steps; such groups give GRPO no signal: the prompts are too easy or too hard for "
+                "the policy (raise actor_rollout_ref.rollout.n or change the data's difficulty; "
+                "trainer.health.max_all_equal_share sets the threshold)")
+
+    def _divergence(self, metrics: dict[str, float]) -> str | None:
+        """At a validation: did the training score rise and a held-out score fall since the previous one?"""
+        held_out = {k: v for k, v in metrics.items() if HELD_OUT.fullmatch(k)}
+        if not held_out:
+            return None
+        score = statistics.fmean(self.scores) if self.scores else None
+        previous, self.previous, self.scores = self.previous, (score, held_out), []
+        if previous is None or score is None or previous[0] is None:  # nothing to compare with yet
+            return None
+        fell = [k for k, v in held_out.items() if k in previous[1] and v < previous[1][k]]
+        if not (score > previous[0] and fell):
+            return ""
+        key = fell[0]
+        return (f"the training score rose ({previous[0]:.3g} → {score:.3g}) while the held-out {key} fell "
+                f"({previous[1][key]:.3g} → {held_out[key]:.3g}) at {self.config.divergence_validations} "
+                "validations in a row: the policy may be exploiting the reward or overfitting the training prompts; "
+                "read some samples (trainer.health.divergence_validations sets the patience)")
