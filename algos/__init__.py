@@ -7,6 +7,8 @@
   correction in ``algos.rollout_correction``.
 - ``algos.kl``: KL estimators, the exact KL, the in-reward KL penalty and its controllers.
 - ``algos.stats``: masked statistics, log-probs and entropies from logits.
+- ``algos.linear_logprob``: log-probs, entropies and the exact KL from hidden states and an LM head, in chunks of
+  tokens (never the full-vocabulary logits), with its own backward.
 
 Shapes are (bs, response_length) unless stated; ``response_mask`` is 1 on real response tokens. Nothing here
 imports the rest of ColoRL: the driver computes advantages with it, the workers the losses.

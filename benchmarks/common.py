@@ -15,6 +15,7 @@ import queue
 import socket
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -35,6 +36,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--task", default="reverse", help="built-in task")
     group.add_argument("--cache-dir", default=".cache/colorl", help="where the built-in assets are cached")
     group.add_argument("--model-path", default=None, help="an HF model dir instead of the built-in model")
+    group.add_argument("--vocab-size", type=int, default=None,
+                       help="with --model-path: the same architecture with this vocabulary, random weights "
+                            "(memory against vocabulary; its tokenizer is the model's)")
 
 
 def add_batch_args(parser: argparse.ArgumentParser, steps: int = 20, warmup: int = 3) -> None:
@@ -89,6 +93,31 @@ def config_overrides(args: argparse.Namespace, workers: int) -> list[str]:
     if args.model_path:
         overrides.append(f"actor_rollout_ref.model.path={os.path.abspath(args.model_path)}")
     return overrides + list(args.overrides)
+
+
+@contextlib.contextmanager
+def vocabulary_variant(args: argparse.Namespace) -> Iterator[None]:
+    """With ``--vocab-size``: ``args.model_path`` points, for the block, at a copy of its architecture with that
+    vocabulary and random weights (bf16 on disk), beside the model's tokenizer; otherwise nothing changes."""
+    if args.vocab_size is None:
+        yield
+        return
+    if not args.model_path:
+        raise SystemExit("--vocab-size needs --model-path (the architecture to copy)")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = args.model_path
+    with tempfile.TemporaryDirectory(prefix="colorl-vocab-") as variant:
+        config = AutoConfig.from_pretrained(source)
+        config.vocab_size = args.vocab_size
+        torch.manual_seed(args.seed)
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(variant)
+        AutoTokenizer.from_pretrained(source).save_pretrained(variant)
+        args.model_path = variant
+        try:
+            yield
+        finally:
+            args.model_path = source
 
 
 def load_bench_config(args: argparse.Namespace, workers: int, local_dir: str) -> Any:

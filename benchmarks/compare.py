@@ -22,14 +22,17 @@ fastest round (its lowest s/step): on a shared machine other processes only ever
 the least disturbed estimate of each contender's own cost (``timeit``'s rule); the medians are the default.
 Each round also reports ``response_tokens_per_s`` (non-pad response tokens sampled per second of the floor, or
 of a ColoRL step) and ``peak_rss_gb_per_worker`` (the floor's process, the mean of ColoRL's worker processes);
-the output has their medians and, for the memory, the highest round.
+the output has their medians and, for the memory, the highest round. TRL's figures sit beside them under
+``trl`` (completion tokens/s and its process's peak RSS), so ``median_response_tokens_per_s`` answers "how many
+times TRL's throughput" directly.
 
 LoRA: ``--set actor_rollout_ref.model.lora_rank=16 --set actor_rollout_ref.model.lora_alpha=32`` reaches every
 benchmark of the round, so the floor then does a LoRA step's work too: the same peft adapters
 (``workers.lora.add_adapters``), AdamW over them only, and with a KL the reference log-probs from the policy
-with its adapters off instead of a second model. The same command without those two flags gives the
-full fine-tuning figures; ``overrides`` in the output tells the runs apart. TRL's baseline knows nothing of
-LoRA: leave it out (``--no-trl``).
+with its adapters off instead of a second model; TRL trains peft adapters of the same rank, alpha and target
+modules (``benchmarks.trl``). The same command without those two flags gives the full fine-tuning figures;
+``overrides`` in the output tells the runs apart. Every setting TRL gets comes from the same ColoRL config
+(``benchmarks.trl.grpo_settings``): learning rate, temperature, precision, compilation.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ from typing import Any
 from benchmarks.common import add_batch_args, add_model_args, emit, machine
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = ("hidden", "layers", "sft_warmup_steps", "task", "cache_dir", "model_path", "algo", "kl", "prompts", "n",
+SHARED = ("hidden", "layers", "sft_warmup_steps", "task", "cache_dir", "model_path", "vocab_size", "algo", "kl",
+          "prompts", "n",
           "prompt_length", "response_length", "steps", "warmup", "device", "seed")
 
 
@@ -98,7 +102,9 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
         row[name], phases[name], mfu[name] = step["s_per_step"], step["timing_s"], step["perf"]["mfu/step"]
         tokens_per_s[name], peak_rss[name] = step["response_tokens_per_s"], step["peak_rss_gb_per_worker"]
     if not args.no_trl:
-        row["trl"] = run("trl", [*flags, "--threads", str(os.cpu_count())])["s_per_step"]
+        trl = run("trl", [*flags, "--threads", str(os.cpu_count())])
+        row["trl"], tokens_per_s["trl"] = trl["s_per_step"], trl["completion_tokens_per_s"]
+        peak_rss["trl"] = round(trl["peak_rss_mb"] / 1024, 3)
     return {"s_per_step": row, "ratios": ratios(row, args.workers), "phases_s": phases, "mfu": mfu,
             "response_tokens_per_s": tokens_per_s, "peak_rss_gb_per_worker": peak_rss}
 

@@ -5,7 +5,9 @@
 
 Same model (the same HF dir as ``benchmarks.step``), same batches (the trainer's dataloader, repeated n
 times), same code: ``workers.rollout.generate_sequences`` on the plain module, the actor's
-``compute_log_prob`` (old; ref with ``--kl``), the critic's ``compute_values`` (ppo), and the actor's (and
+``compute_log_prob`` (old; ref with ``--kl``; with ``rollout.calculate_log_probs`` the rollout's log-probs are the
+update's old ones, as in the trainer, and the forward is timed only for ``gen_fwd_train``), the critic's
+``compute_values`` (ppo), and the actor's (and
 critic's) ``update_*``: forward + backward + grad clip + AdamW, one optimizer step over the whole batch.
 Rewards and advantages come from the trainer's reward function and ``algos.compute_advantage``. With
 ``actor_rollout_ref.model.lora_rank`` > 0 (``--set``) the policy carries the workers' adapters
@@ -18,7 +20,10 @@ per-step sums gen+train (no extra forwards), gen+fwd+train (with old/ref log-pro
 KL, values with a critic, old log-probs unless the update is one on-policy step) — the floor that applies;
 ``perf``: its MFU (``mfu/floor``, counted as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's);
 ``response_tokens_per_s_floor``: the non-pad response tokens sampled / ``floor_s``; ``peak_rss_gb``: this
-process's peak resident memory from the model load on (after the dataloader and any built-in assets).
+process's peak resident memory from the model load on (after the dataloader and any built-in assets); with
+``--phase-memory``, ``memory_gb``: the actor's weights and optimizer state, its KV cache at this shape and each
+phase's peak RSS (``memory_breakdown``). ``--vocab-size`` (with ``--model-path``) swaps in the same architecture
+with another vocabulary and random weights.
 Precision follows each role's ``fsdp_config.mixed_precision`` as in the workers (bf16 on CUDA by default, fp32 on
 CPU): in bf16 the models compute with bf16 weights and activations, and the optimizer steps fp32 master weights
 (``workers.master_weights.MasterWeights``, as a single worker rank does; FSDP's mixed precision without FSDP).
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -52,13 +58,15 @@ from benchmarks.common import (
     machine,
     medians,
     stdout_to_stderr,
+    vocabulary_variant,
 )
-from benchmarks.memory import reset_peak_rss
+from benchmarks.memory import PhasePeaks, reset_peak_rss, storage_bytes
 from config.plan import uses_full_kl
 from single_controller import DataProto
 from workers import attention, fsdp, lora, malloc, perf
 from workers.actor import DataParallelPPOActor
 from workers.critic import DataParallelPPOCritic, load_value_model
+from workers.fsdp_workers import load_causal_lm
 from workers.master_weights import on_one_rank, optimizer_for
 from workers.rollout import eos_token_ids, generate_sequences
 
@@ -72,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_model_args(parser)
     add_batch_args(parser)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (CPU)")
+    parser.add_argument("--phase-memory", action="store_true",
+                        help="sample the RSS every ms: the peak of each phase, and what the tensors hold (memory_gb)")
     return parser.parse_args(argv)
 
 
@@ -86,16 +96,18 @@ def _load(path: str, device: torch.device, dtype: torch.dtype, optim_config: Any
 class Floor:
     """The models of one step (policy, optional reference and critic) as plain modules on one device."""
 
-    def __init__(self, cfg: Any, device: torch.device, reward_fn: RewardFn) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def __init__(self, cfg: Any, device: torch.device, reward_fn: RewardFn, old_from_rollout: bool = False) -> None:
+        from transformers import AutoTokenizer
 
         arr = cfg.actor_rollout_ref
         self.cfg, self.device, self.rollout, self.reward_fn = cfg, device, arr.rollout, reward_fn
+        self.old_from_rollout = old_from_rollout  # the plan's: the rollout's log-probs are the old log-probs
+        self.phases: PhasePeaks | None = None  # set to sample each phase's peak RSS (--phase-memory)
         self.sequences = cfg.data.train_batch_size * arr.rollout.n
         self.tokenizer = AutoTokenizer.from_pretrained(arr.model.path)
 
-        def causal_lm(path: str) -> torch.nn.Module:
-            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        def causal_lm(path: str) -> torch.nn.Module:  # as the workers load it (activation checkpointing included)
+            return load_causal_lm(dataclasses.replace(arr.model, path=path))
 
         def policy_lm(path: str) -> torch.nn.Module:  # with lora_rank > 0 AdamW sees only the adapters
             return lora.add_adapters(causal_lm(path), arr.model)
@@ -107,7 +119,7 @@ class Floor:
         self.eos_ids = eos_token_ids(getattr(policy, "generation_config", None), self.tokenizer)
         if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
             policy.compile()
-        packed = bool(arr.model.use_remove_padding)
+        packed, fused = bool(arr.model.use_remove_padding), bool(arr.model.use_fused_kernels)
         self.ref, ref = None, None
         if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the trainer's use_reference_policy
             if lora.is_lora(policy):  # as the workers: the policy itself, run under lora.as_reference
@@ -116,10 +128,11 @@ class Floor:
                 ref_dtype = fsdp.compute_dtype(device, arr.ref.fsdp_config.mixed_precision)
                 ref, _ = _load(arr.model.path, device, ref_dtype, None, causal_lm)
                 ref = ref.requires_grad_(False).eval()
-            self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed)
-        self.actor = DataParallelPPOActor(  # kl_loss_type=full reads the reference logits inside the update
+            self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed,
+                                            use_fused_kernels=fused)
+        self.actor = DataParallelPPOActor(  # kl_loss_type=full reads the reference model inside the update
             policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed,
-            ref_module=ref if uses_full_kl(arr.actor) else None,
+            ref_module=ref if uses_full_kl(arr.actor) else None, use_fused_kernels=fused,
         )
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
@@ -135,15 +148,17 @@ class Floor:
         the policy learns as in ``benchmarks.step`` and response lengths evolve alike.
         """
         timing: dict[str, float] = {}
-        timer = _phase_timer(timing, self.device)
+        timer = _phase_timer(timing, self.device, self.phases)
         rollout, micro = self.rollout, self.sequences
         with timer("gen"):
             data = self._generate(prompts)
         tensors = data.batch
         with timer("reward"):
             scores, _ = self.reward_fn(data)
-        with timer("old_log_prob"):
+        with timer("old_log_prob"):  # timed for gen_fwd_train even where the rollout's log-probs replace it
             tensors["old_log_probs"], _ = self.actor.compute_log_prob(data, micro, rollout.temperature)
+        if self.old_from_rollout:
+            tensors["old_log_probs"] = tensors["rollout_log_probs"]
         if self.ref is not None:
             with timer("ref"), lora.as_reference(self.ref.module):
                 tensors["ref_log_prob"], _ = self.ref.compute_log_prob(data, micro, rollout.temperature)
@@ -181,22 +196,45 @@ class Floor:
             self.actor.module, *(prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")),
             response_length=int(rollout.response_length), eos_token_id=self.eos_ids, pad_token_id=pad,
             temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, do_sample=rollout.do_sample,
+            return_log_probs=rollout.calculate_log_probs,
         )
         return DataProto.from_dict({k: v.cpu() for k, v in out.items()}, non_tensors=dict(prompts.non_tensor_batch))
 
 
-def _phase_timer(timing: dict[str, float], device: torch.device) -> Callable[[str], contextlib.AbstractContextManager]:
-    """``with timer("gen"): ...`` records the block's seconds (GPU work included) in ``timing``."""
+def _phase_timer(timing: dict[str, float], device: torch.device, phases: PhasePeaks | None = None
+                 ) -> Callable[[str], contextlib.AbstractContextManager]:
+    """``with timer("gen"): ...`` records the block's seconds (GPU work included) in ``timing`` (and its peak RSS
+    in ``phases``)."""
 
     @contextlib.contextmanager
     def timer(name: str) -> Iterator[None]:
         perf.synchronize(device)
+        if phases is not None:
+            phases.enter(name)
         start = time.perf_counter()
         yield
         perf.synchronize(device)
         timing[name] = time.perf_counter() - start
+        if phases is not None:
+            phases.enter("between")
 
     return timer
+
+
+def memory_breakdown(floor: Floor, sequences: int, sequence_length: int) -> dict[str, Any]:
+    """GB held by the actor's weights (compute copy and fp32 masters) and optimizer state, its KV cache at this
+    batch shape (2 · layers · kv heads · head dim · tokens, in the compute dtype), and each phase's peak RSS."""
+    module, optimizer = floor.actor.module, floor.actor.optimizer
+    params = [*module.parameters(), *(p for group in optimizer.param_groups for p in group["params"])]
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    config = module.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    kv_cache = 2 * config.num_hidden_layers * kv_heads * head_dim * sequences * sequence_length * floor.dtype.itemsize
+    gb = lambda nbytes: round(nbytes / perf.GiB, 3)  # noqa: E731
+    return {"weights": gb(storage_bytes(params)), "optimizer": gb(storage_bytes(state)), "kv_cache": gb(kv_cache),
+            "peak_rss_by_phase": {k: round(v / 1024, 3) for k, v in floor.phases.peaks.items()
+                                  if k not in ("setup", "between")}}
 
 
 def summarize(rows: list[dict[str, float]], forwards: list[str]) -> dict[str, Any]:
@@ -246,48 +284,56 @@ def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], seque
 
 
 def main(argv: list[str] | None = None) -> None:
-    from trainer.build import build_trainer
-
     args = parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
         malloc.keep_freed_memory()  # as the trainer's CPU workers do
     torch.manual_seed(args.seed)
-    device = torch.device(args.device)
-    with tempfile.TemporaryDirectory(prefix="colorl-bench-floor-") as local_dir:
-        cfg = load_bench_config(args, 1, local_dir)
-        with stdout_to_stderr():
-            trainer = build_trainer(cfg)  # builds/loads the assets and the dataloader; starts no workers
-        with contextlib.suppress(OSError):  # Linux: the peak RSS counts from here, as a worker's has no asset build
-            reset_peak_rss()
-        cfg, plan = trainer.config, trainer.plan  # with the assets' paths filled in
-        floor = Floor(cfg, device, trainer.reward_fn)
-        runs = {"old_log_prob": plan.recompute_old_log_prob, "ref": plan.compute_ref_log_prob,
-                "values": plan.use_critic}
-        forwards = [phase for phase in FORWARD_PHASES if runs[phase]]
-        batches = cycle(trainer.train_dataloader)
-        rows = []
-        for i in range(args.warmup + args.steps):
-            batch = DataProto.from_single_dict(next(batches))
-            batch.non_tensor_batch["uid"] = np.array([f"{i}-{j}" for j in range(len(batch))], dtype=object)
-            timing = floor.step(batch.repeat(args.n, interleave=True))
-            if i >= args.warmup:
-                rows.append(timing)
-    sequences = args.prompts * args.n
+    with vocabulary_variant(args), tempfile.TemporaryDirectory(prefix="colorl-bench-floor-") as local_dir:
+        cfg, floor, rows, forwards = run_floor(args, local_dir)
+        sequences = args.prompts * args.n
+        mfu = floor_mfu(cfg, rows, forwards, sequences, floor.device)  # reads the model's config
     emit({
         "benchmark": "floor", "algo": args.algo, "kl": args.kl, "hidden": args.hidden, "layers": args.layers,
         "n_params": floor.n_params, "trainable_params": floor.trainable_params,
         "lora_rank": cfg.actor_rollout_ref.model.lora_rank, "model_path": cfg.actor_rollout_ref.model.path,
-        "prompts": args.prompts,
+        "vocab_size": floor.actor.module.config.vocab_size, "prompts": args.prompts,
         "n": args.n, "prompt_length": args.prompt_length, "response_length": args.response_length,
         "steps": args.steps, "warmup": args.warmup,
         "threads": torch.get_num_threads() if args.device == "cpu" else None,
         **summarize(rows, forwards),
-        "perf": floor_mfu(cfg, rows, forwards, sequences, device),
+        "perf": mfu,
         "response_length_mean": round(statistics.median(r["response_tokens"] for r in rows) / sequences, 3),
         "peak_rss_gb": round(perf.peak_rss_bytes() / perf.GiB, 3),
+        **({"memory_gb": memory_breakdown(floor, sequences, args.prompt_length + args.response_length)}
+           if args.phase_memory else {}),
         "machine": machine(args.device),
     })
+
+
+def run_floor(args: argparse.Namespace, local_dir: str) -> tuple[Any, Floor, list[dict[str, float]], list[str]]:
+    """(the config, the floor, each measured step's phase times, the forward phases the trainer runs)."""
+    from trainer.build import build_trainer
+
+    cfg = load_bench_config(args, 1, local_dir)
+    with stdout_to_stderr():
+        trainer = build_trainer(cfg)  # builds/loads the assets and the dataloader; starts no workers
+    with contextlib.suppress(OSError):  # Linux: the peak RSS counts from here, as a worker's has no asset build
+        reset_peak_rss()
+    cfg, plan = trainer.config, trainer.plan  # with the assets' paths filled in
+    floor = Floor(cfg, torch.device(args.device), trainer.reward_fn, old_from_rollout=plan.old_log_prob_from_rollout)
+    floor.phases = PhasePeaks() if args.phase_memory else None
+    runs = {"old_log_prob": plan.recompute_old_log_prob, "ref": plan.compute_ref_log_prob, "values": plan.use_critic}
+    forwards = [phase for phase in FORWARD_PHASES if runs[phase]]
+    batches = cycle(trainer.train_dataloader)
+    rows = []
+    for i in range(args.warmup + args.steps):
+        batch = DataProto.from_single_dict(next(batches))
+        batch.non_tensor_batch["uid"] = np.array([f"{i}-{j}" for j in range(len(batch))], dtype=object)
+        timing = floor.step(batch.repeat(args.n, interleave=True))
+        if i >= args.warmup:
+            rows.append(timing)
+    return cfg, floor, rows, forwards
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from benchmarks.common import (
     machine,
     medians,
     stdout_to_stderr,
+    vocabulary_variant,
 )
 
 PERF_METRICS = ("perf/mfu", "perf/peak", "perf/max", "perf/cpu")  # the workers' (perf/throughput is above)
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     from trainer.build import build_trainer
 
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="colorl-bench-step-") as local_dir:
+    with vocabulary_variant(args), tempfile.TemporaryDirectory(prefix="colorl-bench-step-") as local_dir:
         cfg = load_bench_config(args, args.workers, local_dir)
         with stdout_to_stderr():
             trainer = build_trainer(cfg)
@@ -171,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
             measured = run_steps(trainer, args.warmup, args.steps)
         finally:
             ray.shutdown()
-    result = summarize(measured, args.prompts * args.n, args.workers)
-    result["perf"]["mfu/step"] = round(step_mfu(cfg, measured, args.prompts * args.n, args.workers), 5)
+        result = summarize(measured, args.prompts * args.n, args.workers)
+        result["perf"]["mfu/step"] = round(step_mfu(cfg, measured, args.prompts * args.n, args.workers), 5)
     emit({
         "benchmark": "step",
         "algo": args.algo,

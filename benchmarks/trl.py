@@ -1,20 +1,24 @@
-"""Peer baseline: TRL's ``GRPOTrainer`` on the same model, tokenizer, task, reward and step shape.
+"""Peer baseline: TRL's ``GRPOTrainer`` on the same model, prompts, reward, step shape and settings as ColoRL.
 
-    python -m benchmarks.trl [--hidden 128 --layers 2] [--prompts 16 --n 8] [--response-length 8]
-                             [--threads N] [--steps 20 --warmup 3] [--device cpu|cuda]
+    python -m benchmarks.trl [--hidden 128 --layers 2 | --model-path DIR] [--prompts 16 --n 8]
+                             [--response-length 8] [--threads N] [--steps 20 --warmup 3] [--device cpu|cuda]
+                             [--set KEY=VALUE ...]
 
 TRL is installed into its own venv, ``benchmarks/.trl-venv`` (made on first use with ``python3 -m venv``:
-torch first, then trl and the transformers version ColoRL uses); ColoRL never imports it. This process
-prepares the built-in assets (``data.builtin.prepare_builtin``, the same cache as ``benchmarks.step``) and
-runs a small script with the venv's python. That script trains ``GRPOConfig`` as the CPU feasibility study
-did: prompts·n completions per step, one optimisation pass (``num_iterations=1``), beta=0 (with ``--kl``:
-ColoRL's ``actor.kl_loss_coef``, and TRL loads a reference model; its KL term is k3, ColoRL's default
-``low_var_kl``), DAPO loss, no gradient checkpointing, ``bf16`` where ColoRL's actor computes in bf16 (its
-``fsdp_config.mixed_precision``: by default on CUDA, not on CPU; TRL's bf16 is autocast over fp32 weights),
-with ColoRL's reward function for the task (``data/tasks.py``, imported with the repository on ``PYTHONPATH``).
+torch first, then trl, peft and the transformers version ColoRL uses); ColoRL never imports it. This process
+builds ColoRL's config for the flags (``benchmarks.common.load_bench_config``, ``--set`` included), maps it to
+``GRPOConfig`` (``grpo_settings``) and runs ``benchmarks/trl_grpo.py`` with the venv's python on the same train
+file (``data.train_files``, else the built-in task's) and ColoRL's reward function for it. The same: prompts per
+step and ``n``, response length, sampling temperature / top-p / top-k, learning rate and warm-up, AdamW's betas and
+weight decay, gradient clipping, the clip range, optimizer steps per batch (``ppo_mini_batch_size``), the loss
+aggregation (token-mean = DAPO), GRPO's std scaling, LoRA (``lora_rank`` > 0: peft adapters of the same rank, alpha
+and target modules, as ColoRL's workers add them), precision (``bf16`` where ColoRL's actor computes in bf16;
+TRL's bf16 is autocast over fp32 weights) and compilation (``torch_compile`` iff ``actor.use_torch_compile``).
+The KL: beta = 0 unless ``--kl`` (then ColoRL's ``kl_loss_coef``, and TRL's KL term is k3, ColoRL's default
+``low_var_kl``). No gradient checkpointing.
 
-Prints JSON: median s/step (callback ``on_step_begin`` -> ``on_step_end``), median time inside ``generate``,
-completion tokens/s (mean completion length × prompts·n / step time) and the inner process's peak RSS.
+Prints JSON: median s/step, median time inside ``generate``, completion tokens/s and the inner process's peak RSS
+(``trl_grpo.py``), and the settings TRL ran with.
 """
 
 from __future__ import annotations
@@ -27,104 +31,17 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import add_batch_args, add_model_args, emit, machine, stdout_to_stderr
 
 VENV = Path(__file__).resolve().parent / ".trl-venv"
+INNER = Path(__file__).resolve().parent / "trl_grpo.py"
 REPO = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # first and pinned: on CPU machines it resolves to the local CPU wheel
-PACKAGES = ["trl==1.16.0", "transformers==5.23.0"]
-INNER_ARGS = ("prompts", "n", "response_length", "steps", "warmup", "threads", "device", "seed", "beta", "bf16")
-
-INNER = r'''
-import json, statistics, sys, time
-import torch
-
-args = json.loads(sys.argv[1])
-if args["device"] == "cpu":
-    torch.set_num_threads(args["threads"])
-import datasets, transformers, trl
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
-
-from data.tasks import default_compute_score  # ColoRL's reward code (pure Python), on PYTHONPATH
-
-tokenizer = AutoTokenizer.from_pretrained(args["model_path"])
-model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32)
-eos_id = tokenizer.eos_token_id
-gen_times = []
-hf_generate = model.generate
-
-def timed_generate(*a, **k):
-    if args["device"] == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = hf_generate(*a, **k)
-    if args["device"] == "cuda":
-        torch.cuda.synchronize()
-    gen_times.append(time.perf_counter() - start)
-    return out
-
-model.generate = timed_generate  # TRL calls generate on the unwrapped model: this very object
-
-def reward(prompts, completions, completion_ids, data_source, reward_model, **kwargs):
-    """ColoRL's score: decoded without special tokens, stopped_by_eos from the last kept id."""
-    return [
-        default_compute_score(src, text, rm["ground_truth"], {"stopped_by_eos": bool(ids) and ids[-1] == eos_id})
-        for src, text, rm, ids in zip(data_source, completions, reward_model, completion_ids)
-    ]
-
-class StepTimer(TrainerCallback):
-    def __init__(self):
-        self.steps, self.logs, self.gen = [], [], []
-    def on_step_begin(self, a, state, control, **kw):
-        self.start, self.gen_mark = time.perf_counter(), len(gen_times)
-    def on_step_end(self, a, state, control, **kw):
-        self.steps.append(time.perf_counter() - self.start)
-        self.gen.append(sum(gen_times[self.gen_mark:]))
-    def on_log(self, a, state, control, logs=None, **kw):
-        self.logs.append(dict(logs or {}))
-
-P, G, T = args["prompts"], args["n"], args["response_length"]
-config = GRPOConfig(
-    output_dir=args["output_dir"], per_device_train_batch_size=P * G, num_generations=G,
-    gradient_accumulation_steps=1, num_iterations=1, max_completion_length=T, temperature=1.0, top_p=1.0,
-    learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, adam_beta2=0.99, weight_decay=0.0,
-    max_grad_norm=1.0, beta=args["beta"], epsilon=0.2, loss_type="dapo", scale_rewards="group",
-    use_cpu=args["device"] == "cpu", bf16=args["bf16"], gradient_checkpointing=False,
-    disable_dropout=True, logging_steps=1, report_to="none", save_strategy="no",
-    max_steps=args["warmup"] + args["steps"], seed=args["seed"],
-)
-train = datasets.load_dataset("parquet", data_files=args["train_file"], split="train")
-timer = StepTimer()
-trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=train,
-                      processing_class=tokenizer, callbacks=[timer])
-trainer.train()
-
-def peak_rss_mb():
-    """VmHWM: this process's own peak (ru_maxrss would include the parent's, inherited through fork)."""
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1024, 1)
-
-w = args["warmup"]
-steps, gens = timer.steps[w:], timer.gen[w:]
-lengths = [l["completions/mean_length"] for l in timer.logs if "completions/mean_length" in l][w:]
-rewards = [l["reward"] for l in timer.logs if "reward" in l][w:]
-tokens_per_s = [length * P * G / s for length, s in zip(lengths, steps)]
-print(json.dumps({
-    "s_per_step": round(statistics.median(steps), 4),
-    "s_per_step_all": [round(s, 4) for s in steps],
-    "gen_s": round(statistics.median(gens), 4),
-    "completion_tokens_per_s": round(statistics.median(tokens_per_s), 1) if tokens_per_s else None,
-    "completion_length_mean": round(statistics.median(lengths), 3) if lengths else None,
-    "reward_mean": round(statistics.median(rewards), 4) if rewards else None,
-    "peak_rss_mb": peak_rss_mb(),
-    "ref_model": trainer.ref_model is not None,  # loaded only when beta > 0
-    "threads": torch.get_num_threads(),
-    "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
-}))
-'''
+PACKAGES = ["trl==1.16.0", "transformers==5.23.0", "peft==0.21.2"]
+MARK = "[trl_grpo] "  # trl_grpo.py's result lines
+LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -135,33 +52,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.algo != "grpo":
         parser.error("the TRL baseline is GRPOTrainer: --algo grpo only")
-    args.beta, args.bf16 = colorl_settings(args)
     return args
 
 
-def colorl_settings(args: argparse.Namespace) -> tuple[float, bool]:
-    """(KL coefficient, bf16) of ColoRL's actor for these flags (``--set`` included): TRL gets the same.
-
-    The KL coefficient is 0 without ``--kl``; TRL's KL term is k3 (``low_var_kl``).
-    """
+def grpo_settings(cfg: Any, device: str, kl: bool, steps: int, output_dir: str) -> dict[str, Any]:
+    """``GRPOConfig`` arguments and the peft ``LoraConfig`` arguments (or None) that do what ColoRL's ``cfg`` does:
+    the same batch, sampling, optimizer, loss and precision (see the module docstring)."""
     import torch
 
-    from benchmarks.common import load_bench_config
     from workers import fsdp
 
-    with tempfile.TemporaryDirectory(prefix="colorl-bench-trl-") as local_dir:
-        arr = load_bench_config(args, 1, local_dir).actor_rollout_ref
-    actor = arr.actor
-    if arr.model.lora_rank > 0:  # TRL here trains every weight: its figure would not be the same work
-        raise SystemExit(f"benchmarks.trl: actor_rollout_ref.model.lora_rank={arr.model.lora_rank}: the TRL "
-                         "baseline trains all weights; compare LoRA runs against the floor (compare --no-trl)")
-    bf16 = fsdp.compute_dtype(torch.device(args.device), actor.fsdp_config.mixed_precision) == torch.bfloat16
-    if not args.kl:
-        return 0.0, bf16
-    if actor.kl_loss_type not in ("low_var_kl", "k3"):
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    actor, rollout, model, optim = arr.actor, arr.rollout, arr.model, arr.actor.optim
+    if kl and actor.kl_loss_type not in ("low_var_kl", "k3"):
         raise SystemExit(f"benchmarks.trl --kl: TRL's KL is k3; actor_rollout_ref.actor.kl_loss_type="
                          f"{actor.kl_loss_type!r} has no TRL equivalent (use low_var_kl or k3)")
-    return float(actor.kl_loss_coef), bf16
+    if actor.loss_agg_mode not in LOSS_TYPES:
+        raise SystemExit(f"benchmarks.trl: actor.loss_agg_mode={actor.loss_agg_mode!r} has no TRL loss type")
+    mini_batches = data.train_batch_size // actor.ppo_mini_batch_size  # optimizer steps per batch and epoch
+    bf16 = fsdp.compute_dtype(torch.device(device), actor.fsdp_config.mixed_precision) == torch.bfloat16
+    targets = model.target_modules
+    lora = {"r": int(model.lora_rank), "lora_alpha": float(model.lora_alpha),
+            "target_modules": targets if isinstance(targets, str) else list(targets)} if model.lora_rank else None
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else 0  # ColoRL counts batches, TRL steps
+    clip_low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
+    clip_high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
+    grpo = dict(
+        output_dir=output_dir, per_device_train_batch_size=actor.ppo_mini_batch_size * rollout.n,
+        steps_per_generation=mini_batches, num_generations=rollout.n, gradient_accumulation_steps=1,
+        num_iterations=actor.ppo_epochs, max_completion_length=int(rollout.response_length),
+        temperature=rollout.temperature, top_p=rollout.top_p, top_k=max(rollout.top_k, 0),
+        learning_rate=optim.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=warmup * mini_batches,
+        adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], weight_decay=optim.weight_decay,
+        max_grad_norm=actor.grad_clip, beta=float(actor.kl_loss_coef) if kl else 0.0, epsilon=clip_low,
+        epsilon_high=clip_high, loss_type=LOSS_TYPES[actor.loss_agg_mode],
+        scale_rewards="group" if cfg.algorithm.norm_adv_by_std_in_grpo else "none",
+        use_cpu=device == "cpu", bf16=bf16, torch_compile=bool(actor.use_torch_compile),
+        gradient_checkpointing=False, disable_dropout=True, logging_steps=1, report_to="none",
+        save_strategy="no", max_steps=steps, seed=cfg.trainer.seed,
+    )
+    return {"grpo": grpo, "lora": lora}
+
+
+def run_trl(settings: dict[str, Any], model_path: str, train_file: str, threads: int, warmup: int,
+            **race: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run ``trl_grpo.py`` in TRL's venv; (its evaluation lines, its summary). ``race``: eval, launch_time,
+    minutes (``benchmarks.learning_race``)."""
+    inner = {**settings, "model_path": model_path, "train_file": train_file, "threads": threads, "warmup": warmup,
+             **race}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}  # for data.tasks
+    # -P: benchmarks/ (where trl.py lives) stays off sys.path, so `import trl` is TRL
+    process = subprocess.Popen([str(venv_python()), "-P", str(INNER), json.dumps(inner)], stdout=subprocess.PIPE,
+                               stderr=sys.stderr, text=True, env=env)
+    lines = [json.loads(line.removeprefix(MARK)) for line in process.stdout if line.startswith(MARK)]
+    if process.wait() != 0:
+        sys.exit(f"benchmarks.trl: the TRL run failed (exit {process.returncode}); its traceback is above")
+    return [line["eval"] for line in lines if "eval" in line], lines[-1]
 
 
 def venv_python() -> Path:
@@ -185,46 +131,25 @@ def venv_python() -> Path:
     return python
 
 
-def prepare_assets(args: argparse.Namespace) -> dict[str, str]:
-    """The built-in model/tokenizer and train parquet (the same cache entry ``benchmarks.step`` uses)."""
-    from config.schema import BuiltinConfig
-    from data.builtin import prepare_builtin
-
-    builtin = BuiltinConfig()
-    with stdout_to_stderr():
-        assets = prepare_builtin(
-            cache_dir=os.path.abspath(args.cache_dir), task=args.task, num_train=builtin.num_train,
-            num_val=builtin.num_val, sft_warmup_steps=args.sft_warmup_steps, hidden_size=args.hidden,
-            num_layers=args.layers, seed=args.seed,
-        )
-    if args.model_path:
-        assets["model_path"] = os.path.abspath(args.model_path)
-    return assets
-
-
 def main(argv: list[str] | None = None) -> None:
+    from benchmarks.common import load_bench_config
+    from trainer.build import build_trainer
+
     args = parse_args(argv)
-    python = venv_python()
-    assets = prepare_assets(args)
+    venv_python()
     with tempfile.TemporaryDirectory(prefix="colorl-bench-trl-") as tmp:
-        script = Path(tmp) / "trl_grpo.py"
-        script.write_text(INNER)
-        inner_args = {
-            **{k: getattr(args, k) for k in INNER_ARGS},
-            "model_path": assets["model_path"], "train_file": assets["train_files"],
-            "output_dir": str(Path(tmp) / "out"),
-        }
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}  # for data.tasks
-        result = subprocess.run([str(python), str(script), json.dumps(inner_args)], stdout=subprocess.PIPE,
-                                stderr=sys.stderr, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"benchmarks.trl: the TRL run failed (exit {result.returncode}); its traceback is above")
+        with stdout_to_stderr():  # the built-in assets and the data's paths, as benchmarks.step has them
+            cfg = build_trainer(load_bench_config(args, 1, tmp)).config
+        settings = grpo_settings(cfg, args.device, args.kl, args.warmup + args.steps, str(Path(tmp) / "out"))
+        train_files = cfg.data.train_files
+        train_file = train_files if isinstance(train_files, str) else train_files[0]
+        _, summary = run_trl(settings, cfg.actor_rollout_ref.model.path, train_file, args.threads, args.warmup)
     emit({
-        "benchmark": "trl", "algo": "grpo", "beta": args.beta, "bf16": args.bf16, "hidden": args.hidden,
-        "layers": args.layers,
-        "model_path": assets["model_path"], "prompts": args.prompts, "n": args.n,
-        "response_length": args.response_length, "steps": args.steps, "warmup": args.warmup,
-        **json.loads(result.stdout.strip().splitlines()[-1]),
+        "benchmark": "trl", "algo": "grpo", "beta": settings["grpo"]["beta"], "bf16": settings["grpo"]["bf16"],
+        "lora": settings["lora"], "hidden": args.hidden, "layers": args.layers,
+        "model_path": cfg.actor_rollout_ref.model.path, "train_file": train_file, "prompts": args.prompts,
+        "n": args.n, "response_length": args.response_length, "steps": args.steps, "warmup": args.warmup,
+        **summary, "settings": {k: v for k, v in settings["grpo"].items() if k != "output_dir"},
         "machine": machine(args.device),
     })
 

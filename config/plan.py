@@ -21,11 +21,8 @@ from algos.losses import validate_policy_loss
 from config.checks import ConfigError, is_int
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 
-# inputs a registry entry may need (algos.ADV_ESTIMATORS, algos.POLICY_LOSSES) that no phase produces yet, and why
-UNAVAILABLE_INPUTS = {
-    "rollout_log_probs": "needs the rollout's per-token log-probs (verl's actor_rollout_ref.rollout."
-                         "calculate_log_probs), which ColoRL's rollout does not return yet",
-}
+ROLLOUT_LOG_PROBS = ("needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true "
+                     "(verl's key), with the single-turn rollout (rollout.multi_turn.enable=false)")
 
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
 SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
@@ -44,6 +41,13 @@ def uses_ref_log_prob(actor: Any) -> bool:
     return bool(actor.use_kl_loss) and not uses_full_kl(actor)
 
 
+def rollout_log_probs(cfg: Any) -> bool:
+    """The rollout returns rollout_log_probs: ``rollout.calculate_log_probs``, single-turn (the multi-turn loop's
+    tool tokens are not sampled, and it computes none)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return bool(rollout.calculate_log_probs) and not rollout.multi_turn.enable
+
+
 def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
     return ppo_epochs == 1 and mini_batch_size >= rows
@@ -55,19 +59,23 @@ def forward_keys(remove_padding: bool) -> tuple[str, ...]:
     return ("input_ids", "attention_mask", *when(not remove_padding, "position_ids"), "responses")
 
 
-def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool, sum_pi_squared: bool
-                  ) -> dict[str, Dataflow]:
+def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool, sum_pi_squared: bool,
+                  from_rollout: bool = False) -> dict[str, Dataflow]:
     """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
 
     ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run;
-    ``sum_pi_squared``: whether the old-log-prob forward also writes Σπ².
+    ``sum_pi_squared``: whether the old-log-prob forward also writes Σπ²; ``from_rollout``: the rollout's
+    log-probs are the old ones (the rollout writes ``old_log_probs``).
     """
     actor, algo, rm = cfg.actor_rollout_ref.actor, cfg.algorithm, cfg.reward_model.enable
     policy = forward_keys(cfg.actor_rollout_ref.model.use_remove_padding)  # actor and reference
     value = forward_keys(cfg.critic.model.use_remove_padding)
     estimator = [k for k in WORKER_ESTIMATOR_INPUTS if estimator_needs(algo.adv_estimator, k)]
     prompts = Phase("prompts", DRIVER, writes=PROMPT)  # the dataloader's batch
-    gen = Phase("gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask"), columns=AGENT_KEYS)
+    sampled = (*when(rollout_log_probs(cfg), "rollout_log_probs"), *when(from_rollout, "old_log_probs"))
+    gen = Phase("gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask", *sampled),
+                columns=AGENT_KEYS)
+    has_old = old_log_prob or from_rollout
     # the reward function (with tool turns, a response's length is its attended tokens), and validation's answers
     scored = ("responses", "response_mask", "attention_mask")
     step = (
@@ -81,12 +89,12 @@ def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool
         *when(critic, Phase("values", WORKER, reads=(*value, "response_mask"), writes=("values",))),
         # the estimator's inputs; the in-reward KL penalty and actor/ref_kl read both log-probs when both exist
         Phase("adv", DRIVER, reads=("token_level_scores", "response_mask", *when(critic, "values"), *estimator,
-                                    *when(old_log_prob and ref_log_prob, "old_log_probs", "ref_log_prob")),
+                                    *when(has_old and ref_log_prob, "old_log_probs", "ref_log_prob")),
               writes=("token_level_rewards", "advantages", "returns")),
         *when(critic, Phase("update_critic", WORKER, reads=(*value, "response_mask", "values", "returns"))),
         # without old_log_probs the update is on-policy (see is_single_step); the policy loss may need more
         Phase("update_actor", WORKER, reads=(*policy, "response_mask", "advantages",
-                                             *when(old_log_prob, "old_log_probs"),
+                                             *when(has_old, "old_log_probs"),
                                              *when(uses_ref_log_prob(actor), "ref_log_prob"),
                                              *validate_policy_loss(actor.policy_loss.loss_mode).needs)),
         Phase("metrics", DRIVER, reads=("responses", "response_mask", "attention_mask", "token_level_scores",
@@ -106,7 +114,9 @@ class StepPlan:
     # the actor's process holds the reference: kl_loss_type=full reads it in the update; a LoRA actor is its
     # own reference (its module with the adapters disabled), so the base model is held once
     ref_in_actor: bool
-    recompute_old_log_prob: bool  # False: one on-policy optimizer step, whose own log-probs are the old ones
+    recompute_old_log_prob: bool  # the old-log-prob forward runs (else: the rollout's, or the update's own)
+    # rollout.calculate_log_probs: the rollout's log-probs of its samples are the old log-probs (no forward)
+    old_log_prob_from_rollout: bool
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
     compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
@@ -145,9 +155,13 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     # the estimator reading old log-probs (or Σπ², computed with them) needs them before the update
     needs_old = estimator_needs(algo.adv_estimator, "old_log_probs")
     on_policy = is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size)
-    recompute = needs_old or not (actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy)
-    ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
+    own_log_probs = not needs_old and actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy
     sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
+    # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²) or the multi-turn loop
+    # samples (its tool tokens have no sampled log-prob)
+    from_rollout = rollout_log_probs(cfg) and not own_log_probs and not sum_pi_squared
+    recompute = not (own_log_probs or from_rollout)
+    ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
     arr = "actor_rollout_ref"
     _require_micro(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", rollout.log_prob_micro_batch_size_per_gpu,
                    recompute and not rollout.log_prob_use_dynamic_bsz, f"{arr}.rollout.log_prob_use_dynamic_bsz")
@@ -162,6 +176,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         use_reference_policy=use_reference_policy,
         ref_in_actor=uses_full_kl(actor) or (use_reference_policy and lora),
         recompute_old_log_prob=recompute,
+        old_log_prob_from_rollout=from_rollout,
         compute_ref_log_prob=ref_log_prob,
         compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
         compute_sum_pi_squared=sum_pi_squared,
@@ -170,7 +185,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         critic_mini_batch_size=_mini_batch_per_rank("critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n),
                                                     data.train_batch_size, n_workers) if critic else 0,
         flows=declare_flows(cfg, critic=critic, old_log_prob=recompute, ref_log_prob=ref_log_prob,
-                            sum_pi_squared=sum_pi_squared),
+                            sum_pi_squared=sum_pi_squared, from_rollout=from_rollout),
     )
 
 
@@ -202,9 +217,19 @@ def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) 
 def _check_estimator(cfg: Any) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
     loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    for need in validate_policy_loss(loss_mode).needs:
-        if need in UNAVAILABLE_INPUTS:
-            raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: {UNAVAILABLE_INPUTS[need]}")
+    if "rollout_log_probs" in validate_policy_loss(loss_mode).needs and not rollout_log_probs(cfg):
+        raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: {ROLLOUT_LOG_PROBS}")
+    corr = cfg.algorithm.rollout_correction
+    for key in ("bypass_mode", "rollout_is", "rollout_rs"):
+        if getattr(corr, key) and not rollout_log_probs(cfg):
+            raise ConfigError(f"algorithm.rollout_correction.{key}={getattr(corr, key)}: {ROLLOUT_LOG_PROBS}")
+    # ColoRL's rollout is the pre-update policy: its log-probs are the old ones (bypass mode) whenever computed;
+    # weights, rejection and the reinforce loss are the bypass loss's, which must then be the one configured
+    corrected = corr.rollout_is or corr.rollout_rs or (corr.bypass_mode and corr.loss_type != "ppo_clip")
+    if corrected and loss_mode != "bypass_mode":
+        raise ConfigError(f"algorithm.rollout_correction (rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}, "
+                          f"loss_type={corr.loss_type}): applied by the bypass loss only; set "
+                          "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode")
     if estimator_needs(estimator, "index") and n < 2:  # the baseline comes from the prompt's group
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
                           "responses to one prompt, so it needs rollout.n > 1")

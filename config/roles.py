@@ -28,7 +28,7 @@ from config.checks import (
 )
 
 # verl's spellings too; fp16 would need loss scaling, which the updates do not do
-ParamDtype = Literal["auto", "bf16", "fp32", "bfloat16", "float32"]
+ParamDtype = Literal["auto", "native", "bf16", "fp32", "bfloat16", "float32"]
 ReduceDtype = Literal["fp32", "bf16", "float32", "bfloat16"]
 LossAggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]
 PolicyLossMode = Literal[tuple(POLICY_LOSSES)]  # type: ignore[valid-type]
@@ -41,6 +41,9 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = True
     trust_remote_code: bool = False
     use_remove_padding: bool = True  # log-prob and update forwards on packed rows (no pad tokens computed)
+    # log-probs, entropy and the exact KL from hidden states in chunks of tokens, logits recomputed in backward:
+    # never the (tokens, vocabulary) logits (workers/logprob.py); verl's key, whose default is false
+    use_fused_kernels: bool = True
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of the full model
     lora_alpha: float = 16
     target_modules: Any = "all-linear"  # "all-linear" or a list of module names
@@ -71,7 +74,8 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class MixedPrecisionConfig:
-    """Compute dtype of the sharded model: auto = bf16 on CUDA, fp32 on CPU; gradients reduce in reduce_dtype."""
+    """Compute dtype of the sharded model; gradients reduce in reduce_dtype. auto = bf16 on CUDA, fp32 on CPU;
+    native = bf16 where the device multiplies bf16 natively (CUDA, a CPU with AVX512-BF16 or AMX), else fp32."""
 
     param_dtype: ParamDtype = "auto"
     reduce_dtype: ReduceDtype = "fp32"
@@ -113,7 +117,8 @@ class RefFSDPConfig:
 class RolloutCorrectionConfig:
     """verl's ``algorithm.rollout_correction``: importance weights and rejection between the rollout engine's
     policy and the trained one (``algos.rollout_correction``). Every switch needs the rollout's per-token
-    log-probs, which ColoRL's rollout does not return yet, so ``config.schema`` refuses them."""
+    log-probs (``rollout.calculate_log_probs``; ``config.plan`` checks). ColoRL's rollout is the pre-update policy
+    itself, so its log-probs are the old ones whenever computed: bypass mode is the only mode."""
 
     rollout_is: Optional[Literal["token", "sequence"]] = None  # importance weights per token or per sequence
     rollout_is_threshold: Any = 2.0  # truncate at it, or "lower_upper": zero weights outside (IcePop)
@@ -280,6 +285,9 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    # the rollout returns each sampled token's log-prob (rollout_log_probs; temperature-scaled, before top-k/top-p);
+    # ColoRL's rollout is the pre-update policy itself, so they are the old log-probs and their forward is skipped
+    calculate_log_probs: bool = False
     # vLLM/SGLang engine settings from verl command lines: accepted, meaningless for the HF rollout (config.verl)
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5

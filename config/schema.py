@@ -25,7 +25,6 @@ from config.checks import (
     positive_int,
     unit_interval,
 )
-from config.plan import UNAVAILABLE_INPUTS
 from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, RolloutCorrectionConfig
 
 AdvEstimator = Literal[tuple(ADV_ESTIMATORS)]  # type: ignore[valid-type]
@@ -114,11 +113,6 @@ class AlgorithmConfig:
                                       "list the keys of the dict your compute_score returns, e.g. [format, accuracy]")
         if keys and weights is not None and len(weights) != len(keys):
             raise ConfigError.invalid("gdpo_reward_weights", weights, f"needs one weight per key of {keys}")
-        corr = self.rollout_correction
-        for key in ("bypass_mode", "rollout_is", "rollout_rs"):
-            if getattr(corr, key):
-                raise ConfigError.invalid(f"rollout_correction.{key}", getattr(corr, key),
-                                          UNAVAILABLE_INPUTS["rollout_log_probs"])
 
 
 @dataclass(frozen=True)

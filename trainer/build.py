@@ -31,18 +31,14 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     ``plan`` is ``cfg``'s step plan when the caller has it already (``config.load_with_plan``), else computed here.
     """
     plan = plan or make_plan(cfg, num_workers(cfg))
+    _check_models(cfg, plan)  # before the dry run reads the models' configs
     preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # trainer.dry_run exits here; the memory check
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
     compute_score = _load_compute_score(cfg)
     cfg = _fill_paths(cfg)
-    model, critic_model = cfg.actor_rollout_ref.model, cfg.critic.model
-    _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
-    if plan.use_critic and critic_model.path != model.path:
-        _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
-    if cfg.reward_model.enable:
-        _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
+    model = cfg.actor_rollout_ref.model
     check_target_modules(model)
     tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer, _tool_schemas(cfg, tokenizer))
@@ -109,6 +105,17 @@ def _fill_paths(cfg: PPOConfig) -> PPOConfig:
     if cfg.critic.model.path is None:
         paths["critic.model.path"] = model_path
     return replace_keys(cfg, paths)
+
+
+def _check_models(cfg: PPOConfig, plan: StepPlan) -> None:
+    """Each model path the user set (null ones are the built-in demo's) names a model of the right kind."""
+    model, critic_model = cfg.actor_rollout_ref.model, cfg.critic.model
+    if model.path is not None:
+        _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
+    if plan.use_critic and critic_model.path not in (None, model.path):
+        _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
+    if cfg.reward_model.enable:
+        _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
 
 
 def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) -> None:

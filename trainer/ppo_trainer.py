@@ -349,7 +349,7 @@ class RayPPOTrainer:
         algo = self.config.algorithm
         tensors = batch.batch
         mask = tensors["response_mask"]
-        if self.plan.compute_ref_log_prob and self.plan.recompute_old_log_prob:
+        if self.plan.compute_ref_log_prob and "old_log_probs" in tensors:
             kl = algos.kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty)
             metrics["actor/ref_kl"] = algos.masked_mean(kl, mask).item()
         if algo.use_kl_in_reward:

@@ -6,79 +6,17 @@ reduce-scatter in backward) or a plain one (a world of one process).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from algos import (
-    aggregate,
-    compute_policy_loss,
-    entropy_from_logits,
-    kl_full,
-    kl_penalty,
-    logprobs_from_logits,
-    sum_pi_squared_from_logits,
-)
+from algos import aggregate, compute_policy_loss, kl_penalty
 from config.plan import forward_keys, is_single_step, uses_full_kl
 from single_controller import DataProto
-from workers.lora import as_reference
-from workers.packing import pack_batch, pack_width, restore_order
+from workers.logprob import token_stats
+from workers.packing import restore_order
 from workers.update import configured_update, micro_batches, model_device
-
-# per-position statistics of the policy a log-prob forward can return beside the log-probs: logits (..., V) -> (...)
-TOKEN_STATS: dict[str, Callable[[Tensor], Tensor]] = {
-    "entropy": entropy_from_logits,
-    "sum_pi_squared": sum_pi_squared_from_logits,
-}
-
-
-def response_logits(
-    module: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    position_ids: Tensor,
-    response_length: int,
-    temperature: float = 1.0,
-) -> Tensor:
-    """fp32 logits / temperature (B, R, V) at the positions that predict each response token (-R-1 .. -2).
-
-    Only the last R+1 positions go through the LM head (``logits_to_keep``), which matters for large vocabularies.
-    """
-    logits = module(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=response_length + 1,
-    ).logits
-    return logits[:, :-1].float() / temperature
-
-
-def response_token_logits(
-    module: nn.Module, micro: dict[str, Tensor], response_length: int, temperature: float, remove_padding: bool
-) -> tuple[Tensor, Tensor, Callable[[Tensor], Tensor]]:
-    """(logits (..., V) fp32 / temperature, the response tokens they predict (...), unpack: (...) -> (B, R)).
-
-    Padded: (B, R, V), unpack is the identity. Remove-padding: only the N valid response tokens, (N, V), from
-    packed rows (``packing.pack_batch``); unpack scatters per-token values back to (B, R) with zeros elsewhere.
-    """
-    input_ids = micro["input_ids"]
-    if not remove_padding:
-        logits = response_logits(
-            module, input_ids, micro["attention_mask"], micro["position_ids"], response_length, temperature
-        )
-        return logits, input_ids[:, -response_length:], lambda values: values
-    mask = micro["attention_mask"]
-    packed = pack_batch(input_ids, mask, response_length, pack_width(module, mask))
-    logits = module(
-        input_ids=packed.input_ids,
-        position_ids=packed.position_ids,
-        use_cache=False,
-        logits_to_keep=packed.keep_columns,
-    ).logits
-    return packed.gather(logits).float() / temperature, packed.labels, packed.unpack
 
 
 class DataParallelPPOActor:
@@ -92,6 +30,8 @@ class DataParallelPPOActor:
         mini_batch_size: samples per optimizer step on this rank (the worker computes it from the global
             ``ppo_mini_batch_size``·n / world size); None means ``config.ppo_mini_batch_size`` as is.
         use_remove_padding: run every forward on packed rows (``actor_rollout_ref.model.use_remove_padding``).
+        use_fused_kernels: log-probs, entropies and the exact KL from hidden states in chunks of tokens, never the
+            full-vocabulary logits (``actor_rollout_ref.model.use_fused_kernels``; ``workers.logprob``).
         ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
             exact KL compares the two models' whole next-token distributions inside the update. A LoRA
             ``module`` may be its own reference: it then runs with its adapters disabled.
@@ -106,6 +46,7 @@ class DataParallelPPOActor:
         mini_batch_size: int | None = None,
         use_remove_padding: bool = False,
         ref_module: nn.Module | None = None,
+        use_fused_kernels: bool = True,
     ) -> None:
         if uses_full_kl(config) and optimizer is not None and ref_module is None:
             raise ValueError("actor.kl_loss_type=full needs the reference model in the actor's process (ref_module)")
@@ -116,6 +57,7 @@ class DataParallelPPOActor:
         self.config = config
         self.mini_batch_size = mini_batch_size
         self.use_remove_padding = use_remove_padding
+        self.use_fused_kernels = use_fused_kernels
 
     def forward_log_prob(
         self,
@@ -129,20 +71,20 @@ class DataParallelPPOActor:
         """log π(response token) (B, R) and optionally the entropy (B, R) of the temperature-scaled policy.
 
         The response is the last ``response_length`` tokens of ``input_ids``; sampling used the same temperature.
-        With remove-padding, positions without a valid response token are 0 (and ``position_ids`` is not read).
+        Positions without a valid response token (``attention_mask`` 0) are 0; with remove-padding
+        ``position_ids`` is not read.
         """
         micro = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         stats = self._token_stats(micro, response_length, temperature, ("entropy",) if calculate_entropy else ())
         return stats["log_probs"], stats.get("entropy")
 
     def _token_stats(self, micro: dict[str, Tensor], response_length: int, temperature: float,
-                     stats: tuple[str, ...]) -> dict[str, Tensor]:
-        """``log_probs`` (B, R) plus the per-position statistics of the policy named in ``stats`` (TOKEN_STATS)."""
-        logits, labels, unpack = response_token_logits(
-            self.module, micro, response_length, temperature, self.use_remove_padding
-        )
-        return {"log_probs": unpack(logprobs_from_logits(logits, labels)),
-                **{name: unpack(TOKEN_STATS[name](logits)) for name in stats}}
+                     stats: tuple[str, ...], ref_module: nn.Module | None = None,
+                     entropy_grad: bool = True) -> dict[str, Tensor]:
+        """``log_probs`` (B, R) plus the per-position statistics named in ``stats`` (``workers.logprob.STATS``), and
+        with ``ref_module`` the exact KL to it (``kl``)."""
+        return token_stats(self.module, micro, response_length, temperature, self.use_remove_padding,
+                           self.use_fused_kernels, stats, ref_module, entropy_grad)
 
     @torch.no_grad()
     def compute_log_prob(
@@ -170,7 +112,8 @@ class DataParallelPPOActor:
         max_token_len: int | None = None,
         stats: tuple[str, ...] = (),
     ) -> dict[str, Tensor]:
-        """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``TOKEN_STATS``), each (B, R)."""
+        """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``workers.logprob.STATS``), each
+        (B, R)."""
         self.module.eval()
         tensors = {k: data.batch[k] for k in forward_keys(self.use_remove_padding)}
         response_length = tensors["responses"].shape[-1]
@@ -188,12 +131,13 @@ class DataParallelPPOActor:
         """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref),
         each term this micro-batch's share of the mini-batch's (``global_batch``: see ``algos.aggregate``)."""
         cfg = self.config
-        response_length = micro["responses"].shape[-1]
         mask = micro["response_mask"].to(torch.float32)
-        logits, labels, unpack = response_token_logits(
-            self.module, micro, response_length, temperature, self.use_remove_padding
-        )
-        log_prob = unpack(logprobs_from_logits(logits, labels))
+        # kl_loss_type=full compares the two models' whole distributions on the same rows (a LoRA actor is its
+        # own reference); the entropy is always logged, but keeps a graph only when it is part of the loss
+        stats = self._token_stats(micro, micro["responses"].shape[-1], temperature, ("entropy",),
+                                  ref_module=self.ref_module if uses_full_kl(cfg) else None,
+                                  entropy_grad=cfg.entropy_coeff != 0)
+        log_prob = stats["log_probs"]
         pg_loss, metrics = compute_policy_loss(
             cfg.policy_loss.loss_mode,
             # on-policy (no old_log_probs sent): this forward is the policy that sampled, so ratio = 1
@@ -207,27 +151,15 @@ class DataParallelPPOActor:
             global_batch=global_batch,
         )
         agg = (cfg.loss_agg_mode, cfg.loss_scale_factor, global_batch)
-        # the entropy is always logged, but keeps its (B, R, V) graph only when it is part of the loss
         with torch.set_grad_enabled(cfg.entropy_coeff != 0):
-            entropy, metrics["actor/entropy"] = aggregate(unpack(entropy_from_logits(logits)), mask, *agg)
-        loss = pg_loss - cfg.entropy_coeff * entropy
+            entropy, metrics["actor/entropy"] = aggregate(stats["entropy"], mask, *agg)
+        loss = pg_loss - cfg.entropy_coeff * entropy if cfg.entropy_coeff != 0 else pg_loss
         if cfg.use_kl_loss:
-            kl_loss, metrics["actor/kl_loss"] = aggregate(self._kl(micro, logits, log_prob, unpack, temperature),
-                                                          mask, *agg)
+            kl = stats["kl"] if "kl" in stats else kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+            kl_loss, metrics["actor/kl_loss"] = aggregate(kl, mask, *agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_coef"] = torch.tensor(float(cfg.kl_loss_coef))
         return loss, metrics
-
-    def _kl(self, micro: dict[str, Tensor], logits: Tensor, log_prob: Tensor, unpack: Callable, temperature: float):
-        """Per-token KL(π ‖ π_ref) (B, R) for the KL loss: a sampled-token estimator, or exact over the vocab."""
-        if not uses_full_kl(self.config):
-            return kl_penalty(log_prob, micro["ref_log_prob"], self.config.kl_loss_type)
-        # same packing as the actor's forward, so rows of the two logits line up; a LoRA actor is its own reference
-        with torch.no_grad(), as_reference(self.ref_module):
-            ref_logits, _, _ = response_token_logits(
-                self.ref_module, micro, micro["responses"].shape[-1], temperature, self.use_remove_padding
-            )
-        return unpack(kl_full(logits, ref_logits))
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update on this rank's rows: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch.
@@ -235,12 +167,12 @@ class DataParallelPPOActor:
         Reads batch keys input_ids, attention_mask, position_ids (not with remove-padding), responses,
         response_mask, advantages, old_log_probs (+ ref_log_prob with ``use_kl_loss``, unless
         ``kl_loss_type=full``; + the policy loss's own needs, ``algos.POLICY_LOSSES``): the update_actor phase of
-        ``config.plan.declare_flows``, which the worker gives it
-        exactly (other keys would be micro-batched along). ``meta_info["temperature"]`` (default 1) must be the
-        sampling temperature. Without old_log_probs the update is on-policy: allowed only for a single optimizer
-        step on unchanged weights (see :func:`is_single_step`), where the old log-probs equal this forward's,
-        detached. The LR scheduler steps once per call, i.e. once per training step (as verl does), so warm-up is
-        counted in training steps. Returns metric name -> list of floats.
+        ``config.plan.declare_flows``, which the worker gives it exactly (other keys would be micro-batched
+        along). ``meta_info["temperature"]`` (default 1) must be the sampling temperature. Without old_log_probs
+        the update is on-policy: allowed only for a single optimizer step on unchanged weights (see
+        :func:`is_single_step`), where the old log-probs equal this forward's, detached. The LR scheduler steps
+        once per call, i.e. once per training step (as verl does), so warm-up is counted in training steps.
+        Returns metric name -> list of floats.
         """
         if self.optimizer is None:
             raise RuntimeError("update_policy needs an optimizer; this actor was built as a frozen reference")

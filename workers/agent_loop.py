@@ -30,10 +30,9 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
-from transformers import StaticCache
 
 from config.plan import PROMPT
-from workers.rollout import _last_logits, _rollout_batch, sample_next_token
+from workers.rollout import _rollout_batch, next_token_logits, prefill, sample_next_token
 from workers.tools import ToolBox, ToolConfigError, ToolSession, load_tools
 from workers.tools.parser import parse_tool_calls
 
@@ -72,10 +71,9 @@ def decode_with_turns(
     valid = torch.zeros_like(model_mask)
     forced = torch.full((batch, length), -1, dtype=torch.long, device=device)  # -1: sample this position
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    cache = StaticCache(config=model.config, max_cache_len=prompt_length + length)
+    cache, logits = prefill(model, input_ids, attention_mask, position_ids, prompt_length + length)
     full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch, length)], dim=-1)
     rows, step_pos = torch.arange(batch, device=device), position_ids[:, -1:]
-    logits = _last_logits(model, input_ids, full_mask, position_ids, cache, torch.arange(prompt_length, device=device))
     t = 0
     while True:
         plan, live = forced[rows, t], ~finished[rows]
@@ -102,9 +100,8 @@ def decode_with_turns(
         full_mask[:, prompt_length + t: prompt_length + t + span] = 1
         positions = step_pos + torch.arange(1, span + 1, device=device)
         step_pos = positions[:, -1:]
-        cache_position = torch.arange(prompt_length + t, prompt_length + t + span, device=device)
         feed = torch.cat([token[:, None], chunk], dim=-1)
-        logits = _last_logits(model, feed, full_mask, positions, cache, cache_position)
+        logits = next_token_logits(model, feed, full_mask, positions, cache)
         t += span
 
 

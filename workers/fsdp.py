@@ -31,17 +31,21 @@ def mixed_precision(
 ) -> tuple[torch.dtype | None, torch.dtype | None]:
     """(param_dtype, reduce_dtype) for ``apply_fsdp`` from a ``fsdp_config.mixed_precision`` section.
 
-    ``auto`` computes in bf16 on CUDA and in fp32 elsewhere. (None, None) is plain fp32: nothing to cast (an fp32
-    model may still reduce its gradients in bf16 across ranks). bf16 pays off on a CPU too where it has bf16
-    matmul instructions (AVX512-BF16, AMX): docs/benchmarks.md, "Precision".
+    ``auto`` computes in bf16 on CUDA and in fp32 elsewhere, so a CPU run's numbers do not depend on which CPU it
+    lands on. ``native`` computes in bf16 wherever the device multiplies bf16 natively: CUDA, and a CPU with bf16
+    matmul instructions (AVX512-BF16, AMX; ``cpu_has_bf16``), where bf16 steps are 1.4-2.3x faster; fp32 elsewhere
+    (docs/benchmarks.md, "Precision"). (None, None) is plain fp32: nothing to cast (an fp32 model may still reduce
+    its gradients in bf16 across ranks).
     """
     if param_dtype == "auto":
         param_dtype = "bf16" if device.type == "cuda" else "fp32"
+    elif param_dtype == "native":
+        param_dtype = "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
     param = None if DTYPES[param_dtype] == torch.float32 else DTYPES[param_dtype]
     if param is not None and device.type == "cpu" and not cpu_has_bf16():
         warnings.warn(f"fsdp_config.mixed_precision.param_dtype={param_dtype} on a CPU without bf16 matmul "
                       "instructions (AVX512-BF16, AMX): its bf16 matmuls are emulated, orders of magnitude slower "
-                      "than fp32; fp32 (or auto) is faster here", stacklevel=2)
+                      "than fp32; fp32 (or auto, or native) is faster here", stacklevel=2)
     reduce = None if param is None and DTYPES[reduce_dtype] == torch.float32 else DTYPES[reduce_dtype]
     return param, reduce
 

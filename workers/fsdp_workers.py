@@ -52,7 +52,8 @@ def _check_world(worker: Worker, plan: StepPlan) -> None:
         raise ValueError(f"the step plan is for {plan.n_workers} workers, this group has {worker.world_size}")
 
 
-def _load_causal_lm(model_config: Any) -> nn.Module:
+def load_causal_lm(model_config: Any) -> nn.Module:
+    """The fp32 causal LM of ``model_config`` (``actor_rollout_ref.model``), activation checkpointing as configured."""
     model = AutoModelForCausalLM.from_pretrained(
         model_config.path, dtype=torch.float32, trust_remote_code=model_config.trust_remote_code
     )
@@ -92,9 +93,9 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         remove_padding = cfg.model.use_remove_padding
         if self._is_ref and cfg.model.lora_rank == 0:
-            self.ref = FrozenRole(self, _load_causal_lm(cfg.model), cfg.ref.fsdp_config)
+            self.ref = FrozenRole(self, load_causal_lm(cfg.model), cfg.ref.fsdp_config)
         if self._is_actor:
-            model = lora.add_adapters(_load_causal_lm(cfg.model), cfg.model)
+            model = lora.add_adapters(load_causal_lm(cfg.model), cfg.model)
             self.trained = TrainedRole(self, model, cfg.actor.fsdp_config, cfg.actor.optim, total_training_steps,
                                        compile=cfg.actor.use_torch_compile)
             if self._is_ref and cfg.model.lora_rank > 0:  # runs under lora.as_reference: adapters disabled
@@ -103,22 +104,29 @@ class ActorRolloutRefWorker(Worker):
                 self.trained.module, self.trained.optimizer, self.trained.lr_scheduler, cfg.actor,
                 self.plan.actor_mini_batch_size, use_remove_padding=remove_padding,
                 ref_module=self.ref.module if self._is_ref and uses_full_kl(cfg.actor) else None,
+                use_fused_kernels=cfg.model.use_fused_kernels,
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
             # tool-calling rollouts (rollout.multi_turn): loading the tools runs the code the tool config names
             multi_turn = cfg.rollout.multi_turn.enable
             self.agent_loop = build_agent_loop(self.tokenizer, cfg.rollout) if multi_turn else None
         if self._is_ref:
-            self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor, use_remove_padding=remove_padding)
+            self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor,
+                                                   use_remove_padding=remove_padding,
+                                                   use_fused_kernels=cfg.model.use_fused_kernels)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Sample one response per prompt row (the driver repeats prompts n times beforehand).
+        """Sample one response per prompt row (the driver repeats prompts n times beforehand; the repeats share one
+        prefill).
 
         Sampling settings come from ``config.rollout``; ``meta_info`` may override temperature, top_p,
         top_k and do_sample (validation passes ``val_kwargs``). Writes responses, input_ids, attention_mask,
-        position_ids and response_mask; with ``rollout.multi_turn.enable`` the agent loop's too, and its per-row
-        non-tensors (``workers.agent_loop``), reading ``raw_prompt``/``agent_name``/``tools_kwargs``.
+        position_ids and response_mask, and with ``rollout.calculate_log_probs`` rollout_log_probs (the sampled
+        tokens' log-probs under this very policy, which are also the old log-probs when the plan takes them from
+        the rollout); with ``rollout.multi_turn.enable`` the agent loop's tensors instead (no log-probs: the plan
+        keeps the forward), and its per-row non-tensors (``workers.agent_loop``), reading
+        ``raw_prompt``/``agent_name``/``tools_kwargs``.
         """
         inputs = STORE.inputs(prompts)
         if not self._is_actor:
@@ -144,8 +152,11 @@ class ActorRolloutRefWorker(Worker):
                 response_length=int(rollout.response_length),
                 eos_token_id=eos_ids,
                 pad_token_id=pad_id if pad_id is not None else eos_ids[0],
+                return_log_probs=rollout.calculate_log_probs,
                 **sampling,
             )
+        if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy
+            out["old_log_probs"] = out["rollout_log_probs"]
         metrics = {"timing_s/worker_gen": time.perf_counter() - start}
         return STORE.outputs(prompts, out, meta_info={"metrics": metrics})
 

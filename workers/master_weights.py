@@ -8,10 +8,12 @@ the DTensor optimizer step are pure overhead (docs/benchmarks.md, "One bf16 rank
 - the module computes with bf16 parameters (buffers such as RoPE's ``inv_freq`` stay fp32, as under FSDP);
 - each bf16 gradient is added into its fp32 master's ``.grad`` as soon as backward has produced it (so
   micro-batches accumulate in fp32, and clipping and AdamW see fp32 gradients, as with ``reduce_dtype=fp32``);
-- the optimizer steps the masters, then the masters are copied back into the bf16 parameters.
+- the optimizer steps the masters, then the masters are copied back into the bf16 parameters;
+- a frozen parameter (LoRA's base weights) has no fp32 master: both modules hold its one bf16 copy, which nothing
+  ever updates (fp32 masters of a frozen 135 M-parameter base would hold 540 MB for nothing).
 
 The masters live in a module of their own (``master``: same names, the model's config), which is what
-checkpoints save and load; checkpoints therefore stay fp32 and load into any world size.
+checkpoints save and load; checkpoints therefore stay fp32 (the trained parameters) and load into any world size.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ class MasterWeights:
         # copy the module with its parameters already cast (no transient second fp32 copy of the weights)
         cast = {id(m): nn.Parameter(m.detach().to(dtype), m.requires_grad) for m in master.parameters()}
         self.module = copy.deepcopy(master, memo=cast)
+        with torch.no_grad():  # frozen parameters: one copy, in the compute dtype
+            for param in master.parameters():
+                if not param.requires_grad:
+                    param.data = cast[id(param)].data
         # deepcopy keeps the parameter order (and tied parameters tied), so the two lists pair up
         self._pairs = [(p, m) for p, m in zip(self.module.parameters(), master.parameters()) if m.requires_grad]
         for param, master_param in self._pairs:

@@ -23,7 +23,9 @@ dtype's bytes, T tokens through the model, N response tokens, V the vocabulary, 
   third): ``2·Σ out`` values per token over a block's adapted linears.
 - **logits**: the LM head's output over the kept positions (``logits_to_keep``), its fp32 copy scaled by the
   temperature (N·V·4), logsumexp's temporary; in the update also the entropy's softmax and product and backward's
-  gradients (4·N·V), as ``workers.actor`` computes them today. The one place that changes when they are chunked.
+  gradients (4·N·V), as ``workers.logprob`` computes them with fused kernels off; with them on
+  (``model.use_fused_kernels``, the default) one chunk of tokens' logits (``algos.linear_logprob``) and its fp32
+  temporaries, whatever N and V.
 - **kv_cache**: the rollout's ``StaticCache``: 2·L·rows·kv·(prompt + response)·c for every row of the worker at once.
 - **runtime**: on a CPU the worker process itself (Python, torch, transformers, Ray, gloo; ``RUNTIME_CPU_BYTES``,
   measured in docs/benchmarks.md), whose peak RSS the estimate is compared with; nothing on CUDA, whose
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from algos.linear_logprob import chunk_rows
 from workers import attention, fsdp, lora, malloc
 from workers.packing import pack_batch, pack_width
 
@@ -51,6 +54,7 @@ FP32 = 4
 # saved activations on glibc's heap, where the forward's temporaries leave holes between them that it cannot reuse
 RUNTIME_CPU_BYTES = int(0.5 * GiB)
 CPU_HEAP_FACTOR = 1.2
+FUSED_TEMPORARIES = 4  # algos.linear_logprob's chunk: logits, probabilities, their product and the gradient
 TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "runtime")
 
 
@@ -209,9 +213,13 @@ def activation_bytes(m: ModelSizes, tokens: int, width: int, compute_bytes: int,
 
 
 def logits_bytes(head_tokens: int, response_tokens: int, vocab: int, compute_bytes: int, packed: bool,
-                 backward: bool, entropy_grad: bool = False) -> int:
+                 backward: bool, entropy_grad: bool = False, fused: bool = False) -> int:
     """The vocabulary logits' peak (module docstring: logits) in a log-prob forward, or an update's forward and
-    backward (``entropy_grad``: entropy_coeff != 0 keeps the entropy's graph too)."""
+    backward (``entropy_grad``: entropy_coeff != 0 keeps the entropy's graph too). ``fused``
+    (``model.use_fused_kernels``): one chunk of tokens' logits at a time, with a few fp32 temporaries of its size."""
+    if fused:
+        rows = min(response_tokens, chunk_rows(vocab))
+        return rows * vocab * (compute_bytes + FUSED_TEMPORARIES * FP32)
     head = head_tokens * vocab * compute_bytes  # the LM head's output at the kept positions
     scaled = response_tokens * vocab * FP32  # fp32 logits / temperature, one row per response token
     copies = response_tokens * vocab * (compute_bytes * packed + FP32 * (compute_bytes < FP32))  # gather, fp32 cast

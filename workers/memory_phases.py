@@ -140,7 +140,8 @@ class _Estimator:
         tokens, _, head = micro.geometry(r.sizes)
         c = r.placement.compute_bytes
         terms = {"weights": r.placement.gathered(r.sizes), "activations": forward_transient(r.sizes, tokens, c),
-                 "logits": logits_bytes(head, tokens_response(micro), r.sizes.vocab, c, micro.packed, backward=False)}
+                 "logits": logits_bytes(head, tokens_response(micro), r.sizes.vocab, c, micro.packed, backward=False,
+                                        fused=self.cfg.actor_rollout_ref.model.use_fused_kernels)}
         key = (f"{prefix}.log_prob_max_token_len_per_gpu" if dynamic is not None
                else f"{prefix}.log_prob_micro_batch_size_per_gpu")
         return self._phase(name, role, terms, micro, key)
@@ -188,10 +189,12 @@ class _Estimator:
                                                      f"{ARR}.actor")
         actor = self.roles["actor"]
         n, vocab, c = tokens_response(micro), actor.sizes.vocab, actor.placement.compute_bytes
-        terms["logits"] = logits_bytes(head, n, vocab, c, micro.packed, backward=True,
+        fused = arr.model.use_fused_kernels
+        terms["logits"] = logits_bytes(head, n, vocab, c, micro.packed, backward=True, fused=fused,
                                        entropy_grad=arr.actor.entropy_coeff != 0)
         if uses_full_kl(arr.actor):  # the reference's logits and the exact KL's log-softmaxes beside them
-            terms["logits"] += logits_bytes(head, n, vocab, c, micro.packed, backward=False) + 2 * n * vocab * FP32
+            terms["logits"] += (logits_bytes(head, n, vocab, c, micro.packed, backward=False, fused=fused)
+                                + (0 if fused else 2 * n * vocab * FP32))
             if "ref" in self.roles:
                 terms["weights"] += self.roles["ref"].placement.gathered(self.roles["ref"].sizes)
         return self._phase("update_actor", "actor", terms, micro, key, updating=True, activations_other=other)

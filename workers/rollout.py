@@ -2,12 +2,23 @@
 
 A hand-written decode loop over ``past_key_values`` instead of ``model.generate``: it is short, it is faster
 for small models, and it has no hidden collectives, so under FSDP (inside ``gathered_params``) ranks that
-finish decoding at different steps never wait on each other. The KV cache and the attention mask are
-preallocated at full length (``StaticCache``), so every decode step has the same shapes: a compiled model
-(``actor.use_torch_compile``) runs one graph for all of them instead of one with a growing dynamic length.
-Once half of the rows being decoded have ended, the ended ones leave the batch and the cache
-(``Cache.reorder_cache``): sampled responses end at very different lengths, and decoding an ended row costs
-as much as a live one (a compiled model then adds one graph with a dynamic batch size).
+finish decoding at different steps never wait on each other. The pieces are public for other decode loops (a
+multi-turn, tool-calling rollout): :func:`prefill`, :func:`next_token_logits`, :func:`sample_next_token`,
+:func:`token_log_probs` and :func:`eos_token_ids`.
+
+- **One prefill per prompt.** The n samples of a prompt arrive as n identical rows; :func:`prefill` runs each
+  distinct prompt once and copies its KV cache to its rows. With sdpa or eager attention the distinct prompts run
+  packed, without their left padding (whole prompts in rows of ``packing.pack_width``'s width, a block-diagonal
+  causal mask), and their keys and values are laid out in the padded batch's cache.
+- **A static cache.** The KV cache and the attention mask are preallocated at full length (``StaticCache``), so
+  every decode step has the same shapes: a compiled model (``actor.use_torch_compile``) runs one graph for all of
+  them instead of one with a growing dynamic length.
+- **Ended rows leave.** Once half of the rows being decoded have ended, the ended ones leave the batch and the
+  cache (``Cache.reorder_cache``): sampled responses end at very different lengths, and decoding an ended row
+  costs as much as a live one (a compiled model then adds one graph with a dynamic batch size).
+- **Log-probs on the way.** With ``return_log_probs`` each sampled token's log-prob under the temperature-scaled
+  policy (before top-k / top-p filtering: the policy's, not the sampler's) comes back as ``rollout_log_probs``.
+- **The LM head on the last position only**, as a (rows, hidden) matmul (``workers.logprob.hidden_states_out``).
 """
 
 from __future__ import annotations
@@ -16,8 +27,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import StaticCache
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import StaticLayer
+
+from workers.logprob import hidden_states_out, output_head
+from workers.packing import best_fit_decreasing, pack_width
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float = 1.0) -> Tensor:
@@ -75,6 +91,18 @@ def _eos_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) 
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
+
+def token_log_probs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """log π(token) (B,) under softmax(logits / temperature) (B, V), fp32: the policy's, before any filtering.
+
+    ``temperature`` <= 0 (greedy) scores under the untempered policy.
+    """
+    z = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        z = z / temperature
+    return z.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
 @torch.no_grad()
 def generate_sequences(
     model: nn.Module,
@@ -90,13 +118,16 @@ def generate_sequences(
     top_k: int | None = -1,
     do_sample: bool = True,
     generator: torch.Generator | None = None,
+    return_log_probs: bool = False,
 ) -> dict[str, Tensor]:
     """Sample up to ``response_length`` tokens per left-padded prompt (B, P); each row stops at its EOS.
 
     Returns, on the model's device:
       responses (B, R) right-padded with ``pad_token_id``; input_ids = [prompts, responses]
       (B, P+R); attention_mask (B, P+R) and response_mask (B, R), 1 on generated tokens up to and including
-      EOS; position_ids (B, P+R) continuing from each prompt's last position. ``eos_token_id=None`` never stops.
+      EOS; position_ids (B, P+R) continuing from each prompt's last position; with ``return_log_probs``,
+      rollout_log_probs (B, R) fp32 (:func:`token_log_probs` of each sampled token, 0 after the row ended).
+      ``eos_token_id=None`` never stops. Identical prompt rows share one prefill (:func:`prefill`).
     """
     device = next(model.parameters()).device
     input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
@@ -104,17 +135,19 @@ def generate_sequences(
     eos = _eos_tensor(eos_token_id, device)
     responses = torch.full((batch_size, response_length), pad_token_id, dtype=input_ids.dtype, device=device)
     response_mask = torch.zeros((batch_size, response_length), dtype=attention_mask.dtype, device=device)
+    log_probs = torch.zeros((batch_size, response_length), dtype=torch.float32, device=device)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, do_sample=do_sample, generator=generator)
 
-    cache = StaticCache(config=model.config, max_cache_len=prompt_length + response_length)
+    cache, logits = prefill(model, input_ids, attention_mask, position_ids, prompt_length + response_length)
     # the mask covers the whole cache; each step switches on the position of the token it feeds in
     full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch_size, response_length)], dim=-1)
     step_pos = position_ids[:, -1:]
     rows = torch.arange(batch_size, device=device)  # the batch row of each row still being decoded
-    logits = _last_logits(model, input_ids, full_mask, position_ids, cache, torch.arange(prompt_length, device=device))
     for t in range(response_length):
         token = sample_next_token(logits, **sampling)
+        if return_log_probs:
+            log_probs[rows, t] = token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
         token = torch.where(finished, pad_token_id, token)
         responses[rows, t] = token
         response_mask[rows, t] = (~finished).to(response_mask.dtype)
@@ -129,33 +162,100 @@ def generate_sequences(
         # the finished rows left keep decoding (batched) but their tokens are overwritten with pad above
         full_mask[:, prompt_length + t] = 1
         step_pos = step_pos + 1
-        position = torch.tensor([prompt_length + t], device=device)
-        logits = _last_logits(model, token.unsqueeze(-1), full_mask, step_pos, cache, position)
-    return _rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
+        logits = next_token_logits(model, token.unsqueeze(-1), full_mask, step_pos, cache)
+    out = _rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
+    if return_log_probs:
+        out["rollout_log_probs"] = log_probs
+    return out
 
 
-def _last_logits(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    position_ids: Tensor,
-    cache: StaticCache,
-    cache_position: Tensor,
-) -> Tensor:
-    """Logits (B, V) at the last position, writing ``input_ids``' keys and values at ``cache_position``.
+def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+            max_cache_len: int) -> tuple[StaticCache, Tensor]:
+    """(a ``StaticCache`` of ``max_cache_len`` positions holding the left-padded prompts (B, P) at columns 0..P-1,
+    the next-token logits (B, V) after each prompt).
 
-    The LM head runs on that position only.
+    Each distinct prompt (ids, mask and positions alike) runs once and its cache rows are copied to the rows that
+    repeat it. With sdpa or eager attention and full-attention layers the distinct prompts run packed without
+    their padding; otherwise (flash-attention, sliding-window layers) they run left-padded.
     """
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=cache,
-        cache_position=cache_position,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    return out.logits[:, -1]
+    rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype), position_ids.to(input_ids.dtype)], dim=-1)
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    ids, mask, positions = distinct.split(input_ids.shape[1], dim=-1)
+    cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+    attention = getattr(model.config, "_attn_implementation", None)
+    packable = attention in ("sdpa", "eager") and all(type(layer) is StaticLayer for layer in cache.layers)
+    if packable and (width := pack_width(model, _trim_left_padding(mask))) is not None:
+        logits = _packed_prefill(model, ids, mask, positions, cache, width, eager=attention == "eager")
+    else:
+        padded_mask = torch.cat([mask, mask.new_zeros(len(mask), max_cache_len - mask.shape[1])], dim=-1)
+        logits = next_token_logits(model, ids, padded_mask, positions, cache)
+    cache.reorder_cache(inverse)
+    return cache, logits[inverse]
+
+
+def next_token_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                      cache: StaticCache) -> Tensor:
+    """Logits (B, V) after the last of ``input_ids`` (B, T), appending their keys and values to ``cache``.
+
+    ``attention_mask`` (B, max_cache_len) marks every cache position to attend to, these tokens' included. The LM
+    head runs on the last position only, as a (B, hidden) matmul.
+    """
+    head = output_head(model)
+    with hidden_states_out(head):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    return out if head is None else F.linear(out, head.weight, head.bias)
+
+
+def _trim_left_padding(mask: Tensor) -> Tensor:
+    """The columns of a left-padded (B, P) mask from the longest prompt's first token on."""
+    return mask[:, mask.shape[1] - int(mask.sum(-1).max()):]
+
+
+def _packed_prefill(model: nn.Module, ids: Tensor, mask: Tensor, positions: Tensor, cache: StaticCache,
+                    width: int, eager: bool) -> Tensor:
+    """Prefill the left-padded prompts (U, P) packed into rows of ``width`` tokens (whole prompts, best-fit
+    decreasing), attending within each prompt only; write their keys and values into ``cache`` as the padded
+    layout has them (zeros at the padding). Returns the logits (U, V) after each prompt's last token."""
+    valid = mask.bool()
+    lengths = valid.sum(-1).tolist()
+    bins = best_fit_decreasing(lengths, max(width, *lengths))
+    width = max(sum(lengths[i] for i in members) for members in bins)  # no row wider than its fullest bin
+    first = torch.zeros(len(lengths), dtype=torch.long, device=ids.device)  # each prompt's first slot in (K·W)
+    for row, members in enumerate(bins):
+        offset = row * width
+        for i in members:
+            first[i], offset = offset, offset + lengths[i]
+    slots = torch.where(valid, first[:, None] + valid.long().cumsum(-1) - 1, len(bins) * width)  # (U, P); pad: the end
+    packed_ids = ids.new_zeros(len(bins) * width + 1)
+    packed_ids[slots[valid]] = ids[valid]
+    packed_positions = torch.zeros_like(packed_ids)
+    packed_positions[slots[valid]] = positions[valid]
+    owner = -1 - torch.arange(packed_ids.numel(), device=ids.device)  # an unused slot attends to itself only
+    owner[slots[valid]] = valid.nonzero()[:, 0]
+    owner = owner[:-1].view(len(bins), width)
+    causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
+    block_mask = ((owner[:, :, None] == owner[:, None, :]) & causal)[:, None]  # (K, 1, W, W): True = attend
+    if eager:  # eager attention adds its mask to the scores
+        block_mask = torch.zeros(block_mask.shape, device=ids.device).masked_fill(~block_mask, torch.finfo().min)
+    last = first + torch.tensor(lengths, device=ids.device) - 1  # (U,) the slot of each prompt's last token
+    head, packed = output_head(model), DynamicCache()
+    with hidden_states_out(head):
+        out = model(input_ids=packed_ids[:-1].view(len(bins), width), attention_mask=block_mask,
+                    position_ids=packed_positions[:-1].view(len(bins), width), past_key_values=packed,
+                    use_cache=True).logits
+    out = out.flatten(0, 1)[last]
+    for layer, states in enumerate(packed.layers):
+        cache.update(*(_padded_layout(t, slots) for t in (states.keys, states.values)), layer)
+    return out if head is None else F.linear(out, head.weight, head.bias)
+
+
+def _padded_layout(states: Tensor, slots: Tensor) -> Tensor:
+    """Packed keys or values (K, heads, W, d) -> the prompts' left-padded layout (U, heads, P, d), zero at padding
+    (``slots`` (U, P): each column's flat index into (K·W), or K·W for padding)."""
+    flat = states.transpose(1, 2).flatten(0, 1)  # (K·W, heads, d)
+    flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
+    return flat[slots].transpose(1, 2)
 
 
 def _rollout_batch(

@@ -18,8 +18,6 @@ from transformers import AutoModelForCausalLM
 
 import algos
 from config import ConfigError, load_config, make_plan, replace_keys
-from algos.losses import validate_policy_loss
-from config.roles import PolicyLossConfig, RolloutCorrectionConfig
 from tests.workers.helpers import build_tiny_checkpoint, make_update_batch
 from trainer.ppo_trainer import RayPPOTrainer
 from workers.actor import DataParallelPPOActor
@@ -29,9 +27,13 @@ BASE = [f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={N}", 
         f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}", "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "algorithm.gdpo_reward_keys=[format,accuracy]",
         "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"]
-# bypass mode is refused by the config until the rollout returns its log-probs; its step sets it by hand
-BYPASS = PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=RolloutCorrectionConfig(
-    rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold="0.2_5.0", loss_type="reinforce"))
+# verl's bypass mode with importance weights, rejection and the REINFORCE loss, on the rollout's log-probs (from
+# the command line: policy_loss.rollout_correction is ${algorithm.rollout_correction}, resolved when loading)
+BYPASS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true",
+          "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
+          "algorithm.rollout_correction.rollout_rs_threshold=0.2_5.0",
+          "algorithm.rollout_correction.loss_type=reinforce",
+          "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"]
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +43,11 @@ def tiny() -> SimpleNamespace:
     return SimpleNamespace(config=load_config(BASE), model=AutoModelForCausalLM.from_pretrained(path))
 
 
-def _step(tiny: SimpleNamespace, keys: dict[str, object], policy_loss: PolicyLossConfig | None = None
-          ) -> dict[str, float]:
+def _step(tiny: SimpleNamespace, keys: dict[str, object]) -> dict[str, float]:
     torch.manual_seed(0)
     cfg = replace_keys(tiny.config, keys)
     plan = make_plan(cfg, 1)
     update_keys = plan.flows["step"].route("update_actor").reads
-    if policy_loss is not None:  # a loss the config refuses today: its keys as the plan would send them
-        cfg = replace_keys(cfg, {"actor_rollout_ref.actor.policy_loss": policy_loss})
-        update_keys = (*update_keys, *validate_policy_loss(policy_loss.loss_mode).needs)
     model = copy.deepcopy(tiny.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.actor_rollout_ref.actor.optim.lr)
     actor = DataParallelPPOActor(model, optimizer, None, cfg.actor_rollout_ref.actor, plan.actor_mini_batch_size)
@@ -83,8 +81,10 @@ def _rollout(actor: DataParallelPPOActor, plan, update_keys: tuple[str, ...]) ->
             tensors["sum_pi_squared"] = stats["sum_pi_squared"]
     if plan.use_critic:
         tensors["values"] = torch.randn(rows, R, generator=g)
-    if "rollout_log_probs" in update_keys:
+    if "rollout_log_probs" in update_keys or plan.old_log_prob_from_rollout:  # a rollout a little off the policy
         tensors["rollout_log_probs"] = actor.compute_log_prob(batch, 4)[0] + 0.2 * torch.randn(rows, R, generator=g)
+    if plan.old_log_prob_from_rollout:
+        tensors["old_log_probs"] = tensors["rollout_log_probs"]
     return batch, extras
 
 
@@ -108,9 +108,9 @@ def test_one_step_per_policy_loss(tiny, loss_mode):
 
 
 def test_one_step_in_bypass_mode(tiny):
-    with pytest.raises(ConfigError, match="calculate_log_probs"):
+    with pytest.raises(ConfigError, match="calculate_log_probs"):  # without the rollout's log-probs: refused
         make_plan(replace_keys(tiny.config, {"actor_rollout_ref.actor.policy_loss.loss_mode": "bypass_mode"}), 1)
-    metrics = _step(tiny, {}, policy_loss=BYPASS)
+    metrics = _step(SimpleNamespace(config=load_config([*BASE, *BYPASS]), model=tiny.model), {})
     _finite(metrics)
     assert "rollout_corr/rollout_is_mean" in metrics
 

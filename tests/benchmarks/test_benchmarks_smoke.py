@@ -54,6 +54,7 @@ def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
     assert out["response_tokens_per_s_floor"] > 0 and out["peak_rss_gb"] > 0
 
 
+@pytest.mark.slow  # ~12 s
 def test_floor_with_lora_trains_the_adapters_and_takes_ref_from_the_base(cache_dir):
     """lora_rank > 0: the floor does a LoRA step's work (adapters only trained, ref = adapters off, no 2nd model)."""
     lora = ["--set", "actor_rollout_ref.model.lora_rank=4", "--set", "actor_rollout_ref.model.lora_alpha=8"]
@@ -63,6 +64,24 @@ def test_floor_with_lora_trains_the_adapters_and_takes_ref_from_the_base(cache_d
     assert out["floor_phases"] == ["gen", "ref", "update_actor"] and out["timing_s"]["ref"] > 0
     for key in ("floor_s", "response_tokens_per_s_floor", "peak_rss_gb"):
         assert math.isfinite(out[key]) and out[key] > 0, key
+
+
+@pytest.mark.slow  # ~20 s
+def test_floor_breaks_memory_down_and_swaps_the_vocabulary(cache_dir):
+    """--phase-memory: weights, optimizer state, KV cache and each phase's peak RSS; --vocab-size: the same model
+    with another vocabulary (random weights); rollout log-probs as the old ones: no old-log-prob phase in the floor."""
+    base = run_benchmark("floor", *TINY, "--steps", "1", "--warmup", "0", "--threads", "1", "--cache-dir", cache_dir)
+    out = run_benchmark("floor", *TINY, "--steps", "1", "--warmup", "0", "--threads", "1", "--cache-dir", cache_dir,
+                        "--phase-memory", "--model-path", base["model_path"], "--vocab-size", "500",
+                        "--set", "actor_rollout_ref.rollout.calculate_log_probs=true",
+                        "--set", "actor_rollout_ref.actor.ppo_mini_batch_size=1")
+    assert out["vocab_size"] == 500 and base["vocab_size"] < 500
+    assert out["n_params"] > base["n_params"]  # the embedding (tied head) grew with the vocabulary
+    assert out["floor_phases"] == ["gen", "update_actor"]  # two optimizer steps, old log-probs from the rollout
+    memory = out["memory_gb"]
+    assert memory["weights"] >= 0 and memory["optimizer"] >= 0 and memory["kv_cache"] >= 0
+    assert {"gen", "update_actor"} <= set(memory["peak_rss_by_phase"])
+    assert all(0 < v <= out["peak_rss_gb"] + 0.01 for v in memory["peak_rss_by_phase"].values())
 
 
 def test_floor_computes_in_the_actors_configured_precision(cache_dir):
@@ -133,12 +152,14 @@ def test_step_flops_count_each_pass_that_ran(tmp_path):
     assert step_flops(lora_cfg, metrics, 4) == lora.forward_flops(lengths) + lora.train_flops(lengths) < 4 * forward
 
 
+@pytest.mark.slow  # ~14 s
 def test_transfer_round_trips_a_dataproto_through_the_workers():
     out = run_benchmark("transfer", "--mb", "2", "--workers", "2", "--repeats", "2", timeout=120)
     assert out["workers"] == 2 and out["payload_mib"] == pytest.approx(2, rel=0.01)
     assert len(out["round_trip_s_all"]) == 2 and out["payload_gb_per_s"] > 0
 
 
+@pytest.mark.slow  # two training steps per setting: ~27 s (what stays in the workers: tests/trainer/test_dataflow.py, tests/e2e)
 def test_transfer_counts_the_bytes_a_step_moves(cache_dir):
     """The demo's GRPO step on one worker: the prompts go out, the advantages follow; the responses, their masks
     and the attention mask come back; the rollout's sequences never travel again."""
@@ -190,15 +211,21 @@ def test_memory_counts_tensor_bytes_held_and_the_allocation_peak():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kl", [False, True])
-def test_trl_baseline_runs_in_its_own_venv(cache_dir, kl):
-    """Installs TRL into benchmarks/.trl-venv on first use (minutes), then runs two GRPO steps."""
+@pytest.mark.parametrize("kl, lora", [(False, False), (True, False), (False, True)], ids=["plain", "kl", "lora"])
+def test_trl_baseline_runs_in_its_own_venv(cache_dir, kl, lora):
+    """Installs TRL into benchmarks/.trl-venv on first use (minutes), then runs two GRPO steps with ColoRL's settings
+    (LoRA: peft adapters of the same rank on the same modules)."""
+    adapters = ["--set", "actor_rollout_ref.model.lora_rank=4", "--set", "actor_rollout_ref.model.lora_alpha=8"]
     out = run_benchmark("trl", *TINY, "--steps", "2", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir,
-                        *(["--kl"] if kl else []), timeout=1800)
+                        "--set", "actor_rollout_ref.rollout.temperature=0.7", *(["--kl"] if kl else []),
+                        *(adapters if lora else []), timeout=1800)
     assert out["versions"]["trl"] == "1.16.0"
     assert (out["beta"] > 0) == kl and out["ref_model"] == kl  # with --kl: ColoRL's kl_loss_coef and a ref model
     assert len(out["s_per_step_all"]) == 2 and out["s_per_step"] > 0 and out["gen_s"] > 0
-    assert 1 <= out["completion_length_mean"] <= R
+    assert 1 <= out["completion_length_mean"] <= R and out["completion_tokens_per_s"] > 0
+    assert out["settings"]["temperature"] == 0.7 and out["settings"]["learning_rate"] == 3e-4  # ColoRL's values
+    assert (out["lora"] == {"r": 4, "lora_alpha": 8.0, "target_modules": "all-linear"}) == lora
+    assert (out["trainable_params"] < 10_000) == lora  # only the adapters train
 
 
 def test_compare_ratios_use_the_floor_that_applies():
@@ -230,16 +257,19 @@ def test_compare_passes_switches_and_paths_to_every_benchmark():
     assert "--kl" not in shared_flags(parse_args([]))
 
 
+@pytest.mark.slow  # ~23 s (sharded checkpoints: tests/workers/test_checkpoint_shards.py)
 def test_checkpoint_saves_and_loads_on_one_and_two_ranks():
     out = run_benchmark("checkpoint", "--hidden", "32", "--layers", "2", "--repeats", "1", "--world", "1", "2")
     assert [[r["rank"] for r in out["worlds"][w]] for w in ("1", "2")] == [[0], [0, 1]]
     assert all(r["save_s"] > 0 and r["load_s"] > 0 for ranks in out["worlds"].values() for r in ranks)
 
 
+@pytest.mark.slow  # ~14 s
 def test_tensordict_storage_compares_both_storages():
     run_benchmark("tensordict_storage", "--rows", "64", "--width", "16", "--repeats", "1")
 
 
+@pytest.mark.slow  # training runs: ~27 s (the estimate: tests/workers/test_memory_estimate.py)
 def test_memory_estimate_compares_the_estimate_with_the_workers_peak(cache_dir):
     tiny = {"builtin.hidden_size": 32, "builtin.num_layers": 1, "builtin.sft_warmup_steps": 0,
             "builtin.cache_dir": cache_dir, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
@@ -254,3 +284,39 @@ def test_memory_estimate_compares_the_estimate_with_the_workers_peak(cache_dir):
         assert estimate["measured_over_estimate"] == pytest.approx(out["measured_peak_gib_per_worker"]
                                                                    / estimate["peak_gib"], rel=0.01)
     assert 1 <= out["observed_lengths"]["response"] <= 8
+
+
+def test_against_runs_the_same_command_in_another_checkout(tmp_path):
+    """benchmarks.against: a detached worktree of a commit, the command in each tree, head / ref ratios."""
+    import subprocess
+
+    ref_dir = tmp_path / "ref"
+    try:
+        # a command that prints its tree's path as a number of characters: the two trees differ
+        out = run_benchmark("against", "--ref", "HEAD", "--ref-dir", str(ref_dir), "--rounds", "2", "--", "python",
+                            "-c", "import json, os; print(json.dumps({'cwd_chars': len(os.getcwd()), 'one': 1}))")
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(ref_dir)], cwd=REPO, capture_output=True)
+    assert len(out["rounds"]) == 2 and out["rounds"][0]["ref"]["cwd_chars"] == len(str(ref_dir))
+    assert out["rounds"][0]["head"]["cwd_chars"] == len(str(REPO)) and out["median_head_over_ref"]["one"] == 1.0
+
+
+def test_against_reads_a_training_run_after_its_warmup(tmp_path):
+    from benchmarks.against import step_figures, summarize
+
+    rows = [{"step": 1, "timing_s/step": 9.0, "perf/cpu_memory_peak_gb": 1.0},
+            {"step": 2, "timing_s/step": 2.0, "timing_s/gen": 1.0, "perf/cpu_memory_peak_gb": 1.5},
+            {"step": 3, "timing_s/step": 4.0, "timing_s/gen": 3.0, "perf/cpu_memory_peak_gb": 1.2}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    figures = step_figures(tmp_path / "metrics.jsonl", warmup=1)
+    assert figures == {"timing_s/step": 3.0, "timing_s/gen": 2.0, "perf/cpu_memory_peak_gb": 1.5,
+                       "steps_measured": 2}
+    half = {k: v / 2 for k, v in figures.items()}
+    assert summarize([{"ref": figures, "head": half}])["median_head_over_ref"]["timing_s/step"] == 0.5
+
+
+def test_learning_race_times_the_gain_from_the_first_validation():
+    from benchmarks.learning_race import first_gain
+
+    curve = [{"minute": 1.0, "strict": 0.3}, {"minute": 9.0, "strict": 0.55}, {"minute": 14.5, "strict": 0.6}]
+    assert first_gain(curve, 0.30) == 14.5 and first_gain(curve, 0.2) == 9.0 and first_gain(curve, 0.5) is None

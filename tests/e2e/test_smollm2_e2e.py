@@ -4,11 +4,14 @@ template, tied embeddings, EOS as pad) on 2 CPU workers, over generated arithmet
 import json
 import math
 
+import pytest
+
 from config import load_config
 from data.preprocess.arith import main as write_arith
 from trainer.build import build_trainer
 
 
+@pytest.mark.slow  # the real 135 M model: ~70 s; its conversion is tested in make test (tests/data/test_smollm2.py)
 def test_two_grpo_steps_with_lora_on_the_real_model(ray_cluster, smollm2_model_dir, tmp_path):
     write_arith(["--out_dir", str(tmp_path / "arith"), "--train_size", "8", "--test_size", "2"])
     # conf/smollm2_arith.yaml at a tiny batch (2 prompts × 2 responses of 8 tokens), with a KL loss: the reference

@@ -28,6 +28,7 @@ def test_dead_worker_is_reported_and_everything_torn_down(tmp_path, assets):
     check_checkpoint(tmp_path / "global_step_1")  # the step before the death is kept
 
 
+@pytest.mark.slow  # a training run until a worker dies: ~40 s (a dead worker's one line: the test above)
 def test_out_of_memory_in_a_worker_is_one_line_naming_rank_node_and_keys(tmp_path, assets):
     run = run_child([FAULT_RUN, "oom", "1", "2", *tiny_overrides(tmp_path, assets)], cwd=tmp_path)
     assert run.returncode == 1, run.stderr[-3000:]
@@ -55,6 +56,7 @@ def test_dead_worker_is_replaced_and_the_run_completes(tmp_path, assets):
     assert run.survivors() == []
 
 
+@pytest.mark.slow  # waits out the watchdog's timeout: ~55 s (the watchdog's logic: tests/reliability/test_watchdog.py)
 def test_hang_dumps_every_stack_and_exits_with_the_checkpoint_intact(tmp_path, assets):
     overrides = [*tiny_overrides(tmp_path, assets), "trainer.phase_timeout_s=20"]
     run = run_child([FAULT_RUN, "hang", "1", "2", *overrides], cwd=tmp_path)

@@ -75,6 +75,7 @@ def test_an_address_where_no_cluster_answers_fails_in_seconds(tmp_path, assets):
     assert f"colorl: config error: ray_init.address='{address}': no Ray cluster answers there" in run.stderr
 
 
+@pytest.mark.slow  # a Ray cluster of its own: ~12 s
 def test_a_dashboard_is_started_only_when_asked_for(tmp_path, assets):
     """``ray_init.include_dashboard`` (default false) reaches ``ray.init``; with the minimal ``ray`` ColoRL depends
     on, asking for a dashboard is a config error naming what to install."""

@@ -53,6 +53,7 @@ def test_seed_002_notebook(ray_cluster):
     assert values(added) == [1, 4] and values(one_to_all) == [10, 11]
 
 
+@pytest.mark.slow  # the same seeds as the tests above, as scripts in fresh processes: ~25 s each
 @pytest.mark.parametrize("script", ["seed_002_notebook.py", "seed_001_colocation.py"])
 def test_example_scripts_run(script):
     result = subprocess.run(

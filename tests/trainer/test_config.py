@@ -187,7 +187,7 @@ def test_mixed_precision_dtypes_are_checked_by_name():
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
     assert cfg.critic.fsdp_config.mixed_precision.param_dtype == "auto"
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.fsdp_config\.mixed_precision\.param_dtype='fp16': "
-                       r"must be one of auto, bf16, fp32, bfloat16, float32$"):
+                       r"must be one of auto, native, bf16, fp32, bfloat16, float32$"):
         load_config(["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16"])
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.ref\.fsdp_config\.mixed_precision\.reduce_dtype='int8': "
                        r"must be one of fp32, bf16, float32, bfloat16$"):

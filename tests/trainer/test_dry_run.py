@@ -95,26 +95,35 @@ def test_every_verl_command_line_can_be_dry_run(name, qwen_config_dir, capsys):
 
 
 def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_loads(qwen_config_dir, tmp_path):
-    """verl's GRPO command line with responses of up to a million tokens: a micro-batch's activations alone are
+    """verl's GRPO command line with responses of up to 50,000 tokens: the rollout's KV cache alone is
     terabytes."""
     args = commands.overrides(commands.GRPO, model=qwen_config_dir, train=str(tmp_path / "train.parquet"),
                               val=str(tmp_path / "test.parquet"))
-    result = _main([*args, "trainer.device=cpu", "data.max_response_length=1000000"], tmp_path)
+    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000"], tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("colorl: config error: the estimated peak memory per worker, ")
     assert " GiB of host RAM for 2 worker(s); to bring it down: " in line
-    assert "in update_actor (largest: activations " in line
-    assert "to bring it down: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (lower)" in line
+    # the rollout's KV cache of 50,000-token responses is the largest term; the keys that shrink it are named
+    assert "in generate (largest: kv_cache " in line
+    assert "to bring it down: data.train_batch_size or actor_rollout_ref.rollout.n or data.max_response_length" in line
     assert line.endswith("trainer.check_memory=false skips this check")
     assert "Started a local Ray instance" not in result.stdout + result.stderr
 
 
 def test_the_check_is_switched_off_by_its_key(qwen_config_dir):
+    """Micro-batches of 64 × 4,096 tokens without checkpointing: the update's activations are the peak, and the
+    message names the keys that shrink them."""
     base = commands.overrides(commands.GRPO, model=qwen_config_dir, train="t.parquet", val="v.parquet")
-    cfg = load_config([*base, "trainer.device=cpu", "data.max_response_length=1000000"])
+    cfg = load_config([*base, "trainer.device=cpu", "data.max_response_length=4096",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+                       "actor_rollout_ref.model.enable_gradient_checkpointing=false"])
     plan = make_plan(cfg, num_workers(cfg))
-    with pytest.raises(ConfigError, match="exceeds .* GiB of host RAM"):
+    with pytest.raises(ConfigError, match=r"exceeds .* GiB of host RAM.* in update_actor|in update_actor .*exceeds"):
+        preflight(cfg, plan, demo_config=None)
+    with pytest.raises(ConfigError, match=r"\(largest: activations .*to bring it down: actor_rollout_ref\.actor\."
+                                          r"ppo_micro_batch_size_per_gpu \(lower\), actor_rollout_ref\.model\."
+                                          r"enable_gradient_checkpointing=true"):
         preflight(cfg, plan, demo_config=None)
     preflight(replace_keys(cfg, {"trainer.check_memory": False}), plan, demo_config=None)  # no error
 

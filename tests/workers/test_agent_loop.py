@@ -121,6 +121,7 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
     predict tool tokens is exactly zero, and it is not zero on the model's tokens."""
     from tests.workers.helpers import actor_config
     from workers.actor import DataParallelPPOActor
+    from workers.packing import mini_batch_totals
 
     loop = make_loop(tokenizer)
     turns = [[call("calculator", expression="6*7"), "#### 42"], [call("boom"), "no"]]
@@ -140,13 +141,14 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
 
     handle = model.lm_head.register_forward_hook(keep)
     try:
-        loss, _ = actor._micro_loss(micro, temperature=1.0)
+        loss, _ = actor._micro_loss(micro, 1.0, mini_batch_totals(response_mask).global_batch())
         loss.backward()
     finally:
         handle.remove()
         model.zero_grad(set_to_none=True)
     grad = captured[0].grad
-    # map each response token to the logits row that predicts it (padded: the last R+1 kept positions)
+    # the head's output (hidden states with the fused head) at each row that predicts a response token
+    # (padded: the R predictor positions, kept in order)
     if remove_padding:
         from workers.packing import pack_batch, pack_width
 
@@ -154,7 +156,7 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
                             pack_width(model, tensors["attention_mask"]))
         per_token = packed.unpack(packed.gather(grad).abs().sum(-1))
     else:
-        per_token = grad[:, :-1].abs().sum(-1)
+        per_token = grad.abs().sum(-1)
     assert per_token[tool_tokens].abs().max() == 0
     assert (per_token[response_mask.bool()] > 0).float().mean() > 0.9
 

@@ -14,12 +14,13 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from transformers import AutoModelForCausalLM
 
-from config.roles import FSDPConfig
+from config.roles import FSDPConfig, ModelConfig
 from tests.workers.helpers import (PAD, VOCAB, actor_config, free_port, full_weights, init_gloo, make_prompts,
                                    make_update_batch)
-from workers import fsdp, perf
+from workers import fsdp, lora, perf
 from workers.actor import DataParallelPPOActor
 from workers.optim import build_optimizer
+from workers.packing import mini_batch_totals
 from workers.role import shard_role
 from workers.rollout import generate_sequences
 
@@ -108,6 +109,29 @@ def _grouped_update(model_dir: str, data, min_num_params: int) -> dict:
     }
 
 
+def _lora_grads(model_dir: str, data, checkpointing: bool) -> dict:
+    """The adapters' full gradients of one sharded LoRA micro-batch loss, with or without activation checkpointing
+    (enabled as the workers do, before the adapters), and how often a block's MLP ran."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    torch.manual_seed(0)
+    model = lora.add_adapters(model, ModelConfig(lora_rank=4, lora_alpha=8))
+    with torch.no_grad():  # B away from its zero init, so every adapter gets a gradient
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    calls, mlp = [], model.base_model.model.model.layers[0].mlp
+    mlp.forward = lambda *args, _forward=mlp.forward: calls.append(1) or _forward(*args)  # module hooks skip recompute
+    model = fsdp.apply_fsdp(model).train()
+    totals = mini_batch_totals(data.batch["response_mask"]).global_batch()
+    loss, _ = DataParallelPPOActor(model, None, None, actor_config())._micro_loss(dict(data.batch.items()), 1.0, totals)
+    loss.backward()
+    grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+             for n, p in model.named_parameters() if p.grad is not None}
+    return {"grads": grads, "mlp_calls": len(calls)}
+
+
 def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     init_gloo(rank, WORLD, port)
     plain = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -133,6 +157,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     result["bf16"] = _bf16_update(model_dir, data, plain_lp)
     block = sum(p.numel() for p in plain.model.layers[0].parameters())
     result["grouped"] = {n: _grouped_update(model_dir, data, n) for n in (block + 1, 10**9)}  # 2 blocks; all
+    result["lora_checkpointing"] = {on: _lora_grads(model_dir, data, on) for on in (False, True)}
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -218,3 +243,16 @@ def test_block_units_group_consecutive_blocks_up_to_min_num_params():
     assert fsdp.block_units(blocks, 200) == [blocks[0:2], blocks[2:4]]  # the fifth stays in the root's group
     assert fsdp.block_units(blocks, 330) == [blocks[0:3]]
     assert fsdp.block_units(blocks, 10**6) == []
+
+
+def test_activation_checkpointing_with_lora_and_fsdp2_gives_the_same_gradients(results):
+    """enable_gradient_checkpointing with LoRA adapters on 2 FSDP2 ranks: the blocks run again in backward, and
+    every adapter's gradient equals the one without checkpointing."""
+    for r in results:
+        plain, checkpointed = r["lora_checkpointing"][False], r["lora_checkpointing"][True]
+        assert (plain["mlp_calls"], checkpointed["mlp_calls"]) == (1, 2)  # recomputed in backward
+        assert set(plain["grads"]) == set(checkpointed["grads"]) and all("lora_" in n for n in plain["grads"])
+        assert len(plain["grads"]) > 0
+        for name, grad in checkpointed["grads"].items():
+            assert grad.abs().sum() > 0, name
+            torch.testing.assert_close(grad, plain["grads"][name], rtol=1e-5, atol=1e-7, msg=name)

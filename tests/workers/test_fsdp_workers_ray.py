@@ -25,7 +25,8 @@ def groups(tiny_model_dir):
     arr = ActorRolloutRefConfig(
         model=ModelConfig(path=tiny_model_dir),
         actor=actor_config(ppo_mini_batch_size=PROMPTS),  # ×n / 2 ranks = 4 rows per rank, micro 2
-        rollout=RolloutConfig(n=N, prompt_length=P, response_length=R, log_prob_micro_batch_size_per_gpu=3),
+        rollout=RolloutConfig(n=N, prompt_length=P, response_length=R, log_prob_micro_batch_size_per_gpu=3,
+                              calculate_log_probs=True),
         ref=RefConfig(log_prob_micro_batch_size_per_gpu=3),
     )
     critic = critic_config(tiny_model_dir, ppo_mini_batch_size=PROMPTS, rollout_n=N)
@@ -58,6 +59,8 @@ def test_ppo_step_through_ray(groups):
 
     old = actor.compute_log_prob(gen)
     ref = actor.compute_ref_log_prob(gen)
+    # the rollout's log-probs of its own samples, on 2 FSDP ranks, are the old log-probs a forward recomputes
+    torch.testing.assert_close(gen.batch.pop("rollout_log_probs"), old.batch["old_log_probs"], rtol=0, atol=1e-5)
     values = critic.compute_values(gen)
     assert set(old.batch.keys()) == {"old_log_probs"} and set(ref.batch.keys()) == {"ref_log_prob"}
     torch.testing.assert_close(old.batch["old_log_probs"], ref.batch["ref_log_prob"])  # same weights so far

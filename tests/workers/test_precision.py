@@ -42,6 +42,15 @@ def test_auto_is_bf16_on_cuda_and_fp32_elsewhere():
     assert fsdp.mixed_precision(CPU, "bfloat16", "float32") == (torch.bfloat16, torch.float32)  # verl's spellings
 
 
+def test_native_is_bf16_where_the_device_multiplies_it_natively():
+    """smollm2_arith's choice: bf16 on CUDA and on a CPU with bf16 instructions, fp32 (no warning) elsewhere."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        on_cpu = fsdp.mixed_precision(CPU, "native")
+    assert on_cpu == ((torch.bfloat16, torch.float32) if fsdp.cpu_has_bf16() else (None, None))
+    assert fsdp.mixed_precision(CUDA, "native") == (torch.bfloat16, torch.float32)
+
+
 def test_bf16_on_a_cpu_that_emulates_it_warns_with_the_key():
     """Without AVX512-BF16 or AMX a bf16 matmul runs ~100x slower than fp32: say so, do not just crawl."""
     with warnings.catch_warnings(record=True) as caught:
@@ -94,6 +103,7 @@ def test_short_bf16_cpu_updates_take_the_math_attention_kernel(tiny_model_dir):
             assert torch.backends.cuda.flash_sdp_enabled()
 
 
+@pytest.mark.slow  # a Ray worker in bf16, emulated on CPUs without bf16 instructions: ~25 s
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
 def test_a_bf16_cpu_worker_samples_updates_and_saves_fp32_weights(tiny_model_dir, tmp_path):
