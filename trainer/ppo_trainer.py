@@ -26,6 +26,7 @@ from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
+from trainer.advantage import compute_advantage
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.fingerprint import config_record
 from trainer.health import HealthMonitor
@@ -288,7 +289,8 @@ class RayPPOTrainer:
                 with self._phase("values", timing):
                     self._call(self.critic_wg.compute_values, batch, "values")
             with self._phase("adv", timing):
-                self._compute_advantage(batch, metrics, reward_extras)
+                compute_advantage(batch, self.config.algorithm, self.plan, self.kl_ctrl_in_reward, metrics,
+                                  reward_extras)
             if self.plan.use_critic:
                 with self._phase("update_critic", timing):
                     metrics.update(self._call(self.critic_wg.update_critic, batch, "update_critic"))
@@ -342,37 +344,6 @@ class RayPPOTrainer:
         self._generate(prompts, GREEDY_FLOW, meta_info=greedy)
         return self.reward_fn(prompts)[0].sum(-1)
 
-    def _compute_advantage(self, batch: DataProto, metrics: dict, reward_extras: dict[str, list]) -> None:
-        """Token rewards (scores, minus β·KL when KL is in the reward), then advantages and returns.
-
-        ``reward_extras`` are the reward function's per-row extra values (GDPO's reward components)."""
-        algo = self.config.algorithm
-        tensors = batch.batch
-        mask = tensors["response_mask"]
-        if self.plan.compute_ref_log_prob and "old_log_probs" in tensors:
-            kl = algos.kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty)
-            metrics["actor/ref_kl"] = algos.masked_mean(kl, mask).item()
-        if algo.use_kl_in_reward:
-            tensors["token_level_rewards"], kl_metrics = algos.apply_kl_penalty(
-                tensors["token_level_scores"], tensors["old_log_probs"], tensors["ref_log_prob"], mask,
-                self.kl_ctrl_in_reward, algo.kl_penalty,
-            )
-            metrics.update(kl_metrics)
-        else:
-            tensors["token_level_rewards"] = tensors["token_level_scores"]
-        tensors["advantages"], tensors["returns"] = algos.compute_advantage(
-            algo.adv_estimator,
-            token_level_rewards=tensors["token_level_rewards"],
-            response_mask=mask,
-            config=algo,
-            values=tensors.get("values"),
-            index=batch.non_tensor_batch["uid"],
-            reward_baselines=tensors.get("reward_baselines"),
-            old_log_probs=tensors.get("old_log_probs"),
-            sum_pi_squared=tensors.get("sum_pi_squared"),
-            reward_components=_reward_components(reward_extras, algo.gdpo_reward_keys),
-        )
-
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source."""
@@ -401,14 +372,3 @@ class RayPPOTrainer:
 
 def _every(freq: int, step: int) -> bool:
     return freq > 0 and step % freq == 0
-
-
-def _reward_components(reward_extras: dict[str, list], keys: list[str] | None) -> list[torch.Tensor] | None:
-    """The (B,) reward components ``algorithm.gdpo_reward_keys`` names, from the reward function's extra values."""
-    if not keys:
-        return None
-    missing = [key for key in keys if key not in reward_extras]
-    if missing:
-        raise ValueError(f"algorithm.gdpo_reward_keys={keys}: compute_score returned no {missing} (its dict has "
-                         f"{sorted(reward_extras)})")
-    return [torch.tensor(reward_extras[key], dtype=torch.float32) for key in keys]

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 import algos
 from config import ConfigError, load_config, make_plan, replace_keys
 from tests.workers.helpers import build_tiny_checkpoint, make_update_batch
-from trainer.ppo_trainer import RayPPOTrainer
+from trainer.advantage import compute_advantage
 from workers.actor import DataParallelPPOActor
 
 PROMPTS, N, P, R = 2, 4, 4, 5
@@ -53,8 +53,7 @@ def _step(tiny: SimpleNamespace, keys: dict[str, object]) -> dict[str, float]:
     actor = DataParallelPPOActor(model, optimizer, None, cfg.actor_rollout_ref.actor, plan.actor_mini_batch_size)
     batch, extras = _rollout(actor, plan, update_keys)
     metrics: dict[str, float] = {}
-    driver = SimpleNamespace(config=cfg, plan=plan, kl_ctrl_in_reward=None)
-    RayPPOTrainer._compute_advantage(driver, batch, metrics, extras)  # the driver's own code, minus Ray
+    compute_advantage(batch, cfg.algorithm, plan, None, metrics, extras)  # the driver's own phase, minus Ray
     update = actor.update_policy(batch.select(batch_keys=update_keys, non_tensor_batch_keys=[]))
     assert torch.isfinite(batch.batch["advantages"]).all()
     return {**metrics, **{k: float(np.mean(v)) for k, v in update.items()}}
