@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import numbers
 import os
-from collections import defaultdict
+import sys
 from typing import Any, Callable
 
 import torch
@@ -50,6 +51,7 @@ class RewardManager:
         self.reward_fn_key = reward_fn_key
         eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         self.eos_token_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
+        self.last_errors = 0  # responses of the last batch that the function failed on (scored 0)
 
     @property
     def name(self) -> str:
@@ -74,42 +76,58 @@ class RewardManager:
         Reads ``batch["responses"]`` (B, R), ``batch["response_mask"]`` (B, R) and the non-tensors
         ``reward_fn_key``, ``reward_model`` (with ``ground_truth``) and ``extra_info``.
         Returns ``reward_tensor`` (B, R) float32 and extra per-row lists: ``score`` plus any other keys a
-        ``compute_score`` returning a dict gives.
+        ``compute_score`` returning a dict gives. A response on which the function raises or returns no finite
+        score scores 0 (counted in ``last_errors``, with a warning line naming the function, the row and the
+        error); the run goes on. Failing on every response of a batch is a broken function: ``RewardError``.
         """
         responses = data.batch["responses"]
         valid = data.batch["attention_mask"][:, -responses.shape[-1]:] if "attention_mask" in data.batch else None
         lengths = (data.batch["response_mask"] if valid is None else valid).sum(-1).tolist()
         rollout = {key: data.non_tensor_batch.get(key) for key in ("tool_rewards", "__num_turns__", "reward_scores")}
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
-        extras: dict[str, list[Any]] = defaultdict(list)
         sources = data.non_tensor_batch[self.reward_fn_key]
         reward_models = data.non_tensor_batch["reward_model"]
         extra_infos = data.non_tensor_batch.get("extra_info")
         rows = [row[: int(length)] for row, length in zip(responses.tolist(), lengths)]
         solutions = self.tokenizer.batch_decode(rows, skip_special_tokens=True)  # one call, not one per row
+        results: list[dict[str, Any]] = []
+        errors: list[str] = []
         for i, (ids, solution) in enumerate(zip(rows, solutions)):
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
-            row = f"row {i}, data_source={sources[i]!r}, response={solution!r}"
             if rollout["__num_turns__"] is not None:  # verl's names for what the multi-turn rollout did
                 extra_info.update(num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i])
-            try:
-                result = self.compute_score(data_source=sources[i], solution_str=solution,
-                                            ground_truth=reward_models[i]["ground_truth"], extra_info=extra_info)
-            except Exception as exc:  # name the function and the row: the traceback points into user code
-                raise RewardError(f"reward function {self.name!r} raised {type(exc).__name__}: {exc} ({row})") from exc
-            score = score_of(result)
-            if score is None:
-                raise RewardError(f"reward function {self.name!r} returned {result!r:.80} ({row}); {VALID_RESULT}")
+            result, error = self._score(sources[i], solution, reward_models[i]["ground_truth"], extra_info)
+            if error is not None:  # this trajectory scores 0; the others keep theirs
+                errors.append(f"{error} (row {i}, data_source={sources[i]!r}, response={solution!r:.200})")
+            results.append(result)
             tool_reward = float(rollout["tool_rewards"][i]) if rollout["tool_rewards"] is not None else 0.0
-            if isinstance(result, dict):
-                for key, value in result.items():
-                    if key != "score":
-                        extras[key].append(value)
-            extras["score"].append(score)
             if ids:  # an empty response has no token to carry its score
-                reward_tensor[i, len(ids) - 1] = score + tool_reward
-        return reward_tensor, dict(extras)
+                reward_tensor[i, len(ids) - 1] = result["score"] + tool_reward
+        self.last_errors = len(errors)
+        if errors and len(errors) == len(rows):  # failing on every response is a broken function, not a response
+            raise RewardError(f"{errors[0]}; it failed on all {len(rows)} responses of the batch")
+        if errors:
+            print(f"colorl: warning: {errors[0]}; scored 0, as {len(errors)} of {len(rows)} responses "
+                  f"(reward/errors in the metrics)", file=sys.stderr, flush=True)
+        keys = dict.fromkeys(k for result in results for k in result)
+        extras = {k: [result.get(k, 0.0) for result in results] for k in keys}
+        return reward_tensor, extras
+
+    def _score(self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict
+               ) -> tuple[dict[str, Any], str | None]:
+        """The user's function on one response, as a dict with ``score`` (0 on failure) and the error's line, if
+        it raised or returned no finite score."""
+        try:
+            result = self.compute_score(data_source=data_source, solution_str=solution, ground_truth=ground_truth,
+                                        extra_info=extra_info)
+        except Exception as exc:  # name the function: the traceback would point into user code
+            return {"score": 0.0}, f"reward function {self.name!r} raised {type(exc).__name__}: {exc}"
+        score = score_of(result)
+        if score is None or not math.isfinite(score):
+            return {"score": 0.0}, f"reward function {self.name!r} returned {result!r:.80}; {VALID_RESULT}"
+        extras = {k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {}
+        return {"score": score, **extras}, None
 
 
 def score_of(result: Any) -> float | None:

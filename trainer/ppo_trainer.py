@@ -329,6 +329,8 @@ class RayPPOTrainer:
         """Token-level scores into ``batch``: the reward function's, plus the reward model's on the last response
         token (and their group statistics into ``metrics``); returns the reward function's per-row extra values."""
         scores, reward_extras = self.reward_fn(batch)
+        if getattr(self.reward_fn, "last_errors", 0):  # responses the user's function failed on, scored 0
+            metrics["reward/errors"] = self.reward_fn.last_errors
         if self.rm_wg is not None:
             self._call(self.rm_wg.compute_rm_score, batch, "rm_score")
             scores = scores + batch.batch["rm_scores"]

@@ -148,16 +148,21 @@ def test_a_raising_reward_function_is_named_with_its_row():
         raise KeyError("answer")
 
     with pytest.raises(RewardError, match=r"reward function 'my_score' raised KeyError: 'answer' \(row 0, "
-                                          r"data_source='mine', response='ab'\)"):
+                                          r"data_source='mine', response='ab'\); it failed on all 2 responses"):
         RewardManager(tokenizer, compute_score=my_score)(two_responses(tokenizer))
 
 
-def test_a_reward_function_returning_no_score_during_the_run_is_named_with_its_row():
+def test_a_reward_function_failing_on_one_response_scores_it_0_and_the_batch_goes_on(capsys):
     tokenizer = build_char_tokenizer()
 
     def my_score(data_source, solution_str, ground_truth, extra_info=None):
-        return 1.0 if solution_str == "ab" else None  # passes the probe's empty response? no: None there too
+        return {"score": 1.0, "part": 0.5} if solution_str == "ab" else None
 
-    with pytest.raises(RewardError, match=r"reward function 'my_score' returned None \(row 1, data_source='mine', "
-                                          r"response='cd'\); a reward function must return a number, or a dict"):
-        RewardManager(tokenizer, compute_score=my_score)(two_responses(tokenizer))
+    manager = RewardManager(tokenizer, compute_score=my_score)
+    scores, extras = manager(two_responses(tokenizer))
+    assert scores.sum(-1).tolist() == [1.0, 0.0] and manager.last_errors == 1
+    assert extras == {"score": [1.0, 0.0], "part": [0.5, 0.0]}
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("colorl: warning: reward function 'my_score' returned None; a reward function must "
+                           "return a number")
+    assert "(row 1, data_source='mine', response='cd'); scored 0, as 1 of 2 responses (reward/errors" in line
