@@ -84,6 +84,7 @@ def test_floor_breaks_memory_down_and_swaps_the_vocabulary(cache_dir):
     assert all(0 < v <= out["peak_rss_gb"] + 0.01 for v in memory["peak_rss_by_phase"].values())
 
 
+@pytest.mark.slow  # ~25 s
 def test_floor_computes_in_the_actors_configured_precision(cache_dir):
     """bf16 on CPU: the floor's models compute in bf16 (as the workers would) and MFU is against the bf16 peak."""
     bf16 = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"
@@ -105,6 +106,7 @@ def test_floor_and_step_run_on_cuda_in_bf16(cache_dir):
     assert 0 < floor["perf"]["mfu/floor"] < 1 and 0 < step["perf"]["mfu/step"] < 1
 
 
+@pytest.mark.slow  # a trainer run per worker count: ~30 s
 def test_step_reports_trainer_phases_and_throughput(cache_dir):
     out = run_benchmark("step", *TINY, "--algo", "ppo", "--kl", "--workers", "1", "--steps", "1", "--warmup", "0",
                         "--cache-dir", cache_dir)

@@ -52,6 +52,7 @@ def test_out_of_memory_also_names_the_micro_batch_keys_to_lower(group):
         "(ppo_max_token_len_per_gpu with use_dynamic_bsz)")
 
 
+@pytest.mark.slow  # fills a Ray object store of its own: ~17 s
 def test_a_full_object_store_is_named_as_such(tmp_path):
     with tmpfs(tmp_path / "store", "100M") as store:
         probe = subprocess.run([sys.executable, str(REPO / "tests/reliability/object_store_probe.py"), str(store)],

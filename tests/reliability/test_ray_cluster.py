@@ -54,6 +54,7 @@ def head():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.slow  # a second Ray cluster and a training step: ~28 s
 def test_one_step_runs_on_the_given_cluster(head, tmp_path, assets):
     address, temp_dir = head
     overrides = [*tiny_overrides(tmp_path, assets, steps=1), "trainer.save_freq=-1", f"ray_init.address={address}"]

@@ -152,6 +152,7 @@ def _role_actor(model_dir, compile: bool, **cfg):
     return DataParallelPPOActor(role.module, role.optimizer, None, config)
 
 
+@pytest.mark.slow  # torch.compile of a whole policy: ~35 s
 def test_compiled_policy_matches_eager(tiny_model_dir):
     """``use_torch_compile``: the worker compiles the policy in place; log-probs and the update agree with eager."""
     data = make_update_batch(8, P, R)
