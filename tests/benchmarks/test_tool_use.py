@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from data.builtin import write_parquet
 from tests.benchmarks.test_benchmarks_smoke import run_benchmark
 from tests.workers.agent_helpers import save_tool_calling_model
@@ -9,6 +11,7 @@ from tests.workers.agent_helpers import save_tool_calling_model
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~15 s (the agent loop itself: tests/workers/test_agent_loop.py, tests/e2e/test_multi_turn_e2e.py)
 def test_tool_use_reports_accuracy_and_the_tool_call_rate(tmp_path):
     model = save_tool_calling_model(tmp_path / "model")
     rows = [{"data_source": "colorl/arith", "agent_name": "tool_agent", "prompt": [{"role": "user", "content": "1+2?"}],

@@ -29,6 +29,7 @@ def loaded(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), tokenizer
 
 
+@pytest.mark.slow  # converts the packaged 135 M model: ~40 s (make test-all)
 def test_the_directory_is_a_plain_tied_llama(model_dir, loaded):
     model, tokenizer = loaded
     assert not [f for f in os.listdir(model_dir) if f.endswith(".gguf")]
@@ -40,6 +41,7 @@ def test_the_directory_is_a_plain_tied_llama(model_dir, loaded):
     assert model.config.pad_token_id == tokenizer.pad_token_id
 
 
+@pytest.mark.slow  # converts the packaged 135 M model: ~40 s (make test-all)
 def test_greedy_answer_to_an_arithmetic_chat_prompt(loaded):
     model, tokenizer = loaded
     messages = [{"role": "user", "content": "What is 12 + 7?"}]
@@ -53,6 +55,7 @@ def test_greedy_answer_to_an_arithmetic_chat_prompt(loaded):
     assert answer.strip() and any(ch.isdigit() for ch in answer)  # it talks arithmetic, right or wrong
 
 
+@pytest.mark.slow  # converts the packaged 135 M model: ~40 s (make test-all)
 def test_arith_prompts_are_50_plus_tokens(loaded, tmp_path):
     _, tokenizer = loaded
     written = write_splits(make_splits({"test": 32}, seed=0), tmp_path)
@@ -61,6 +64,7 @@ def test_arith_prompts_are_50_plus_tokens(loaded, tmp_path):
     assert len(lengths) == 32 and min(lengths) >= 50
 
 
+@pytest.mark.slow  # converts the packaged 135 M model: ~40 s (make test-all)
 def test_converting_again_keeps_the_directory(model_dir):
     weights = next(model_dir.glob("*.safetensors"))
     before = weights.stat().st_mtime_ns

@@ -209,6 +209,7 @@ def small_disk(tmp_path):
         yield mount
 
 
+@pytest.mark.slow  # ~17 s (a disk filling mid-file on every rank: tests/reliability/test_checkpoint_disk.py)
 def test_full_disk_keeps_the_previous_checkpoint(ray_cluster, tmp_path, small_disk):
     trainer = build_trainer(config(small_disk, 1, 2, "trainer.logger=[]", "trainer.save_freq=1",
                                    f"builtin.cache_dir={tmp_path / 'assets'}"))

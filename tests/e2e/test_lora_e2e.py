@@ -44,7 +44,7 @@ def lora_run(ray_cluster, tmp_path_factory):
     return root, resumed
 
 
-@pytest.mark.parametrize("kl_loss_type", ["low_var_kl", "full"])
+@pytest.mark.parametrize("kl_loss_type", ["low_var_kl", pytest.param("full", marks=pytest.mark.slow)])  # full: ~16 s
 def test_the_reference_is_the_base_model(lora_run, kl_loss_type, tmp_path):
     """low_var_kl: ref log-probs from the ref phase; full: reference logits inside the update, both sharded."""
     root, _ = lora_run

@@ -147,6 +147,7 @@ def test_gae_on_gpus(ray_cluster, tmp_path, n_gpus):
     assert abs(read_jsonl(tmp_path / "metrics.jsonl")[1]["actor/ref_kl"]) < 1e-3  # bf16 compute on GPU
 
 
+@pytest.mark.slow  # ~17 s (ReMax and GSPO, one step each without Ray: tests/algos/test_one_step.py)
 def test_remax_with_gspo_loss(ray_cluster, tmp_path):
     """ReMax generates its greedy baseline in the same step; GSPO's sequence-level ratio trains."""
     cfg = tiny_config(tmp_path, "remax", extra=("actor_rollout_ref.actor.policy_loss.loss_mode=gspo",

@@ -13,6 +13,16 @@ import pytest
 import ray
 
 ROOT = Path(__file__).resolve().parents[2]
+# the slowest of verl's resource-pool tests (~20 s each, a Ray cluster apiece) run in make test-all only; the file's
+# two others run in make test
+SLOW = ("test_split_resource_pool.py::test_split_resource_pool_with_split_twice",
+        "test_split_resource_pool.py::test_split_resource_pool_with_split_size_list_cross_nodes")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith("tests/verl_suite/") and item.nodeid.endswith(SLOW):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True, scope="module")
