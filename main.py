@@ -39,11 +39,14 @@ def main(args: list[str]) -> int:
 
 
 def _train(cfg: PPOConfig, plan: StepPlan) -> int:
-    # deferred: torch, Ray and transformers take seconds to import, and a config mistake is reported before that
-    from trainer.run import run_command_line
-
+    # deferred: torch, Ray and transformers take seconds to import, and a config mistake is reported before that;
+    # a dry run reads only the models' configs, so it imports neither Ray nor the trainer
+    if cfg.trainer.dry_run:
+        from trainer.dry_run import dry_run as run
+    else:
+        from trainer.run import run_command_line as run
     try:
-        return run_command_line(cfg, plan)
+        return run(cfg, plan)
     except ConfigError as exc:  # found while building: a model or data path, a reward function
         return _config_error(exc)
 

@@ -22,7 +22,7 @@ from config.checks import ConfigError, is_int
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 
 ROLLOUT_LOG_PROBS = ("needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true "
-                     "(verl's key), with the single-turn rollout (rollout.multi_turn.enable=false)")
+                     "(verl's key)")
 
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
 SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
@@ -42,10 +42,9 @@ def uses_ref_log_prob(actor: Any) -> bool:
 
 
 def rollout_log_probs(cfg: Any) -> bool:
-    """The rollout returns rollout_log_probs: ``rollout.calculate_log_probs``, single-turn (the multi-turn loop's
-    tool tokens are not sampled, and it computes none)."""
-    rollout = cfg.actor_rollout_ref.rollout
-    return bool(rollout.calculate_log_probs) and not rollout.multi_turn.enable
+    """The rollout returns rollout_log_probs: ``rollout.calculate_log_probs`` (multi-turn too: 0 on tool tokens,
+    which no loss reads)."""
+    return bool(cfg.actor_rollout_ref.rollout.calculate_log_probs)
 
 
 def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:

@@ -10,15 +10,14 @@ import os
 import sys
 from typing import Any
 
-from transformers import AutoConfig, AutoTokenizer
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers import AutoTokenizer
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
 from config.verl import ignored_key_warnings
 from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
 from data.reward import RewardManager, load_custom_compute_score
-from trainer.dry_run import preflight
+from trainer.dry_run import check_models, preflight
 from trainer.ppo_trainer import RayPPOTrainer
 from workers.agent_loop import check_tools
 from workers.lora import check_target_modules
@@ -31,8 +30,8 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     ``plan`` is ``cfg``'s step plan when the caller has it already (``config.load_with_plan``), else computed here.
     """
     plan = plan or make_plan(cfg, num_workers(cfg))
-    _check_models(cfg, plan)  # before the dry run reads the models' configs
-    preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # trainer.dry_run exits here; the memory check
+    check_models(cfg, plan)  # before the memory check reads the models' configs
+    preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # the memory check
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
@@ -105,33 +104,6 @@ def _fill_paths(cfg: PPOConfig) -> PPOConfig:
     if cfg.critic.model.path is None:
         paths["critic.model.path"] = model_path
     return replace_keys(cfg, paths)
-
-
-def _check_models(cfg: PPOConfig, plan: StepPlan) -> None:
-    """Each model path the user set (null ones are the built-in demo's) names a model of the right kind."""
-    model, critic_model = cfg.actor_rollout_ref.model, cfg.critic.model
-    if model.path is not None:
-        _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
-    if plan.use_critic and critic_model.path not in (None, model.path):
-        _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
-    if cfg.reward_model.enable:
-        _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
-
-
-def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) -> None:
-    """Fail before Ray starts when ``path`` is not a model directory (or, for the actor, not a causal LM)."""
-    if not os.path.isdir(path) and (os.path.isabs(path) or path.startswith(".") or path.count("/") != 1):
-        raise ConfigError.invalid(key, path, "no such directory; expected a Hugging Face model directory "
-                                  "(config.json, weights, tokenizer) or null for the built-in demo model")
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ConfigError.invalid(key, path, f"not a loadable model ({str(exc).splitlines()[0]})") from None
-    auto_map = getattr(config, "auto_map", None) or {}
-    is_causal_lm = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in auto_map
-    if causal_lm and not is_causal_lm:
-        raise ConfigError.invalid(key, path, f"a {config.model_type!r} model is not a causal LM; the policy needs one "
-                                  "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)")
 
 
 def _tool_schemas(cfg: PPOConfig, tokenizer: Any) -> list[dict] | None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import psutil
 import torch
+from transformers import AutoConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from config import ConfigError, PPOConfig, StepPlan
 from workers.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
@@ -109,6 +111,33 @@ def requested_device(cfg: PPOConfig) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
+def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
+    """Each model path the user set (null ones are the built-in demo's) names a model of the right kind."""
+    model, critic_model = cfg.actor_rollout_ref.model, cfg.critic.model
+    if model.path is not None:
+        _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
+    if plan.use_critic and critic_model.path not in (None, model.path):
+        _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
+    if cfg.reward_model.enable:
+        _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
+
+
+def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) -> None:
+    """Fail before Ray starts when ``path`` is not a model directory (or, for the actor, not a causal LM)."""
+    if not os.path.isdir(path) and (os.path.isabs(path) or path.startswith(".") or path.count("/") != 1):
+        raise ConfigError.invalid(key, path, "no such directory; expected a Hugging Face model directory "
+                                  "(config.json, weights, tokenizer) or null for the built-in demo model")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError.invalid(key, path, f"not a loadable model ({str(exc).splitlines()[0]})") from None
+    auto_map = getattr(config, "auto_map", None) or {}
+    is_causal_lm = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in auto_map
+    if causal_lm and not is_causal_lm:
+        raise ConfigError.invalid(key, path, f"a {config.model_type!r} model is not a causal LM; the policy needs one "
+                                  "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)")
+
+
 def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
     """The actor's (and critic's, reward model's) sizes from their ``config.json``; ``demo_config()`` gives the
     built-in model's config when ``actor_rollout_ref.model.path`` is null."""
@@ -130,8 +159,6 @@ def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], A
 
 
 def _config(key: str, path: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoConfig
-
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -201,24 +228,40 @@ def check_memory(cfg: PPOConfig, estimate: MemoryEstimate) -> None:
     )
 
 
+def dry_run(cfg: PPOConfig, plan: StepPlan) -> int:
+    """``python main.py ... trainer.dry_run=true``: check the models, print the report; the exit status. Imports
+    neither Ray nor the data pipeline nor the trainer, so it takes seconds (docs/benchmarks.md, "Memory estimate")."""
+    from data.builtin import demo_model_config  # the built-in model's config, for a null model path
+
+    check_models(cfg, plan)
+    print(report(cfg, plan, *_estimate(cfg, plan, lambda: demo_model_config(cfg.builtin))))
+    return 0
+
+
 def preflight(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> None:
     """Before any model loads: with ``trainer.dry_run`` print the report and exit; else, with
     ``trainer.check_memory``, refuse a run whose estimated peak memory does not fit (``check_memory``)."""
     trainer = cfg.trainer
-    device = requested_device(cfg)
-    if not trainer.dry_run and (not trainer.check_memory or (device == "cuda" and not torch.cuda.is_available())):
+    if not trainer.dry_run and (not trainer.check_memory or
+                                (requested_device(cfg) == "cuda" and not torch.cuda.is_available())):
         return  # a missing GPU is resolve_device's error to report
     try:
-        models = load_model_sizes(cfg, plan, demo_config)
+        models, estimate = _estimate(cfg, plan, demo_config)
     except ConfigError:
         if trainer.dry_run:
             raise
         return  # a model path that does not load: the build's own check says so, as it does without this one
-    estimate = estimate_memory(cfg, plan, models, device, val_rows=validation_rows(cfg, plan))
     if trainer.dry_run:
         print(report(cfg, plan, models, estimate))
         sys.exit(0)
     check_memory(cfg, estimate)
+
+
+def _estimate(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]
+              ) -> tuple[dict[str, ModelSizes], MemoryEstimate]:
+    """The models' sizes and the memory estimate per worker on the requested device."""
+    models = load_model_sizes(cfg, plan, demo_config)
+    return models, estimate_memory(cfg, plan, models, requested_device(cfg), val_rows=validation_rows(cfg, plan))
 
 
 def validation_rows(cfg: PPOConfig, plan: StepPlan) -> int:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from config.plan import PROMPT
-from workers.rollout import _rollout_batch, next_token_logits, prefill, sample_next_token
+from workers.rollout import _rollout_batch, next_token_logits, prefill, sample_next_token, token_log_probs
 from workers.tools import ToolBox, ToolConfigError, ToolSession, load_tools
 from workers.tools.parser import parse_tool_calls
 
@@ -56,11 +56,13 @@ def decode_with_turns(
     end_turns: EndTurns,
     sampling: dict[str, Any],
     logits_processor: Optional[LogitsProcessor] = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Decode left-padded prompts (B, P) for ``response_length`` positions, with forced tool turns.
 
     Returns responses (B, R) (pad after a row's end), model_mask (B, R) (1 on sampled tokens), valid (B, R) (1 on
-    every real token, sampled or forced) and finished (B,) (False: the row used the whole budget).
+    every real token, sampled or forced), finished (B,) (False: the row used the whole budget) and log_probs
+    (B, R) fp32: each sampled token's ``token_log_probs`` under the policy (before ``logits_processor``), 0 on
+    forced tokens and padding.
     """
     device = next(model.parameters()).device
     input_ids, attention_mask, position_ids = (x.to(device) for x in (input_ids, attention_mask, position_ids))
@@ -69,6 +71,7 @@ def decode_with_turns(
     responses = torch.full((batch, length), pad_token_id, dtype=torch.long, device=device)
     model_mask = torch.zeros((batch, length), dtype=torch.long, device=device)
     valid = torch.zeros_like(model_mask)
+    log_probs = torch.zeros((batch, length), dtype=torch.float32, device=device)
     forced = torch.full((batch, length), -1, dtype=torch.long, device=device)  # -1: sample this position
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     cache, logits = prefill(model, input_ids, attention_mask, position_ids, prompt_length + length)
@@ -77,17 +80,19 @@ def decode_with_turns(
     t = 0
     while True:
         plan, live = forced[rows, t], ~finished[rows]
+        sampled = live & (plan < 0)
+        policy_logits = logits
         if logits_processor is not None:
-            logits = logits_processor(rows, t, logits, live & (plan < 0))
+            logits = logits_processor(rows, t, logits, sampled)
         token = torch.where(live, torch.where(plan < 0, sample_next_token(logits, **sampling), plan), pad_token_id)
-        responses[rows, t], valid[rows, t] = token, live.long()
-        model_mask[rows, t] = (live & (plan < 0)).long()
-        ended = live & (plan < 0) & torch.isin(token, eos)
+        responses[rows, t], valid[rows, t], model_mask[rows, t] = token, live.long(), sampled.long()
+        log_probs[rows, t] = token_log_probs(policy_logits, token, sampling.get("temperature", 1.0)).masked_fill(~sampled, 0.0)
+        ended = sampled & torch.isin(token, eos)
         if ended.any():
             _plan_turns(end_turns(rows[ended].tolist(), t, responses), t, finished, forced)
         live = ~finished[rows]
         if t == length - 1 or not live.any():
-            return responses, model_mask, valid, finished
+            return responses, model_mask, valid, finished, log_probs
         if 2 * int(live.sum()) <= len(rows):  # a finished row costs as much to decode as a live one: drop them
             keep = live.nonzero().squeeze(-1)
             cache.reorder_cache(keep)
@@ -147,12 +152,14 @@ class AgentLoop:
         eos_token_id: Sequence[int],
         pad_token_id: int,
         sampling: dict[str, Any],
+        return_log_probs: bool = False,
         logits_processor: Optional[LogitsProcessor] = None,
     ) -> tuple[dict[str, Tensor], dict[str, np.ndarray], dict[str, float]]:
         """Roll out every row of ``batch`` (input_ids, attention_mask, position_ids (B, P)).
 
         ``non_tensors`` may hold ``raw_prompt``, ``agent_name`` and ``tools_kwargs`` per row. Returns the rollout
-        tensors (as ``workers.rollout.generate_sequences``), per-row non-tensors (``__num_turns__``,
+        tensors (as ``workers.rollout.generate_sequences``: with ``return_log_probs`` rollout_log_probs, 0 on tool
+        tokens), per-row non-tensors (``__num_turns__``,
         ``tool_call_counts``, ``tool_error_counts``, ``tool_rewards``, ``reward_scores``,
         ``tool_response_tokens``, ``stop_reason``, ``tokenization_mismatch``) and worker metrics.
         """
@@ -162,7 +169,7 @@ class AgentLoop:
                              zip(column("raw_prompt", None), column("agent_name", None), column("tools_kwargs", None))]
         self.response_length, seconds = response_length, self.toolbox.seconds
         try:
-            responses, model_mask, valid, finished = decode_with_turns(
+            responses, model_mask, valid, finished, log_probs = decode_with_turns(
                 model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
                 response_length=response_length, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                 end_turns=self._end_turns, sampling=sampling, logits_processor=logits_processor,
@@ -175,6 +182,8 @@ class AgentLoop:
         # the attention mask covers every real token (tool tokens too), the response mask the model's only
         tensors = _rollout_batch(*(batch[k].cpu() for k in PROMPT), responses, valid)
         tensors["response_mask"] = model_mask * valid
+        if return_log_probs:  # the old log-probs of an on-policy step; tool tokens are masked out of every loss
+            tensors["rollout_log_probs"] = log_probs.cpu()
         metrics = {"timing_s/agent_loop/tool_calls": self.toolbox.seconds - seconds}
         return tensors, self._row_stats(), metrics
 

@@ -69,11 +69,11 @@ def compute_dtype(device: torch.device, config: Any) -> torch.dtype:
     return role_precision(device, config)[0] or torch.float32
 
 
-def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
-    """The transformer-block classes named by the HF ``model._no_split_modules`` (e.g. ``LlamaDecoderLayer``)."""
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of ``model`` in order: its modules whose class the HF ``model._no_split_modules``
+    names (e.g. ``LlamaDecoderLayer``). One pass over the modules: a LoRA model has thousands."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    classes = {type(m) for m in model.modules() if type(m).__name__ in names}
-    return tuple(classes)
+    return [m for m in model.modules() if type(m).__name__ in names]
 
 
 def apply_fsdp(
@@ -103,7 +103,7 @@ def apply_fsdp(
         device_type = next(model.parameters()).device.type
         mesh = init_device_mesh(device_type, (world_size,))
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    blocks = [m for m in model.modules() if isinstance(m, block_classes(model))] if world_size > 1 else []
+    blocks = transformer_blocks(model) if world_size > 1 else []
     if world_size > 1 and not blocks:
         raise ValueError(
             f"found no transformer blocks to shard in {type(model).__name__}: "

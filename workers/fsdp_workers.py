@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config.plan import StepPlan, uses_full_kl
+from config.plan import PROMPT, StepPlan, uses_full_kl
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
@@ -124,8 +124,8 @@ class ActorRolloutRefWorker(Worker):
         top_k and do_sample (validation passes ``val_kwargs``). Writes responses, input_ids, attention_mask,
         position_ids and response_mask, and with ``rollout.calculate_log_probs`` rollout_log_probs (the sampled
         tokens' log-probs under this very policy, which are also the old log-probs when the plan takes them from
-        the rollout); with ``rollout.multi_turn.enable`` the agent loop's tensors instead (no log-probs: the plan
-        keeps the forward), and its per-row non-tensors (``workers.agent_loop``), reading
+        the rollout); with ``rollout.multi_turn.enable`` the agent loop's tensors instead (log-probs 0 on tool
+        tokens), and its per-row non-tensors (``workers.agent_loop``), reading
         ``raw_prompt``/``agent_name``/``tools_kwargs``.
         """
         inputs = STORE.inputs(prompts)
@@ -138,27 +138,19 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         with self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module:
             module.eval()
+            ids = {"eos_token_id": eos_ids, "pad_token_id": pad_id if pad_id is not None else eos_ids[0]}
             if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools
                 out, rows, metrics = self.agent_loop.generate(
                     module, inputs.batch, inputs.non_tensor_batch, response_length=int(rollout.response_length),
-                    eos_token_id=eos_ids, pad_token_id=pad_id if pad_id is not None else eos_ids[0], sampling=sampling)
-                metrics["timing_s/worker_gen"] = time.perf_counter() - start
-                return STORE.outputs(prompts, out, meta_info={"metrics": metrics}, non_tensors=rows)
-            out = generate_sequences(
-                module,
-                inputs.batch["input_ids"],
-                inputs.batch["attention_mask"],
-                inputs.batch["position_ids"],
-                response_length=int(rollout.response_length),
-                eos_token_id=eos_ids,
-                pad_token_id=pad_id if pad_id is not None else eos_ids[0],
-                return_log_probs=rollout.calculate_log_probs,
-                **sampling,
-            )
+                    sampling=sampling, return_log_probs=rollout.calculate_log_probs, **ids)
+            else:
+                out, rows, metrics = generate_sequences(
+                    module, *(inputs.batch[k] for k in PROMPT), response_length=int(rollout.response_length),
+                    return_log_probs=rollout.calculate_log_probs, **ids, **sampling), None, {}
         if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy
             out["old_log_probs"] = out["rollout_log_probs"]
-        metrics = {"timing_s/worker_gen": time.perf_counter() - start}
-        return STORE.outputs(prompts, out, meta_info={"metrics": metrics})
+        metrics["timing_s/worker_gen"] = time.perf_counter() - start
+        return STORE.outputs(prompts, out, meta_info={"metrics": metrics}, non_tensors=rows)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:

@@ -92,7 +92,7 @@ def model_sizes(config: Any, lora_config: Any = None, min_num_params: int = 0, v
             module = AutoModelForTokenClassification.from_config(_config_with(config, num_labels=1))
         else:
             module = lora.add_adapters(AutoModelForCausalLM.from_config(config), adapters)
-    blocks = [m for m in module.modules() if isinstance(m, fsdp.block_classes(module))]
+    blocks = fsdp.transformer_blocks(module)
     block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
     units = fsdp.block_units(blocks, min_num_params) or [blocks]
     heads = config.num_attention_heads

@@ -1,5 +1,6 @@
 """Two GRPO steps with multi_turn.enable=true on 2 CPU workers (real Ray, gloo, FSDP2): a tiny model taught to call
-the calculator, verl's tool config shape and data layout, the tool metrics, and validation's tool-call rate."""
+the calculator, verl's tool config shape and data layout, the tool metrics, the old log-probs from the agent loop
+(rollout.calculate_log_probs), and validation's tool-call rate."""
 
 import json
 import math
@@ -49,6 +50,7 @@ def run(ray_cluster, tmp_path_factory):
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.multi_turn.enable=true", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp / 'tools.yaml'}",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",  # the old log-probs are the agent loop's
         "trainer.n_gpus_per_node=2", "trainer.device=cpu", "trainer.total_training_steps=2", "trainer.test_freq=2",
         "trainer.logger=[file]", f"trainer.default_local_dir={tmp / 'out'}", "trainer.save_freq=-1",
     ])
@@ -68,6 +70,7 @@ def test_two_grpo_steps_with_tools_log_the_tool_metrics(run):
             assert key in record, key
         assert all(math.isfinite(v) for v in record.values()), record
         assert record["multi_turn/tokenization_mismatch_ratio"] == 0
+        assert "timing_s/old_log_prob" not in record  # no forward: the rollout's log-probs are the old ones
 
 
 def test_greedy_validation_calls_the_calculator_and_answers(run):

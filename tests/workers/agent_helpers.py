@@ -137,7 +137,7 @@ def objects(values: list) -> np.ndarray:
 
 
 def run(loop: AgentLoop, model, tokenizer, questions: list[str], turns: list[list[str]], response_length: int,
-        agent_names=None, tools_kwargs=None):
+        agent_names=None, tools_kwargs=None, **generate_kwargs):
     batch = prompt_batch(tokenizer, questions, loop.toolbox.schemas)
     non_tensors = {"raw_prompt": objects([[{"role": "user", "content": q}] for q in questions])}
     if agent_names is not None:
@@ -146,7 +146,7 @@ def run(loop: AgentLoop, model, tokenizer, questions: list[str], turns: list[lis
         non_tensors["tools_kwargs"] = objects(tools_kwargs)
     return loop.generate(model, batch, non_tensors, response_length=response_length,
                          eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
-                         sampling={"do_sample": False}, logits_processor=Script(tokenizer, turns))
+                         sampling={"do_sample": False}, logits_processor=Script(tokenizer, turns), **generate_kwargs)
 
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>'

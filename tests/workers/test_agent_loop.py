@@ -115,6 +115,25 @@ def test_the_cache_across_turns_equals_recomputing_the_whole_conversation(tokeni
     assert torch.equal(predicted[free], tensors["responses"][free])
 
 
+def test_the_rollouts_log_probs_are_a_forward_over_the_conversation(tokenizer, model):
+    """rollout.calculate_log_probs with tools: each model token's log-prob is a from-scratch forward's over the
+    whole conversation (the old log-probs of an on-policy step), the scripted ones included (they are scored
+    under the policy, before the logits processor); tool tokens and padding get 0."""
+    loop = make_loop(tokenizer)
+    first = [call("calculator", expression="2+3")]
+    tensors, _, _ = run(loop, model, tokenizer, ["aaa", "cc"], [first, ["xyz"]], 80, return_log_probs=True)
+    with torch.no_grad():
+        logits = model(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"],
+                       position_ids=tensors["position_ids"]).logits[:, -81:-1]
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, tensors["responses"][..., None]).squeeze(-1)
+    model_tokens = tensors["response_mask"].bool()
+    assert (~model_tokens).any() and model_tokens.sum() > 20  # a tool turn and padding, and model turns
+    torch.testing.assert_close(tensors["rollout_log_probs"][model_tokens], expected[model_tokens],
+                               atol=1e-4, rtol=0)
+    assert not tensors["rollout_log_probs"][~model_tokens].any()
+    assert "rollout_log_probs" not in run(make_loop(tokenizer), model, tokenizer, ["aaa"], [first], 40)[0]
+
+
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_padding):
     """Policy loss, entropy bonus and KL loss over a multi-turn batch: the gradient reaching the logits that

@@ -8,7 +8,7 @@ import pytest
 from config.roles import MultiTurnConfig
 from workers.tools import ToolBox, ToolConfigError, ToolSession, load_tools
 from workers.tools.answer import AnswerTool
-from workers.tools.calculator import CalculatorError, calculate
+from workers.tools.calculator import CalculatorError, CalculatorTool, calculate
 from workers.tools.parser import ToolCall, parse_tool_calls
 from workers.tools.runner import run_all, truncate
 
@@ -33,6 +33,14 @@ def test_the_calculator_refuses_anything_else_before_computing_it(expression, me
     with pytest.raises(CalculatorError, match=message.replace("(", r"\(").replace("*", r"\*")):
         calculate(expression)
     assert time.perf_counter() - start < 0.1  # bounds are checked before the work, not after
+
+
+def test_the_calculators_result_template_shapes_its_turn_and_errors_stay_errors():
+    plain, reminded = CalculatorTool({}), CalculatorTool({"result_template": "{result}, so: #### {result}"})
+    assert plain.execute("i", {"expression": "40+2"})[0].text == "42"
+    assert reminded.execute("i", {"expression": "40+2"})[0].text == "42, so: #### 42"
+    response, _, info = reminded.execute("i", {"expression": "40+"})
+    assert response.text.startswith("Error: cannot parse") and info == {"error": 1}
 
 
 def test_the_answer_tool_is_verls_gsm8k_tool():

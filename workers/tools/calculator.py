@@ -86,7 +86,11 @@ def calculate(expression: str) -> str:
 
 
 class CalculatorTool(BaseTool):
-    """``calculator(expression)``: the value of an arithmetic expression; errors come back as the message."""
+    """``calculator(expression)``: the value of an arithmetic expression; errors come back as the message.
+
+    ``config.result_template`` (default ``"{result}"``) is the text of a successful call's tool turn, e.g. a
+    reminder of the answer format the task's reward reads (``conf/tools/arith_calculator.yaml``).
+    """
 
     default_schema = {
         "type": "function",
@@ -103,6 +107,7 @@ class CalculatorTool(BaseTool):
 
     def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         try:
-            return ToolResponse(text=calculate(parameters.get("expression", ""))), 0.0, {}
+            result = calculate(parameters.get("expression", ""))
+            return ToolResponse(text=self.config.get("result_template", "{result}").format(result=result)), 0.0, {}
         except CalculatorError as exc:
             return ToolResponse(text=f"Error: {exc}"), 0.0, {"error": 1}
