@@ -55,14 +55,15 @@ def decode_with_turns(
     pad_token_id: int,
     end_turns: EndTurns,
     sampling: dict[str, Any],
+    return_log_probs: bool = False,
     logits_processor: Optional[LogitsProcessor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Decode left-padded prompts (B, P) for ``response_length`` positions, with forced tool turns.
 
     Returns responses (B, R) (pad after a row's end), model_mask (B, R) (1 on sampled tokens), valid (B, R) (1 on
     every real token, sampled or forced), finished (B,) (False: the row used the whole budget) and log_probs
-    (B, R) fp32: each sampled token's ``token_log_probs`` under the policy (before ``logits_processor``), 0 on
-    forced tokens and padding.
+    (B, R) fp32: with ``return_log_probs`` each sampled token's ``token_log_probs`` under the policy (before
+    ``logits_processor``), 0 on forced tokens and padding; zeros without.
     """
     device = next(model.parameters()).device
     input_ids, attention_mask, position_ids = (x.to(device) for x in (input_ids, attention_mask, position_ids))
@@ -86,7 +87,9 @@ def decode_with_turns(
             logits = logits_processor(rows, t, logits, sampled)
         token = torch.where(live, torch.where(plan < 0, sample_next_token(logits, **sampling), plan), pad_token_id)
         responses[rows, t], valid[rows, t], model_mask[rows, t] = token, live.long(), sampled.long()
-        log_probs[rows, t] = token_log_probs(policy_logits, token, sampling.get("temperature", 1.0)).masked_fill(~sampled, 0.0)
+        if return_log_probs:
+            scored = token_log_probs(policy_logits, token, sampling.get("temperature", 1.0))
+            log_probs[rows, t] = scored.masked_fill(~sampled, 0.0)
         ended = sampled & torch.isin(token, eos)
         if ended.any():
             _plan_turns(end_turns(rows[ended].tolist(), t, responses), t, finished, forced)
@@ -172,7 +175,8 @@ class AgentLoop:
             responses, model_mask, valid, finished, log_probs = decode_with_turns(
                 model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
                 response_length=response_length, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                end_turns=self._end_turns, sampling=sampling, logits_processor=logits_processor,
+                end_turns=self._end_turns, sampling=sampling, return_log_probs=return_log_probs,
+                logits_processor=logits_processor,
             )
         finally:  # the tools' instances are released even when decoding failed
             self.toolbox.finish([trajectory.session for trajectory in self.trajectories])

@@ -144,9 +144,10 @@ class ActorRolloutRefWorker(Worker):
                     module, inputs.batch, inputs.non_tensor_batch, response_length=int(rollout.response_length),
                     sampling=sampling, return_log_probs=rollout.calculate_log_probs, **ids)
             else:
-                out, rows, metrics = generate_sequences(
+                out = generate_sequences(
                     module, *(inputs.batch[k] for k in PROMPT), response_length=int(rollout.response_length),
-                    return_log_probs=rollout.calculate_log_probs, **ids, **sampling), None, {}
+                    return_log_probs=rollout.calculate_log_probs, **ids, **sampling)
+                rows, metrics = None, {}
         if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy
             out["old_log_probs"] = out["rollout_log_probs"]
         metrics["timing_s/worker_gen"] = time.perf_counter() - start
