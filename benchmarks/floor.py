@@ -286,8 +286,9 @@ def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], seque
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.device == "cpu":
+        malloc.rerun_with_worker_allocator(args.device)  # as the trainer's CPU workers allocate
         torch.set_num_threads(args.threads)
-        malloc.keep_freed_memory()  # as the trainer's CPU workers do
+        malloc.keep_freed_memory()  # the workers' fallback where mimalloc is not installed
     torch.manual_seed(args.seed)
     with vocabulary_variant(args), tempfile.TemporaryDirectory(prefix="colorl-bench-floor-") as local_dir:
         cfg, floor, rows, forwards = run_floor(args, local_dir)

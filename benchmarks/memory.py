@@ -187,7 +187,7 @@ def _setup(rank: int, world: int, args: dict[str, Any]) -> torch.device:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, args["threads"] // world))
-        malloc.keep_freed_memory()  # as the trainer's CPU workers do
+        malloc.keep_freed_memory()  # the trainer's CPU workers' fallback where mimalloc is not installed
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args["port"]), RANK=str(rank), WORLD_SIZE=str(world))
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timedelta(minutes=10))
@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     from data.builtin import prepare_builtin
 
     args = parse_args(argv)
+    os.environ.update(malloc.worker_env(args.device))  # the spawned ranks start with the trainer's CPU allocator
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
         raise SystemExit(f"benchmarks.memory: --world {args.world} needs {args.world} GPUs, "
                          f"{torch.cuda.device_count()} visible")

@@ -44,6 +44,7 @@ from trainer.preemption import StopSignals
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
+from workers import malloc
 from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from workers.step_store import request, take_back
 
@@ -119,7 +120,8 @@ class RayPPOTrainer:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
         if cfg.reward_model.enable:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
-        self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles))
+        # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/malloc.py)
+        self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device))
         where = ", ".join(f"rank {rank} pid {p['pid']} on {p['node_ip']} (node {p['node_id'][:8]})"
                           for rank, p in enumerate(self.fused_wg.processes))
         print(f"[colorl] workers: {where}", flush=True)

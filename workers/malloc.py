@@ -1,18 +1,26 @@
-"""Host-memory allocator settings for processes that train on the CPU.
+"""The host-memory allocator of processes that train on the CPU.
 
 PyTorch's CPU tensors come straight from the C library's ``malloc`` (there is no caching allocator on the host,
-unlike CUDA's). An eager training step allocates and frees the same activation-sized blocks every step, and
-glibc's defaults hand many of them back to the kernel: blocks above its mmap threshold are ``munmap``-ed on free,
-and a free top of the heap above the trim threshold is trimmed. The next step then faults every page back in,
-zeroed by the kernel. Keeping freed memory instead makes eager CPU updates faster at the same peak RSS
-(docs/benchmarks.md, "Host memory allocator").
+unlike CUDA's), and glibc's serves an eager training step badly either way:
+
+- with its defaults, blocks above the mmap threshold are ``munmap``-ed on free and a free heap top is trimmed, so
+  each step faults every activation page back in, zeroed by the kernel (a SmolLM2 update about twice as slow);
+- kept on its heap instead (:func:`keep_freed_memory`), the step's blocks fragment it: small long-lived
+  allocations land between the freed activations, so the next step's do not fit the holes and the heap grows: a
+  SmolLM2 update's peak RSS is 1.5–3× mimalloc's (docs/benchmarks.md, "Host memory allocator").
+
+mimalloc (``cmeel-mimalloc``) reuses freed blocks by size class, without either cost. It must be in place before
+the process allocates anything, so it is preloaded (``LD_PRELOAD``) into the workers when Ray starts them
+(:func:`worker_env`); :func:`keep_freed_memory` is the fallback where it is not installed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import os
 import platform
+import sys
 
 # mallopt parameter numbers from glibc's <malloc.h>
 _M_TRIM_THRESHOLD = -1
@@ -25,14 +33,51 @@ TRIM_THRESHOLD = 1 << 30
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
 
 
+def mimalloc_library() -> str | None:
+    """The path of the mimalloc shared library that ``cmeel-mimalloc`` installs (Linux), or None."""
+    try:
+        files = importlib.metadata.files("cmeel-mimalloc") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    libraries = [f for f in files if f.name == "libmimalloc.so"]
+    return str(libraries[0].locate()) if libraries and platform.system() == "Linux" else None
+
+
+def worker_env(device: str) -> dict[str, str]:
+    """Environment variables for a worker process on ``device``: on a CPU, mimalloc preloaded where installed
+    (after any library the user preloads), keeping freed memory for the next step (``MIMALLOC_PURGE_DELAY=-1``:
+    no page faults re-fetching it; the RSS stays at its peak, which bounds it anyway) unless the user set it."""
+    library = mimalloc_library() if device == "cpu" else None
+    if library is None:
+        return {}
+    preload = [path for path in os.environ.get("LD_PRELOAD", "").split(":") if path]
+    return {"LD_PRELOAD": ":".join(preload if library in preload else [*preload, library]),
+            "MIMALLOC_PURGE_DELAY": os.environ.get("MIMALLOC_PURGE_DELAY", "-1")}
+
+
+def rerun_with_worker_allocator(device: str) -> None:
+    """Start this command again under :func:`worker_env`'s allocator unless it runs with it already, so that a
+    single-process benchmark allocates as the trainer's workers do."""
+    env = worker_env(device)
+    if env and env["LD_PRELOAD"] != os.environ.get("LD_PRELOAD"):  # once: a preload that failed must not loop
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **env})
+
+
+def uses_mimalloc() -> bool:
+    """Whether this process's ``malloc`` is mimalloc's (preloaded)."""
+    with open("/proc/self/maps") as maps:
+        return any("libmimalloc" in line for line in maps)
+
+
 def keep_freed_memory() -> bool:
     """Make glibc keep freed blocks for reuse instead of returning them to the kernel; True if applied.
 
-    The process's RSS then stays at its high-water mark (which is what bounds it anyway: the peak does not
-    change). Does nothing where the C library is not glibc, or where the user set glibc's malloc tunables in
-    the environment (``MALLOC_*_`` or ``GLIBC_TUNABLES``): theirs win.
+    The process's RSS then stays at its high-water mark, faster than glibc's defaults but larger (fragmented: see
+    the module docstring). Does nothing where the C library is not glibc, where mimalloc is preloaded (glibc's
+    ``malloc`` is then unused), or where the user set glibc's malloc tunables in the environment (``MALLOC_*_`` or
+    ``GLIBC_TUNABLES``): theirs win.
     """
-    if platform.libc_ver()[0] != "glibc" or any(name in os.environ for name in _USER_SETTINGS):
+    if platform.libc_ver()[0] != "glibc" or any(name in os.environ for name in _USER_SETTINGS) or uses_mimalloc():
         return False
     libc = ctypes.CDLL(None)  # the C library this process already has loaded
     applied = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)

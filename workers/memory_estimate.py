@@ -16,11 +16,10 @@ dtype's bytes, T tokens through the model, N response tokens, V the vocabulary, 
   saved-tensor hooks on Llama and Qwen2 blocks: ``6h + 2·kv + 4i`` values, ``+2h`` when the norms train (not under
   LoRA), ``+r`` per LoRA-adapted linear, ``+W`` for an explicit attention mask over rows of W tokens, ``+2·heads·W``
   under math attention (a bf16 CPU update of short rows, ``workers.attention``); the norms keep their inputs in fp32.
-  With gradient checkpointing a block keeps its input (h) and one block is recomputed at a time. On a CPU the
-  resident memory is larger: the forward's short-lived temporaries leave holes between the saved tensors that
-  glibc's heap (blocks under ``malloc.MMAP_THRESHOLD``) does not fill again, about 0.2 of the saved bytes
-  (``CPU_HEAP_FACTOR``, measured), plus a LoRA linear's two outputs (the base's and the adapter's, added into a
-  third): ``2·Σ out`` values per token over a block's adapted linears.
+  With gradient checkpointing a block keeps its input (h) and one block is recomputed at a time. On a CPU this is
+  the resident memory too, with the workers' allocator (mimalloc, ``workers/malloc.py``); glibc's heap, the
+  fallback where mimalloc is not installed, fragments (a peak 1.5–3× larger: docs/benchmarks.md), which the
+  estimate does not model.
 - **logits**: the LM head's output over the kept positions (``logits_to_keep``), its fp32 copy scaled by the
   temperature (N·V·4), logsumexp's temporary; in the update also the entropy's softmax and product and backward's
   gradients (4·N·V), as ``workers.logprob`` computes them with fused kernels off; with them on
@@ -45,15 +44,13 @@ import torch
 from torch import nn
 
 from algos.linear_logprob import chunk_rows
-from workers import attention, fsdp, lora, malloc
+from workers import attention, fsdp, lora
 from workers.packing import pack_batch, pack_width
 
 GiB = 2**30
 FP32 = 4
-# Measured (docs/benchmarks.md, "Memory estimate"): a CPU worker's RSS before any model, and the RSS per byte of
-# saved activations on glibc's heap, where the forward's temporaries leave holes between them that it cannot reuse
+# Measured (docs/benchmarks.md, "Memory estimate"): a CPU worker's RSS before any model
 RUNTIME_CPU_BYTES = int(0.5 * GiB)
-CPU_HEAP_FACTOR = 1.2
 FUSED_TEMPORARIES = 4  # algos.linear_logprob's chunk: logits, probabilities, their product and the gradient
 TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "runtime")
 
@@ -73,7 +70,6 @@ class ModelSizes:
     heads: int
     vocab: int
     adapter_width: int  # Σ LoRA rank over a block's adapted linears (0 without LoRA)
-    adapter_outputs: int  # Σ output features of a block's adapted linears
     module: nn.Module = field(repr=False, compare=False)  # the meta model, for the packing code's own choices
 
     @property
@@ -111,7 +107,6 @@ def model_sizes(config: Any, lora_config: Any = None, min_num_params: int = 0, v
         heads=heads,
         vocab=1 if value_head else config.vocab_size,
         adapter_width=sum(m.r[lora.ADAPTER] for m in adapted),
-        adapter_outputs=sum(m.out_features for m in adapted),
         module=module,
     )
 
@@ -192,24 +187,16 @@ class Micro:
 
 
 def activation_bytes(m: ModelSizes, tokens: int, width: int, compute_bytes: int, math_attention: bool,
-                     checkpointing: bool, cpu_heap: bool = False) -> int:
-    """What backward keeps of ``tokens`` through ``m``'s blocks (module docstring: activations); ``cpu_heap``: the
-    resident memory that takes on a CPU, where tensors under the mmap threshold come from glibc's heap."""
+                     checkpointing: bool) -> int:
+    """What backward keeps of ``tokens`` through ``m``'s blocks (module docstring: activations)."""
     h, c = m.hidden, compute_bytes
     narrow = 6 * h + 2 * m.kv_dim + m.heads + m.adapter_width + width + (2 * h if m.norms_trained else 0)
     narrow += 2 * m.heads * width if math_attention else 0
-
-    def resident(values: int, tensor_width: int) -> float:
-        factor = CPU_HEAP_FACTOR if cpu_heap and tokens * tensor_width * c < malloc.MMAP_THRESHOLD else 1.0
-        return tokens * values * c * factor
-
     # the norms upcast to fp32: their inputs are kept in 4 bytes whatever the compute dtype
-    per_block = resident(narrow, h) + resident(4 * m.intermediate, m.intermediate) + tokens * 2 * h * (FP32 - c)
-    if cpu_heap and tokens * h * c < malloc.MMAP_THRESHOLD:
-        per_block += tokens * 2 * m.adapter_outputs * c
+    per_block = tokens * (narrow + 4 * m.intermediate) * c + tokens * 2 * h * (FP32 - c)
     if checkpointing:  # each block keeps its input; one block at a time is recomputed in backward
-        return int(resident(h, h) * m.layers + per_block)
-    return int(per_block * m.layers)
+        return tokens * h * c * m.layers + per_block
+    return per_block * m.layers
 
 
 def logits_bytes(head_tokens: int, response_tokens: int, vocab: int, compute_bytes: int, packed: bool,

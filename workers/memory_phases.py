@@ -170,7 +170,7 @@ class _Estimator:
         math = uses_math_attention(r.sizes, self.device, c, width)
 
         def acts(checkpointing: bool) -> int:
-            return activation_bytes(r.sizes, tokens, width, c, math, checkpointing, cpu_heap=self.device == "cpu")
+            return activation_bytes(r.sizes, tokens, width, c, math, checkpointing)
 
         ckpt = bool(model_cfg.enable_gradient_checkpointing)
         terms = {"weights": r.placement.gathered(r.sizes), "gradients": r.placement.gradients(r.sizes),

@@ -322,3 +322,16 @@ def test_learning_race_times_the_gain_from_the_first_validation():
 
     curve = [{"minute": 1.0, "strict": 0.3}, {"minute": 9.0, "strict": 0.55}, {"minute": 14.5, "strict": 0.6}]
     assert first_gain(curve, 0.30) == 14.5 and first_gain(curve, 0.2) == 9.0 and first_gain(curve, 0.5) is None
+
+
+def test_allocator_runs_the_presets_update_under_each_allocator(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 vocab_size=500)).save_pretrained(tmp_path)
+    out = run_benchmark("allocator", "--iterations", "2", "--allocator", "mimalloc", "glibc-kept",
+                        "--set", f"actor_rollout_ref.model.path={tmp_path}")
+    results = out["results"]
+    assert [results[name]["mimalloc"] for name in ("mimalloc", "glibc-kept")] == [True, False]
+    for result in results.values():
+        assert 0 < result["rss_loaded_gib"] <= result["peak_rss_gib"] and len(result["s_all"]) == 2

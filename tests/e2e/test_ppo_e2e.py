@@ -11,6 +11,7 @@ from trainer.build import build_trainer
 from single_controller import DataProto
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.wandb_offline import history, run_file, wandb_records
+from workers import malloc
 from workers.fsdp import fsdp_modules
 
 REQUIRED = [
@@ -64,7 +65,8 @@ def gae_run(ray_cluster, tmp_path_factory):
     before = trainer.fused_wg.execute_all_sync("__ray_call__", local_param_sums)
     trainer.fit()
     after = trainer.fused_wg.execute_all_sync("__ray_call__", local_param_sums)
-    return trainer, tmp_path, before, after, trainer.fused_wg.execute_all_sync("__ray_call__", recorded_reads)
+    mimalloc = trainer.fused_wg.execute_all_sync("__ray_call__", lambda worker: malloc.uses_mimalloc())
+    return trainer, tmp_path, before, after, trainer.fused_wg.execute_all_sync("__ray_call__", recorded_reads), mimalloc
 
 
 def test_gae_metrics_are_logged_finite_and_complete(gae_run):
@@ -79,6 +81,12 @@ def test_gae_metrics_are_logged_finite_and_complete(gae_run):
     assert (tmp_path / "reward_curve.png").stat().st_size > 0
 
 
+def test_cpu_workers_allocate_with_mimalloc(gae_run):
+    """The trainer preloads mimalloc into its CPU workers (glibc's malloc fragments under a training step)."""
+    assert malloc.mimalloc_library() is not None, "cmeel-mimalloc is a dependency on Linux"
+    assert gae_run[5] and all(gae_run[5])
+
+
 def test_actor_and_ref_agree_at_the_first_step(gae_run):
     first = read_jsonl(gae_run[1] / "metrics.jsonl")[1]
     assert abs(first["actor/ref_kl"]) < 1e-5
@@ -86,7 +94,7 @@ def test_actor_and_ref_agree_at_the_first_step(gae_run):
 
 
 def test_update_changes_actor_but_not_ref(gae_run):
-    _, _, before, after, _ = gae_run
+    _, _, before, after, *_ = gae_run
     for rank_before, rank_after in zip(before, after):
         assert rank_before["ref"] == rank_after["ref"]
         assert rank_before["actor"] != rank_after["actor"]

@@ -1,4 +1,5 @@
-"""``workers.malloc.keep_freed_memory``: freed activation-sized blocks stay resident for the next step."""
+"""``workers.malloc``: mimalloc preloaded into CPU workers; glibc's fallback keeps freed activation-sized blocks
+resident for the next step."""
 
 import os
 import platform
@@ -7,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from workers import malloc
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,3 +53,23 @@ def test_freed_blocks_are_reused_without_page_faults():
 def test_user_malloc_settings_win():
     applied, _ = run_steps(MALLOC_TRIM_THRESHOLD_="131072")
     assert applied == "False"
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="mimalloc is preloaded on Linux")
+def test_cpu_workers_preload_mimalloc_after_the_users_libraries(monkeypatch):
+    library = malloc.mimalloc_library()
+    assert library is not None and Path(library).is_file()
+    monkeypatch.delenv("MIMALLOC_PURGE_DELAY", raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "/opt/user/libhook.so")
+    assert malloc.worker_env("cpu") == {"LD_PRELOAD": f"/opt/user/libhook.so:{library}", "MIMALLOC_PURGE_DELAY": "-1"}
+    monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "10")  # the user's setting wins
+    assert malloc.worker_env("cpu")["MIMALLOC_PURGE_DELAY"] == "10"
+    assert malloc.worker_env("cuda") == {}
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt tuning applies to glibc only")
+def test_glibc_is_left_alone_under_mimalloc():
+    """With mimalloc preloaded glibc's malloc is unused: no mallopt, and freed blocks are still reused."""
+    applied, faults = run_steps(**malloc.worker_env("cpu"))
+    assert applied == "False"
+    assert faults < 64 * 256 // 100
