@@ -46,7 +46,8 @@ def mimalloc_library() -> str | None:
 def worker_env(device: str) -> dict[str, str]:
     """Environment variables for a worker process on ``device``: on a CPU, mimalloc preloaded where installed
     (after any library the user preloads), keeping freed memory for the next step (``MIMALLOC_PURGE_DELAY=-1``:
-    no page faults re-fetching it; the RSS stays at its peak, which bounds it anyway) unless the user set it."""
+    no page faults re-fetching it; the RSS stays at its peak, which bounds it anyway) unless the user set it. The
+    path is the driver's: on a node without it the loader ignores the preload, with a warning, and glibc serves."""
     library = mimalloc_library() if device == "cpu" else None
     if library is None:
         return {}
