@@ -121,7 +121,8 @@ class RayPPOTrainer:
         if cfg.reward_model.enable:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/malloc.py)
-        self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device))
+        self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles),
+                                       worker_env=malloc.worker_env(trainer.device))
         where = ", ".join(f"rank {rank} pid {p['pid']} on {p['node_ip']} (node {p['node_id'][:8]})"
                           for rank, p in enumerate(self.fused_wg.processes))
         print(f"[colorl] workers: {where}", flush=True)
