@@ -37,18 +37,12 @@ def allocator_env(name: str) -> dict[str, str]:
     return {}
 
 
-def gib(field: str) -> float:
-    with open("/proc/self/status") as status:
-        kib = next(int(line.split()[1]) for line in status if line.startswith(field))
-    return round(kib / 2**20, 3)
-
-
 def passes(args: argparse.Namespace) -> dict[str, object]:
     """In this process: load the preset's actor and time ``args.iterations`` forward + backward passes."""
     import torch
 
     from config import load_with_plan
-    from workers import lora, malloc
+    from workers import lora, malloc, perf
     from workers.actor import DataParallelPPOActor
     from workers.fsdp_workers import load_causal_lm
     from workers.packing import mini_batch_totals
@@ -61,7 +55,7 @@ def passes(args: argparse.Namespace) -> dict[str, object]:
     model = lora.add_adapters(load_causal_lm(arr.model), arr.model)
     actor = DataParallelPPOActor(model, None, None, arr.actor, use_remove_padding=arr.model.use_remove_padding,
                                  use_fused_kernels=arr.model.use_fused_kernels)
-    loaded = gib("VmRSS")
+    loaded = perf.memory_metrics(torch.device("cpu"))["perf/cpu_memory_used_gb"]
     rows, width = args.micro, PROMPT_WIDTH + RESPONSE_WIDTH
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(100, model.config.vocab_size, (rows, width), generator=generator)
@@ -81,7 +75,8 @@ def passes(args: argparse.Namespace) -> dict[str, object]:
         loss.backward()
         model.zero_grad(set_to_none=True)
         seconds.append(time.perf_counter() - start)
-    return {"mimalloc": malloc.uses_mimalloc(), "rss_loaded_gib": loaded, "peak_rss_gib": gib("VmHWM"),
+    peak = perf.memory_metrics(torch.device("cpu"))["perf/cpu_memory_peak_gb"]
+    return {"mimalloc": malloc.uses_mimalloc(), "rss_loaded_gib": round(loaded, 3), "peak_rss_gib": round(peak, 3),
             "s_per_pass": round(statistics.median(seconds[1:]), 2), "s_all": [round(s, 2) for s in seconds]}
 
 

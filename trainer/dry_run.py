@@ -8,6 +8,7 @@ The memory model is ``workers.memory_estimate``'s; its phases ``workers.memory_p
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -127,10 +128,7 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
     if not os.path.isdir(path) and (os.path.isabs(path) or path.startswith(".") or path.count("/") != 1):
         raise ConfigError.invalid(key, path, "no such directory; expected a Hugging Face model directory "
                                   "(config.json, weights, tokenizer) or null for the built-in demo model")
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ConfigError.invalid(key, path, f"not a loadable model ({str(exc).splitlines()[0]})") from None
+    config = _config(key, path, trust_remote_code)
     auto_map = getattr(config, "auto_map", None) or {}
     is_causal_lm = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in auto_map
     if causal_lm and not is_causal_lm:
@@ -234,7 +232,7 @@ def dry_run(cfg: PPOConfig, plan: StepPlan) -> int:
     from data.builtin import demo_model_config  # the built-in model's config, for a null model path
 
     check_models(cfg, plan)
-    print(report(cfg, plan, *_estimate(cfg, plan, lambda: demo_model_config(cfg.builtin))))
+    print(report(cfg, plan, *_estimate(cfg, plan, functools.partial(demo_model_config, cfg.builtin))))
     return 0
 
 
@@ -242,18 +240,15 @@ def preflight(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) ->
     """Before any model loads: with ``trainer.dry_run`` print the report and exit; else, with
     ``trainer.check_memory``, refuse a run whose estimated peak memory does not fit (``check_memory``)."""
     trainer = cfg.trainer
-    if not trainer.dry_run and (not trainer.check_memory or
-                                (requested_device(cfg) == "cuda" and not torch.cuda.is_available())):
+    if trainer.dry_run:  # the caller checked the models (build_trainer), as dry_run does
+        print(report(cfg, plan, *_estimate(cfg, plan, demo_config)))
+        sys.exit(0)
+    if not trainer.check_memory or (requested_device(cfg) == "cuda" and not torch.cuda.is_available()):
         return  # a missing GPU is resolve_device's error to report
     try:
-        models, estimate = _estimate(cfg, plan, demo_config)
+        _, estimate = _estimate(cfg, plan, demo_config)
     except ConfigError:
-        if trainer.dry_run:
-            raise
         return  # a model path that does not load: the build's own check says so, as it does without this one
-    if trainer.dry_run:
-        print(report(cfg, plan, models, estimate))
-        sys.exit(0)
     check_memory(cfg, estimate)
 
 
