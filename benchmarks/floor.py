@@ -4,10 +4,10 @@
                                [--response-length 8] [--threads N] [--steps 20 --warmup 3] [--device cpu|cuda]
 
 Same model (the same HF dir as ``benchmarks.step``), same batches (the trainer's dataloader, repeated n
-times), same code: ``workers.rollout.generate_sequences`` on the plain module, the actor's
-``compute_log_prob`` (old; ref with ``--kl``; with ``rollout.calculate_log_probs`` the rollout's log-probs are the
-update's old ones, as in the trainer, and the forward is timed only for ``gen_fwd_train``), the critic's
-``compute_values`` (ppo), and the actor's (and
+times), same code: ``workers.rollout.generate_sequences`` on the plain module (LoRA under
+``lora.merged_adapters``), the actor's ``compute_log_prob`` (old; ref with ``--kl``; with
+``rollout.calculate_log_probs`` the rollout's log-probs are the update's old ones, as in the trainer, and the
+forward is timed only for ``gen_fwd_train``), the critic's ``compute_values`` (ppo), and the actor's (and
 critic's) ``update_*``: forward + backward + grad clip + AdamW, one optimizer step over the whole batch.
 Rewards and advantages come from the trainer's reward function and ``algos.compute_advantage``. With
 ``actor_rollout_ref.model.lora_rank`` > 0 (``--set``) the policy carries the workers' adapters
@@ -120,6 +120,7 @@ class Floor:
         if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
             policy.compile()
         packed, fused = bool(arr.model.use_remove_padding), bool(arr.model.use_fused_kernels)
+        grouped = bool(arr.actor.use_prefix_grouper)
         self.ref, ref = None, None
         if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # the trainer's use_reference_policy
             if lora.is_lora(policy):  # as the workers: the policy itself, run under lora.as_reference
@@ -129,10 +130,11 @@ class Floor:
                 ref, _ = _load(arr.model.path, device, ref_dtype, None, causal_lm)
                 ref = ref.requires_grad_(False).eval()
             self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed,
-                                            use_fused_kernels=fused)
+                                            use_fused_kernels=fused, use_prefix_grouper=grouped)
         self.actor = DataParallelPPOActor(  # kl_loss_type=full reads the reference model inside the update
             policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed,
             ref_module=ref if uses_full_kl(arr.actor) else None, use_fused_kernels=fused,
+            use_prefix_grouper=grouped,
         )
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
@@ -192,12 +194,13 @@ class Floor:
         rollout = self.rollout
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.actor.module.eval()
-        out = generate_sequences(
-            self.actor.module, *(prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")),
-            response_length=int(rollout.response_length), eos_token_id=self.eos_ids, pad_token_id=pad,
-            temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k, do_sample=rollout.do_sample,
-            return_log_probs=rollout.calculate_log_probs,
-        )
+        with lora.merged_adapters(self.actor.module):  # as the workers sample
+            out = generate_sequences(
+                self.actor.module, *(prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")),
+                response_length=int(rollout.response_length), eos_token_id=self.eos_ids, pad_token_id=pad,
+                temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                do_sample=rollout.do_sample, return_log_probs=rollout.calculate_log_probs,
+            )
         return DataProto.from_dict({k: v.cpu() for k, v in out.items()}, non_tensors=dict(prompts.non_tensor_batch))
 
 

@@ -180,6 +180,9 @@ class ActorConfig:
     grad_clip: float = 1.0
     loss_agg_mode: LossAggMode = "token-mean"
     loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor; null -> the response length
+    # with model.use_remove_padding, the rows of a micro-batch that repeat a prompt (a GRPO group) run it once, its
+    # responses after it in one packed row: the same log-probs and gradients, less compute (workers.packing)
+    use_prefix_grouper: bool = False
     calculate_sum_pi_squared: bool = False  # return Σπ² with the old log-probs (on anyway when the estimator needs it)
     ulysses_sequence_parallel_size: int = 1  # verl's sequence parallelism; ColoRL runs whole sequences per rank
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -327,6 +330,11 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ref: RefConfig = field(default_factory=RefConfig)
+
+    def __post_init__(self) -> None:
+        if self.actor.use_prefix_grouper is True and self.model.use_remove_padding is False:
+            raise ConfigError.invalid("actor.use_prefix_grouper", True, "shares prompts inside packed rows: needs "
+                                      "actor_rollout_ref.model.use_remove_padding=true")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ class DataParallelPPOActor:
         use_remove_padding: run every forward on packed rows (``actor_rollout_ref.model.use_remove_padding``).
         use_fused_kernels: log-probs, entropies and the exact KL from hidden states in chunks of tokens, never the
             full-vocabulary logits (``actor_rollout_ref.model.use_fused_kernels``; ``workers.logprob``).
+        use_prefix_grouper: with remove-padding, the rows of a micro-batch that repeat a prompt run it once
+            (``actor_rollout_ref.actor.use_prefix_grouper``, verl's key; ``packing.PromptUnits``).
         ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
             exact KL compares the two models' whole next-token distributions inside the update. A LoRA
             ``module`` may be its own reference: it then runs with its adapters disabled.
@@ -47,6 +49,7 @@ class DataParallelPPOActor:
         use_remove_padding: bool = False,
         ref_module: nn.Module | None = None,
         use_fused_kernels: bool = True,
+        use_prefix_grouper: bool = False,
     ) -> None:
         if uses_full_kl(config) and optimizer is not None and ref_module is None:
             raise ValueError("actor.kl_loss_type=full needs the reference model in the actor's process (ref_module)")
@@ -58,6 +61,7 @@ class DataParallelPPOActor:
         self.mini_batch_size = mini_batch_size
         self.use_remove_padding = use_remove_padding
         self.use_fused_kernels = use_fused_kernels
+        self.use_prefix_grouper = use_prefix_grouper
 
     def forward_log_prob(
         self,
@@ -84,7 +88,7 @@ class DataParallelPPOActor:
         """``log_probs`` (B, R) plus the per-position statistics named in ``stats`` (``workers.logprob.STATS``), and
         with ``ref_module`` the exact KL to it (``kl``)."""
         return token_stats(self.module, micro, response_length, temperature, self.use_remove_padding,
-                           self.use_fused_kernels, stats, ref_module, entropy_grad)
+                           self.use_fused_kernels, stats, ref_module, entropy_grad, self.use_prefix_grouper)
 
     @torch.no_grad()
     def compute_log_prob(

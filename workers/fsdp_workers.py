@@ -104,7 +104,7 @@ class ActorRolloutRefWorker(Worker):
                 self.trained.module, self.trained.optimizer, self.trained.lr_scheduler, cfg.actor,
                 self.plan.actor_mini_batch_size, use_remove_padding=remove_padding,
                 ref_module=self.ref.module if self._is_ref and uses_full_kl(cfg.actor) else None,
-                use_fused_kernels=cfg.model.use_fused_kernels,
+                use_fused_kernels=cfg.model.use_fused_kernels, use_prefix_grouper=cfg.actor.use_prefix_grouper,
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
             # tool-calling rollouts (rollout.multi_turn): loading the tools runs the code the tool config names
@@ -113,7 +113,8 @@ class ActorRolloutRefWorker(Worker):
         if self._is_ref:
             self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor,
                                                    use_remove_padding=remove_padding,
-                                                   use_fused_kernels=cfg.model.use_fused_kernels)
+                                                   use_fused_kernels=cfg.model.use_fused_kernels,
+                                                   use_prefix_grouper=cfg.actor.use_prefix_grouper)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -136,7 +137,8 @@ class ActorRolloutRefWorker(Worker):
         pad_id = self.tokenizer.pad_token_id
         eos_ids = eos_token_ids(self.generation_config, self.tokenizer)
         start = time.perf_counter()
-        with self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module:
+        # LoRA samples with merged weights (one matmul per linear); the update runs the adapters as they are
+        with self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module, lora.merged_adapters(module):
             module.eval()
             ids = {"eos_token_id": eos_ids, "pad_token_id": pad_id if pad_id is not None else eos_ids[0]}
             if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools

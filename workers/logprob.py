@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from algos import entropy_from_logits, kl_full, logprobs_from_logits, sum_pi_squared_from_logits
 from algos.linear_logprob import head_logits, linear_log_probs
 from workers.lora import as_reference
-from workers.packing import pack_batch, pack_width
+from workers.packing import model_attention_mask, pack_for
 
 # per-position statistics of the policy a forward can return beside the log-probs: logits (..., V) -> (...)
 STATS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -87,18 +87,19 @@ class ResponseRows:
 
 
 def response_rows(module: nn.Module, micro: dict[str, Tensor], response_length: int,
-                  remove_padding: bool) -> ResponseRows:
+                  remove_padding: bool, share_prompts: bool = False) -> ResponseRows:
     """One forward of ``module`` on a micro-batch (input_ids, attention_mask, position_ids; the response is the last
     ``response_length`` columns), keeping only the positions that predict a valid response token.
 
     Padded: the R positions before each response token are gathered inside the model (a contiguous (B, R, ·)
     output), then the valid ones. Remove-padding: packed rows (``packing.pack_batch``), only the columns that hold
-    a predictor.
+    a predictor; with ``share_prompts`` the rows that repeat a prompt run it once (``packing.PromptUnits``).
     """
     input_ids, mask = micro["input_ids"], micro["attention_mask"]
     if remove_padding:
-        packed = pack_batch(input_ids, mask, response_length, pack_width(module, mask))
+        packed = pack_for(module, input_ids, mask, response_length, share_prompts)
         out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                     attention_mask=model_attention_mask(module, packed.attention_mask),
                      logits_to_keep=packed.keep_columns).logits
         return ResponseRows(packed.gather(out), packed.labels, packed.unpack)
     batch, length = input_ids.shape
@@ -115,7 +116,8 @@ def response_rows(module: nn.Module, micro: dict[str, Tensor], response_length: 
 
 def token_stats(module: nn.Module, micro: dict[str, Tensor], response_length: int, temperature: float,
                 remove_padding: bool, fused: bool, stats: tuple[str, ...] = ("entropy",),
-                ref_module: nn.Module | None = None, entropy_grad: bool = True) -> dict[str, Tensor]:
+                ref_module: nn.Module | None = None, entropy_grad: bool = True,
+                share_prompts: bool = False) -> dict[str, Tensor]:
     """``log_probs`` log π (B, R) of the temperature-scaled policy on a micro-batch, the statistics named in
     ``stats`` (``STATS``) and, with ``ref_module``, ``kl``: the exact KL to it; zero where there is no valid
     response token.
@@ -124,15 +126,16 @@ def token_stats(module: nn.Module, micro: dict[str, Tensor], response_length: in
     (N, V) matrix. ``ref_module`` runs first, without gradient, on the same rows (a LoRA actor is its own reference:
     ``lora.as_reference``). Differentiable w.r.t. ``module``'s parameters when grad is enabled; without
     ``entropy_grad`` the unfused entropy keeps no (N, V) graph (the fused one costs nothing in backward unless used).
+    ``share_prompts``: with ``remove_padding``, the rows that repeat a prompt run it once (``response_rows``).
     """
     head = output_head(module)
     ref = None
     if ref_module is not None:
         ref_head = output_head(ref_module)
         with torch.no_grad(), as_reference(ref_module), hidden_states_out(ref_head):
-            ref = (response_rows(ref_module, micro, response_length, remove_padding).outputs, ref_head)
+            ref = (response_rows(ref_module, micro, response_length, remove_padding, share_prompts).outputs, ref_head)
     with hidden_states_out(head):
-        rows = response_rows(module, micro, response_length, remove_padding)
+        rows = response_rows(module, micro, response_length, remove_padding, share_prompts)
     if fused and head is not None and (ref is None or ref[1] is not None):
         ref_args = (ref[0], ref[1].weight, ref[1].bias) if ref is not None else None
         out = linear_log_probs(rows.outputs, head.weight, rows.labels, head.bias, temperature, ref=ref_args)

@@ -13,13 +13,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora.layer import Linear as LoraLinear
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
+from torch.nn import functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.pytorch_utils import Conv1D
 
@@ -93,6 +96,36 @@ def as_reference(module: nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             layer._disable_adapters = False
+
+
+@contextmanager
+def merged_adapters(module: nn.Module) -> Iterator[None]:
+    """Inside, each fp32 LoRA linear of ``module`` runs as one linear with W + ΔW (ΔW = (α/r)·B·A, computed on
+    entry): a no-grad forward (sampling) pays one matmul per layer instead of three and an add.
+
+    The base weight is not touched: the merged weight is a new tensor, freed on exit (peft's ``merge_adapter``
+    adds in place, and subtracting again would leave the frozen base weights a rounding error off each step).
+    fp32 only: in bf16 the sum would round most of ΔW away against W's larger entries. Linears whose base is not
+    an ``nn.Linear`` (GPT-2's Conv1D) or that use DoRA keep peft's forward.
+    """
+    layers = [m for m in module.modules()
+              if isinstance(m, LoraLinear) and type(m.get_base_layer()) is nn.Linear and not m.disable_adapters
+              and not m.merged and not any(m.use_dora.values()) and m.get_base_layer().weight.dtype == torch.float32]
+    with torch.no_grad():
+        for layer in layers:
+            base = layer.get_base_layer()
+            weight = base.weight + sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
+            layer.forward = partial(_linear, weight=weight, bias=base.bias)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+def _linear(x: torch.Tensor, *args: Any, weight: torch.Tensor, bias: torch.Tensor | None,
+            **kwargs: Any) -> torch.Tensor:
+    return F.linear(x, weight, bias)
 
 
 def rank(module: nn.Module) -> int:

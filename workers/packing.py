@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
 
 
 def lpt_partition(lengths: Sequence[int], num_bins: int) -> list[list[int]]:
@@ -140,6 +142,9 @@ class PackedBatch:
     shape: tuple[int, int]  # (B, R)
     keep_columns: Tensor  # (C,): the columns of (K, W) that hold a predictor (``logits_to_keep``)
     kept_index: Tensor  # (N,): each predictor's flat index into (K, C)
+    # (K, 1, W, W) True = attend, where rows share a prompt (``PromptUnits``); None: transformers derives the
+    # block-diagonal causal mask from the position restarts
+    attention_mask: Tensor | None = None
 
     def gather(self, values: Tensor) -> Tensor:
         """Per-position outputs (K, C, ...) at ``keep_columns`` -> (N, ...) at the predictors, in (B, R) order."""
@@ -172,37 +177,76 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]
     return bins
 
 
+@dataclass(frozen=True)
+class PromptUnits:
+    """Which sequences of a (B, L) batch run as one unit: each alone, or (``share_prompts``) the rows that repeat a
+    prompt as that prompt once followed by each row's response (the n samples of a GRPO group)."""
+
+    unit: Tensor  # (B,): each sequence's unit
+    offset: Tensor  # (B,): how many response tokens of its unit's earlier members precede its response
+    lengths: list[int]  # (U,): each unit's tokens: its prompt's once, and every member's response
+    shared: bool  # some unit has more than one member
+
+    @classmethod
+    def of(cls, input_ids: Tensor, attention_mask: Tensor, response_length: int, share_prompts: bool) -> PromptUnits:
+        """The units of a (B, L) batch whose last ``response_length`` columns are the responses."""
+        valid = attention_mask.bool()
+        prompt_length = valid.shape[1] - response_length
+        batch = len(valid)
+        if not share_prompts:
+            zeros = torch.zeros(batch, dtype=torch.long, device=valid.device)
+            return cls(torch.arange(batch, device=valid.device), zeros, valid.sum(-1).tolist(), False)
+        prompts = torch.where(valid[:, :prompt_length], input_ids[:, :prompt_length], -1)  # equal iff ids and mask are
+        _, unit = torch.unique(prompts, dim=0, return_inverse=True)
+        response = valid[:, prompt_length:].sum(-1)
+        same_earlier = (unit[:, None] == unit[None, :]).tril(-1)  # [i, j]: j < i, both in i's unit
+        offset = (same_earlier * response[None, :]).sum(-1)  # no integer matmul: CUDA has none
+        units = int(unit.max()) + 1 if batch else 0
+        prompt = valid[:, :prompt_length].sum(-1)
+        lengths = torch.zeros(units, dtype=torch.long, device=valid.device).scatter(0, unit, prompt)
+        lengths = lengths.scatter_add(0, unit, response)
+        return cls(unit, offset, lengths.tolist(), units < batch)
+
+
 def pack_batch(
-    input_ids: Tensor, attention_mask: Tensor, response_length: int, width: int | None = None
+    input_ids: Tensor, attention_mask: Tensor, response_length: int, width: int | None = None,
+    units: PromptUnits | None = None,
 ) -> PackedBatch:
     """Pack (B, L) left-padded-prompt + right-padded-response rows; the response is the last R columns.
 
     ``width=None`` puts every valid token in one row (for varlen attention kernels); a width (raised to the
-    longest sequence if short of it) bins whole sequences into rows of that many tokens
-    (``best_fit_decreasing``), which keeps a dense attention mask at (W, W) per row instead of (T, T).
+    longest unit if short of it) bins whole units into rows of that many tokens (``best_fit_decreasing``), which
+    keeps a dense attention mask at (W, W) per row instead of (T, T). ``units`` (default: each sequence alone)
+    may join the rows of a repeated prompt (``PromptUnits``): the prompt is then packed once, each response after
+    it at the positions it has in its own row, and ``attention_mask`` lets every response see the prompt and
+    itself only, so each token's output is the one it has in its own row.
     """
     valid = attention_mask.bool()
     batch, length = valid.shape
-    lengths = valid.sum(-1).tolist()
+    units = units or PromptUnits.of(input_ids, attention_mask, response_length, share_prompts=False)
     if width is None:
-        width, bins = max(sum(lengths), 1), [list(range(batch))]
+        if units.shared:
+            raise ValueError("shared prompts need rows of a width (a dense mask per row), not one varlen row")
+        width, bins = max(sum(units.lengths), 1), [list(range(len(units.lengths)))]
     else:
-        width = max(width, *lengths)
-        bins = best_fit_decreasing(lengths, width)
-    row_of, start = [0] * batch, [0] * batch  # each sequence's packed row and first column
+        width = max(width, *units.lengths)
+        bins = best_fit_decreasing(units.lengths, width)
+    first = [0] * len(units.lengths)  # each unit's first slot in (K·W)
     for b, members in enumerate(bins):
-        offset = 0
-        for i in members:
-            row_of[i], start[i], offset = b, offset, offset + lengths[i]
-    first_slot = torch.tensor([r * width + c for r, c in zip(row_of, start)], device=valid.device)
+        offset = b * width
+        for u in members:
+            first[u], offset = offset, offset + units.lengths[u]
+    prompt_length = length - response_length
+    first_slot = torch.tensor(first, dtype=torch.long, device=valid.device)[units.unit]
     position = valid.long().cumsum(-1) - 1  # (B, L): index among the row's valid tokens
-    slot = torch.where(valid, first_slot[:, None] + position, -1)  # (B, L) flat index into (K, W)
+    behind = torch.zeros_like(position)
+    behind[:, prompt_length:] = units.offset[:, None]  # a response sits behind its unit's earlier responses
+    slot = torch.where(valid, first_slot[:, None] + position + behind, -1)  # (B, L) flat index into (K, W)
     destination = slot[valid]
     packed_ids = input_ids.new_zeros(len(bins) * width)
-    packed_ids[destination] = input_ids[valid]
+    packed_ids[destination] = input_ids[valid]  # a shared prompt's rows write the same ids to the same slots
     packed_positions = torch.arange(width, device=valid.device).repeat(len(bins))
     packed_positions[destination] = position[valid]
-    prompt_length = length - response_length
     predictors = slot[:, prompt_length - 1 : length - 1]  # position t predicts token t + 1
     keep = (predictors >= 0) & valid[:, prompt_length:]
     rows, cols = keep.nonzero(as_tuple=True)
@@ -221,32 +265,74 @@ def pack_batch(
         shape=(batch, response_length),
         keep_columns=keep_columns,
         kept_index=predictors // width * len(keep_columns) + rank[column],
+        attention_mask=_shared_prompt_mask(slot, units.unit, prompt_length, len(bins), width) if units.shared
+        else None,
     )
+
+
+def _shared_prompt_mask(slot: Tensor, unit: Tensor, prompt_length: int, rows: int, width: int) -> Tensor:
+    """(K, 1, W, W) True = attend: causal within a unit, a response's tokens see its prompt and themselves only.
+    An unused slot sees itself only (no row of the mask is empty)."""
+    valid = slot >= 0
+    owner = -1 - torch.arange(rows * width, device=slot.device)
+    owner[slot[valid]] = unit[:, None].expand_as(slot)[valid]
+    member = torch.full((rows * width,), -1, dtype=torch.long, device=slot.device)  # -1: a prompt token
+    responses = valid.clone()
+    responses[:, :prompt_length] = False
+    member[slot[responses]] = torch.arange(len(slot), device=slot.device)[:, None].expand_as(slot)[responses]
+    owner, member = owner.view(rows, width), member.view(rows, width)
+    causal = torch.ones(width, width, dtype=torch.bool, device=slot.device).tril()
+    sees = (member[:, None, :] == -1) | (member[:, None, :] == member[:, :, None])
+    return ((owner[:, :, None] == owner[:, None, :]) & causal & sees)[:, None]
 
 
 ROW_WIDTH_MULTIPLES = (1, 2, 4, 8)  # the row widths pack_width weighs, in padded lengths
 
 
-def pack_width(module: nn.Module, attention_mask: Tensor) -> int | None:
+def pack_width(module: nn.Module, attention_mask: Tensor, lengths: Sequence[int] | None = None) -> int | None:
     """Row width for ``pack_batch``: one row (None) under flash-attention, whose varlen kernel costs what the
     tokens cost. sdpa / eager attention build a dense (W, W) mask per row, so a row costs W tokens of matmul
-    work plus W² token pairs of attention: of 1, 2, 4 and 8 times the padded length, the width whose rows cost
-    least, cost(W) = rows(W) · W · (1 + W / w0), w0 from ``_attention_break_even``. Wider rows pay off when
-    sequences are short against the padded length (two 11-token sequences never share a 16-wide row).
+    work plus W² token pairs of attention: of 1, 2, 4 and 8 times the padded length (at least the longest of
+    ``lengths``, what is packed: the sequences' valid tokens by default, or ``PromptUnits.lengths``), the width
+    whose rows cost least, cost(W) = rows(W) · W · (1 + W / w0), w0 from ``_attention_break_even``. Wider rows
+    pay off when sequences are short against the padded length (two 11-token sequences never share a 16-wide row).
     """
-    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None) or ""
-    if implementation.startswith("flash"):
+    if varlen_attention(module):
         return None
-    length = attention_mask.shape[1]
+    lengths = attention_mask.sum(-1).tolist() if lengths is None else list(lengths)
+    widths = [max(attention_mask.shape[1] * k, *lengths) for k in ROW_WIDTH_MULTIPLES]
     break_even = _attention_break_even(module)
     if break_even is None:
-        return length
-    lengths = attention_mask.sum(-1).tolist()
+        return widths[0]
 
     def cost(width: int) -> float:
         return len(best_fit_decreasing(lengths, width)) * width * (1 + width / break_even)
 
-    return min((length * k for k in ROW_WIDTH_MULTIPLES), key=cost)
+    return min(widths, key=cost)
+
+
+def pack_for(module: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
+             share_prompts: bool = False) -> PackedBatch:
+    """``pack_batch`` in rows of ``pack_width``'s width for ``module``; with ``share_prompts`` the rows that repeat
+    a prompt share it (``PromptUnits``), except under flash-attention, whose varlen row takes no mask."""
+    units = PromptUnits.of(input_ids, attention_mask, response_length, share_prompts and takes_dense_mask(module))
+    return pack_batch(input_ids, attention_mask, response_length, pack_width(module, attention_mask, units.lengths),
+                      units)
+
+
+def varlen_attention(module: nn.Module) -> bool:
+    """Whether ``module`` attends with flash-attention's varlen kernel (packed rows need no mask, take none)."""
+    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None) or ""
+    return implementation.startswith("flash")
+
+
+def takes_dense_mask(module: nn.Module) -> bool:
+    """Whether every layer of ``module`` applies a given (K, 1, W, W) mask as it is: sdpa or eager attention, and
+    full attention in every layer (a sliding-window layer would need a mask of its own)."""
+    config = getattr(module, "config", None)
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    return all(type(layer) is StaticLayer for layer in StaticCache(config=config, max_cache_len=1).layers)
 
 
 def _attention_break_even(module: nn.Module) -> float | None:
@@ -262,3 +348,13 @@ def _attention_break_even(module: nn.Module) -> float | None:
     if not hidden or block is None:
         return None
     return sum(p.numel() for p in block.parameters()) / (2 * hidden)
+
+
+def model_attention_mask(module: nn.Module, mask: Tensor | None) -> Tensor | None:
+    """A (K, 1, W, W) boolean mask (True = attend) as ``module``'s attention takes a 4-D mask: sdpa as is, eager
+    attention as an additive one (0 or the dtype's lowest), since it adds its mask to the scores."""
+    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if mask is None or implementation != "eager":
+        return mask
+    return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo().min)
+

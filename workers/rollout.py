@@ -30,10 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import StaticLayer
 
 from workers.logprob import hidden_states_out, output_head
-from workers.packing import best_fit_decreasing, pack_width
+from workers.packing import best_fit_decreasing, model_attention_mask, pack_width, takes_dense_mask
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float = 1.0) -> Tensor:
@@ -182,10 +181,8 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, positio
     distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
     ids, mask, positions = distinct.split(input_ids.shape[1], dim=-1)
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
-    attention = getattr(model.config, "_attn_implementation", None)
-    packable = attention in ("sdpa", "eager") and all(type(layer) is StaticLayer for layer in cache.layers)
-    if packable and (width := pack_width(model, _trim_left_padding(mask))) is not None:
-        logits = _packed_prefill(model, ids, mask, positions, cache, width, eager=attention == "eager")
+    if takes_dense_mask(model) and (width := pack_width(model, _trim_left_padding(mask))) is not None:
+        logits = _packed_prefill(model, ids, mask, positions, cache, width)
     else:
         padded_mask = torch.cat([mask, mask.new_zeros(len(mask), max_cache_len - mask.shape[1])], dim=-1)
         logits = next_token_logits(model, ids, padded_mask, positions, cache)
@@ -213,7 +210,7 @@ def _trim_left_padding(mask: Tensor) -> Tensor:
 
 
 def _packed_prefill(model: nn.Module, ids: Tensor, mask: Tensor, positions: Tensor, cache: StaticCache,
-                    width: int, eager: bool) -> Tensor:
+                    width: int) -> Tensor:
     """Prefill the left-padded prompts (U, P) packed into rows of ``width`` tokens (whole prompts, best-fit
     decreasing), attending within each prompt only; write their keys and values into ``cache`` as the padded
     layout has them (zeros at the padding). Returns the logits (U, V) after each prompt's last token."""
@@ -236,12 +233,11 @@ def _packed_prefill(model: nn.Module, ids: Tensor, mask: Tensor, positions: Tens
     owner = owner[:-1].view(len(bins), width)
     causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
     block_mask = ((owner[:, :, None] == owner[:, None, :]) & causal)[:, None]  # (K, 1, W, W): True = attend
-    if eager:  # eager attention adds its mask to the scores
-        block_mask = torch.zeros(block_mask.shape, device=ids.device).masked_fill(~block_mask, torch.finfo().min)
     last = first + torch.tensor(lengths, device=ids.device) - 1  # (U,) the slot of each prompt's last token
     head, packed = output_head(model), DynamicCache()
     with hidden_states_out(head):
-        out = model(input_ids=packed_ids[:-1].view(len(bins), width), attention_mask=block_mask,
+        out = model(input_ids=packed_ids[:-1].view(len(bins), width),
+                    attention_mask=model_attention_mask(model, block_mask),
                     position_ids=packed_positions[:-1].view(len(bins), width), past_key_values=packed,
                     use_cache=True).logits
     out = out.flatten(0, 1)[last]

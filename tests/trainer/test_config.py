@@ -96,6 +96,8 @@ def test_the_config_is_frozen_and_replace_keys_rechecks():
         (["critic.optim.lr=-1"], ["critic.optim.lr=-1"]),
         (["actor_rollout_ref.rollout.val_kwargs.top_p=0"], ["actor_rollout_ref.rollout.val_kwargs.top_p=0"]),
         (["algorithm.gamma=1.5"], ["algorithm.gamma=1.5"]),
+        (["actor_rollout_ref.actor.use_prefix_grouper=true", "actor_rollout_ref.model.use_remove_padding=false"],
+         ["actor_rollout_ref.actor.use_prefix_grouper=True", "use_remove_padding=true"]),
     ],
 )
 def test_bad_values_name_key_and_value(overrides, expected):

@@ -18,11 +18,12 @@ from config.roles import (
     RolloutConfig,
 )
 from tests.workers.helpers import actor_config, make_update_batch, worker_config
-from workers import lora
+from workers import fsdp, lora
 from workers.actor import DataParallelPPOActor
 from workers.checkpoint import PlainReader, load_role, save_role
 from workers.master_weights import checkpointed
 from workers.role import TrainedRole
+from workers.rollout import generate_sequences
 
 P, R, ROWS = 6, 5, 4
 ONE_CPU = SimpleNamespace(device=torch.device("cpu"), world_size=1)
@@ -137,3 +138,33 @@ def test_lora_rank_is_checked_and_puts_the_reference_in_the_actor(tiny_model_dir
         cfg.actor_rollout_ref, actor=dataclasses.replace(cfg.actor_rollout_ref.actor, use_kl_loss=False)))
     assert not make_plan(no_kl, 2).ref_in_actor  # no reference, nothing to hold
     assert not worker_config(dataclasses.replace(arr, model=ModelConfig(path=tiny_model_dir)))[1].ref_in_actor
+
+
+def test_sampling_with_merged_adapters_is_the_adapted_policy_and_leaves_the_base_alone(tiny_model_dir):
+    """Inside ``merged_adapters`` the LoRA linears run as one matmul with W + ΔW (the adapters' own matmuls are not
+    called): the same log-probs and greedy tokens as peft's forward; on exit the base weights are bit-identical."""
+    role = _lora_role(tiny_model_dir)
+    batch = make_update_batch(ROWS, P, R)
+    _update(role, batch)  # B != 0: the adapters change the policy
+    module = role.module
+    frozen = {n: p.detach().clone() for n, p in module.named_parameters() if "lora_" not in n}
+    prompts = [batch.batch[k][:, :P] for k in ("input_ids", "attention_mask", "position_ids")]
+    greedy = dict(response_length=R, eos_token_id=None, pad_token_id=0, do_sample=False)
+    with fsdp.gathered_params(module):
+        want_tokens = generate_sequences(module, *prompts, **greedy)["responses"]
+    want = _log_probs(module, batch)
+    calls = []
+    hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for n, m in module.named_modules()
+             if n.endswith("lora_A.default")]
+    with fsdp.gathered_params(module), lora.merged_adapters(module):
+        got_tokens = generate_sequences(module, *prompts, **greedy)["responses"]
+        got = _log_probs(module, batch)
+    assert hooks and not calls
+    assert torch.equal(got_tokens, want_tokens)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(p, frozen[n]) for n, p in module.named_parameters() if "lora_" not in n)
+    assert not any("forward" in m.__dict__ for m in module.modules())  # peft's forward is back
+    _log_probs(module, batch)
+    assert calls  # and the adapters run as adapters again
+    for hook in hooks:
+        hook.remove()
