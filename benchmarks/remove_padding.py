@@ -1,6 +1,6 @@
 """Remove-padding and dynamic batch size against the padded path: the actor's log-prob pass and update.
 
-    python -m benchmarks.remove_padding [--rows 64 --prompt-length 32 --response-length 96]
+    python -m benchmarks.remove_padding [--rows 64 --prompt-length 32 --response-length 96 --n 1]
                                         [--hidden 256 --layers 4 --micro 16] [--repeats 3 --threads 1]
 
 One process, a random Llama (no checkpoint), a batch of ``--rows`` sequences with left-padded prompts of
@@ -10,7 +10,8 @@ tokens, as a rollout leaves them. Each variant gets the same initial weights and
 times; figures are medians. Variants: padded micro-batches of ``--micro`` rows (the baseline), the same
 micro-batches packed (remove-padding), and packed micro-batches of at most ``--max-token-len`` valid tokens
 (dynamic batch size; by default ``--micro`` × (prompt + response), the padded path's token footprint filled
-with real tokens only); also padded + dynamic batch size.
+with real tokens only); also padded + dynamic batch size, and packed micro-batches whose rows that repeat a
+prompt share it (``actor.use_prefix_grouper``; with ``--n`` > 1 each prompt is repeated by n rows in a row).
 
 Packed micro-batches are rows holding whole sequences (``packing.pack_batch``), 1-8 padded lengths wide,
 whichever costs least (``packing.pack_width``): transformers gives sdpa a dense block-diagonal mask per row, so
@@ -34,11 +35,12 @@ from config.roles import ActorConfig, OptimConfig
 from single_controller import DataProto
 from workers.actor import DataParallelPPOActor
 
-VARIANTS = {  # name -> (remove_padding, dynamic batch size)
-    "padded": (False, False),
-    "remove_padding": (True, False),
-    "remove_padding+dynamic_bsz": (True, True),
-    "padded+dynamic_bsz": (False, True),
+VARIANTS = {  # name -> (remove_padding, dynamic batch size, shared prompts)
+    "padded": (False, False, False),
+    "remove_padding": (True, False, False),
+    "remove_padding+dynamic_bsz": (True, True, False),
+    "padded+dynamic_bsz": (False, True, False),
+    "remove_padding+prefix_grouper": (True, False, True),
 }
 
 
@@ -50,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--n", type=int, default=1, help="rows per prompt (a GRPO group, one after another)")
     parser.add_argument("--micro", type=int, default=16, help="rows per padded micro-batch")
     parser.add_argument("--max-token-len", type=int, default=None,
                         help="dynamic batch size budget (default: micro × (prompt + response) tokens)")
@@ -67,8 +70,12 @@ def make_batch(args: argparse.Namespace) -> DataProto:
     response_len = torch.randint(1, r + 1, (rows,), generator=g)
     prompt_mask = (torch.arange(p) >= p - prompt_len[:, None]).long()
     response_mask = (torch.arange(r) < response_len[:, None]).long()
+    group = torch.arange(rows) // args.n * args.n  # the row whose prompt each row repeats
+    prompt_mask = prompt_mask[group]
     attention_mask = torch.cat([prompt_mask, response_mask], -1)
-    input_ids = torch.randint(1, args.vocab, (rows, p + r), generator=g) * attention_mask
+    input_ids = torch.randint(1, args.vocab, (rows, p + r), generator=g)
+    input_ids[:, :p] = input_ids[group, :p]
+    input_ids = input_ids * attention_mask
     return DataProto.from_dict({
         "input_ids": input_ids,
         "attention_mask": attention_mask,
@@ -85,7 +92,8 @@ def llama_config(args: argparse.Namespace) -> LlamaConfig:
                        max_position_embeddings=args.prompt_length + args.response_length, pad_token_id=0)
 
 
-def build_actor(args: argparse.Namespace, state: dict, remove_padding: bool, dynamic: bool) -> DataParallelPPOActor:
+def build_actor(args: argparse.Namespace, state: dict, remove_padding: bool, dynamic: bool,
+                shared: bool = False) -> DataParallelPPOActor:
     model = LlamaForCausalLM(llama_config(args))
     model.load_state_dict(state)
     actor_config = ActorConfig(
@@ -94,13 +102,14 @@ def build_actor(args: argparse.Namespace, state: dict, remove_padding: bool, dyn
         ppo_max_token_len_per_gpu=args.max_token_len or args.micro * (args.prompt_length + args.response_length),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    return DataParallelPPOActor(model, optimizer, None, actor_config, use_remove_padding=remove_padding)
+    return DataParallelPPOActor(model, optimizer, None, actor_config, use_remove_padding=remove_padding,
+                                use_prefix_grouper=shared)
 
 
 def run_variant(args: argparse.Namespace, state: dict, data: DataProto, name: str) -> dict:
     """Median seconds of the log-prob pass and the update; the first log-probs against ``old_log_probs``."""
-    remove_padding, dynamic = VARIANTS[name]
-    actor = build_actor(args, state, remove_padding, dynamic)
+    remove_padding, dynamic, shared = VARIANTS[name]
+    actor = build_actor(args, state, remove_padding, dynamic, shared)
     max_token_len = actor.config.ppo_max_token_len_per_gpu if dynamic else None
     log_prob_s, update_s, first = [], [], None
     for _ in range(args.repeats):

@@ -45,7 +45,7 @@ from torch import nn
 
 from algos.linear_logprob import chunk_rows
 from workers import attention, fsdp, lora
-from workers.packing import pack_batch, pack_width
+from workers.packing import PromptUnits, pack_batch, pack_width, takes_dense_mask
 
 GiB = 2**30
 FP32 = 4
@@ -171,6 +171,7 @@ class Micro:
     response: int
     padded_length: int  # max_prompt_length + max_response_length: the rows' width before packing
     packed: bool
+    group: int = 1  # rows after one another that repeat a prompt and share it (actor.use_prefix_grouper)
 
     def geometry(self, m: ModelSizes) -> tuple[int, int, int]:
         """(tokens through the blocks, their attention row width, positions through the LM head), as the
@@ -180,8 +181,9 @@ class Micro:
         mask = torch.zeros(self.rows, self.padded_length, dtype=torch.long)
         start = self.padded_length - self.response
         mask[:, start - self.prompt: start + self.response] = 1
-        width = pack_width(m.module, mask)
-        packed = pack_batch(torch.zeros_like(mask), mask, self.padded_length - start, width)
+        ids = (torch.arange(self.rows) // self.group)[:, None].expand_as(mask).contiguous()  # a prompt per group
+        units = PromptUnits.of(ids, mask, self.response, self.group > 1 and takes_dense_mask(m.module))
+        packed = pack_batch(ids, mask, self.response, pack_width(m.module, mask, units.lengths), units)
         rows, row_width = packed.input_ids.shape
         return rows * row_width, row_width, rows * len(packed.keep_columns)
 

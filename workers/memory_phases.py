@@ -125,17 +125,22 @@ class _Estimator:
                  "logits": 4 * rows * m.vocab * FP32}  # the last position's, as sampling scales and sorts them
         return self._phase(name, "actor", terms, key=key)
 
-    def micro(self, rows: int, packed: bool, dynamic_budget: int | None) -> Micro:
+    def micro(self, rows: int, packed: bool, dynamic_budget: int | None, policy: bool = False) -> Micro:
+        """A micro-batch of ``rows``; a ``policy`` forward's (actor, reference) groups of n share their prompt
+        with ``actor.use_prefix_grouper``."""
         length = self.lengths.prompt + self.lengths.response
         if dynamic_budget is not None:  # micro-batches of at most this many valid tokens
             rows = max(1, min(rows, dynamic_budget // length))
-        return Micro(rows, self.lengths.prompt, self.lengths.response, self.width, packed)
+        arr = self.cfg.actor_rollout_ref
+        group = arr.rollout.n if policy and arr.actor.use_prefix_grouper else 1
+        return Micro(rows, self.lengths.prompt, self.lengths.response, self.width, packed, group)
 
     def log_prob(self, name: str, role: str, section: Any, prefix: str) -> Phase:
         """A no-grad forward per micro-batch: a block's temporaries and the logits."""
         dynamic = section.log_prob_max_token_len_per_gpu if section.log_prob_use_dynamic_bsz else None
         micro_rows = section.log_prob_micro_batch_size_per_gpu or self.rows
-        micro = self.micro(min(micro_rows, self.rows), self.cfg.actor_rollout_ref.model.use_remove_padding, dynamic)
+        micro = self.micro(min(micro_rows, self.rows), self.cfg.actor_rollout_ref.model.use_remove_padding, dynamic,
+                           policy=True)
         r = self.roles[role]
         tokens, _, head = micro.geometry(r.sizes)
         c = r.placement.compute_bytes
@@ -164,7 +169,7 @@ class _Estimator:
         r = self.roles[role]
         dynamic = section.ppo_max_token_len_per_gpu if section.use_dynamic_bsz else None
         micro = self.micro(min(section.ppo_micro_batch_size_per_gpu or mini, mini), model_cfg.use_remove_padding,
-                           dynamic)
+                           dynamic, policy=role == "actor")
         tokens, width, head = micro.geometry(r.sizes)
         c = r.placement.compute_bytes
         math = uses_math_attention(r.sizes, self.device, c, width)

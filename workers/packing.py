@@ -15,6 +15,10 @@ Shared by the actor (log-probs, update), the reference policy and the critic (va
   (``masking_utils.find_packed_sequence_indices``), so no token attends across sequences. The padded path's
   ``position_ids`` must be ``cumsum(attention_mask) - 1`` on valid tokens (left-padded prompt, right-padded
   response, as the rollout writes them) for the two paths to agree.
+- **Shared prompts** (``actor.use_prefix_grouper``). The rows of a micro-batch that repeat a prompt (a GRPO group)
+  pack as one unit: the prompt once, then each response at the positions it has in its own row, with an explicit
+  (W, W) mask per row that lets each response see the prompt and itself (``PromptUnits``). Every output equals the
+  unshared one; the prompt's tokens run once instead of n times, and its gradient sums over the n responses.
 """
 
 from __future__ import annotations

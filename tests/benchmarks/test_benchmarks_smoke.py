@@ -335,3 +335,11 @@ def test_allocator_runs_the_presets_update_under_each_allocator(tmp_path):
     assert [results[name]["mimalloc"] for name in ("mimalloc", "glibc-kept")] == [True, False]
     for result in results.values():
         assert 0 < result["rss_loaded_gib"] <= result["peak_rss_gib"] and len(result["s_all"]) == 2
+
+
+def test_remove_padding_compares_packed_and_shared_prompt_variants_with_the_padded_path():
+    out = run_benchmark("remove_padding", "--rows", "8", "--prompt-length", "8", "--response-length", "6",
+                        "--hidden", "64", "--layers", "1", "--micro", "4", "--n", "4", "--repeats", "1")
+    variants = out["variants"]
+    assert set(variants) >= {"padded", "remove_padding", "remove_padding+prefix_grouper"}
+    assert all(v["log_prob_max_abs_diff"] < 1e-4 for v in variants.values())  # the same log-probs, every layout
