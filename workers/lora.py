@@ -108,9 +108,8 @@ def merged_adapters(module: nn.Module) -> Iterator[None]:
     fp32 only: in bf16 the sum would round most of ΔW away against W's larger entries. Linears whose base is not
     an ``nn.Linear`` (GPT-2's Conv1D) or that use DoRA keep peft's forward.
     """
-    layers = [m for m in module.modules()
-              if isinstance(m, LoraLinear) and type(m.get_base_layer()) is nn.Linear and not m.disable_adapters
-              and not m.merged and not any(m.use_dora.values()) and m.get_base_layer().weight.dtype == torch.float32]
+    layers = [m for m in mergeable(module)
+              if not m.disable_adapters and not m.merged and m.get_base_layer().weight.dtype == torch.float32]
     with torch.no_grad():
         for layer in layers:
             base = layer.get_base_layer()
@@ -121,6 +120,12 @@ def merged_adapters(module: nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             del layer.forward
+
+
+def mergeable(module: nn.Module) -> list[nn.Module]:
+    """The LoRA linears of ``module`` that :func:`merged_adapters` can merge: an ``nn.Linear`` base, no DoRA."""
+    return [m for m in module.modules()
+            if isinstance(m, LoraLinear) and type(m.get_base_layer()) is nn.Linear and not any(m.use_dora.values())]
 
 
 def _linear(x: torch.Tensor, *args: Any, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -70,6 +70,7 @@ class ModelSizes:
     heads: int
     vocab: int
     adapter_width: int  # Σ LoRA rank over a block's adapted linears (0 without LoRA)
+    merged: int  # weights of the linears that LoRA sampling merges into a copy (``lora.merged_adapters``)
     module: nn.Module = field(repr=False, compare=False)  # the meta model, for the packing code's own choices
 
     @property
@@ -107,6 +108,7 @@ def model_sizes(config: Any, lora_config: Any = None, min_num_params: int = 0, v
         heads=heads,
         vocab=1 if value_head else config.vocab_size,
         adapter_width=sum(m.r[lora.ADAPTER] for m in adapted),
+        merged=sum(m.get_base_layer().weight.numel() for m in lora.mergeable(module)),
         module=module,
     )
 

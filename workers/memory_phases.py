@@ -119,7 +119,8 @@ class _Estimator:
         """Every row of the worker decodes at once over a StaticCache; prefill runs on the prompts."""
         actor = self.roles["actor"]
         c, m = actor.placement.compute_bytes, actor.sizes
-        terms = {"weights": actor.placement.gathered(m, whole=True),
+        merged = FP32 * m.merged if c == FP32 else 0  # fp32 LoRA samples with merged copies of its linears
+        terms = {"weights": actor.placement.gathered(m, whole=True) + merged,
                  "kv_cache": kv_cache_bytes(m, rows, self.width, c),
                  "activations": forward_transient(m, rows * self.cfg.data.max_prompt_length, c),
                  "logits": 4 * rows * m.vocab * FP32}  # the last position's, as sampling scales and sorts them
