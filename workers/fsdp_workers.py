@@ -138,7 +138,8 @@ class ActorRolloutRefWorker(Worker):
         eos_ids = eos_token_ids(self.generation_config, self.tokenizer)
         start = time.perf_counter()
         # LoRA samples with merged weights (one matmul per linear); the update runs the adapters as they are
-        with self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module, lora.merged_adapters(module):
+        with (self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module,
+              lora.merged_adapters(module)):
             module.eval()
             ids = {"eos_token_id": eos_ids, "pad_token_id": pad_id if pad_id is not None else eos_ids[0]}
             if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools

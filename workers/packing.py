@@ -284,10 +284,19 @@ def _shared_prompt_mask(slot: Tensor, unit: Tensor, prompt_length: int, rows: in
     responses = valid.clone()
     responses[:, :prompt_length] = False
     member[slot[responses]] = torch.arange(len(slot), device=slot.device)[:, None].expand_as(slot)[responses]
-    owner, member = owner.view(rows, width), member.view(rows, width)
-    causal = torch.ones(width, width, dtype=torch.bool, device=slot.device).tril()
-    sees = (member[:, None, :] == -1) | (member[:, None, :] == member[:, :, None])
-    return ((owner[:, :, None] == owner[:, None, :]) & causal & sees)[:, None]
+    return block_causal_mask(owner.view(rows, width), member.view(rows, width))
+
+
+def block_causal_mask(owner: Tensor, member: Tensor | None = None) -> Tensor:
+    """(K, 1, W, W) True = attend, for rows (K, W) of slots: causal among the slots of one ``owner`` (a sequence or a
+    unit; an unused slot needs an owner of its own), and with ``member`` (-1 on a shared prompt's slots) a
+    response's slots see the prompt's and their own only."""
+    width = owner.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=owner.device).tril()
+    mask = (owner[:, :, None] == owner[:, None, :]) & causal
+    if member is not None:
+        mask &= (member[:, None, :] == -1) | (member[:, None, :] == member[:, :, None])
+    return mask[:, None]
 
 
 ROW_WIDTH_MULTIPLES = (1, 2, 4, 8)  # the row widths pack_width weighs, in padded lengths

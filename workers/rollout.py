@@ -32,7 +32,13 @@ from torch import Tensor, nn
 from transformers import DynamicCache, StaticCache
 
 from workers.logprob import hidden_states_out, output_head
-from workers.packing import best_fit_decreasing, model_attention_mask, pack_width, takes_dense_mask
+from workers.packing import (
+    best_fit_decreasing,
+    block_causal_mask,
+    model_attention_mask,
+    pack_width,
+    takes_dense_mask,
+)
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float = 1.0) -> Tensor:
@@ -231,8 +237,7 @@ def _packed_prefill(model: nn.Module, ids: Tensor, mask: Tensor, positions: Tens
     owner = -1 - torch.arange(packed_ids.numel(), device=ids.device)  # an unused slot attends to itself only
     owner[slots[valid]] = valid.nonzero()[:, 0]
     owner = owner[:-1].view(len(bins), width)
-    causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
-    block_mask = ((owner[:, :, None] == owner[:, None, :]) & causal)[:, None]  # (K, 1, W, W): True = attend
+    block_mask = block_causal_mask(owner)  # (K, 1, W, W): True = attend
     last = first + torch.tensor(lengths, device=ids.device) - 1  # (U,) the slot of each prompt's last token
     head, packed = output_head(model), DynamicCache()
     with hidden_states_out(head):
