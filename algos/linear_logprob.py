@@ -6,17 +6,20 @@ sampling temperature τ, per chunk of rows:
 
     z = (h·Wᵀ + b) / τ                      fp32 logits (the matmul runs in the head's dtype, as the model's does)
     lse = logsumexp(z);   log π(y) = z_y − lse
-    H = lse − Σ_v p_v·z_v,   p = exp(z − lse)                          (the entropy reuses the logsumexp)
+    H = −Σ_v p_v·log p_v,   log p = z − lse,   p = exp(log p)            (the entropy reuses the logsumexp)
     KL(π ‖ π_ref) = Σ_v p_v·(log p_v − log q_v),   log q = z' − lse'      (z', lse': the reference's; exact)
     Σπ² = Σ_v p_v²                                                    (no gradient: the optimal token baseline's)
 
-Backward recomputes z chunk by chunk from what the forward kept (h, W, lse, H, KL):
+Backward recomputes z chunk by chunk from what the forward kept (h, W, lse, H, KL); when all N rows fit one
+chunk (a micro-batch of a few responses), the forward keeps that chunk's log p instead, and backward skips the
+recomputation:
 
     ∂log π(y)/∂z = onehot(y) − p;   ∂H/∂z = −p·(log p + H);   ∂KL/∂z = p·(log p − log q − KL)
     ∂/∂h = (g/τ)·W,   ∂/∂W = (g/τ)ᵀ·h,   ∂/∂b = Σ_rows g/τ   (g: the three terms weighted by the outputs' grads)
 
 The reference side is a constant (no gradient), as in ``algos.kl.kl_full``. The chunk holds ``CHUNK_ELEMENTS``
-logits, so a forward or backward keeps a few (chunk, V) fp32 tensors alive whatever N and V are.
+logits, so a forward or backward keeps a few (chunk, V) fp32 tensors alive whatever N and V are (one of them
+from forward to backward when N fits a chunk).
 """
 
 from __future__ import annotations
@@ -58,22 +61,24 @@ class _LinearLogProbs(torch.autograd.Function):
         lse, sum_p2 = torch.empty_like(log_probs), torch.empty_like(log_probs)
         with_ref = ref_hidden is not None
         kl, ref_lse = (torch.empty_like(log_probs), torch.empty_like(log_probs)) if with_ref else (None, None)
+        # all rows in one chunk: keep its log p for backward instead of recomputing the logits there
+        keep = 0 < n <= rows and any(ctx.needs_input_grad[:3])
         for start in range(0, n, rows):
             part = slice(start, start + rows)
             z = head_logits(hidden[part], weight, bias, temperature)
             lse[part] = torch.logsumexp(z, dim=-1)
             log_probs[part] = z.gather(-1, labels[part, None]).squeeze(-1) - lse[part]
-            p = torch.exp(z - lse[part, None])
-            entropy[part] = lse[part] - _rowdot(p, z)
+            log_p = z.sub_(lse[part, None])  # in place of z
+            p = torch.exp(log_p)
+            entropy[part] = -_rowdot(p, log_p)
             sum_p2[part] = _rowdot(p, p)
             if with_ref:
                 log_q = head_logits(ref_hidden[part], ref_weight, ref_bias, temperature)
                 ref_lse[part] = torch.logsumexp(log_q, dim=-1)
-                log_q.sub_(ref_lse[part, None])
                 # term by term, so identical policies give exactly 0
-                kl[part] = _rowdot(p, z.sub_(lse[part, None]).sub_(log_q))
+                kl[part] = _rowdot(p, log_p - log_q.sub_(ref_lse[part, None]))
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy, ref_hidden, ref_weight, ref_bias,
-                              ref_lse, kl)
+                              ref_lse, kl, log_p if keep else None)
         ctx.temperature, ctx.rows = temperature, rows
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(sum_p2)
@@ -82,7 +87,8 @@ class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_log_probs: Tensor | None, grad_entropy: Tensor | None, grad_kl: Tensor | None,
                  _grad_sum_p2: None):
-        hidden, weight, bias, labels, lse, entropy, ref_hidden, ref_weight, ref_bias, ref_lse, kl = ctx.saved_tensors
+        (hidden, weight, bias, labels, lse, entropy, ref_hidden, ref_weight, ref_bias, ref_lse, kl,
+         log_p) = ctx.saved_tensors
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
@@ -92,7 +98,7 @@ class _LinearLogProbs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.rows):
             part = slice(start, start + ctx.rows)
             g = _logit_grad(ctx, part, hidden, weight, bias, labels, lse, entropy, grad_log_probs, grad_entropy,
-                            (grad_kl, ref_hidden, ref_weight, ref_bias, ref_lse, kl))
+                            (grad_kl, ref_hidden, ref_weight, ref_bias, ref_lse, kl), log_p)
             if g is None:
                 continue
             g = g.to(weight.dtype)
@@ -108,13 +114,14 @@ class _LinearLogProbs(torch.autograd.Function):
 
 def _logit_grad(ctx: Any, part: slice, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
                 lse: Tensor, entropy: Tensor, grad_log_probs: Tensor | None, grad_entropy: Tensor | None,
-                ref: tuple) -> Tensor | None:
-    """∂loss/∂(logits before τ) of one chunk (fp32), from the outputs' gradients; None when none flows."""
+                ref: tuple, log_p: Tensor | None) -> Tensor | None:
+    """∂loss/∂(logits before τ) of one chunk (fp32), from the outputs' gradients (``log_p``: the chunk's log p
+    if the forward kept it); None when none flows."""
     grad_kl, ref_hidden, ref_weight, ref_bias, ref_lse, kl = ref
     if grad_log_probs is None and grad_entropy is None and grad_kl is None:
         return None
-    z = head_logits(hidden[part], weight, bias, ctx.temperature)
-    log_p = z.sub_(lse[part, None])  # log p, in place of z
+    if log_p is None:
+        log_p = head_logits(hidden[part], weight, bias, ctx.temperature).sub_(lse[part, None])
     p = torch.exp(log_p)
     g = torch.zeros_like(p)
     if grad_log_probs is not None:

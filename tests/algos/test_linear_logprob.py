@@ -69,6 +69,22 @@ def test_an_output_without_gradient_adds_nothing_to_backward():
     torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [7, 1000], ids=["7-row-chunks", "one-chunk"])
+def test_backward_recomputes_the_logits_only_when_the_rows_span_several_chunks(chunk, monkeypatch):
+    """One chunk: the forward keeps its log p and backward runs no LM-head matmul for the logits; several chunks:
+    backward recomputes each chunk's logits once."""
+    monkeypatch.setattr(fused, "CHUNK_ELEMENTS", chunk * V)
+    calls = []
+    head_logits = fused.head_logits
+    monkeypatch.setattr(fused, "head_logits", lambda *a: calls.append(1) or head_logits(*a))
+    hidden, weight, bias, labels, _ = _inputs(torch.float32)
+    hidden.requires_grad_()
+    log_probs = fused.linear_log_probs(hidden, weight, labels, bias)["log_probs"]
+    chunks = len(calls)
+    log_probs.sum().backward()
+    assert chunks == -(-N // chunk) and len(calls) - chunks == (0 if chunks == 1 else chunks)
+
+
 def test_identical_policies_have_a_kl_of_exactly_zero():
     hidden, weight, bias, labels, _ = _inputs(torch.float32)
     kl = fused.linear_log_probs(hidden, weight, labels, bias, 0.7, ref=(hidden, weight, bias))["kl"]
@@ -89,3 +105,13 @@ def test_bf16_stays_within_a_stated_bound_of_fp32():
     assert (lp16 - lp32).abs().max() < 0.05 and (ent16 - ent32).abs().max() < 0.05
     cosine = torch.nn.functional.cosine_similarity(h16.grad.float().flatten(), h32.grad.flatten(), dim=0)
     assert cosine > 0.99 and h16.grad.dtype == torch.bfloat16
+
+
+def test_no_rows_give_empty_outputs_and_a_zero_gradient():
+    """A micro-batch without response tokens: empty outputs, and backward runs (nothing kept, nothing computed)."""
+    _, weight, bias, _, _ = _inputs(torch.float32)
+    hidden = torch.zeros(0, H, requires_grad=True)
+    out = fused.linear_log_probs(hidden, weight, torch.zeros(0, dtype=torch.long), bias)
+    assert out["log_probs"].shape == out["entropy"].shape == (0,)
+    out["log_probs"].sum().backward()
+    assert hidden.grad.shape == (0, H)
