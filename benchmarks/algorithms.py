@@ -3,7 +3,7 @@ each through ``main.py`` (its own Ray start): the keys each one reads, and wheth
 
     python -m benchmarks.algorithms [--only NAME ...] [--workers 2] [--out DIR] [--table]
 
-``--table`` prints the table of docs/benchmarks.md ("Every estimator and loss") from the registries and runs
+``--table`` prints the table of docs/algorithms.md from the registries and runs
 nothing. Otherwise each case runs ``python main.py <its keys> trainer.total_training_steps=1 …``, one line
 per case, then the table with the step's actor/pg_loss and actor/grad_norm (``--json``: JSON instead).
 ``bypass_mode`` runs on the rollout's log-probs (``rollout.calculate_log_probs``), as verl's bypass mode does.
