@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: setup run test test-all examples clean
+.PHONY: setup run test test-all lint format examples clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,15 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q -m 'not slow and not gpu' $(PYTEST_ARGS)
+
+# ruff's formatter and linter (pyproject.toml [tool.ruff]); `make format` rewrites, `make lint` only checks
+lint: setup
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+format: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 test-all: setup
 	$(PY) -m pytest -q -m '' $(PYTEST_ARGS)

@@ -18,8 +18,16 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from config import (ConfigError, PPOConfig, StepPlan, load_with_plan, make_plan, num_workers, split_command_line,
-                    to_config)
+from config import (
+    ConfigError,
+    PPOConfig,
+    StepPlan,
+    load_with_plan,
+    make_plan,
+    num_workers,
+    split_command_line,
+    to_config,
+)
 from config.load import CONF_DIR
 
 

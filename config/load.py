@@ -14,10 +14,11 @@ names neither runs the built-in offline demo, ``conf/demo.yaml``. ``--config-nam
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, List, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -130,14 +131,14 @@ def _typed(owner: type, tp: Any, value: Any, key: str) -> Any:
         if not isinstance(value, DictConfig):
             raise ConfigError.invalid(key, value, "expected a config group, not a value")
         return _build(tp, value, key)
-    if origin is Union:  # Optional[X]
+    if origin in (Union, types.UnionType):  # Optional[X], X | None
         return None if value is None else _typed(owner, next(a for a in args if a is not type(None)), value, key)
     if origin is Literal:
         if value not in args:
             hint = getattr(owner, "choice_hints", {}).get(key.rpartition(".")[2])
             raise ConfigError.invalid(key, value, f"must be one of {', '.join(args)}" + (f" ({hint})" if hint else ""))
         return value
-    if origin in (list, List):
+    if origin in (list, list):
         if isinstance(value, str):  # verl takes a single name for a list (trainer.logger=console)
             value = [value]
         if not isinstance(value, (ListConfig, list)):
@@ -194,9 +195,9 @@ def _schema_type(full_key: str) -> Any:
 
 
 def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Union:
+    if typing.get_origin(tp) in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) in (list, List):
+    if typing.get_origin(tp) in (list, list):
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(map(str, typing.get_args(tp)))

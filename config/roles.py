@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, List, Literal, Optional
+from typing import Any, Literal
 
 from algos.kl import KL_LOSS_TYPES
 from algos.losses import LOSS_AGG_MODES, POLICY_LOSSES
@@ -37,7 +37,7 @@ KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: Optional[str] = None  # HF model dir; null -> the built-in tiny model
+    path: str | None = None  # HF model dir; null -> the built-in tiny model
     enable_gradient_checkpointing: bool = True
     trust_remote_code: bool = False
     use_remove_padding: bool = True  # log-prob and update forwards on packed rows (no pad tokens computed)
@@ -60,7 +60,7 @@ class OptimConfig:
     lr_warmup_steps: int = -1  # -1 -> use lr_warmup_steps_ratio
     lr_warmup_steps_ratio: float = 0.0
     weight_decay: float = 0.01
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     lr_scheduler_type: Literal["constant"] = "constant"  # after the linear warm-up
 
     def __post_init__(self) -> None:
@@ -120,10 +120,10 @@ class RolloutCorrectionConfig:
     log-probs (``rollout.calculate_log_probs``; ``config.plan`` checks). ColoRL's rollout is the pre-update policy
     itself, so its log-probs are the old ones whenever computed: bypass mode is the only mode."""
 
-    rollout_is: Optional[Literal["token", "sequence"]] = None  # importance weights per token or per sequence
+    rollout_is: Literal["token", "sequence"] | None = None  # importance weights per token or per sequence
     rollout_is_threshold: Any = 2.0  # truncate at it, or "lower_upper": zero weights outside (IcePop)
     rollout_is_batch_normalize: bool = False
-    rollout_rs: Optional[str] = None  # rejection options, comma-separated (e.g. "token_k1,seq_mean_k3")
+    rollout_rs: str | None = None  # rejection options, comma-separated (e.g. "token_k1,seq_mean_k3")
     rollout_rs_threshold: Any = None
     bypass_mode: bool = False  # the rollout's log-probs are the old policy's (loss_mode bypass_mode)
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode's loss
@@ -139,7 +139,7 @@ class PolicyLossConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002  # kl_cov: the fraction of tokens penalised
     ppo_kl_coef: float = 0.1  # kl_cov: the penalty's coefficient
-    dro_beta: Optional[float] = None  # dro: the quadratic log-ratio penalty's β (required)
+    dro_beta: float | None = None  # dro: the quadratic log-ratio penalty's β (required)
     # bypass_mode reads these; verl copies algorithm.rollout_correction here when bypass mode is on
     rollout_correction: RolloutCorrectionConfig = "${algorithm.rollout_correction}"  # type: ignore[assignment]
 
@@ -156,14 +156,14 @@ class PolicyLossConfig:
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 256  # prompts (global); × rollout.n / workers per rank (config.plan)
-    ppo_micro_batch_size_per_gpu: Optional[int] = None  # sequences per forward/backward on one worker
+    ppo_micro_batch_size_per_gpu: int | None = None  # sequences per forward/backward on one worker
     use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu
     ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
     ppo_epochs: int = 1
     shuffle: bool = False
     clip_ratio: float = 0.2  # read only where clip_ratio_low/high are null
-    clip_ratio_low: Optional[float] = 0.2  # verl's default: 0.2 (not clip_ratio); null -> clip_ratio
-    clip_ratio_high: Optional[float] = 0.2
+    clip_ratio_low: float | None = 0.2  # verl's default: 0.2 (not clip_ratio); null -> clip_ratio
+    clip_ratio_high: float | None = 0.2
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; DPPO's importance-weight truncation
     tau_pos: float = 1.0  # SAPO's gate temperature where the advantage is positive
     tau_neg: float = 1.05  # ... and where it is not
@@ -179,7 +179,7 @@ class ActorConfig:
     use_torch_compile: bool = False
     grad_clip: float = 1.0
     loss_agg_mode: LossAggMode = "token-mean"
-    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor; null -> the response length
+    loss_scale_factor: float | None = None  # seq-mean-token-sum-norm's divisor; null -> the response length
     # with model.use_remove_padding, the rows of a micro-batch that repeat a prompt (a GRPO group) run it once, its
     # responses after it in one packed row: the same log-probs and gradients, less compute (workers.packing)
     use_prefix_grouper: bool = False
@@ -231,20 +231,20 @@ class MultiTurnConfig:
     """
 
     enable: bool = False
-    max_assistant_turns: Optional[int] = None
-    tool_config_path: Optional[str] = None  # verl's tool YAML: tools: [{class_name, config, tool_schema}]
-    function_tool_path: Optional[str] = None  # a Python file of @function_tool functions
-    max_user_turns: Optional[int] = None  # tool-response turns count as user turns (verl)
+    max_assistant_turns: int | None = None
+    tool_config_path: str | None = None  # verl's tool YAML: tools: [{class_name, config, tool_schema}]
+    function_tool_path: str | None = None  # a Python file of @function_tool functions
+    max_user_turns: int | None = None  # tool-response turns count as user turns (verl)
     max_parallel_calls: int = 1  # calls run per assistant turn; later ones in the same turn are dropped
     max_tool_response_length: int = 256  # characters of one tool response; the rest is cut on truncate_side
     # which part is cut: left keeps the start, right keeps the end, middle keeps both ends (verl's meaning)
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
-    interaction_config_path: Optional[str] = None  # verl's simulated user: refused (not in ColoRL)
+    interaction_config_path: str | None = None  # verl's simulated user: refused (not in ColoRL)
     use_inference_chat_template: bool = False  # false: later turns see the recorded token ids (ColoRL always)
     # compare the turn-by-turn token ids with a tokenization of the whole conversation at the end of each rollout
     tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = "strict"
     format: Literal["hermes"] = "hermes"  # <tool_call>{"name": ..., "arguments": ...}</tool_call>
-    num_repeat_rollouts: Optional[int] = None  # verl's per-row repeats; ColoRL repeats prompts with rollout.n
+    num_repeat_rollouts: int | None = None  # verl's per-row repeats; ColoRL repeats prompts with rollout.n
     tool_timeout_s: float = 30.0  # ColoRL: a tool call (or create/release) running longer ends with an error
 
     def __post_init__(self) -> None:
@@ -262,7 +262,7 @@ class AgentLoopConfig:
 
     num_workers: int = 8  # verl's agent-loop processes; ColoRL runs the loop in each rollout worker
     default_agent_loop: Literal["single_turn_agent", "tool_agent"] = "single_turn_agent"
-    agent_loop_config_path: Optional[str] = None  # custom agent-loop classes: refused (not in ColoRL)
+    agent_loop_config_path: str | None = None  # custom agent-loop classes: refused (not in ColoRL)
 
     def __post_init__(self) -> None:
         positive_int(self, "num_workers")
@@ -284,7 +284,7 @@ class RolloutConfig:
     do_sample: bool = True
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
     response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # rows per old-log-prob forward on one worker
+    log_prob_micro_batch_size_per_gpu: int | None = None  # rows per old-log-prob forward on one worker
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
@@ -296,7 +296,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     load_format: str = "dummy"
     layered_summon: bool = False
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 1024
     enforce_eager: bool = False
@@ -314,7 +314,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
@@ -339,7 +339,7 @@ class ActorRolloutRefConfig:
 
 @dataclass(frozen=True)
 class CriticModelConfig:
-    path: Optional[str] = None  # null -> actor_rollout_ref.model.path
+    path: str | None = None  # null -> actor_rollout_ref.model.path
     enable_gradient_checkpointing: bool = True
     trust_remote_code: bool = "${actor_rollout_ref.model.trust_remote_code}"  # type: ignore[assignment]
     use_remove_padding: bool = False  # value and update forwards on packed rows
@@ -347,12 +347,12 @@ class CriticModelConfig:
 
 @dataclass(frozen=True)
 class CriticConfig:
-    enable: Optional[bool] = None  # null -> used iff the advantage estimator needs values (gae)
+    enable: bool | None = None  # null -> used iff the advantage estimator needs values (gae)
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
-    ppo_micro_batch_size_per_gpu: Optional[int] = None
-    forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore
+    ppo_micro_batch_size_per_gpu: int | None = None
+    forward_micro_batch_size_per_gpu: int | None = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore
     use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     ppo_max_token_len_per_gpu: int = 32768  # no vocabulary logits, so twice the actor's budget fits
     forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
@@ -361,7 +361,7 @@ class CriticConfig:
     cliprange_value: float = 0.5
     grad_clip: float = 1.0
     loss_agg_mode: LossAggMode = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
-    loss_scale_factor: Optional[float] = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
+    loss_scale_factor: float | None = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl's critic.model.fsdp_config (an alias)
 
@@ -374,7 +374,7 @@ class CriticConfig:
 
 @dataclass(frozen=True)
 class RewardModelPathConfig:
-    path: Optional[str] = None  # an HF sequence-classification checkpoint (one score per sequence)
+    path: str | None = None  # an HF sequence-classification checkpoint (one score per sequence)
 
 
 @dataclass(frozen=True)

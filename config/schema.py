@@ -9,7 +9,7 @@ the config is built), ranges are checked in each ``__post_init__``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, List, Literal, Optional
+from typing import Any, ClassVar, Literal
 
 from algos.advantages import ADV_ESTIMATORS
 from algos.kl import KL_PENALTY_TYPES
@@ -37,7 +37,7 @@ class DataConfig:
     train_files: Any = None  # str or list[str] of parquet/jsonl; null -> the built-in task's files
     val_files: Any = None
     train_batch_size: int = 1024  # prompts per step
-    val_batch_size: Optional[int] = None  # null -> the whole validation set in one batch
+    val_batch_size: int | None = None  # null -> the whole validation set in one batch
     max_prompt_length: int = 512
     max_response_length: int = 512
     prompt_key: str = "prompt"
@@ -99,8 +99,8 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: KLPenaltyType = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
-    gdpo_reward_keys: Optional[List[str]] = None  # gdpo: the compute_score dict's entries normalised one by one
-    gdpo_reward_weights: Optional[List[float]] = None  # gdpo: their weights (null: 1 each)
+    gdpo_reward_keys: list[str] | None = None  # gdpo: the compute_score dict's entries normalised one by one
+    gdpo_reward_weights: list[float] | None = None  # gdpo: their weights (null: 1 each)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
@@ -137,8 +137,8 @@ class TrainerConfig:
     n_gpus_per_node: int = 8  # worker processes per node (also on CPU)
     nnodes: int = 1
     total_epochs: int = 30
-    total_training_steps: Optional[int] = None  # null -> total_epochs × batches per epoch
-    logger: List[LoggerBackend] = field(default_factory=lambda: ["console", "wandb"])  # a single name is a list of it
+    total_training_steps: int | None = None  # null -> total_epochs × batches per epoch
+    logger: list[LoggerBackend] = field(default_factory=lambda: ["console", "wandb"])  # a single name is a list of it
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
     test_freq: int = -1  # <= 0 disables periodic validation
@@ -146,20 +146,20 @@ class TrainerConfig:
     val_before_train: bool = True
     critic_warmup: int = 0  # the actor is updated from step critic_warmup on; the critic from the first step
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    default_hdfs_dir: Optional[str] = None  # verl's HDFS copy of checkpoints: not in ColoRL (config.verl)
+    default_hdfs_dir: str | None = None  # verl's HDFS copy of checkpoints: not in ColoRL (config.verl)
     use_legacy_worker_impl: Literal["auto", "enable", "disable"] = "auto"  # verl's worker switch: no meaning here
     seed: int = 1
     deterministic: bool = False  # deterministic kernels + RNG restored on resume: bitwise-repeatable runs on CPU
-    max_wall_time_s: Optional[float] = None  # stop cleanly after this many seconds
+    max_wall_time_s: float | None = None  # stop cleanly after this many seconds
     # auto: latest complete checkpoint in default_local_dir | disable | resume_path
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
-    resume_from_path: Optional[str] = None  # a global_step_N directory (resume_mode=resume_path)
+    resume_from_path: str | None = None  # a global_step_N directory (resume_mode=resume_path)
     # keys (or prefixes) that may differ from the config a resumed checkpoint was saved with (trainer.fingerprint)
-    resume_accept_changes: List[str] = field(default_factory=list)
-    max_actor_ckpt_to_keep: Optional[int] = None  # null keeps every checkpoint
-    max_critic_ckpt_to_keep: Optional[int] = None
+    resume_accept_changes: list[str] = field(default_factory=list)
+    max_actor_ckpt_to_keep: int | None = None  # null keeps every checkpoint
+    max_critic_ckpt_to_keep: int | None = None
     max_nonfinite_steps: int = 5  # abort after this many steps in a row whose loss/gradients were NaN/inf
-    phase_timeout_s: Optional[float] = 1800.0  # a phase running longer is a hang: dump stacks, exit 3; null: off
+    phase_timeout_s: float | None = 1800.0  # a phase running longer is a hang: dump stacks, exit 3; null: off
     max_restarts: int = 0  # times a dead worker's group is rebuilt and resumed from the last checkpoint
     dry_run: bool = False  # print a step's batch arithmetic and the memory estimate per worker, then exit
     check_memory: bool = True  # refuse to start when the estimated peak memory per worker exceeds the device's
@@ -182,8 +182,8 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class RayInitConfig:
-    address: Optional[str] = None  # null -> start a local cluster (or join RAY_ADDRESS when set)
-    num_cpus: Optional[int] = None  # null -> n_workers + 1 on CPU, Ray's own count on GPU
+    address: str | None = None  # null -> start a local cluster (or join RAY_ADDRESS when set)
+    num_cpus: int | None = None  # null -> n_workers + 1 on CPU, Ray's own count on GPU
     include_dashboard: bool = False  # a cluster the driver starts runs Ray's dashboard only when asked to
 
     def __post_init__(self) -> None:
@@ -197,7 +197,7 @@ class CustomRewardFunctionConfig:
     A null path keeps the built-in rule-based rewards, picked by each row's data source.
     """
 
-    path: Optional[str] = None
+    path: str | None = None
     name: str = "compute_score"
 
     def __post_init__(self) -> None:

@@ -7,7 +7,8 @@ import math
 import numbers
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from data.rewards import arith, gsm8k, reasoning_gym
 

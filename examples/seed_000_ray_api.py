@@ -58,7 +58,7 @@ def two_to_all_dispatch_fn(worker_group, *args, **kwargs):
         assert len(arg) == 2
         for i in range(worker_group.world_size - 2):
             arg.append(arg[i % 2])
-    for k, v in kwargs.items():
+    for v in kwargs.values():
         assert len(v) == 2
         for i in range(worker_group.world_size - 2):
             v.append(v[i % 2])

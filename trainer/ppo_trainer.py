@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ from workers.tools.parser import parse_tool_calls
 
 TOOL_AGENT = "tool_agent"
 # end_turns(rows, t, responses) -> {row: forced token ids for a tool turn, or None: the row is finished}
-EndTurns = Callable[[list[int], int, Tensor], dict[int, Optional[list[int]]]]
+EndTurns = Callable[[list[int], int, Tensor], dict[int, list[int] | None]]
 # (batch rows, position, logits, which rows sample this position) -> logits; for tests that script the model
 LogitsProcessor = Callable[[Tensor, int, Tensor, Tensor], Tensor]
 
@@ -56,7 +57,7 @@ def decode_with_turns(
     end_turns: EndTurns,
     sampling: dict[str, Any],
     return_log_probs: bool = False,
-    logits_processor: Optional[LogitsProcessor] = None,
+    logits_processor: LogitsProcessor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Decode left-padded prompts (B, P) for ``response_length`` positions, with forced tool turns.
 
@@ -113,7 +114,7 @@ def decode_with_turns(
         t += span
 
 
-def _plan_turns(plans: dict[int, Optional[list[int]]], t: int, finished: Tensor, forced: Tensor) -> None:
+def _plan_turns(plans: dict[int, list[int] | None], t: int, finished: Tensor, forced: Tensor) -> None:
     """Rows whose plan is None are finished; the others feed their tool turn's ids from position t + 1."""
     for row, ids in plans.items():
         if ids is None:
@@ -156,7 +157,7 @@ class AgentLoop:
         pad_token_id: int,
         sampling: dict[str, Any],
         return_log_probs: bool = False,
-        logits_processor: Optional[LogitsProcessor] = None,
+        logits_processor: LogitsProcessor | None = None,
     ) -> tuple[dict[str, Tensor], dict[str, np.ndarray], dict[str, float]]:
         """Roll out every row of ``batch`` (input_ids, attention_mask, position_ids (B, P)).
 
@@ -200,9 +201,9 @@ class AgentLoop:
         return self.tokenizer.apply_chat_template(messages, tools=self.toolbox.schemas or None, tokenize=False,
                                                   add_generation_prompt=generation_prompt)
 
-    def _end_turns(self, rows: list[int], t: int, responses: Tensor) -> dict[int, Optional[list[int]]]:
+    def _end_turns(self, rows: list[int], t: int, responses: Tensor) -> dict[int, list[int] | None]:
         """Rows whose assistant turn ended at position t: finish them, or run their calls and plan tool turns."""
-        plans: dict[int, Optional[list[int]]] = {}
+        plans: dict[int, list[int] | None] = {}
         calling = []
         for row in rows:
             trajectory = self.trajectories[row]
@@ -225,7 +226,7 @@ class AgentLoop:
         return plans
 
     def _tool_turn(self, trajectory: Trajectory, tool_messages: list[dict], generated: str,
-                   room: int) -> Optional[list[int]]:
+                   room: int) -> list[int] | None:
         """The forced ids of the tool turn (None when it does not fit with a token to spare for the model)."""
         before = self._render(trajectory.messages, False)
         after = self._render(trajectory.messages + tool_messages, True)

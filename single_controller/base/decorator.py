@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from single_controller.base.dispatch import (  # noqa: F401  (verl's import path for the dispatch functions)
     collect_all_to_all,

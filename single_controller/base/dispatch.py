@@ -13,7 +13,8 @@ passes the arguments through. The other modes: single_controller/compat/dispatch
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from single_controller.data_proto import DataProto
 from single_controller.future import DataProtoFuture, concat_results

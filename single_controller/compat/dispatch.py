@@ -7,9 +7,16 @@ Each is a ``dispatch_fn``/``collect_fn`` pair as described in single_controller/
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from single_controller.base.dispatch import chunk_proto, collect_dp_compute_data_proto, dispatch_dp_compute_data_proto, per_rank, proto_pad_size
+from single_controller.base.dispatch import (
+    chunk_proto,
+    collect_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto,
+    per_rank,
+    proto_pad_size,
+)
 from single_controller.future import DataProtoFuture
 
 __all__ = [

@@ -12,9 +12,9 @@ from config import ConfigError, load_config
 from data.builtin import write_parquet
 from data.preprocess.gsm8k import preprocess
 from data.tasks import make_splits
-from trainer.build import build_trainer
 from single_controller import DataProto
 from tests.data.gsm8k_fixture import printable_tokenizer, save_tiny_model, write_gsm8k
+from trainer.build import build_trainer
 
 COPY_VAL, GSM8K_VAL = "val-core/colorl/copy/reward/mean@1", "val-core/openai/gsm8k/reward/mean@1"
 

@@ -12,10 +12,10 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from config import ConfigError, load_config
-from trainer.build import build_trainer
 from tests.e2e.test_ppo_e2e import read_jsonl
 from tests.reliability.conftest import tmpfs
 from tests.wandb_offline import history, run_files, wandb_records
+from trainer.build import build_trainer
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager
 from trainer.export import export
 

@@ -11,10 +11,10 @@ import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from data.builtin import build_char_tokenizer
-from trainer.build import build_trainer
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.e2e.test_ppo_e2e import CRITIC_REQUIRED, REQUIRED, read_jsonl, tiny_config
 from tests.workers.helpers import PAD, VOCAB, make_update_batch
+from trainer.build import build_trainer
 from workers.reward_model import compute_rm_scores, load_reward_model
 
 P, R = 6, 5

@@ -14,9 +14,9 @@ from config import ConfigError, load_config
 from data.builtin import build_char_tokenizer
 from data.dataset import RLHFDataset
 from data.reward import RewardError, RewardManager
-from trainer.build import build_trainer
 from single_controller import DataProto
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
+from trainer.build import build_trainer
 
 
 def build(tmp_path, assets, *overrides: str):

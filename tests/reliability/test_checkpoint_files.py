@@ -134,7 +134,7 @@ def test_a_crash_at_any_point_of_a_commit_leaves_a_loadable_checkpoint(tmp_path,
         committed(CheckpointManager(str(root), max_actor_ckpt_to_keep=1), 1)
         calls = [0]
 
-        def cut(real):
+        def cut(real, calls=calls, cut_at=cut_at):
             def call(*args, **kwargs):
                 calls[0] += 1
                 if calls[0] == cut_at + 1:

@@ -9,9 +9,9 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from config import load_config
 from data.preprocess.gsm8k import main as preprocess_gsm8k
-from trainer.build import build_trainer
 from tests.data.gsm8k_fixture import GSM8K, write_gsm8k
 from tests.verl import commands
+from trainer.build import build_trainer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from tokenizers import Tokenizer, models, pre_tokenizers
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from config import PPOConfig, StepPlan, make_plan, to_config

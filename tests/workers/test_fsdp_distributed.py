@@ -15,8 +15,16 @@ from torch.distributed.tensor.debug import CommDebugMode
 from transformers import AutoModelForCausalLM
 
 from config.roles import FSDPConfig, ModelConfig
-from tests.workers.helpers import (PAD, VOCAB, actor_config, free_port, full_weights, init_gloo, make_prompts,
-                                   make_update_batch)
+from tests.workers.helpers import (
+    PAD,
+    VOCAB,
+    actor_config,
+    free_port,
+    full_weights,
+    init_gloo,
+    make_prompts,
+    make_update_batch,
+)
 from workers import fsdp, lora, perf
 from workers.actor import DataParallelPPOActor
 from workers.optim import build_optimizer

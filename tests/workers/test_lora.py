@@ -29,10 +29,11 @@ P, R, ROWS = 6, 5, 4
 ONE_CPU = SimpleNamespace(device=torch.device("cpu"), world_size=1)
 
 
-def _lora_role(path: str, fsdp_config: FSDPConfig = FSDPConfig(), **lora_keys) -> TrainedRole:
+def _lora_role(path: str, fsdp_config: FSDPConfig | None = None, **lora_keys) -> TrainedRole:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model_config = ModelConfig(path=path, lora_rank=lora_keys.pop("lora_rank", 4), **lora_keys)
-    return TrainedRole(ONE_CPU, lora.add_adapters(model, model_config), fsdp_config, actor_config().optim, 3)
+    return TrainedRole(ONE_CPU, lora.add_adapters(model, model_config), fsdp_config or FSDPConfig(),
+                       actor_config().optim, 3)
 
 
 def _log_probs(module, batch) -> torch.Tensor:

@@ -179,7 +179,7 @@ def _assert_same_update(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
     """Equal up to float32 summation order: 1e-5 of each tensor's largest entry."""
     for name, expected in want.items():
         scale = float(expected.abs().max())
-        torch.testing.assert_close(got[name], expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got[name], expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_packed_log_probs_match_padded_in_row_order(tiny_model_dir):

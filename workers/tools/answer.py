@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from workers.tools.base import BaseTool, ToolResponse
 
@@ -20,7 +20,7 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 RESUBMIT_PENALTY = -0.05
 
 
-def _last_number(text: str) -> Optional[float]:
+def _last_number(text: str) -> float | None:
     found = _NUMBER.findall(text.replace("$", ""))
     if not found:
         return None
@@ -54,7 +54,7 @@ class AnswerTool(BaseTool):
         super().__init__(config, tool_schema)
         self._instances: dict[str, dict[str, Any]] = {}
 
-    def create(self, instance_id: Optional[str] = None, create_kwargs: Optional[dict] = None, **kwargs: Any) -> str:
+    def create(self, instance_id: str | None = None, create_kwargs: dict | None = None, **kwargs: Any) -> str:
         instance_id = instance_id or uuid.uuid4().hex
         ground_truth = (create_kwargs or {}).get("ground_truth", kwargs.get("ground_truth"))
         self._instances[instance_id] = {"ground_truth": ground_truth, "reward": 0.0}

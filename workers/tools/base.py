@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 class ToolConfigError(ValueError):
@@ -31,9 +31,9 @@ class ToolConfigError(ValueError):
 class ToolResponse:
     """What a tool call returns to the model: text (ColoRL's rollout is text-only; images are refused)."""
 
-    text: Optional[str] = None
-    image: Optional[list] = None
-    video: Optional[list] = None
+    text: str | None = None
+    image: list | None = None
+    video: list | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class BaseTool:
     dict or a ``ToolSchema``), or None to use the class's ``default_schema``.
     """
 
-    default_schema: Optional[dict] = None
+    default_schema: dict | None = None
 
     def __init__(self, config: dict, tool_schema: ToolSchema | dict | None = None) -> None:
         self.config = dict(config or {})
@@ -93,7 +93,7 @@ class BaseTool:
     def get_openai_tool_schema(self) -> ToolSchema:
         return self.tool_schema
 
-    def create(self, instance_id: Optional[str] = None, **kwargs: Any) -> str | tuple[str, ToolResponse]:
+    def create(self, instance_id: str | None = None, **kwargs: Any) -> str | tuple[str, ToolResponse]:
         """Start this tool's state for one trajectory; ``create_kwargs`` comes from the row's ``tools_kwargs``."""
         return instance_id or uuid.uuid4().hex
 

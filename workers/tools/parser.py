@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 START, END = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(START) + r"(.*?)(" + re.escape(END) + r"|$)", re.DOTALL)
@@ -21,7 +21,7 @@ _CALL = re.compile(re.escape(START) + r"(.*?)(" + re.escape(END) + r"|$)", re.DO
 class ToolCall:
     name: str  # "" when the call could not be parsed
     arguments: dict[str, Any] = field(default_factory=dict)
-    error: Optional[str] = None  # why the call is malformed; None for a well-formed call
+    error: str | None = None  # why the call is malformed; None for a well-formed call
 
 
 def _parse_one(body: str, closed: bool) -> ToolCall:

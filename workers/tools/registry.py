@@ -22,7 +22,8 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import yaml
 
@@ -105,8 +106,8 @@ def load_tool_config(path: str) -> list[BaseTool]:
     return [_tool_from_entry(entry, f"{path}: tools[{i}]") for i, entry in enumerate(entries)]
 
 
-def function_tool(function: Optional[Callable] = None, name: Optional[str] = None,
-                  schema: Optional[dict] = None) -> Any:
+def function_tool(function: Callable | None = None, name: str | None = None,
+                  schema: dict | None = None) -> Any:
     """Mark a function as a tool: ``@function_tool``, ``@function_tool("name")`` or ``@function_tool(schema=...)``."""
     if isinstance(function, str):
         function, name = None, function
@@ -121,7 +122,7 @@ def function_tool(function: Optional[Callable] = None, name: Optional[str] = Non
 class FunctionTool(BaseTool):
     """A ``@function_tool`` function as a stateless tool: each call is ``function(**arguments)``."""
 
-    def __init__(self, function: Callable, name: str, schema: Optional[dict]) -> None:
+    def __init__(self, function: Callable, name: str, schema: dict | None) -> None:
         if schema is None:
             from transformers.utils import get_json_schema  # its docstring parser gives the parameters
 
@@ -156,7 +157,7 @@ def load_function_tools(path: str) -> list[BaseTool]:
     return [FunctionTool(fn, *getattr(fn, _MARK)) for fn in marked]
 
 
-def load_tools(tool_config_path: Optional[str], function_tool_path: Optional[str]) -> dict[str, BaseTool]:
+def load_tools(tool_config_path: str | None, function_tool_path: str | None) -> dict[str, BaseTool]:
     """Name -> tool of both sources; the same name twice is an error. ToolConfigError.key names the source."""
     tools: list[BaseTool] = []
     for key, path, load in (("tool_config_path", tool_config_path, load_tool_config),

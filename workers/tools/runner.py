@@ -18,14 +18,15 @@ import inspect
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 
 @dataclass
 class Outcome:
     value: Any = None
-    error: Optional[str] = None  # None: the call returned ``value``
+    error: str | None = None  # None: the call returned ``value``
 
 
 class ToolResultError(ValueError):
