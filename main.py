@@ -41,8 +41,9 @@ def main(args: list[str]) -> int:
     except ConfigError as exc:
         return _config_error(exc)
     # the console log Hydra's application would have set up (conf/ppo_trainer.yaml: hydra/job_logging=stdout)
-    logging.basicConfig(stream=sys.stdout, level=logging.INFO,
-                        format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    logging.basicConfig(
+        stream=sys.stdout, level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+    )
     return _train(cfg, plan)
 
 

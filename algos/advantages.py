@@ -77,8 +77,13 @@ def compute_remax_outcome_advantage(
 
 @torch.no_grad()
 def compute_optimal_token_baseline_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, old_log_probs: Tensor,
-    sum_pi_squared: Tensor, handle_zero_tail: bool = True, epsilon: float = 1e-8,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    old_log_probs: Tensor,
+    sum_pi_squared: Tensor,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
 ) -> tuple[Tensor, Tensor]:
     """Optimal token baseline (verl's OTB): a per-position baseline weighted by each path's variance so far.
 
@@ -110,8 +115,13 @@ def compute_optimal_token_baseline_advantage(
 
 @torch.no_grad()
 def compute_multi_turn_optimal_token_baseline_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, old_log_probs: Tensor,
-    sum_pi_squared: Tensor, handle_zero_tail: bool = True, epsilon: float = 1e-8,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    old_log_probs: Tensor,
+    sum_pi_squared: Tensor,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
 ) -> tuple[Tensor, Tensor]:
     """The optimal token baseline over the model's own tokens of a multi-turn response (verl's TIR-OTB).
 
@@ -123,8 +133,9 @@ def compute_multi_turn_optimal_token_baseline_advantage(
     # a stable sort on (1 − m) puts each row's model tokens first, in their order
     order = torch.sort((1 - response_mask).to(torch.int8), dim=-1, stable=True).indices
     packed = [x.gather(-1, order) for x in (token_level_rewards, response_mask, old_log_probs, sum_pi_squared)]
-    packed_adv, _ = compute_optimal_token_baseline_advantage(*packed[:2], index, *packed[2:],
-                                                             handle_zero_tail=handle_zero_tail, epsilon=epsilon)
+    packed_adv, _ = compute_optimal_token_baseline_advantage(
+        *packed[:2], index, *packed[2:], handle_zero_tail=handle_zero_tail, epsilon=epsilon
+    )
     advantages = torch.zeros_like(packed_adv).scatter(-1, order, packed_adv) * response_mask
     returns = (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
     return advantages, returns
@@ -153,8 +164,11 @@ ADV_ESTIMATORS: dict[str, AdvEstimator] = {
     "grpo": AdvEstimator(ge.compute_grpo_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
     "grpo_vectorized": AdvEstimator(ge.compute_grpo_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
     "grpo_passk": AdvEstimator(ge.compute_grpo_passk_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
-    "gdpo": AdvEstimator(ge.compute_gdpo_outcome_advantage, (*GROUP, "reward_components"),
-                         ("gdpo_reward_weights", "norm_adv_by_std_in_grpo")),
+    "gdpo": AdvEstimator(
+        ge.compute_gdpo_outcome_advantage,
+        (*GROUP, "reward_components"),
+        ("gdpo_reward_weights", "norm_adv_by_std_in_grpo"),
+    ),
     "reinforce_plus_plus": AdvEstimator(compute_reinforce_plus_plus_outcome_advantage, (), ("gamma",)),
     "reinforce_plus_plus_baseline": AdvEstimator(ge.compute_reinforce_plus_plus_baseline_outcome_advantage, GROUP),
     "rloo": AdvEstimator(ge.compute_rloo_outcome_advantage, GROUP),
@@ -162,10 +176,12 @@ ADV_ESTIMATORS: dict[str, AdvEstimator] = {
     "opo": AdvEstimator(ge.compute_opo_outcome_advantage, GROUP),
     "gpg": AdvEstimator(ge.compute_gpg_outcome_advantage, GROUP),
     "remax": AdvEstimator(compute_remax_outcome_advantage, ("reward_baselines",)),
-    "optimal_token_baseline": AdvEstimator(compute_optimal_token_baseline_advantage,
-                                           (*GROUP, "old_log_probs", "sum_pi_squared")),
-    "tir_optimal_token_baseline": AdvEstimator(compute_multi_turn_optimal_token_baseline_advantage,
-                                               (*GROUP, "old_log_probs", "sum_pi_squared")),
+    "optimal_token_baseline": AdvEstimator(
+        compute_optimal_token_baseline_advantage, (*GROUP, "old_log_probs", "sum_pi_squared")
+    ),
+    "tir_optimal_token_baseline": AdvEstimator(
+        compute_multi_turn_optimal_token_baseline_advantage, (*GROUP, "old_log_probs", "sum_pi_squared")
+    ),
 }
 
 

@@ -44,7 +44,10 @@ def _broadcast(per_response: Tensor, response_mask: Tensor) -> tuple[Tensor, Ten
 
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """GRPO (Shao et al. 2024): A_i = (s_i − mean_g) / (std_g + ε), or s_i − mean_g (Dr.GRPO, ``norm…=False``).
@@ -61,7 +64,10 @@ def compute_grpo_outcome_advantage(
 
 @torch.no_grad()
 def compute_grpo_passk_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Pass@k (Chen et al. 2025, arXiv 2503.19595): only each group's best response learns.
@@ -84,9 +90,13 @@ def compute_grpo_passk_outcome_advantage(
 
 @torch.no_grad()
 def compute_gdpo_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray,
-    reward_components: Sequence[Tensor] | None = None, gdpo_reward_weights: Sequence[float] | None = None,
-    epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    reward_components: Sequence[Tensor] | None = None,
+    gdpo_reward_weights: Sequence[float] | None = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """GDPO (arXiv 2601.05242): GRPO on each reward component separately, then a weighted sum, whitened.
 
@@ -94,29 +104,37 @@ def compute_gdpo_outcome_advantage(
     reward (``algorithm.gdpo_reward_keys``; none: the total score) and w_k = ``gdpo_reward_weights`` (default 1).
     A dominant component cannot drown the others, since each is normalised within its group first.
     """
-    components = [token_level_rewards] if reward_components is None else [c.reshape(len(c), -1).to(
-        token_level_rewards) for c in reward_components]
+    components = (
+        [token_level_rewards]
+        if reward_components is None
+        else [c.reshape(len(c), -1).to(token_level_rewards) for c in reward_components]
+    )
     weights = [1.0] * len(components) if gdpo_reward_weights is None else list(gdpo_reward_weights)
     if len(weights) != len(components):
         raise ValueError(f"gdpo_reward_weights has {len(weights)} weights for {len(components)} reward components")
-    total = sum(w * compute_grpo_outcome_advantage(c, response_mask, index, epsilon, norm_adv_by_std_in_grpo)[0]
-                for w, c in zip(weights, components))
+    total = sum(
+        w * compute_grpo_outcome_advantage(c, response_mask, index, epsilon, norm_adv_by_std_in_grpo)[0]
+        for w, c in zip(weights, components)
+    )
     advantages = masked_whiten(total, response_mask) * response_mask
     return advantages, advantages
 
 
-def _leave_one_out(token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, single: float | None
-                   ) -> tuple[Tensor, Tensor]:
+def _leave_one_out(
+    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, single: float | None
+) -> tuple[Tensor, Tensor]:
     scores = token_level_rewards.sum(dim=-1)
     mean, _, count = group_mean_std(scores, index)
     alone = scores if single is None else single
-    return _broadcast(torch.where(count > 1, (scores - mean) * count / (count - 1).clamp_min(1), alone),
-                      response_mask)
+    return _broadcast(torch.where(count > 1, (scores - mean) * count / (count - 1).clamp_min(1), alone), response_mask)
 
 
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024): A_i = s_i − mean_{j≠i, j∈g} s_j = (s_i − mean_g)·n/(n−1); returns = A.
 
@@ -128,7 +146,10 @@ def compute_rloo_outcome_advantage(
 
 @torch.no_grad()
 def compute_rloo_vectorized_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """RLOO as verl's ``rloo_vectorized``: the same, except that a group of one gets A = 0."""
     return _leave_one_out(token_level_rewards, response_mask, index, single=0.0)
@@ -136,7 +157,10 @@ def compute_rloo_vectorized_outcome_advantage(
 
 @torch.no_grad()
 def compute_opo_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """OPO (Hao et al. 2025): the length-weighted group mean as baseline, b_g = Σ_g |y_j|·s_j / Σ_g |y_j|.
 
@@ -152,7 +176,10 @@ def compute_opo_outcome_advantage(
 
 @torch.no_grad()
 def compute_gpg_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """GPG (Chu et al. 2025): A_i = α·(s_i − mean_g), α = bs / #{i : s_i ≠ 0} (at least 1), no std division.
 
@@ -166,7 +193,10 @@ def compute_gpg_outcome_advantage(
 
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ with a group baseline: A = whiten((s − mean_g) over tokens)·mask; returns = A.
 

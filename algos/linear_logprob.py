@@ -53,9 +53,18 @@ class _LinearLogProbs(torch.autograd.Function):
     """Autograd of ``linear_log_probs``; outputs (log π(y), H, KL or an empty tensor, Σπ²)."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
-                ref_hidden: Tensor | None, ref_weight: Tensor | None, ref_bias: Tensor | None,
-                temperature: float, rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        labels: Tensor,
+        ref_hidden: Tensor | None,
+        ref_weight: Tensor | None,
+        ref_bias: Tensor | None,
+        temperature: float,
+        rows: int,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         n = hidden.shape[0]
         log_probs, entropy = hidden.new_empty(n, dtype=torch.float32), hidden.new_empty(n, dtype=torch.float32)
         lse, sum_p2 = torch.empty_like(log_probs), torch.empty_like(log_probs)
@@ -77,18 +86,32 @@ class _LinearLogProbs(torch.autograd.Function):
                 ref_lse[part] = torch.logsumexp(log_q, dim=-1)
                 # term by term, so identical policies give exactly 0
                 kl[part] = _rowdot(p, log_p - log_q.sub_(ref_lse[part, None]))
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy, ref_hidden, ref_weight, ref_bias,
-                              ref_lse, kl, log_p if keep else None)
+        ctx.save_for_backward(
+            hidden,
+            weight,
+            bias,
+            labels,
+            lse,
+            entropy,
+            ref_hidden,
+            ref_weight,
+            ref_bias,
+            ref_lse,
+            kl,
+            log_p if keep else None,
+        )
         ctx.temperature, ctx.rows = temperature, rows
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(sum_p2)
         return log_probs, entropy, kl if with_ref else log_probs.new_empty(0), sum_p2
 
     @staticmethod
-    def backward(ctx: Any, grad_log_probs: Tensor | None, grad_entropy: Tensor | None, grad_kl: Tensor | None,
-                 _grad_sum_p2: None):
-        (hidden, weight, bias, labels, lse, entropy, ref_hidden, ref_weight, ref_bias, ref_lse, kl,
-         log_p) = ctx.saved_tensors
+    def backward(
+        ctx: Any, grad_log_probs: Tensor | None, grad_entropy: Tensor | None, grad_kl: Tensor | None, _grad_sum_p2: None
+    ):
+        (hidden, weight, bias, labels, lse, entropy, ref_hidden, ref_weight, ref_bias, ref_lse, kl, log_p) = (
+            ctx.saved_tensors
+        )
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
@@ -97,8 +120,20 @@ class _LinearLogProbs(torch.autograd.Function):
             grad_kl = None
         for start in range(0, hidden.shape[0], ctx.rows):
             part = slice(start, start + ctx.rows)
-            g = _logit_grad(ctx, part, hidden, weight, bias, labels, lse, entropy, grad_log_probs, grad_entropy,
-                            (grad_kl, ref_hidden, ref_weight, ref_bias, ref_lse, kl), log_p)
+            g = _logit_grad(
+                ctx,
+                part,
+                hidden,
+                weight,
+                bias,
+                labels,
+                lse,
+                entropy,
+                grad_log_probs,
+                grad_entropy,
+                (grad_kl, ref_hidden, ref_weight, ref_bias, ref_lse, kl),
+                log_p,
+            )
             if g is None:
                 continue
             g = g.to(weight.dtype)
@@ -112,9 +147,20 @@ class _LinearLogProbs(torch.autograd.Function):
         return grad_hidden, to_dtype(grad_weight, weight), to_dtype(grad_bias, bias), None, None, None, None, None, None
 
 
-def _logit_grad(ctx: Any, part: slice, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
-                lse: Tensor, entropy: Tensor, grad_log_probs: Tensor | None, grad_entropy: Tensor | None,
-                ref: tuple, log_p: Tensor | None) -> Tensor | None:
+def _logit_grad(
+    ctx: Any,
+    part: slice,
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    labels: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    grad_log_probs: Tensor | None,
+    grad_entropy: Tensor | None,
+    ref: tuple,
+    log_p: Tensor | None,
+) -> Tensor | None:
     """∂loss/∂(logits before τ) of one chunk (fp32), from the outputs' gradients (``log_p``: the chunk's log p
     if the forward kept it); None when none flows."""
     grad_kl, ref_hidden, ref_weight, ref_bias, ref_lse, kl = ref
@@ -152,7 +198,8 @@ def linear_log_probs(
     entropy only logged) costs nothing in backward.
     """
     ref_hidden, ref_weight, ref_bias = (t.detach() if t is not None else None for t in (ref or (None, None, None)))
-    log_probs, entropy, kl, sum_p2 = _LinearLogProbs.apply(hidden, weight, bias, labels, ref_hidden, ref_weight,
-                                                           ref_bias, float(temperature), chunk_rows(weight.shape[0]))
+    log_probs, entropy, kl, sum_p2 = _LinearLogProbs.apply(
+        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, float(temperature), chunk_rows(weight.shape[0])
+    )
     out = {"log_probs": log_probs, "entropy": entropy, "sum_pi_squared": sum_p2}
     return {**out, "kl": kl} if ref is not None else out

@@ -60,7 +60,10 @@ def agg_loss(
 
 
 def aggregate(
-    loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str, loss_scale_factor: float | None = None,
+    loss_mat: Tensor,
+    loss_mask: Tensor,
+    loss_agg_mode: str,
+    loss_scale_factor: float | None = None,
     global_batch: dict[str, float] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(the loss to backpropagate, its value on this batch alone for metrics), both via ``agg_loss``.
@@ -98,8 +101,11 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "dro": PolicyLoss(pl.compute_policy_loss_dro, ("dro_beta",)),
     "clip_cov": PolicyLoss(pl.compute_policy_loss_clip_cov, (*CLIP, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
     "kl_cov": PolicyLoss(pl.compute_policy_loss_kl_cov, ("kl_cov_ratio", "ppo_kl_coef")),
-    "bypass_mode": PolicyLoss(compute_policy_loss_bypass_mode, (*CLIP, "clip_ratio_c", *ROLLOUT_CORRECTION_OPTIONS),
-                              needs=("rollout_log_probs",)),
+    "bypass_mode": PolicyLoss(
+        compute_policy_loss_bypass_mode,
+        (*CLIP, "clip_ratio_c", *ROLLOUT_CORRECTION_OPTIONS),
+        needs=("rollout_log_probs",),
+    ),
 }
 
 
@@ -193,8 +199,7 @@ def compute_value_loss(
     vpred_clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
     loss1 = (vpreds - returns) ** 2
     loss2 = (vpred_clipped - returns) ** 2
-    loss, local = aggregate(torch.maximum(loss1, loss2), response_mask, loss_agg_mode, loss_scale_factor,
-                            global_batch)
+    loss, local = aggregate(torch.maximum(loss1, loss2), response_mask, loss_agg_mode, loss_scale_factor, global_batch)
     with torch.no_grad():
         metrics = {
             "critic/vf_loss": 0.5 * local,

@@ -34,8 +34,13 @@ def _zero(like: Tensor) -> Tensor:
 
 
 def compute_policy_loss_vanilla(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
 ) -> PolicyLossTerms:
     """Dual-clip PPO (Schulman et al. 2017; Ye et al. 2020).
 
@@ -53,13 +58,21 @@ def compute_policy_loss_vanilla(
     loss3 = -advantages * clip_ratio_c  # caps how far a very large ratio can push down a negative-advantage token
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
-    return PolicyLossTerms(losses, _metrics(response_mask, pg_clipfrac=loss2 > loss1, ppo_kl=-log_ratio,
-                                            pg_clipfrac_lower=(clipped > loss3) & negative))
+    return PolicyLossTerms(
+        losses,
+        _metrics(
+            response_mask, pg_clipfrac=loss2 > loss1, ppo_kl=-log_ratio, pg_clipfrac_lower=(clipped > loss3) & negative
+        ),
+    )
 
 
 def compute_policy_loss_gspo(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
 ) -> PolicyLossTerms:
     """GSPO (Zheng et al. 2025): PPO's clip on the length-normalised sequence ratio, without a dual clip.
 
@@ -76,8 +89,12 @@ def compute_policy_loss_gspo(
 
 
 def compute_policy_loss_sapo(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    tau_pos: float = 1.0, tau_neg: float = 1.05,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
 ) -> PolicyLossTerms:
     """SAPO (Gao et al. 2025): a soft, temperature-controlled gate instead of a hard clip.
 
@@ -85,18 +102,24 @@ def compute_policy_loss_sapo(
     equals PPO's at ρ = 1 and fades smoothly away from it. Always aggregated seq-mean-token-mean.
     """
     log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
-    tau = torch.where(advantages > 0, torch.as_tensor(tau_pos, dtype=advantages.dtype, device=advantages.device),
-                      torch.as_tensor(tau_neg, dtype=advantages.dtype, device=advantages.device))
+    tau = torch.where(
+        advantages > 0,
+        torch.as_tensor(tau_pos, dtype=advantages.dtype, device=advantages.device),
+        torch.as_tensor(tau_neg, dtype=advantages.dtype, device=advantages.device),
+    )
     gates = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
     zero = _zero(log_prob)
-    metrics = {"actor/pg_clipfrac": zero, **_metrics(response_mask, ppo_kl=-log_ratio),
-               "actor/pg_clipfrac_lower": zero}
+    metrics = {"actor/pg_clipfrac": zero, **_metrics(response_mask, ppo_kl=-log_ratio), "actor/pg_clipfrac_lower": zero}
     return PolicyLossTerms(-gates * advantages, metrics)
 
 
 def compute_policy_loss_cispo(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
 ) -> PolicyLossTerms:
     """CISPO (MiniMax-M1, 2025): clip the importance weight, not the update; every token keeps a gradient.
 
@@ -106,20 +129,28 @@ def compute_policy_loss_cispo(
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     metrics = _metrics(response_mask, pg_clipfrac=ratio != clipped, ppo_kl=-log_ratio)
-    return PolicyLossTerms(-clipped.detach() * advantages * log_prob,
-                           {**metrics, "actor/pg_clipfrac_lower": _zero(log_prob)})
+    return PolicyLossTerms(
+        -clipped.detach() * advantages * log_prob, {**metrics, "actor/pg_clipfrac_lower": _zero(log_prob)}
+    )
 
 
 def compute_policy_loss_gpg(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
 ) -> PolicyLossTerms:
     """GPG (Chu et al. 2025): the plain policy gradient, L = −log π·A (no ratio, no clip, no metrics)."""
     return PolicyLossTerms(-log_prob * advantages, {})
 
 
 def compute_policy_loss_geo_mean(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
 ) -> PolicyLossTerms:
     """GMPO (Zhao et al. 2025): the geometric mean of the token ratios, each clipped in log space.
 
@@ -137,24 +168,49 @@ def compute_policy_loss_geo_mean(
     seq_advantage = (advantages * response_mask).sum(dim=-1) / length
     losses = (-seq_advantage * seq_ratio).unsqueeze(-1).expand_as(log_prob)
     clipped = log_ratio != clamped
-    return PolicyLossTerms(losses, _metrics(response_mask, pg_clipfrac=clipped & (advantages > 0), ppo_kl=-log_ratio,
-                                            pg_clipfrac_lower=clipped & (advantages < 0)))
+    return PolicyLossTerms(
+        losses,
+        _metrics(
+            response_mask,
+            pg_clipfrac=clipped & (advantages > 0),
+            ppo_kl=-log_ratio,
+            pg_clipfrac_lower=clipped & (advantages < 0),
+        ),
+    )
 
 
-def _dppo(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor, valid: Tensor,
-          clip_ratio_c: float) -> PolicyLossTerms:
+def _dppo(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    valid: Tensor,
+    clip_ratio_c: float,
+) -> PolicyLossTerms:
     """DPPO's loss once its trust-region mask ``valid`` is known: L = −A·sg[min(ρ, c)]·log π·valid."""
     log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     valid = valid.detach().float()
     losses = -advantages * ratio.clamp(max=clip_ratio_c).detach() * log_prob * valid
-    return PolicyLossTerms(losses, _metrics(response_mask, pg_clipfrac=1.0 - valid, ppo_kl=-log_ratio,
-                                            pg_clipfrac_lower=(ratio > clip_ratio_c).float() * valid))
+    return PolicyLossTerms(
+        losses,
+        _metrics(
+            response_mask,
+            pg_clipfrac=1.0 - valid,
+            ppo_kl=-log_ratio,
+            pg_clipfrac_lower=(ratio > clip_ratio_c).float() * valid,
+        ),
+    )
 
 
 def compute_policy_loss_dppo_tv(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
 ) -> PolicyLossTerms:
     """DPPO-Binary-TV (arXiv 2602.04879): a token learns while its probability moved less than ε in total variation.
 
@@ -167,8 +223,13 @@ def compute_policy_loss_dppo_tv(
 
 
 def compute_policy_loss_dppo_kl(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
 ) -> PolicyLossTerms:
     """DPPO-Binary-KL: as DPPO-Binary-TV with the KL between the binary distributions (p, 1 − p) of the token.
 
@@ -177,14 +238,22 @@ def compute_policy_loss_dppo_kl(
     """
     prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
     binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(
-        (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
-    valid = torch.where(advantages > 0, (binary_kl <= clip_ratio_high) | (prob <= old_prob),
-                        (binary_kl <= clip_ratio_low) | (prob >= old_prob))
+        (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+    )
+    valid = torch.where(
+        advantages > 0,
+        (binary_kl <= clip_ratio_high) | (prob <= old_prob),
+        (binary_kl <= clip_ratio_low) | (prob >= old_prob),
+    )
     return _dppo(old_log_prob, log_prob, advantages, response_mask, valid, clip_ratio_c)
 
 
 def compute_policy_loss_dro(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor, dro_beta: float | None = None,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    dro_beta: float | None = None,
 ) -> PolicyLossTerms:
     """Direct Reward Optimisation (Richemond et al. 2024): L = −(log π·A − ½β·(log π − log π_old)²), β > 0."""
     if dro_beta is None or dro_beta <= 0:
@@ -195,9 +264,15 @@ def compute_policy_loss_dro(
 
 
 def compute_policy_loss_clip_cov(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-    clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
 ) -> PolicyLossTerms:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL"): detach a few high-covariance tokens.
 
@@ -219,13 +294,18 @@ def compute_policy_loss_clip_cov(
         chosen = candidates[torch.randperm(len(candidates))[:n_clip]] if len(candidates) else candidates
         keep = torch.ones_like(advantages)
         keep[chosen[:, 0], chosen[:, 1]] = 0
-    return PolicyLossTerms(torch.maximum(loss1, loss2) * keep,
-                           _metrics(response_mask, pg_clipfrac=keep == 0, ppo_kl=-log_ratio))
+    return PolicyLossTerms(
+        torch.maximum(loss1, loss2) * keep, _metrics(response_mask, pg_clipfrac=keep == 0, ppo_kl=-log_ratio)
+    )
 
 
 def compute_policy_loss_kl_cov(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 0.1,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 0.1,
 ) -> PolicyLossTerms:
     """KL-Cov (Cui et al. 2025): a |log ratio| penalty on the highest-covariance tokens, no clip.
 

@@ -19,12 +19,31 @@ from algos.policy_losses import PolicyLossTerms, compute_policy_loss_vanilla
 from algos.stats import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0  # |log w| is clamped here before exponentiating
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
 # the options compute_policy_loss_bypass_mode reads, under actor.policy_loss (verl: algorithm.rollout_correction)
-ROLLOUT_CORRECTION_OPTIONS = tuple(f"rollout_correction.{name}" for name in (
-    "loss_type", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
-    "rollout_rs_threshold"))
+ROLLOUT_CORRECTION_OPTIONS = tuple(
+    f"rollout_correction.{name}"
+    for name in (
+        "loss_type",
+        "rollout_is",
+        "rollout_is_threshold",
+        "rollout_is_batch_normalize",
+        "rollout_rs",
+        "rollout_rs_threshold",
+    )
+)
 
 
 def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
@@ -88,7 +107,10 @@ def _batch_mean(values: Tensor, weights: Tensor) -> Tensor:
 
 
 def rollout_is_weights(
-    log_ratio: Tensor, response_mask: Tensor, rollout_is: str = "token", rollout_is_threshold: str | float = 2.0,
+    log_ratio: Tensor,
+    response_mask: Tensor,
+    rollout_is: str = "token",
+    rollout_is_threshold: str | float = 2.0,
     rollout_is_batch_normalize: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Importance weights w = exp(log π − log π_rollout) per token, or per sequence exp(Σ_t ·), detached.
@@ -119,8 +141,9 @@ def rollout_is_weights(
     return weights, metrics
 
 
-def _is_metrics(weights: Tensor, raw: Tensor, log_w: Tensor, mask: Tensor, level: str, upper: float,
-                lower: float | None) -> dict[str, Tensor]:
+def _is_metrics(
+    weights: Tensor, raw: Tensor, log_w: Tensor, mask: Tensor, level: str, upper: float, lower: float | None
+) -> dict[str, Tensor]:
     """verl's ``rollout_is_*`` diagnostics: extremes, fractions outside the bounds, std, effective sample size."""
     if not mask.any():
         raise ValueError("response_mask must contain at least one valid token")
@@ -141,18 +164,25 @@ def _is_metrics(weights: Tensor, raw: Tensor, log_w: Tensor, mask: Tensor, level
     m["rollout_is_eff_sample_size"] = 1.0 / masked_mean((bounded / (masked_mean(bounded, mask) + 1e-8)).square(), mask)
     seq = masked_mean(weights, mask, dim=-1)
     raw_seq = masked_mean(raw, mask, dim=-1)
-    m.update(rollout_is_seq_mean=seq.mean(), rollout_is_seq_std=seq.std() if seq.numel() > 1 else torch.zeros(()),
-             rollout_is_seq_max=seq.max(), rollout_is_seq_min=seq.min(),
-             rollout_is_seq_max_deviation=(seq - 1.0).abs().max(),
-             rollout_is_seq_fraction_high=(raw_seq > upper).float().mean(),
-             rollout_is_seq_fraction_low=(raw_seq < floor).float().mean())
+    m.update(
+        rollout_is_seq_mean=seq.mean(),
+        rollout_is_seq_std=seq.std() if seq.numel() > 1 else torch.zeros(()),
+        rollout_is_seq_max=seq.max(),
+        rollout_is_seq_min=seq.min(),
+        rollout_is_seq_max_deviation=(seq - 1.0).abs().max(),
+        rollout_is_seq_fraction_high=(raw_seq > upper).float().mean(),
+        rollout_is_seq_fraction_low=(raw_seq < floor).float().mean(),
+    )
     if lower is not None:
         m["rollout_is_oob_ratio"] = masked_mean(((raw < lower) | (raw > upper)).float(), mask)
     return m
 
 
 def rollout_rejection_mask(
-    log_ratio: Tensor, response_mask: Tensor, rollout_rs: str, rollout_rs_threshold: str | float | None,
+    log_ratio: Tensor,
+    response_mask: Tensor,
+    rollout_rs: str,
+    rollout_rs_threshold: str | float | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The response mask with tokens (``token_*``) or whole sequences (``seq_*``) rejected where a divergence
     estimate of π from π_rollout leaves its bounds; ``rollout_rs`` may list several options, all must pass.
@@ -191,14 +221,23 @@ def rollout_rejection_mask(
         seq_keep = ~(~keep & valid).any(dim=-1)
         metrics[f"rollout_rs_{option}_masked_fraction"] = masked_mean(1.0 - keep.float(), response_mask)
         metrics[f"rollout_rs_{option}_seq_masked_fraction"] = (
-            ((~seq_keep).float() * seq_valid).sum() / seq_valid.sum() if seq_valid.any() else torch.zeros(()))
+            ((~seq_keep).float() * seq_valid).sum() / seq_valid.sum() if seq_valid.any() else torch.zeros(())
+        )
     metrics["rollout_rs_masked_fraction"] = masked_mean(1.0 - keep_all, response_mask)
     metrics["rollout_rs_seq_masked_fraction"] = ((keep_all <= 0.5) & valid).any(dim=-1).float().mean()
     return (response_mask * keep_all).to(response_mask.dtype), metrics
 
 
-def _rs_metrics(option: str, stat: Tensor, mask: Tensor, seq_valid: Tensor, seq_stat: Tensor | None, high: float,
-                low: float, two_sided: bool) -> dict[str, Tensor]:
+def _rs_metrics(
+    option: str,
+    stat: Tensor,
+    mask: Tensor,
+    seq_valid: Tensor,
+    seq_stat: Tensor | None,
+    high: float,
+    low: float,
+    two_sided: bool,
+) -> dict[str, Tensor]:
     """verl's ``rollout_rs_<option>_*`` diagnostics of one rejection statistic (per token, or per sequence)."""
     if not mask.any():
         raise ValueError("response_mask must contain at least one valid token")
@@ -207,22 +246,52 @@ def _rs_metrics(option: str, stat: Tensor, mask: Tensor, seq_valid: Tensor, seq_
     by_sequence = seq_stat is not None and seq.numel() > 0
     m = {f"{p}_mean": masked_mean(stat, mask)}
     if by_sequence:
-        m.update({f"{p}_max": seq.max(), f"{p}_min": seq.min(), f"{p}_fraction_high": (seq > high).float().mean(),
-                  f"{p}_fraction_low": (seq < low).float().mean() if two_sided else zero})
+        m.update(
+            {
+                f"{p}_max": seq.max(),
+                f"{p}_min": seq.min(),
+                f"{p}_fraction_high": (seq > high).float().mean(),
+                f"{p}_fraction_low": (seq < low).float().mean() if two_sided else zero,
+            }
+        )
     else:
-        m.update({f"{p}_max": _masked_extreme(stat, mask, True), f"{p}_min": _masked_extreme(stat, mask, False),
-                  f"{p}_fraction_high": masked_mean((stat > high).float(), mask),
-                  f"{p}_fraction_low": masked_mean((stat < low).float(), mask) if two_sided else zero})
+        m.update(
+            {
+                f"{p}_max": _masked_extreme(stat, mask, True),
+                f"{p}_min": _masked_extreme(stat, mask, False),
+                f"{p}_fraction_high": masked_mean((stat > high).float(), mask),
+                f"{p}_fraction_low": masked_mean((stat < low).float(), mask) if two_sided else zero,
+            }
+        )
     m[f"{p}_std"] = _clamped_std(stat, mask, low if two_sided else 0.0, high)
     if seq.numel():
-        m.update({f"{p}_seq_mean": seq.mean(), f"{p}_seq_std": seq.std() if seq.numel() > 1 else zero,
-                  f"{p}_seq_max": seq.max(), f"{p}_seq_min": seq.min(), f"{p}_seq_max_deviation": seq.abs().max(),
-                  f"{p}_seq_fraction_high": (seq > high).float().mean()})
+        m.update(
+            {
+                f"{p}_seq_mean": seq.mean(),
+                f"{p}_seq_std": seq.std() if seq.numel() > 1 else zero,
+                f"{p}_seq_max": seq.max(),
+                f"{p}_seq_min": seq.min(),
+                f"{p}_seq_max_deviation": seq.abs().max(),
+                f"{p}_seq_fraction_high": (seq > high).float().mean(),
+            }
+        )
         if two_sided:
             m[f"{p}_seq_fraction_low"] = (seq < low).float().mean()
     else:
-        m.update({f"{p}_{k}": zero for k in ("seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation",
-                                              "seq_fraction_high", "seq_fraction_low")})
+        m.update(
+            {
+                f"{p}_{k}": zero
+                for k in (
+                    "seq_mean",
+                    "seq_std",
+                    "seq_max",
+                    "seq_min",
+                    "seq_max_deviation",
+                    "seq_fraction_high",
+                    "seq_fraction_low",
+                )
+            }
+        )
     return m
 
 
@@ -235,12 +304,16 @@ def offpolicy_metrics(log_prob: Tensor, rollout_log_prob: Tensor, response_mask:
     log_ppl_diff = mean_rollout - mean_lp
     seq_log_ratio = masked_sum(log_ratio, response_mask, dim=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     return {
-        "training_ppl": torch.exp(-mean_lp).mean(), "training_log_ppl": (-mean_lp).mean(),
+        "training_ppl": torch.exp(-mean_lp).mean(),
+        "training_log_ppl": (-mean_lp).mean(),
         "kl": masked_mean(rollout_log_prob - log_prob, response_mask),
         "k3_kl": masked_mean(torch.exp(log_ratio) - log_ratio - 1, response_mask),
-        "rollout_ppl": torch.exp(-mean_rollout).mean(), "rollout_log_ppl": (-mean_rollout).mean(),
-        "log_ppl_diff": log_ppl_diff.mean(), "log_ppl_abs_diff": log_ppl_diff.abs().mean(),
-        "log_ppl_diff_max": log_ppl_diff.max(), "log_ppl_diff_min": log_ppl_diff.min(),
+        "rollout_ppl": torch.exp(-mean_rollout).mean(),
+        "rollout_log_ppl": (-mean_rollout).mean(),
+        "log_ppl_diff": log_ppl_diff.mean(),
+        "log_ppl_abs_diff": log_ppl_diff.abs().mean(),
+        "log_ppl_diff_max": log_ppl_diff.max(),
+        "log_ppl_diff_min": log_ppl_diff.min(),
         "ppl_ratio": torch.exp(log_ppl_diff).mean(),
         "chi2_token": masked_mean(torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).square(), response_mask) - 1,
         "chi2_seq": torch.exp(2.0 * seq_log_ratio).mean() - 1.0,
@@ -248,10 +321,18 @@ def offpolicy_metrics(log_prob: Tensor, rollout_log_prob: Tensor, response_mask:
 
 
 def compute_policy_loss_bypass_mode(
-    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
-    loss_type: str = "ppo_clip", rollout_is: str | None = None, rollout_is_threshold: str | float = 2.0,
-    rollout_is_batch_normalize: bool = False, rollout_rs: str | None = None,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    loss_type: str = "ppo_clip",
+    rollout_is: str | None = None,
+    rollout_is_threshold: str | float = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: str | None = None,
     rollout_rs_threshold: str | float | None = None,
 ) -> PolicyLossTerms:
     """Bypass mode: ``old_log_prob`` is π_rollout's (the rollout engine's log-probs); no π_old forward exists.
@@ -264,8 +345,13 @@ def compute_policy_loss_bypass_mode(
         raise ValueError("response_mask must contain at least one valid token")
     with torch.no_grad():
         log_ratio = log_prob - old_log_prob
-        weights, metrics = (None, {}) if rollout_is is None or rollout_is_threshold is None else rollout_is_weights(
-            log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize)
+        weights, metrics = (
+            (None, {})
+            if rollout_is is None or rollout_is_threshold is None
+            else rollout_is_weights(
+                log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
+            )
+        )
         mask = response_mask.clone()
         if rollout_rs is not None:
             if rollout_rs_threshold is None:
@@ -274,8 +360,9 @@ def compute_policy_loss_bypass_mode(
             metrics.update(rs_metrics)
         metrics.update(offpolicy_metrics(log_prob, old_log_prob, response_mask))
     if loss_type == "ppo_clip":
-        terms = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask,
-                                            clip_ratio_low, clip_ratio_high, clip_ratio_c)
+        terms = compute_policy_loss_vanilla(
+            old_log_prob, log_prob, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
+        )
         losses, loss_metrics = terms.losses, terms.metrics
     elif loss_type == "reinforce":
         losses = -advantages * log_prob * (1.0 if weights is None else weights)

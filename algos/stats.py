@@ -50,7 +50,6 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-
 def sum_pi_squared_from_logits(logits: Tensor) -> Tensor:
     """Σ_v π(v)² (...) of π = softmax(logits (..., V)) = exp(logsumexp(2z) − 2·logsumexp(z)); 1 for one token."""
     return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))

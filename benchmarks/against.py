@@ -55,16 +55,17 @@ def checkout(ref: str, where: str | None) -> Path:
     """A detached worktree of ``ref`` (made once; an existing one is reused as it is)."""
     path = Path(where or f"/tmp/colorl-{ref}")
     if not (path / ".git").exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(path), ref], cwd=REPO, check=True,
-                       stdout=sys.stderr)
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), ref], cwd=REPO, check=True, stdout=sys.stderr)
     return path
 
 
 def run_in(tree: Path, command: list[str], warmup: int) -> dict[str, float]:
     """Run ``command`` in ``tree``; the figures it gives (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix="colorl-against-") as out:
-        argv = [sys.executable if i == 0 and word == "python" else word.replace("{out}", out)
-                for i, word in enumerate(command)]
+        argv = [
+            sys.executable if i == 0 and word == "python" else word.replace("{out}", out)
+            for i, word in enumerate(command)
+        ]
         env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false"}
         result = subprocess.run(argv, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
         if result.returncode != 0:
@@ -90,8 +91,11 @@ def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
     """Per figure: the median over rounds of ref and head, and the median of the per-round head / ref ratios."""
     keys = sorted(set(rounds[0]["ref"]) & set(rounds[0]["head"]))
     medians = {side: {k: statistics.median(r[side][k] for r in rounds) for k in keys} for side in ("ref", "head")}
-    ratios = {k: round(statistics.median(r["head"][k] / r["ref"][k] for r in rounds), 3)
-              for k in keys if all(r["ref"][k] for r in rounds)}
+    ratios = {
+        k: round(statistics.median(r["head"][k] / r["ref"][k] for r in rounds), 3)
+        for k in keys
+        if all(r["ref"][k] for r in rounds)
+    }
     return {"median": medians, "median_head_over_ref": ratios}
 
 
@@ -103,8 +107,17 @@ def main(argv: list[str] | None = None) -> None:
         rounds.append({side: run_in(tree, args.command, args.warmup) for side, tree in trees.items()})
         print(f"[against] round {i + 1}/{args.rounds}: {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    emit({"benchmark": "against", "ref": args.ref, "head": head.stdout.strip(), "command": args.command,
-          "rounds": rounds, **summarize(rounds), "machine": machine("cpu")})
+    emit(
+        {
+            "benchmark": "against",
+            "ref": args.ref,
+            "head": head.stdout.strip(),
+            "command": args.command,
+            "rounds": rounds,
+            **summarize(rounds),
+            "machine": machine("cpu"),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -30,10 +30,16 @@ from trainer.tracking import read_metrics
 ROOT = Path(__file__).resolve().parent.parent
 ACTOR, LOSS_KEYS = "actor_rollout_ref.actor", {f.name for f in dataclasses.fields(PolicyLossConfig)}
 EXTRA = {  # what a name needs on top of selecting it
-    "gdpo": [f"custom_reward_function.path={Path(__file__).resolve()}", "custom_reward_function.name=two_part_score",
-             "algorithm.gdpo_reward_keys=[correct,stopped]"],
+    "gdpo": [
+        f"custom_reward_function.path={Path(__file__).resolve()}",
+        "custom_reward_function.name=two_part_score",
+        "algorithm.gdpo_reward_keys=[correct,stopped]",
+    ],
     "dro": [f"{ACTOR}.policy_loss.dro_beta=0.1"],
-    "bypass_mode": ["actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true"],
+    "bypass_mode": [
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.bypass_mode=true",
+    ],
 }
 
 
@@ -51,18 +57,33 @@ def cases() -> list[dict[str, Any]]:
     for name, entry in ADV_ESTIMATORS.items():
         reads = [f"algorithm.{o}" for o in entry.options]
         reads += ["algorithm.gdpo_reward_keys"] if "reward_components" in entry.needs else []
-        out.append(dict(kind="estimator", name=name, reads=reads, needs=list(entry.needs),
-                        overrides=[f"algorithm.adv_estimator={name}"]))
+        out.append(
+            dict(
+                kind="estimator",
+                name=name,
+                reads=reads,
+                needs=list(entry.needs),
+                overrides=[f"algorithm.adv_estimator={name}"],
+            )
+        )
     for name, loss in POLICY_LOSSES.items():
         reads = [f"{ACTOR}.{'policy_loss.' if o.partition('.')[0] in LOSS_KEYS else ''}{o}" for o in loss.options]
         reads += [] if loss.agg_mode else [f"{ACTOR}.loss_agg_mode"]
-        out.append(dict(kind="policy loss", name=name, reads=reads, needs=list(loss.needs),
-                        note=f"always {loss.agg_mode}" if loss.agg_mode else "",
-                        overrides=[f"{ACTOR}.policy_loss.loss_mode={name}", f"{ACTOR}.skip_on_policy_old_log_prob=false"]))
+        out.append(
+            dict(
+                kind="policy loss",
+                name=name,
+                reads=reads,
+                needs=list(loss.needs),
+                note=f"always {loss.agg_mode}" if loss.agg_mode else "",
+                overrides=[f"{ACTOR}.policy_loss.loss_mode={name}", f"{ACTOR}.skip_on_policy_old_log_prob=false"],
+            )
+        )
     for mode in LOSS_AGG_MODES:
         reads = [f"{ACTOR}.loss_scale_factor"] if mode == "seq-mean-token-sum-norm" else []
-        out.append(dict(kind="aggregation", name=mode, reads=reads, needs=[],
-                        overrides=[f"{ACTOR}.loss_agg_mode={mode}"]))
+        out.append(
+            dict(kind="aggregation", name=mode, reads=reads, needs=[], overrides=[f"{ACTOR}.loss_agg_mode={mode}"])
+        )
     for case in out:
         case["overrides"] += EXTRA.get(case["name"], [])
     return out
@@ -71,10 +92,19 @@ def cases() -> list[dict[str, Any]]:
 def run_case(case: dict[str, Any], workers: int, out_dir: Path) -> dict[str, Any]:
     """One step through main.py; the result: status, seconds, the step's metrics or the config error's line."""
     local_dir = out_dir / f"{case['kind'].replace(' ', '_')}-{case['name']}"
-    command = [sys.executable, "main.py", *case["overrides"], "trainer.total_training_steps=1",
-               "trainer.logger=[file]", "trainer.val_before_train=false", "trainer.test_freq=-1",
-               "trainer.save_freq=-1", "trainer.resume_mode=disable", f"trainer.n_gpus_per_node={workers}",
-               f"trainer.default_local_dir={local_dir}"]
+    command = [
+        sys.executable,
+        "main.py",
+        *case["overrides"],
+        "trainer.total_training_steps=1",
+        "trainer.logger=[file]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        f"trainer.n_gpus_per_node={workers}",
+        f"trainer.default_local_dir={local_dir}",
+    ]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -84,13 +114,19 @@ def run_case(case: dict[str, Any], workers: int, out_dir: Path) -> dict[str, Any
     record = read_metrics(local_dir / "metrics.jsonl")[-1]
     numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
     bad = sorted(k for k, v in numbers.items() if not math.isfinite(v))
-    return dict(status="finite" if not bad else f"non-finite: {bad}", seconds=seconds,
-                pg_loss=numbers.get("actor/pg_loss"), grad_norm=numbers.get("actor/grad_norm"))
+    return dict(
+        status="finite" if not bad else f"non-finite: {bad}",
+        seconds=seconds,
+        pg_loss=numbers.get("actor/pg_loss"),
+        grad_norm=numbers.get("actor/grad_norm"),
+    )
 
 
 def table(results: dict[str, dict[str, Any]] | None = None) -> str:
-    lines = ["| kind | name | keys it reads (`actor` = actor_rollout_ref.actor) | needs | one step on the toy |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| kind | name | keys it reads (`actor` = actor_rollout_ref.actor) | needs | one step on the toy |",
+        "|---|---|---|---|---|",
+    ]
     for case in cases():
         result = (results or {}).get(f"{case['kind']}:{case['name']}")
         if result is None:

@@ -93,16 +93,26 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
         staging = manager.staging_path(step)
         if rank == 0:
             manager.make_staging(staging)
-        save_s, save_mb = _measured(lambda: checkpoint.save_role(str(staging / "actor"), model, optimizer, scheduler,
-                                                                 tokenizer))
+        save_s, save_mb = _measured(
+            lambda: checkpoint.save_role(str(staging / "actor"), model, optimizer, scheduler, tokenizer)
+        )
         # the driver's part, here on rank 0: checksum + fsync everything, rename; and verify before a resume
         commit_s, _ = _measured(lambda: manager.commit(staging, step, {"global_step": step}) if rank == 0 else None)
         final = Path(manager.root) / f"global_step_{step}"
         verify_s, _ = _measured(lambda: check_checkpoint(final) if rank == 0 else None)
         load_s, load_mb = _measured(lambda: checkpoint.load_role(str(final / "actor"), model, optimizer, scheduler))
         size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
-        rows.append({"save_s": save_s, "save_peak_mb": save_mb, "commit_s": commit_s, "verify_s": verify_s,
-                     "load_s": load_s, "load_peak_mb": load_mb, "size_mb": size / 2**20})
+        rows.append(
+            {
+                "save_s": save_s,
+                "save_peak_mb": save_mb,
+                "commit_s": commit_s,
+                "verify_s": verify_s,
+                "load_s": load_s,
+                "load_peak_mb": load_mb,
+                "size_mb": size / 2**20,
+            }
+        )
         if world > 1:
             dist.barrier()
         if rank == 0:
@@ -118,8 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         shared = {"hidden": args.hidden, "layers": args.layers, "repeats": args.repeats, "dir": root}
         worlds = {str(world): run_ranks(_rank_main, world, shared) for world in args.world}
     n_params = 16 * args.hidden**2 * args.layers  # attention 4·h², MLP 3·h·4h per block; embeddings are tiny
-    emit({"benchmark": "checkpoint", "params_m": round(n_params / 1e6, 1), "worlds": worlds,
-          "machine": machine("cpu")})
+    emit({"benchmark": "checkpoint", "params_m": round(n_params / 1e6, 1), "worlds": worlds, "machine": machine("cpu")})
 
 
 if __name__ == "__main__":

@@ -31,14 +31,22 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--hidden", type=int, default=128, help="hidden size of the built-in Llama")
     group.add_argument("--layers", type=int, default=2, help="layers of the built-in Llama")
-    group.add_argument("--sft-warmup-steps", type=int, default=20,
-                       help="supervised warm-up of the built-in model (realistic response lengths; 0 = random)")
+    group.add_argument(
+        "--sft-warmup-steps",
+        type=int,
+        default=20,
+        help="supervised warm-up of the built-in model (realistic response lengths; 0 = random)",
+    )
     group.add_argument("--task", default="reverse", help="built-in task")
     group.add_argument("--cache-dir", default=".cache/colorl", help="where the built-in assets are cached")
     group.add_argument("--model-path", default=None, help="an HF model dir instead of the built-in model")
-    group.add_argument("--vocab-size", type=int, default=None,
-                       help="with --model-path: the same architecture with this vocabulary, random weights "
-                            "(memory against vocabulary; its tokenizer is the model's)")
+    group.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="with --model-path: the same architecture with this vocabulary, random weights "
+        "(memory against vocabulary; its tokenizer is the model's)",
+    )
 
 
 def add_batch_args(parser: argparse.ArgumentParser, steps: int = 20, warmup: int = 3) -> None:
@@ -54,8 +62,14 @@ def add_batch_args(parser: argparse.ArgumentParser, steps: int = 20, warmup: int
     group.add_argument("--warmup", type=int, default=warmup, help="unmeasured steps first")
     group.add_argument("--device", choices=["cpu", "cuda"], default=default_device())
     group.add_argument("--seed", type=int, default=1)
-    group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="any other ColoRL config override, e.g. --set actor_rollout_ref.model.use_remove_padding=true")
+    group.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other ColoRL config override, e.g. --set actor_rollout_ref.model.use_remove_padding=true",
+    )
 
 
 def config_overrides(args: argparse.Namespace, workers: int) -> list[str]:
@@ -125,8 +139,7 @@ def load_bench_config(args: argparse.Namespace, workers: int, local_dir: str) ->
     from config import load_config
 
     # the demo's recipe around the benchmark's shapes, also with --model-path (which would pick verl's defaults)
-    return load_config([*config_overrides(args, workers), f"trainer.default_local_dir={local_dir}"],
-                       config_name="demo")
+    return load_config([*config_overrides(args, workers), f"trainer.default_local_dir={local_dir}"], config_name="demo")
 
 
 def cycle(loader: Iterable) -> Iterator:

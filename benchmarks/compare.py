@@ -49,9 +49,25 @@ from typing import Any
 from benchmarks.common import add_batch_args, add_model_args, emit, machine
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = ("hidden", "layers", "sft_warmup_steps", "task", "cache_dir", "model_path", "vocab_size", "algo", "kl",
-          "prompts", "n",
-          "prompt_length", "response_length", "steps", "warmup", "device", "seed")
+SHARED = (
+    "hidden",
+    "layers",
+    "sft_warmup_steps",
+    "task",
+    "cache_dir",
+    "model_path",
+    "vocab_size",
+    "algo",
+    "kl",
+    "prompts",
+    "n",
+    "prompt_length",
+    "response_length",
+    "steps",
+    "warmup",
+    "device",
+    "seed",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,8 +95,14 @@ def shared_flags(args: argparse.Namespace) -> list[str]:
 def run(name: str, flags: list[str]) -> dict[str, Any]:
     """``python -m benchmarks.<name> flags`` -> its JSON line."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *flags], cwd=REPO, env=env,
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *flags],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"benchmarks.{name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -105,8 +127,14 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
         trl = run("trl", [*flags, "--threads", str(os.cpu_count())])
         row["trl"], tokens_per_s["trl"] = trl["s_per_step"], trl["completion_tokens_per_s"]
         peak_rss["trl"] = round(trl["peak_rss_mb"] / 1024, 3)
-    return {"s_per_step": row, "ratios": ratios(row, args.workers), "phases_s": phases, "mfu": mfu,
-            "response_tokens_per_s": tokens_per_s, "peak_rss_gb_per_worker": peak_rss}
+    return {
+        "s_per_step": row,
+        "ratios": ratios(row, args.workers),
+        "phases_s": phases,
+        "mfu": mfu,
+        "response_tokens_per_s": tokens_per_s,
+        "peak_rss_gb_per_worker": peak_rss,
+    }
 
 
 def ratios(row: dict[str, float], workers: list[int]) -> dict[str, float]:
@@ -133,23 +161,36 @@ def main(argv: list[str] | None = None) -> None:
         rounds.append(one_round(args))
         print(f"[compare] round {i + 1}/{args.rounds}: {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
     keys = rounds[0]["ratios"].keys()
-    emit({
-        "benchmark": "compare",
-        "algo": args.algo, "kl": args.kl, "hidden": args.hidden, "layers": args.layers, "prompts": args.prompts,
-        "n": args.n, "response_length": args.response_length, "steps": args.steps, "rounds": args.rounds,
-        "overrides": args.overrides,
-        "median_ratios": {k: round(statistics.median(r["ratios"][k] for r in rounds), 3) for k in keys},
-        "median_s_per_step": {k: round(statistics.median(r["s_per_step"][k] for r in rounds), 4)
-                              for k in rounds[0]["s_per_step"]},
-        "best_ratios": best_ratios([r["s_per_step"] for r in rounds], args.workers),
-        "median_mfu": {k: round(statistics.median(r["mfu"][k] for r in rounds), 4) for k in rounds[0]["mfu"]},
-        "median_response_tokens_per_s": {k: round(statistics.median(r["response_tokens_per_s"][k] for r in rounds), 1)
-                                         for k in rounds[0]["response_tokens_per_s"]},
-        "max_peak_rss_gb_per_worker": {k: max(r["peak_rss_gb_per_worker"][k] for r in rounds)
-                                       for k in rounds[0]["peak_rss_gb_per_worker"]},
-        "rounds_detail": rounds,
-        "machine": machine(args.device),
-    })
+    emit(
+        {
+            "benchmark": "compare",
+            "algo": args.algo,
+            "kl": args.kl,
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "prompts": args.prompts,
+            "n": args.n,
+            "response_length": args.response_length,
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "overrides": args.overrides,
+            "median_ratios": {k: round(statistics.median(r["ratios"][k] for r in rounds), 3) for k in keys},
+            "median_s_per_step": {
+                k: round(statistics.median(r["s_per_step"][k] for r in rounds), 4) for k in rounds[0]["s_per_step"]
+            },
+            "best_ratios": best_ratios([r["s_per_step"] for r in rounds], args.workers),
+            "median_mfu": {k: round(statistics.median(r["mfu"][k] for r in rounds), 4) for k in rounds[0]["mfu"]},
+            "median_response_tokens_per_s": {
+                k: round(statistics.median(r["response_tokens_per_s"][k] for r in rounds), 1)
+                for k in rounds[0]["response_tokens_per_s"]
+            },
+            "max_peak_rss_gb_per_worker": {
+                k: max(r["peak_rss_gb_per_worker"][k] for r in rounds) for k in rounds[0]["peak_rss_gb_per_worker"]
+            },
+            "rounds_detail": rounds,
+            "machine": machine(args.device),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -80,13 +80,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_model_args(parser)
     add_batch_args(parser)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (CPU)")
-    parser.add_argument("--phase-memory", action="store_true",
-                        help="sample the RSS every ms: the peak of each phase, and what the tensors hold (memory_gb)")
+    parser.add_argument(
+        "--phase-memory",
+        action="store_true",
+        help="sample the RSS every ms: the peak of each phase, and what the tensors hold (memory_gb)",
+    )
     return parser.parse_args(argv)
 
 
-def _load(path: str, device: torch.device, dtype: torch.dtype, optim_config: Any | None,
-          loader: Callable[[str], torch.nn.Module]) -> tuple[torch.nn.Module, Any]:
+def _load(
+    path: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    optim_config: Any | None,
+    loader: Callable[[str], torch.nn.Module],
+) -> tuple[torch.nn.Module, Any]:
     """(module computing in ``dtype``, its optimizer: AdamW over the fp32 weights, in bf16 over the masters of
     ``MasterWeights`` as a single worker rank has them; None without ``optim_config``)."""
     module, weights = on_one_rank(loader(path).to(device), dtype, trained=optim_config is not None)
@@ -129,18 +137,32 @@ class Floor:
                 ref_dtype = fsdp.compute_dtype(device, arr.ref.fsdp_config.mixed_precision)
                 ref, _ = _load(arr.model.path, device, ref_dtype, None, causal_lm)
                 ref = ref.requires_grad_(False).eval()
-            self.ref = DataParallelPPOActor(ref, None, None, arr.actor, use_remove_padding=packed,
-                                            use_fused_kernels=fused, use_prefix_grouper=grouped)
+            self.ref = DataParallelPPOActor(
+                ref,
+                None,
+                None,
+                arr.actor,
+                use_remove_padding=packed,
+                use_fused_kernels=fused,
+                use_prefix_grouper=grouped,
+            )
         self.actor = DataParallelPPOActor(  # kl_loss_type=full reads the reference model inside the update
-            policy, optimizer, None, arr.actor, self.sequences, use_remove_padding=packed,
-            ref_module=ref if uses_full_kl(arr.actor) else None, use_fused_kernels=fused,
+            policy,
+            optimizer,
+            None,
+            arr.actor,
+            self.sequences,
+            use_remove_padding=packed,
+            ref_module=ref if uses_full_kl(arr.actor) else None,
+            use_fused_kernels=fused,
             use_prefix_grouper=grouped,
         )
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
             self.critic_dtype = fsdp.compute_dtype(device, cfg.critic.fsdp_config.mixed_precision)
-            value_model, optimizer = _load(cfg.critic.model.path, device, self.critic_dtype, cfg.critic.optim,
-                                           load_value_model)
+            value_model, optimizer = _load(
+                cfg.critic.model.path, device, self.critic_dtype, cfg.critic.optim, load_value_model
+            )
             self.critic = DataParallelPPOCritic(value_model, optimizer, None, cfg.critic, self.sequences)
 
     def step(self, prompts: DataProto) -> dict[str, float]:
@@ -170,8 +192,13 @@ class Floor:
         algo = self.cfg.algorithm
         with timer("adv"):
             tensors["advantages"], tensors["returns"] = compute_advantage(
-                algo.adv_estimator, token_level_rewards=scores, response_mask=tensors["response_mask"],
-                values=tensors.get("values"), index=data.non_tensor_batch["uid"], gamma=algo.gamma, lam=algo.lam,
+                algo.adv_estimator,
+                token_level_rewards=scores,
+                response_mask=tensors["response_mask"],
+                values=tensors.get("values"),
+                index=data.non_tensor_batch["uid"],
+                gamma=algo.gamma,
+                lam=algo.lam,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             )
         if self.critic is not None:
@@ -184,8 +211,9 @@ class Floor:
         timing["tokens"] = float(tensors["attention_mask"].sum())
         return timing
 
-    def _attention(self, module: torch.nn.Module, dtype: torch.dtype, data: DataProto
-                   ) -> contextlib.AbstractContextManager:
+    def _attention(
+        self, module: torch.nn.Module, dtype: torch.dtype, data: DataProto
+    ) -> contextlib.AbstractContextManager:
         """The SDPA backend the workers' updates use (``workers.attention``)."""
         return attention.sdpa_backend(module, self.device, dtype, data.batch["input_ids"].shape[1])
 
@@ -196,16 +224,23 @@ class Floor:
         self.actor.module.eval()
         with lora.merged_adapters(self.actor.module):  # as the workers sample
             out = generate_sequences(
-                self.actor.module, *(prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")),
-                response_length=int(rollout.response_length), eos_token_id=self.eos_ids, pad_token_id=pad,
-                temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                do_sample=rollout.do_sample, return_log_probs=rollout.calculate_log_probs,
+                self.actor.module,
+                *(prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")),
+                response_length=int(rollout.response_length),
+                eos_token_id=self.eos_ids,
+                pad_token_id=pad,
+                temperature=rollout.temperature,
+                top_p=rollout.top_p,
+                top_k=rollout.top_k,
+                do_sample=rollout.do_sample,
+                return_log_probs=rollout.calculate_log_probs,
             )
         return DataProto.from_dict({k: v.cpu() for k, v in out.items()}, non_tensors=dict(prompts.non_tensor_batch))
 
 
-def _phase_timer(timing: dict[str, float], device: torch.device, phases: PhasePeaks | None = None
-                 ) -> Callable[[str], contextlib.AbstractContextManager]:
+def _phase_timer(
+    timing: dict[str, float], device: torch.device, phases: PhasePeaks | None = None
+) -> Callable[[str], contextlib.AbstractContextManager]:
     """``with timer("gen"): ...`` records the block's seconds (GPU work included) in ``timing`` (and its peak RSS
     in ``phases``)."""
 
@@ -235,9 +270,14 @@ def memory_breakdown(floor: Floor, sequences: int, sequence_length: int) -> dict
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     kv_cache = 2 * config.num_hidden_layers * kv_heads * head_dim * sequences * sequence_length * floor.dtype.itemsize
     gb = lambda nbytes: round(nbytes / perf.GiB, 3)  # noqa: E731
-    return {"weights": gb(storage_bytes(params)), "optimizer": gb(storage_bytes(state)), "kv_cache": gb(kv_cache),
-            "peak_rss_by_phase": {k: round(v / 1024, 3) for k, v in floor.phases.peaks.items()
-                                  if k not in ("setup", "between")}}
+    return {
+        "weights": gb(storage_bytes(params)),
+        "optimizer": gb(storage_bytes(state)),
+        "kv_cache": gb(kv_cache),
+        "peak_rss_by_phase": {
+            k: round(v / 1024, 3) for k, v in floor.phases.peaks.items() if k not in ("setup", "between")
+        },
+    }
 
 
 def summarize(rows: list[dict[str, float]], forwards: list[str]) -> dict[str, Any]:
@@ -264,8 +304,9 @@ def summarize(rows: list[dict[str, float]], forwards: list[str]) -> dict[str, An
     }
 
 
-def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], sequences: int,
-              device: torch.device) -> dict[str, float]:
+def floor_mfu(
+    cfg: Any, rows: list[dict[str, float]], forwards: list[str], sequences: int, device: torch.device
+) -> dict[str, float]:
     """MFU of the floor (gen + ``forwards`` + train, as ``benchmarks.step`` counts a step) and of the actor update."""
     from benchmarks.step import actor_flops_model, step_flops
 
@@ -273,17 +314,23 @@ def floor_mfu(cfg: Any, rows: list[dict[str, float]], forwards: list[str], seque
     peak, _ = perf.peak_flops(device, fsdp.compute_dtype(device, actor.fsdp_config.mixed_precision))
     floor, update = [], []
     for r in rows:
-        lengths = {"prompt_length/mean": (r["tokens"] - r["response_tokens"]) / sequences,
-                   "response_length/mean": r["response_tokens"] / sequences}
+        lengths = {
+            "prompt_length/mean": (r["tokens"] - r["response_tokens"]) / sequences,
+            "response_length/mean": r["response_tokens"] / sequences,
+        }
         ran = {f"timing_s/{p}": r[p] for p in ("gen", *forwards, *TRAIN_PHASES) if p in r}
         seconds = sum(ran.values())
         floor.append(step_flops(cfg, {**lengths, **ran}, sequences) / (seconds * peak))
         seq_lens = torch.full((sequences,), r["tokens"] / sequences)
         actor_flops = actor_flops_model(cfg).update_flops(
-            seq_lens, actor.ppo_epochs, reference_forward=uses_full_kl(actor))
+            seq_lens, actor.ppo_epochs, reference_forward=uses_full_kl(actor)
+        )
         update.append(actor_flops / (r["update_actor"] * peak))
-    return {"peak_tflops": round(peak / 1e12, 5), "mfu/floor": round(statistics.median(floor), 5),
-            "mfu/actor": round(statistics.median(update), 5)}
+    return {
+        "peak_tflops": round(peak / 1e12, 5),
+        "mfu/floor": round(statistics.median(floor), 5),
+        "mfu/actor": round(statistics.median(update), 5),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -297,22 +344,37 @@ def main(argv: list[str] | None = None) -> None:
         cfg, floor, rows, forwards = run_floor(args, local_dir)
         sequences = args.prompts * args.n
         mfu = floor_mfu(cfg, rows, forwards, sequences, floor.device)  # reads the model's config
-    emit({
-        "benchmark": "floor", "algo": args.algo, "kl": args.kl, "hidden": args.hidden, "layers": args.layers,
-        "n_params": floor.n_params, "trainable_params": floor.trainable_params,
-        "lora_rank": cfg.actor_rollout_ref.model.lora_rank, "model_path": cfg.actor_rollout_ref.model.path,
-        "vocab_size": floor.actor.module.config.vocab_size, "prompts": args.prompts,
-        "n": args.n, "prompt_length": args.prompt_length, "response_length": args.response_length,
-        "steps": args.steps, "warmup": args.warmup,
-        "threads": torch.get_num_threads() if args.device == "cpu" else None,
-        **summarize(rows, forwards),
-        "perf": mfu,
-        "response_length_mean": round(statistics.median(r["response_tokens"] for r in rows) / sequences, 3),
-        "peak_rss_gb": round(perf.peak_rss_bytes() / perf.GiB, 3),
-        **({"memory_gb": memory_breakdown(floor, sequences, args.prompt_length + args.response_length)}
-           if args.phase_memory else {}),
-        "machine": machine(args.device),
-    })
+    emit(
+        {
+            "benchmark": "floor",
+            "algo": args.algo,
+            "kl": args.kl,
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "n_params": floor.n_params,
+            "trainable_params": floor.trainable_params,
+            "lora_rank": cfg.actor_rollout_ref.model.lora_rank,
+            "model_path": cfg.actor_rollout_ref.model.path,
+            "vocab_size": floor.actor.module.config.vocab_size,
+            "prompts": args.prompts,
+            "n": args.n,
+            "prompt_length": args.prompt_length,
+            "response_length": args.response_length,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "threads": torch.get_num_threads() if args.device == "cpu" else None,
+            **summarize(rows, forwards),
+            "perf": mfu,
+            "response_length_mean": round(statistics.median(r["response_tokens"] for r in rows) / sequences, 3),
+            "peak_rss_gb": round(perf.peak_rss_bytes() / perf.GiB, 3),
+            **(
+                {"memory_gb": memory_breakdown(floor, sequences, args.prompt_length + args.response_length)}
+                if args.phase_memory
+                else {}
+            ),
+            "machine": machine(args.device),
+        }
+    )
 
 
 def run_floor(args: argparse.Namespace, local_dir: str) -> tuple[Any, Floor, list[dict[str, float]], list[str]]:

@@ -35,10 +35,9 @@ def prompt_text(tokenizer: Any, prompt: Any) -> str:
 def generate(model: Any, tokenizer: Any, texts: list[str], max_new_tokens: int, device: str) -> list[str]:
     """Greedy responses to ``texts`` (one left-padded batch), decoded up to the first eos."""
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     responses = []
-    for row in out[:, batch["input_ids"].shape[1]:].tolist():
+    for row in out[:, batch["input_ids"].shape[1] :].tolist():
         if tokenizer.eos_token_id in row:
             row = row[: row.index(tokenizer.eos_token_id)]
         responses.append(tokenizer.decode(row, skip_special_tokens=True))
@@ -65,28 +64,43 @@ def main() -> None:
     responses: list[str] = []
     batch_s: list[float] = []
     for start in range(0, len(rows), args.batch_size):
-        chunk = rows[start: start + args.batch_size]
+        chunk = rows[start : start + args.batch_size]
         began = time.perf_counter()
         with torch.no_grad():
-            responses += generate(model, tokenizer, [prompt_text(tokenizer, r["prompt"]) for r in chunk],
-                                  args.max_new_tokens, args.device)
+            responses += generate(
+                model, tokenizer, [prompt_text(tokenizer, r["prompt"]) for r in chunk], args.max_new_tokens, args.device
+            )
         batch_s.append(time.perf_counter() - began)
         for row, response in zip(chunk, responses[start:]):
             result = default_compute_score(row["data_source"], response, row["reward_model"]["ground_truth"])
             scores.append(float(result["score"]) if isinstance(result, dict) else float(result))
-            for key, value in (result.items() if isinstance(result, dict) else ()):
+            for key, value in result.items() if isinstance(result, dict) else ():
                 if key != "score":
                     extras.setdefault(key, []).append(float(value))
-    emit({
-        "benchmark": "greedy_accuracy", "model": args.model, "data": args.data, "rows": len(rows),
-        "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "threads": args.threads,
-        "accuracy": statistics.fmean(scores), **{k: statistics.fmean(v) for k, v in extras.items()},
-        "s_per_batch": statistics.median(batch_s), "total_s": sum(batch_s),
-        "examples": [{"prompt": r["prompt"][-1]["content"] if not isinstance(r["prompt"], str) else r["prompt"],
-                      "truth": r["reward_model"]["ground_truth"], "response": s}
-                     for r, s in zip(rows, responses[: args.show])],
-        "machine": machine(args.device),
-    })
+    emit(
+        {
+            "benchmark": "greedy_accuracy",
+            "model": args.model,
+            "data": args.data,
+            "rows": len(rows),
+            "max_new_tokens": args.max_new_tokens,
+            "batch_size": args.batch_size,
+            "threads": args.threads,
+            "accuracy": statistics.fmean(scores),
+            **{k: statistics.fmean(v) for k, v in extras.items()},
+            "s_per_batch": statistics.median(batch_s),
+            "total_s": sum(batch_s),
+            "examples": [
+                {
+                    "prompt": r["prompt"][-1]["content"] if not isinstance(r["prompt"], str) else r["prompt"],
+                    "truth": r["reward_model"]["ground_truth"],
+                    "response": s,
+                }
+                for r, s in zip(rows, responses[: args.show])
+            ],
+            "machine": machine(args.device),
+        }
+    )
 
 
 if __name__ == "__main__":

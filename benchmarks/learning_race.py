@@ -45,8 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget of each run")
     parser.add_argument("--gain", type=float, default=0.30, help="the held-out accuracy gain to time")
     parser.add_argument("--config-name", default="smollm2_arith", help="ColoRL's preset")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="another ColoRL override (TRL follows it where it maps)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another ColoRL override (TRL follows it where it maps)",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--no-trl", action="store_true", help="ColoRL's run only")
     parser.add_argument("--no-colorl", action="store_true", help="TRL's run only")
@@ -56,12 +62,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def colorl_overrides(args: argparse.Namespace, out_dir: str) -> list[str]:
     """The preset's command-line overrides for this race: model, data, seed, the wall-clock budget."""
     data = Path(args.data_dir).resolve()
-    return [f"actor_rollout_ref.model.path={Path(args.model_path).resolve()}",
-            f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-            f"trainer.seed={args.seed}", f"data.seed={args.seed}", f"trainer.device={args.device}",
-            "trainer.total_training_steps=100000", f"trainer.max_wall_time_s={60 * args.minutes}",
-            "trainer.logger=[console,file]", f"trainer.default_local_dir={out_dir}", "trainer.resume_mode=disable",
-            *args.overrides]
+    return [
+        f"actor_rollout_ref.model.path={Path(args.model_path).resolve()}",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        f"trainer.seed={args.seed}",
+        f"data.seed={args.seed}",
+        f"trainer.device={args.device}",
+        "trainer.total_training_steps=100000",
+        f"trainer.max_wall_time_s={60 * args.minutes}",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.resume_mode=disable",
+        *args.overrides,
+    ]
 
 
 def race_colorl(args: argparse.Namespace, out_dir: str) -> list[dict[str, float]]:
@@ -76,8 +90,9 @@ def race_colorl(args: argparse.Namespace, out_dir: str) -> list[dict[str, float]
         lines = metrics.read_text().splitlines() if metrics.exists() else []
         for row in map(json.loads, lines[seen:]):
             if STRICT in row:
-                curve.append({"minute": round((time.time() - launch) / 60, 2), "step": int(row["step"]),
-                              "strict": row[STRICT]})
+                curve.append(
+                    {"minute": round((time.time() - launch) / 60, 2), "step": int(row["step"]), "strict": row[STRICT]}
+                )
         seen = len(lines)
         if not running:
             break
@@ -96,11 +111,22 @@ def race_trl(args: argparse.Namespace, out_dir: str) -> tuple[list[dict[str, flo
         cfg = load_config(colorl_overrides(args, out_dir), config_name=args.config_name)
     settings = grpo_settings(cfg, args.device, cfg.actor_rollout_ref.actor.use_kl_loss, 10**6, out_dir)
     optimizer_steps_per_batch = settings["grpo"]["steps_per_generation"] * settings["grpo"]["num_iterations"]
-    evaluation = {"file": _first(cfg.data.val_files), "every": cfg.trainer.test_freq * optimizer_steps_per_batch,
-                  "limit": cfg.data.val_max_samples, "max_new_tokens": int(cfg.data.max_response_length)}
-    evals, summary = run_trl(settings, cfg.actor_rollout_ref.model.path, _first(cfg.data.train_files),
-                             threads=os.cpu_count() or 1, warmup=1, eval=evaluation, launch_time=time.time(),
-                             minutes=args.minutes)
+    evaluation = {
+        "file": _first(cfg.data.val_files),
+        "every": cfg.trainer.test_freq * optimizer_steps_per_batch,
+        "limit": cfg.data.val_max_samples,
+        "max_new_tokens": int(cfg.data.max_response_length),
+    }
+    evals, summary = run_trl(
+        settings,
+        cfg.actor_rollout_ref.model.path,
+        _first(cfg.data.train_files),
+        threads=os.cpu_count() or 1,
+        warmup=1,
+        eval=evaluation,
+        launch_time=time.time(),
+        minutes=args.minutes,
+    )
     for point in evals:  # TRL counts optimizer steps; ColoRL's steps are batches
         point["step"] = point["step"] / optimizer_steps_per_batch
     return evals, summary
@@ -125,14 +151,27 @@ def main(argv: list[str] | None = None) -> None:
             results["colorl"] = {"curve": race_colorl(args, str(Path(tmp) / "colorl"))}
         if not args.no_trl:
             curve, summary = race_trl(args, str(Path(tmp) / "trl"))
-            results["trl"] = {"curve": curve, "s_per_optimizer_step": summary["s_per_step"],
-                              "peak_rss_mb": summary["peak_rss_mb"]}
+            results["trl"] = {
+                "curve": curve,
+                "s_per_optimizer_step": summary["s_per_step"],
+                "peak_rss_mb": summary["peak_rss_mb"],
+            }
     for result in results.values():
         result["first_minute_at_gain"] = first_gain(result["curve"], args.gain)
         result["last"] = result["curve"][-1] if result["curve"] else None
-    emit({"benchmark": "learning_race", "config_name": args.config_name, "seed": args.seed,
-          "minutes": args.minutes, "gain": args.gain, "data_dir": str(Path(args.data_dir).resolve()),
-          "overrides": args.overrides, **results, "machine": machine(args.device)})
+    emit(
+        {
+            "benchmark": "learning_race",
+            "config_name": args.config_name,
+            "seed": args.seed,
+            "minutes": args.minutes,
+            "gain": args.gain,
+            "data_dir": str(Path(args.data_dir).resolve()),
+            "overrides": args.overrides,
+            **results,
+            "machine": machine(args.device),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-length", type=int, default=8)
     parser.add_argument("--world", type=int, default=2, help="FSDP ranks")
     parser.add_argument("--updates", type=int, default=2, help="update steps after the log-prob forward")
-    parser.add_argument("--min-num-params", type=int, default=0,
-                        help="FSDP units of at least this many parameters (fsdp_config.wrap_policy; 0: per block)")
+    parser.add_argument(
+        "--min-num-params",
+        type=int,
+        default=0,
+        help="FSDP units of at least this many parameters (fsdp_config.wrap_policy; 0: per block)",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default=default_device())
     parser.add_argument("--seed", type=int, default=1)
     return parser.parse_args(argv)
@@ -167,14 +171,16 @@ def random_batch(rows: int, args: dict[str, Any], seed: int) -> Any:
     p, r, vocab = args["prompt_length"], args["response_length"], args["vocab_size"]
     input_ids = torch.randint(0, vocab, (rows, p + r), generator=g)
     attention_mask = torch.ones_like(input_ids)
-    return DataProto.from_dict({
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": attention_mask.cumsum(-1) - 1,
-        "responses": input_ids[:, p:],
-        "response_mask": attention_mask[:, p:],
-        "advantages": torch.randn(rows, r, generator=g),
-    })
+    return DataProto.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": attention_mask.cumsum(-1) - 1,
+            "responses": input_ids[:, p:],
+            "response_mask": attention_mask[:, p:],
+            "advantages": torch.randn(rows, r, generator=g),
+        }
+    )
 
 
 def _setup(rank: int, world: int, args: dict[str, Any]) -> torch.device:
@@ -273,34 +279,53 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.update(malloc.worker_env(args.device))  # the spawned ranks start with the trainer's CPU allocator
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
-        raise SystemExit(f"benchmarks.memory: --world {args.world} needs {args.world} GPUs, "
-                         f"{torch.cuda.device_count()} visible")
+        raise SystemExit(
+            f"benchmarks.memory: --world {args.world} needs {args.world} GPUs, {torch.cuda.device_count()} visible"
+        )
     if args.model_path:
         model_path = os.path.abspath(args.model_path)
     else:
         with stdout_to_stderr():
             model_path = prepare_builtin(
-                cache_dir=os.path.abspath(args.cache_dir), task=args.task, sft_warmup_steps=args.sft_warmup_steps,
-                hidden_size=args.hidden, num_layers=args.layers, seed=args.seed,
+                cache_dir=os.path.abspath(args.cache_dir),
+                task=args.task,
+                sft_warmup_steps=args.sft_warmup_steps,
+                hidden_size=args.hidden,
+                num_layers=args.layers,
+                seed=args.seed,
             )["model_path"]
     model_config = AutoConfig.from_pretrained(model_path)
     shared = {
-        "model_path": model_path, "vocab_size": model_config.vocab_size, "device": args.device,
-        "sequences": args.prompts * args.n, "prompt_length": args.prompt_length,
-        "response_length": args.response_length, "updates": args.updates, "seed": args.seed,
-        "threads": os.cpu_count() or 1, "min_num_params": args.min_num_params,
+        "model_path": model_path,
+        "vocab_size": model_config.vocab_size,
+        "device": args.device,
+        "sequences": args.prompts * args.n,
+        "prompt_length": args.prompt_length,
+        "response_length": args.response_length,
+        "updates": args.updates,
+        "seed": args.seed,
+        "threads": os.cpu_count() or 1,
+        "min_num_params": args.min_num_params,
     }
     sharded = run_ranks(_rank_main, args.world, shared)
     plain = run_ranks(_rank_main, 1, shared)[0]
-    emit({
-        "benchmark": "memory", "hidden": args.hidden, "layers": args.layers, "model_path": model_path,
-        "n_params": _n_params(model_config), "sequences": shared["sequences"],
-        "tokens_per_sequence": args.prompt_length + args.response_length, "updates": args.updates,
-        "min_num_params": args.min_num_params,
-        f"fsdp_{args.world}_ranks": sharded, "unsharded": plain,
-        "ratio_fsdp_rank_over_unsharded": _ratios(sharded, plain),
-        "machine": machine(args.device),
-    })
+    emit(
+        {
+            "benchmark": "memory",
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "model_path": model_path,
+            "n_params": _n_params(model_config),
+            "sequences": shared["sequences"],
+            "tokens_per_sequence": args.prompt_length + args.response_length,
+            "updates": args.updates,
+            "min_num_params": args.min_num_params,
+            f"fsdp_{args.world}_ranks": sharded,
+            "unsharded": plain,
+            "ratio_fsdp_rank_over_unsharded": _ratios(sharded, plain),
+            "machine": machine(args.device),
+        }
+    )
 
 
 def _n_params(model_config: Any) -> int:

@@ -25,16 +25,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config-name", default="demo", help="the preset in conf/")
     parser.add_argument("--steps", type=int, default=2, help="training steps (the peak is the largest over them)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override, e.g. --set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override, e.g. --set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+    )
     return parser.parse_args(argv)
 
 
 def phases_gib(estimate: Any) -> dict[str, dict[str, float]]:
     from workers.memory_estimate import GiB
 
-    return {p.name: {**{k: round(v / GiB, 3) for k, v in sorted(p.terms.items())}, "total": round(p.total / GiB, 3)}
-            for p in estimate.phases}
+    return {
+        p.name: {**{k: round(v / GiB, 3) for k, v in sorted(p.terms.items())}, "total": round(p.total / GiB, 3)}
+        for p in estimate.phases
+    }
 
 
 def estimates(cfg: Any, plan: Any, measured: list[dict[str, float]]) -> dict[str, Any]:
@@ -44,13 +52,18 @@ def estimates(cfg: Any, plan: Any, measured: list[dict[str, float]]) -> dict[str
     from workers.memory_phases import Lengths, estimate_memory
 
     models = load_model_sizes(cfg, plan, lambda: demo_model_config(cfg.builtin))
-    observed = Lengths(round(statistics.fmean(m["prompt_length/mean"] for m in measured)),
-                       round(statistics.fmean(m["response_length/mean"] for m in measured)))
+    observed = Lengths(
+        round(statistics.fmean(m["prompt_length/mean"] for m in measured)),
+        round(statistics.fmean(m["response_length/mean"] for m in measured)),
+    )
     out = {}
     for name, lengths in (("at_max_lengths", None), ("at_observed_lengths", observed)):
         estimate = estimate_memory(cfg, plan, models, cfg.trainer.device, lengths)
-        out[name] = {"peak_gib": round(estimate.peak.total / 2**30, 3), "peak_phase": estimate.peak.name,
-                     "phases": phases_gib(estimate)}
+        out[name] = {
+            "peak_gib": round(estimate.peak.total / 2**30, 3),
+            "peak_phase": estimate.peak.name,
+            "phases": phases_gib(estimate),
+        }
     out["observed_lengths"] = {"prompt": observed.prompt, "response": observed.response}
     return out
 
@@ -63,9 +76,16 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="colorl-bench-memory-") as local_dir:
-        cfg = load_config([*args.overrides, "trainer.logger=[]", "trainer.val_before_train=false",
-                           "trainer.resume_mode=disable", f"trainer.default_local_dir={local_dir}"],
-                          config_name=args.config_name)
+        cfg = load_config(
+            [
+                *args.overrides,
+                "trainer.logger=[]",
+                "trainer.val_before_train=false",
+                "trainer.resume_mode=disable",
+                f"trainer.default_local_dir={local_dir}",
+            ],
+            config_name=args.config_name,
+        )
         with stdout_to_stderr():
             trainer = build_trainer(cfg)
         cfg = trainer.config  # the device resolved, the assets' paths filled in
@@ -81,9 +101,19 @@ def main(argv: list[str] | None = None) -> None:
     result = estimates(cfg, trainer.plan, measured)
     for name in ("at_max_lengths", "at_observed_lengths"):
         result[name]["measured_over_estimate"] = round(peak / result[name]["peak_gib"], 3)
-    emit({"benchmark": "memory_estimate", "config_name": args.config_name, "overrides": args.overrides,
-          "steps": args.steps, "workers": trainer.plan.n_workers, "measured_peak_gib_per_worker": round(peak, 3),
-          "measured": key, **result, "machine": machine(cfg.trainer.device)})
+    emit(
+        {
+            "benchmark": "memory_estimate",
+            "config_name": args.config_name,
+            "overrides": args.overrides,
+            "steps": args.steps,
+            "workers": trainer.plan.n_workers,
+            "measured_peak_gib_per_worker": round(peak, 3),
+            "measured": key,
+            **result,
+            "machine": machine(cfg.trainer.device),
+        }
+    )
 
 
 if __name__ == "__main__":

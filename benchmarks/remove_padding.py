@@ -54,8 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--n", type=int, default=1, help="rows per prompt (a GRPO group, one after another)")
     parser.add_argument("--micro", type=int, default=16, help="rows per padded micro-batch")
-    parser.add_argument("--max-token-len", type=int, default=None,
-                        help="dynamic batch size budget (default: micro × (prompt + response) tokens)")
+    parser.add_argument(
+        "--max-token-len",
+        type=int,
+        default=None,
+        help="dynamic batch size budget (default: micro × (prompt + response) tokens)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
@@ -76,34 +80,46 @@ def make_batch(args: argparse.Namespace) -> DataProto:
     input_ids = torch.randint(1, args.vocab, (rows, p + r), generator=g)
     input_ids[:, :p] = input_ids[group, :p]
     input_ids = input_ids * attention_mask
-    return DataProto.from_dict({
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp_min(0),
-        "responses": input_ids[:, p:],
-        "response_mask": response_mask,
-        "advantages": torch.randn(rows, r, generator=g) * response_mask,
-    })
+    return DataProto.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp_min(0),
+            "responses": input_ids[:, p:],
+            "response_mask": response_mask,
+            "advantages": torch.randn(rows, r, generator=g) * response_mask,
+        }
+    )
 
 
 def llama_config(args: argparse.Namespace) -> LlamaConfig:
-    return LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                       num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-                       max_position_embeddings=args.prompt_length + args.response_length, pad_token_id=0)
+    return LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 64),
+        max_position_embeddings=args.prompt_length + args.response_length,
+        pad_token_id=0,
+    )
 
 
-def build_actor(args: argparse.Namespace, state: dict, remove_padding: bool, dynamic: bool,
-                shared: bool = False) -> DataParallelPPOActor:
+def build_actor(
+    args: argparse.Namespace, state: dict, remove_padding: bool, dynamic: bool, shared: bool = False
+) -> DataParallelPPOActor:
     model = LlamaForCausalLM(llama_config(args))
     model.load_state_dict(state)
     actor_config = ActorConfig(
-        ppo_mini_batch_size=args.rows, ppo_micro_batch_size_per_gpu=args.micro, optim=OptimConfig(lr=1e-6),
+        ppo_mini_batch_size=args.rows,
+        ppo_micro_batch_size_per_gpu=args.micro,
+        optim=OptimConfig(lr=1e-6),
         use_dynamic_bsz=dynamic,
         ppo_max_token_len_per_gpu=args.max_token_len or args.micro * (args.prompt_length + args.response_length),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    return DataParallelPPOActor(model, optimizer, None, actor_config, use_remove_padding=remove_padding,
-                                use_prefix_grouper=shared)
+    return DataParallelPPOActor(
+        model, optimizer, None, actor_config, use_remove_padding=remove_padding, use_prefix_grouper=shared
+    )
 
 
 def run_variant(args: argparse.Namespace, state: dict, data: DataProto, name: str) -> dict:
@@ -141,20 +157,22 @@ def main(argv: list[str] | None = None) -> None:
         variants = {name: run_variant(args, state, data, name) for name in VARIANTS}
     baseline = variants["padded"]
     mask = data.batch["attention_mask"]
-    emit({
-        "benchmark": "remove_padding",
-        "machine": machine("cpu"),
-        "config": vars(args),
-        "valid_token_fraction": round(float(mask.float().mean()), 4),
-        "variants": variants,
-        "speedup_vs_padded": {
-            name: {
-                "log_prob": round(baseline["log_prob_s"] / v["log_prob_s"], 3),
-                "update": round(baseline["update_s"] / v["update_s"], 3),
-            }
-            for name, v in variants.items()
-        },
-    })
+    emit(
+        {
+            "benchmark": "remove_padding",
+            "machine": machine("cpu"),
+            "config": vars(args),
+            "valid_token_fraction": round(float(mask.float().mean()), 4),
+            "variants": variants,
+            "speedup_vs_padded": {
+                name: {
+                    "log_prob": round(baseline["log_prob_s"] / v["log_prob_s"], 3),
+                    "update": round(baseline["update_s"] / v["update_s"], 3),
+                }
+                for name, v in variants.items()
+            },
+        }
+    )
 
 
 if __name__ == "__main__":

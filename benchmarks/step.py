@@ -70,8 +70,9 @@ def run_steps(trainer: Any, warmup: int, steps: int) -> list[dict[str, float]]:
 
 
 @functools.cache
-def flops_model(path: str, value_model: bool = False, lora_rank: int = 0,
-                target_modules: str | tuple[str, ...] = "all-linear") -> Any:
+def flops_model(
+    path: str, value_model: bool = False, lora_rank: int = 0, target_modules: str | tuple[str, ...] = "all-linear"
+) -> Any:
     """The ``workers.perf.FlopsModel`` of the checkpoint at ``path`` (a value model: its scalar head, no lm_head),
     with the workers' LoRA adapters where ``lora_rank`` > 0 (its frozen base computes no weight gradients)."""
     from types import SimpleNamespace
@@ -94,8 +95,11 @@ def actor_flops_model(cfg: Any) -> Any:
     """:func:`flops_model` of the actor that ``cfg`` trains (LoRA or not)."""
     model = cfg.actor_rollout_ref.model
     targets = model.target_modules
-    return flops_model(model.path, lora_rank=int(model.lora_rank),
-                       target_modules=targets if isinstance(targets, str) else tuple(targets))
+    return flops_model(
+        model.path,
+        lora_rank=int(model.lora_rank),
+        target_modules=targets if isinstance(targets, str) else tuple(targets),
+    )
 
 
 def step_flops(cfg: Any, metrics: dict[str, float], sequences: int) -> float:
@@ -174,24 +178,26 @@ def main(argv: list[str] | None = None) -> None:
             ray.shutdown()
         result = summarize(measured, args.prompts * args.n, args.workers)
         result["perf"]["mfu/step"] = round(step_mfu(cfg, measured, args.prompts * args.n, args.workers), 5)
-    emit({
-        "benchmark": "step",
-        "algo": args.algo,
-        "kl": args.kl,
-        "hidden": args.hidden,
-        "layers": args.layers,
-        "lora_rank": cfg.actor_rollout_ref.model.lora_rank,
-        "model_path": cfg.actor_rollout_ref.model.path,
-        "prompts": args.prompts,
-        "n": args.n,
-        "prompt_length": args.prompt_length,
-        "response_length": args.response_length,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "init_workers_s": round(init_s, 2),
-        **result,
-        "machine": machine(args.device),
-    })
+    emit(
+        {
+            "benchmark": "step",
+            "algo": args.algo,
+            "kl": args.kl,
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "lora_rank": cfg.actor_rollout_ref.model.lora_rank,
+            "model_path": cfg.actor_rollout_ref.model.path,
+            "prompts": args.prompts,
+            "n": args.n,
+            "prompt_length": args.prompt_length,
+            "response_length": args.response_length,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "init_workers_s": round(init_s, 2),
+            **result,
+            "machine": machine(args.device),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -60,11 +60,18 @@ def main() -> None:
         "TensorBatch": measure(lambda: data.chunk(args.chunks), DataProto.concat, args.repeats),
         "TensorDict": measure(lambda: td.chunk(args.chunks), lambda parts: torch.cat(parts), args.repeats),
     }
-    emit({
-        "benchmark": "tensordict_storage", "batch_mib": round(sum(t.nbytes for t in tensors.values()) / 2**20, 1),
-        "rows": args.rows, "width": args.width, "keys": args.keys, "chunks": args.chunks,
-        "results": results, "machine": machine("cpu"),
-    })
+    emit(
+        {
+            "benchmark": "tensordict_storage",
+            "batch_mib": round(sum(t.nbytes for t in tensors.values()) / 2**20, 1),
+            "rows": args.rows,
+            "width": args.width,
+            "keys": args.keys,
+            "chunks": args.chunks,
+            "results": results,
+            "machine": machine("cpu"),
+        }
+    )
     ray.shutdown()
 
 

@@ -52,11 +52,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device).eval()
-    multi_turn = MultiTurnConfig(enable=True, tool_config_path=args.tool_config,
-                                 max_assistant_turns=args.max_assistant_turns)
+    multi_turn = MultiTurnConfig(
+        enable=True, tool_config_path=args.tool_config, max_assistant_turns=args.max_assistant_turns
+    )
     toolbox = ToolBox(load_tools(args.tool_config, None), multi_turn)
-    dataset = RLHFDataset(args.data, tokenizer, max_prompt_length=args.prompt_length, max_samples=args.limit,
-                          tool_schemas=toolbox.schemas)
+    dataset = RLHFDataset(
+        args.data, tokenizer, max_prompt_length=args.prompt_length, max_samples=args.limit, tool_schemas=toolbox.schemas
+    )
     loop = AgentLoop(tokenizer, toolbox, multi_turn, default_agent="single_turn_agent")
     reward = RewardManager(tokenizer)
     eos = eos_token_ids(model.generation_config, tokenizer)
@@ -65,9 +67,15 @@ def main() -> None:
         collated = dataset.collate_fn([dataset[i] for i in range(start, min(start + args.batch_size, len(dataset)))])
         batch = DataProto.from_single_dict(collated)
         began = time.perf_counter()
-        tensors, stats, _ = loop.generate(model, batch.batch, batch.non_tensor_batch,
-                                          response_length=args.response_length, eos_token_id=eos,
-                                          pad_token_id=dataset.pad_token_id, sampling={"do_sample": False})
+        tensors, stats, _ = loop.generate(
+            model,
+            batch.batch,
+            batch.non_tensor_batch,
+            response_length=args.response_length,
+            eos_token_id=eos,
+            pad_token_id=dataset.pad_token_id,
+            sampling={"do_sample": False},
+        )
         batch_s.append(time.perf_counter() - began)
         out = DataProto.from_dict(tensors, {**batch.non_tensor_batch, **stats})
         _, reward_extras = reward(out)
@@ -76,22 +84,36 @@ def main() -> None:
             extras[key] += [float(v) for v in values]
         for key, values in stats.items():
             rows[key] += list(values)
-        shown += [tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=False)
-                  for ids, mask in zip(tensors["responses"], tensors["attention_mask"][:, -args.response_length:])]
+        shown += [
+            tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=False)
+            for ids, mask in zip(tensors["responses"], tensors["attention_mask"][:, -args.response_length :])
+        ]
     calls = [float(c) for c in rows["tool_call_counts"]]
-    emit({
-        "benchmark": "tool_use", "model": args.model, "data": args.data, "tool_config": args.tool_config,
-        "rows": len(scores), "response_length": args.response_length, "threads": args.threads,
-        "accuracy": statistics.fmean(scores), **{k: statistics.fmean(v) for k, v in extras.items()},
-        "tool_call_rate": statistics.fmean(c > 0 for c in calls), "calls_per_problem": statistics.fmean(calls),
-        "errors_per_problem": statistics.fmean(float(e) for e in rows["tool_error_counts"]),
-        "turns_per_problem": statistics.fmean(float(t) for t in rows["__num_turns__"]),
-        "stop_reasons": dict(collections.Counter(rows["stop_reason"])),
-        "s_per_batch": statistics.median(batch_s), "total_s": sum(batch_s),
-        "examples": [{"truth": dataset[i]["reward_model"]["ground_truth"], "conversation": shown[i], "score": scores[i]}
-                     for i in range(min(args.show, len(shown)))],
-        "machine": machine(args.device),
-    })
+    emit(
+        {
+            "benchmark": "tool_use",
+            "model": args.model,
+            "data": args.data,
+            "tool_config": args.tool_config,
+            "rows": len(scores),
+            "response_length": args.response_length,
+            "threads": args.threads,
+            "accuracy": statistics.fmean(scores),
+            **{k: statistics.fmean(v) for k, v in extras.items()},
+            "tool_call_rate": statistics.fmean(c > 0 for c in calls),
+            "calls_per_problem": statistics.fmean(calls),
+            "errors_per_problem": statistics.fmean(float(e) for e in rows["tool_error_counts"]),
+            "turns_per_problem": statistics.fmean(float(t) for t in rows["__num_turns__"]),
+            "stop_reasons": dict(collections.Counter(rows["stop_reason"])),
+            "s_per_batch": statistics.median(batch_s),
+            "total_s": sum(batch_s),
+            "examples": [
+                {"truth": dataset[i]["reward_model"]["ground_truth"], "conversation": shown[i], "score": scores[i]}
+                for i in range(min(args.show, len(shown)))
+            ],
+            "machine": machine(args.device),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -53,9 +53,13 @@ def round_trip(args: argparse.Namespace) -> dict[str, Any]:
     median = statistics.median(times)
     ray.shutdown()
     return {
-        "benchmark": "transfer", "payload_mib": nbytes / 2**20, "workers": args.workers,
-        "round_trip_s_median": round(median, 4), "round_trip_s_all": [round(t, 4) for t in times],
-        "payload_gb_per_s": round(2 * nbytes / median / 1e9, 3), "machine": machine("cpu"),
+        "benchmark": "transfer",
+        "payload_mib": nbytes / 2**20,
+        "workers": args.workers,
+        "round_trip_s_median": round(median, 4),
+        "round_trip_s_all": [round(t, 4) for t in times],
+        "payload_gb_per_s": round(2 * nbytes / median / 1e9, 3),
+        "machine": machine("cpu"),
     }
 
 
@@ -93,8 +97,13 @@ def per_step(args: argparse.Namespace) -> dict[str, Any]:
     from trainer.build import build_trainer
 
     with tempfile.TemporaryDirectory(prefix="colorl-bench-transfer-") as local_dir:
-        overrides = [*args.overrides, f"trainer.default_local_dir={local_dir}", "trainer.logger=[]",
-                     "trainer.val_before_train=false", "trainer.resume_mode=disable"]
+        overrides = [
+            *args.overrides,
+            f"trainer.default_local_dir={local_dir}",
+            "trainer.logger=[]",
+            "trainer.val_before_train=false",
+            "trainer.resume_mode=disable",
+        ]
         with stdout_to_stderr():
             trainer = build_trainer(load_config(overrides, config_name=args.config_name))
             ray.init(num_cpus=trainer.plan.n_workers + 1, include_dashboard=False, log_to_driver=False)
@@ -109,14 +118,22 @@ def per_step(args: argparse.Namespace) -> dict[str, Any]:
     cfg = trainer.config
     calls = {name: {k: v // args.steps for k, v in counts.items()} for name, counts in sorted(totals.items())}
     return {
-        "benchmark": "transfer", "config_name": args.config_name, "overrides": args.overrides, "steps": args.steps,
-        "shapes": {"prompts": cfg.data.train_batch_size, "n": cfg.actor_rollout_ref.rollout.n,
-                   "prompt_length": cfg.data.max_prompt_length, "response_length": cfg.data.max_response_length,
-                   "workers": trainer.plan.n_workers},
+        "benchmark": "transfer",
+        "config_name": args.config_name,
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "shapes": {
+            "prompts": cfg.data.train_batch_size,
+            "n": cfg.actor_rollout_ref.rollout.n,
+            "prompt_length": cfg.data.max_prompt_length,
+            "response_length": cfg.data.max_response_length,
+            "workers": trainer.plan.n_workers,
+        },
         "to_workers_bytes_per_step": sum(c["to_workers"] for c in calls.values()),
         "to_driver_bytes_per_step": sum(c["to_driver"] for c in calls.values()),
         "other_bytes_per_step": sum(c["to_workers_other"] + c["to_driver_other"] for c in calls.values()),
-        "by_call": calls, "machine": machine(cfg.trainer.device),
+        "by_call": calls,
+        "machine": machine(cfg.trainer.device),
     }
 
 
@@ -128,8 +145,14 @@ def main() -> None:
     parser.add_argument("--per-step", action="store_true", help="count the bytes of training steps instead")
     parser.add_argument("--config-name", default="demo", help="--per-step: the preset (conf/<name>.yaml)")
     parser.add_argument("--steps", type=int, default=2, help="--per-step: training steps counted")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="--per-step: a config override")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="--per-step: a config override",
+    )
     args = parser.parse_args()
     emit(per_step(args) if args.per_step else round_trip(args))
 

@@ -65,45 +65,86 @@ def grpo_settings(cfg: Any, device: str, kl: bool, steps: int, output_dir: str) 
     arr, data = cfg.actor_rollout_ref, cfg.data
     actor, rollout, model, optim = arr.actor, arr.rollout, arr.model, arr.actor.optim
     if kl and actor.kl_loss_type not in ("low_var_kl", "k3"):
-        raise SystemExit(f"benchmarks.trl --kl: TRL's KL is k3; actor_rollout_ref.actor.kl_loss_type="
-                         f"{actor.kl_loss_type!r} has no TRL equivalent (use low_var_kl or k3)")
+        raise SystemExit(
+            f"benchmarks.trl --kl: TRL's KL is k3; actor_rollout_ref.actor.kl_loss_type="
+            f"{actor.kl_loss_type!r} has no TRL equivalent (use low_var_kl or k3)"
+        )
     if actor.loss_agg_mode not in LOSS_TYPES:
         raise SystemExit(f"benchmarks.trl: actor.loss_agg_mode={actor.loss_agg_mode!r} has no TRL loss type")
     mini_batches = data.train_batch_size // actor.ppo_mini_batch_size  # optimizer steps per batch and epoch
     bf16 = fsdp.compute_dtype(torch.device(device), actor.fsdp_config.mixed_precision) == torch.bfloat16
     targets = model.target_modules
-    lora = {"r": int(model.lora_rank), "lora_alpha": float(model.lora_alpha),
-            "target_modules": targets if isinstance(targets, str) else list(targets)} if model.lora_rank else None
+    lora = (
+        {
+            "r": int(model.lora_rank),
+            "lora_alpha": float(model.lora_alpha),
+            "target_modules": targets if isinstance(targets, str) else list(targets),
+        }
+        if model.lora_rank
+        else None
+    )
     warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else 0  # ColoRL counts batches, TRL steps
     clip_low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
     clip_high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
     grpo = dict(
-        output_dir=output_dir, per_device_train_batch_size=actor.ppo_mini_batch_size * rollout.n,
-        steps_per_generation=mini_batches, num_generations=rollout.n, gradient_accumulation_steps=1,
-        num_iterations=actor.ppo_epochs, max_completion_length=int(rollout.response_length),
-        temperature=rollout.temperature, top_p=rollout.top_p, top_k=max(rollout.top_k, 0),
-        learning_rate=optim.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=warmup * mini_batches,
-        adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], weight_decay=optim.weight_decay,
-        max_grad_norm=actor.grad_clip, beta=float(actor.kl_loss_coef) if kl else 0.0, epsilon=clip_low,
-        epsilon_high=clip_high, loss_type=LOSS_TYPES[actor.loss_agg_mode],
+        output_dir=output_dir,
+        per_device_train_batch_size=actor.ppo_mini_batch_size * rollout.n,
+        steps_per_generation=mini_batches,
+        num_generations=rollout.n,
+        gradient_accumulation_steps=1,
+        num_iterations=actor.ppo_epochs,
+        max_completion_length=int(rollout.response_length),
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=max(rollout.top_k, 0),
+        learning_rate=optim.lr,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=warmup * mini_batches,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        weight_decay=optim.weight_decay,
+        max_grad_norm=actor.grad_clip,
+        beta=float(actor.kl_loss_coef) if kl else 0.0,
+        epsilon=clip_low,
+        epsilon_high=clip_high,
+        loss_type=LOSS_TYPES[actor.loss_agg_mode],
         scale_rewards="group" if cfg.algorithm.norm_adv_by_std_in_grpo else "none",
-        use_cpu=device == "cpu", bf16=bf16, torch_compile=bool(actor.use_torch_compile),
-        gradient_checkpointing=False, disable_dropout=True, logging_steps=1, report_to="none",
-        save_strategy="no", max_steps=steps, seed=cfg.trainer.seed,
+        use_cpu=device == "cpu",
+        bf16=bf16,
+        torch_compile=bool(actor.use_torch_compile),
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        max_steps=steps,
+        seed=cfg.trainer.seed,
     )
     return {"grpo": grpo, "lora": lora}
 
 
-def run_trl(settings: dict[str, Any], model_path: str, train_file: str, threads: int, warmup: int,
-            **race: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_trl(
+    settings: dict[str, Any], model_path: str, train_file: str, threads: int, warmup: int, **race: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run ``trl_grpo.py`` in TRL's venv; (its evaluation lines, its summary). ``race``: eval, launch_time,
     minutes (``benchmarks.learning_race``)."""
-    inner = {**settings, "model_path": model_path, "train_file": train_file, "threads": threads, "warmup": warmup,
-             **race}
+    inner = {
+        **settings,
+        "model_path": model_path,
+        "train_file": train_file,
+        "threads": threads,
+        "warmup": warmup,
+        **race,
+    }
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}  # for data.tasks
     # -P: benchmarks/ (where trl.py lives) stays off sys.path, so `import trl` is TRL
-    process = subprocess.Popen([str(venv_python()), "-P", str(INNER), json.dumps(inner)], stdout=subprocess.PIPE,
-                               stderr=sys.stderr, text=True, env=env)
+    process = subprocess.Popen(
+        [str(venv_python()), "-P", str(INNER), json.dumps(inner)],
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
+        env=env,
+    )
     lines = [json.loads(line.removeprefix(MARK)) for line in process.stdout if line.startswith(MARK)]
     if process.wait() != 0:
         sys.exit(f"benchmarks.trl: the TRL run failed (exit {process.returncode}); its traceback is above")
@@ -125,8 +166,10 @@ def venv_python() -> Path:
     for command in steps:
         result = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)
         if result.returncode != 0:
-            sys.exit(f"benchmarks.trl: could not set up the TRL venv: `{' '.join(command)}` exited with "
-                     f"{result.returncode} (see pip's message above); delete {VENV} to start over")
+            sys.exit(
+                f"benchmarks.trl: could not set up the TRL venv: `{' '.join(command)}` exited with "
+                f"{result.returncode} (see pip's message above); delete {VENV} to start over"
+            )
     stamp.touch()
     return python
 
@@ -144,14 +187,27 @@ def main(argv: list[str] | None = None) -> None:
         train_files = cfg.data.train_files
         train_file = train_files if isinstance(train_files, str) else train_files[0]
         _, summary = run_trl(settings, cfg.actor_rollout_ref.model.path, train_file, args.threads, args.warmup)
-    emit({
-        "benchmark": "trl", "algo": "grpo", "beta": settings["grpo"]["beta"], "bf16": settings["grpo"]["bf16"],
-        "lora": settings["lora"], "hidden": args.hidden, "layers": args.layers,
-        "model_path": cfg.actor_rollout_ref.model.path, "train_file": train_file, "prompts": args.prompts,
-        "n": args.n, "response_length": args.response_length, "steps": args.steps, "warmup": args.warmup,
-        **summary, "settings": {k: v for k, v in settings["grpo"].items() if k != "output_dir"},
-        "machine": machine(args.device),
-    })
+    emit(
+        {
+            "benchmark": "trl",
+            "algo": "grpo",
+            "beta": settings["grpo"]["beta"],
+            "bf16": settings["grpo"]["bf16"],
+            "lora": settings["lora"],
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "model_path": cfg.actor_rollout_ref.model.path,
+            "train_file": train_file,
+            "prompts": args.prompts,
+            "n": args.n,
+            "response_length": args.response_length,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            **summary,
+            "settings": {k: v for k, v in settings["grpo"].items() if k != "output_dir"},
+            "machine": machine(args.device),
+        }
+    )
 
 
 if __name__ == "__main__":

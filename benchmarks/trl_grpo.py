@@ -72,8 +72,10 @@ def score(source, text, ground_truth, ids):
 def reward(prompts, completions, completion_ids, data_source, reward_model, **kwargs):
     """A chat prompt's completion comes as the assistant's messages: its text is theirs, joined."""
     texts = [c if isinstance(c, str) else "".join(m["content"] for m in c) for c in completions]
-    return [score(src, text, rm["ground_truth"], ids)
-            for src, text, rm, ids in zip(data_source, texts, reward_model, completion_ids)]
+    return [
+        score(src, text, rm["ground_truth"], ids)
+        for src, text, rm, ids in zip(data_source, texts, reward_model, completion_ids)
+    ]
 
 
 class StepTimer(TrainerCallback):
@@ -85,7 +87,7 @@ class StepTimer(TrainerCallback):
 
     def on_step_end(self, a, state, control, **kw):
         self.steps.append(time.perf_counter() - self.start)
-        self.gen.append(sum(gen_times[self.gen_mark:]))
+        self.gen.append(sum(gen_times[self.gen_mark :]))
 
     def on_log(self, a, state, control, logs=None, **kw):
         self.logs.append(dict(logs or {}))
@@ -109,14 +111,19 @@ class GreedyEval(TrainerCallback):
         right = 0
         for start in range(0, len(self.rows), 32):
             batch = self.rows.select(range(start, min(start + 32, len(self.rows))))
-            texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
-                     for p in batch["prompt"]]
+            texts = [
+                tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in batch["prompt"]
+            ]
             inputs = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
             with torch.no_grad():
-                out = hf_generate(**inputs, max_new_tokens=self.spec["max_new_tokens"], do_sample=False,
-                                  pad_token_id=tokenizer.pad_token_id)
-            for row, ids in zip(batch, out[:, inputs["input_ids"].shape[1]:].tolist()):
-                ids = ids[:ids.index(eos_id) + 1] if eos_id in ids else ids
+                out = hf_generate(
+                    **inputs,
+                    max_new_tokens=self.spec["max_new_tokens"],
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            for row, ids in zip(batch, out[:, inputs["input_ids"].shape[1] :].tolist()):
+                ids = ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
                 text = tokenizer.decode(ids, skip_special_tokens=True)
                 right += score(row["data_source"], text, row["reward_model"]["ground_truth"], ids)
         net.train()
@@ -143,8 +150,15 @@ if args.get("eval"):
     callbacks.append(GreedyEval(args["eval"], args.get("launch_time", time.time()), args.get("minutes")))
 train = datasets.load_dataset("parquet", data_files=args["train_file"], split="train")
 peft_config = LoraConfig(task_type="CAUSAL_LM", **args["lora"]) if args["lora"] else None
-trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**args["grpo"]), train_dataset=train,
-                      processing_class=tokenizer, callbacks=callbacks, peft_config=peft_config)
+trainer = GRPOTrainer(
+    model=model,
+    reward_funcs=reward,
+    args=GRPOConfig(**args["grpo"]),
+    train_dataset=train,
+    processing_class=tokenizer,
+    callbacks=callbacks,
+    peft_config=peft_config,
+)
 trainer.train()
 
 
@@ -161,16 +175,18 @@ lengths = [log["completions/mean_length"] for log in timer.logs if "completions/
 rewards = [log["reward"] for log in timer.logs if "reward" in log][w:]
 completions = args["grpo"]["per_device_train_batch_size"]  # per optimizer step
 tokens_per_s = [length * completions / s for length, s in zip(lengths, steps)]
-emit({
-    "s_per_step": round(statistics.median(steps), 4),
-    "s_per_step_all": [round(s, 4) for s in steps],
-    "gen_s": round(statistics.median(gens), 4),
-    "completion_tokens_per_s": round(statistics.median(tokens_per_s), 1) if tokens_per_s else None,
-    "completion_length_mean": round(statistics.median(lengths), 3) if lengths else None,
-    "reward_mean": round(statistics.median(rewards), 4) if rewards else None,
-    "peak_rss_mb": peak_rss_mb(),
-    "ref_model": trainer.ref_model is not None,  # loaded only when beta > 0 without peft
-    "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
-    "threads": torch.get_num_threads(),
-    "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
-})
+emit(
+    {
+        "s_per_step": round(statistics.median(steps), 4),
+        "s_per_step_all": [round(s, 4) for s in steps],
+        "gen_s": round(statistics.median(gens), 4),
+        "completion_tokens_per_s": round(statistics.median(tokens_per_s), 1) if tokens_per_s else None,
+        "completion_length_mean": round(statistics.median(lengths), 3) if lengths else None,
+        "reward_mean": round(statistics.median(rewards), 4) if rewards else None,
+        "peak_rss_mb": peak_rss_mb(),
+        "ref_model": trainer.ref_model is not None,  # loaded only when beta > 0 without peft
+        "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "threads": torch.get_num_threads(),
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+    }
+)

@@ -9,5 +9,17 @@ from config.load import load_config, load_with_plan, replace_keys, resolve_devic
 from config.plan import StepPlan, make_plan, num_workers, uses_critic
 from config.schema import PPOConfig
 
-__all__ = ["ConfigError", "PPOConfig", "StepPlan", "load_config", "load_with_plan", "make_plan", "num_workers",
-           "replace_keys", "resolve_device", "split_command_line", "to_config", "uses_critic"]
+__all__ = [
+    "ConfigError",
+    "PPOConfig",
+    "StepPlan",
+    "load_config",
+    "load_with_plan",
+    "make_plan",
+    "num_workers",
+    "replace_keys",
+    "resolve_device",
+    "split_command_line",
+    "to_config",
+    "uses_critic",
+]

@@ -76,16 +76,18 @@ class Dataflow:
             if missing:
                 raise ValueError(f"phase {phase.name!r} reads {missing}, which no earlier phase of {names} writes")
             if phase.on == WORKER:
-                later = phases[i + 1:]
-                routes.append(Route(
-                    phase=phase.name,
-                    send=tuple(k for k in phase.reads if writer[k].on == DRIVER),
-                    fetch=tuple(k for k in phase.reads if writer[k].on == WORKER),
-                    keep=tuple(k for k in phase.writes if _read_later(k, later, WORKER)),
-                    give=tuple(k for k in phase.writes if _read_later(k, later, DRIVER)),
-                    writes=phase.writes,
-                    columns=phase.columns,
-                ))
+                later = phases[i + 1 :]
+                routes.append(
+                    Route(
+                        phase=phase.name,
+                        send=tuple(k for k in phase.reads if writer[k].on == DRIVER),
+                        fetch=tuple(k for k in phase.reads if writer[k].on == WORKER),
+                        keep=tuple(k for k in phase.writes if _read_later(k, later, WORKER)),
+                        give=tuple(k for k in phase.writes if _read_later(k, later, DRIVER)),
+                        writes=phase.writes,
+                        columns=phase.columns,
+                    )
+                )
             writer.update(dict.fromkeys(phase.writes, phase))
         return cls(phases=tuple(phases), routes=tuple(routes))
 

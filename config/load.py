@@ -210,8 +210,10 @@ def resolve_device(cfg: PPOConfig) -> str:
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return "cpu"
     if not torch.cuda.is_available():
-        raise ConfigError("trainer.device='cuda': no CUDA device is visible (torch.cuda.is_available() is False); "
-                          "use trainer.device=cpu")
+        raise ConfigError(
+            "trainer.device='cuda': no CUDA device is visible (torch.cuda.is_available() is False); "
+            "use trainer.device=cpu"
+        )
     visible, wanted = torch.cuda.device_count(), cfg.trainer.n_gpus_per_node
     if cfg.trainer.nnodes == 1 and wanted > visible:
         raise ConfigError(f"trainer.n_gpus_per_node={wanted}: only {visible} CUDA device(s) are visible")

@@ -21,8 +21,9 @@ from algos.losses import validate_policy_loss
 from config.checks import ConfigError, is_int
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 
-ROLLOUT_LOG_PROBS = ("needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true "
-                     "(verl's key)")
+ROLLOUT_LOG_PROBS = (
+    "needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (verl's key)"
+)
 
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
 SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
@@ -58,8 +59,9 @@ def forward_keys(remove_padding: bool) -> tuple[str, ...]:
     return ("input_ids", "attention_mask", *when(not remove_padding, "position_ids"), "responses")
 
 
-def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool, sum_pi_squared: bool,
-                  from_rollout: bool = False) -> dict[str, Dataflow]:
+def declare_flows(
+    cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool, sum_pi_squared: bool, from_rollout: bool = False
+) -> dict[str, Dataflow]:
     """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
 
     ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run;
@@ -72,8 +74,9 @@ def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool
     estimator = [k for k in WORKER_ESTIMATOR_INPUTS if estimator_needs(algo.adv_estimator, k)]
     prompts = Phase("prompts", DRIVER, writes=PROMPT)  # the dataloader's batch
     sampled = (*when(rollout_log_probs(cfg), "rollout_log_probs"), *when(from_rollout, "old_log_probs"))
-    gen = Phase("gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask", *sampled),
-                columns=AGENT_KEYS)
+    gen = Phase(
+        "gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask", *sampled), columns=AGENT_KEYS
+    )
     has_old = old_log_prob or from_rollout
     # the reward function (with tool turns, a response's length is its attended tokens), and validation's answers
     scored = ("responses", "response_mask", "attention_mask")
@@ -82,22 +85,55 @@ def declare_flows(cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool
         gen,
         *when(rm, Phase("rm_score", WORKER, reads=(*SEQUENCE, "response_mask"), writes=("rm_scores",))),
         Phase("reward", DRIVER, reads=(*scored, *when(rm, "rm_scores")), writes=("token_level_scores",)),
-        *when(old_log_prob, Phase("old_log_prob", WORKER, reads=policy,
-                                  writes=("old_log_probs", *when(sum_pi_squared, "sum_pi_squared")))),
+        *when(
+            old_log_prob,
+            Phase(
+                "old_log_prob", WORKER, reads=policy, writes=("old_log_probs", *when(sum_pi_squared, "sum_pi_squared"))
+            ),
+        ),
         *when(ref_log_prob, Phase("ref", WORKER, reads=policy, writes=("ref_log_prob",))),
         *when(critic, Phase("values", WORKER, reads=(*value, "response_mask"), writes=("values",))),
         # the estimator's inputs; the in-reward KL penalty and actor/ref_kl read both log-probs when both exist
-        Phase("adv", DRIVER, reads=("token_level_scores", "response_mask", *when(critic, "values"), *estimator,
-                                    *when(has_old and ref_log_prob, "old_log_probs", "ref_log_prob")),
-              writes=("token_level_rewards", "advantages", "returns")),
+        Phase(
+            "adv",
+            DRIVER,
+            reads=(
+                "token_level_scores",
+                "response_mask",
+                *when(critic, "values"),
+                *estimator,
+                *when(has_old and ref_log_prob, "old_log_probs", "ref_log_prob"),
+            ),
+            writes=("token_level_rewards", "advantages", "returns"),
+        ),
         *when(critic, Phase("update_critic", WORKER, reads=(*value, "response_mask", "values", "returns"))),
         # without old_log_probs the update is on-policy (see is_single_step); the policy loss may need more
-        Phase("update_actor", WORKER, reads=(*policy, "response_mask", "advantages",
-                                             *when(has_old, "old_log_probs"),
-                                             *when(uses_ref_log_prob(actor), "ref_log_prob"),
-                                             *validate_policy_loss(actor.policy_loss.loss_mode).needs)),
-        Phase("metrics", DRIVER, reads=("responses", "response_mask", "attention_mask", "token_level_scores",
-                                        "token_level_rewards", "advantages", "returns", *when(critic, "values"))),
+        Phase(
+            "update_actor",
+            WORKER,
+            reads=(
+                *policy,
+                "response_mask",
+                "advantages",
+                *when(has_old, "old_log_probs"),
+                *when(uses_ref_log_prob(actor), "ref_log_prob"),
+                *validate_policy_loss(actor.policy_loss.loss_mode).needs,
+            ),
+        ),
+        Phase(
+            "metrics",
+            DRIVER,
+            reads=(
+                "responses",
+                "response_mask",
+                "attention_mask",
+                "token_level_scores",
+                "token_level_rewards",
+                "advantages",
+                "returns",
+                *when(critic, "values"),
+            ),
+        ),
     )
     side = (prompts, gen, Phase("reward", DRIVER, reads=scored))
     return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of(side), GREEDY_FLOW: Dataflow.of(side)}
@@ -162,13 +198,25 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     recompute = not (own_log_probs or from_rollout)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
     arr = "actor_rollout_ref"
-    _require_micro(f"{arr}.rollout.log_prob_micro_batch_size_per_gpu", rollout.log_prob_micro_batch_size_per_gpu,
-                   recompute and not rollout.log_prob_use_dynamic_bsz, f"{arr}.rollout.log_prob_use_dynamic_bsz")
+    _require_micro(
+        f"{arr}.rollout.log_prob_micro_batch_size_per_gpu",
+        rollout.log_prob_micro_batch_size_per_gpu,
+        recompute and not rollout.log_prob_use_dynamic_bsz,
+        f"{arr}.rollout.log_prob_use_dynamic_bsz",
+    )
     ref = cfg.actor_rollout_ref.ref
-    _require_micro(f"{arr}.ref.log_prob_micro_batch_size_per_gpu", ref.log_prob_micro_batch_size_per_gpu,
-                   ref_log_prob and not ref.log_prob_use_dynamic_bsz, f"{arr}.ref.log_prob_use_dynamic_bsz")
-    _require_micro("critic.forward_micro_batch_size_per_gpu", cfg.critic.forward_micro_batch_size_per_gpu,
-                   critic and not cfg.critic.use_dynamic_bsz, "critic.use_dynamic_bsz")
+    _require_micro(
+        f"{arr}.ref.log_prob_micro_batch_size_per_gpu",
+        ref.log_prob_micro_batch_size_per_gpu,
+        ref_log_prob and not ref.log_prob_use_dynamic_bsz,
+        f"{arr}.ref.log_prob_use_dynamic_bsz",
+    )
+    _require_micro(
+        "critic.forward_micro_batch_size_per_gpu",
+        cfg.critic.forward_micro_batch_size_per_gpu,
+        critic and not cfg.critic.use_dynamic_bsz,
+        "critic.use_dynamic_bsz",
+    )
     return StepPlan(
         n_workers=n_workers,
         use_critic=critic,
@@ -179,38 +227,59 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         compute_ref_log_prob=ref_log_prob,
         compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
         compute_sum_pi_squared=sum_pi_squared,
-        actor_mini_batch_size=_mini_batch_per_rank("actor_rollout_ref.actor", actor, ("actor_rollout_ref.rollout.n",
-                                                   rollout.n), data.train_batch_size, n_workers),
-        critic_mini_batch_size=_mini_batch_per_rank("critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n),
-                                                    data.train_batch_size, n_workers) if critic else 0,
-        flows=declare_flows(cfg, critic=critic, old_log_prob=recompute, ref_log_prob=ref_log_prob,
-                            sum_pi_squared=sum_pi_squared, from_rollout=from_rollout),
+        actor_mini_batch_size=_mini_batch_per_rank(
+            "actor_rollout_ref.actor",
+            actor,
+            ("actor_rollout_ref.rollout.n", rollout.n),
+            data.train_batch_size,
+            n_workers,
+        ),
+        critic_mini_batch_size=_mini_batch_per_rank(
+            "critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n), data.train_batch_size, n_workers
+        )
+        if critic
+        else 0,
+        flows=declare_flows(
+            cfg,
+            critic=critic,
+            old_log_prob=recompute,
+            ref_log_prob=ref_log_prob,
+            sum_pi_squared=sum_pi_squared,
+            from_rollout=from_rollout,
+        ),
     )
 
 
 def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch_size: int, n_workers: int) -> int:
     """mini | train_batch_size;  per-rank mini = mini·n / n_workers ∈ ℕ;  min(micro, it) | per-rank mini."""
     (n_key, n_value), mini, micro = n, role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
-    _require_micro(f"{prefix}.ppo_micro_batch_size_per_gpu", micro, not role.use_dynamic_bsz,
-                   f"{prefix}.use_dynamic_bsz")
+    _require_micro(
+        f"{prefix}.ppo_micro_batch_size_per_gpu", micro, not role.use_dynamic_bsz, f"{prefix}.use_dynamic_bsz"
+    )
     mini_text = f"{prefix}.ppo_mini_batch_size={mini}"
     if train_batch_size % mini:
         raise ConfigError(f"{mini_text}: must divide data.train_batch_size={train_batch_size} (both count prompts)")
     per_rank, remainder = divmod(mini * n_value, n_workers)
     if remainder:
-        raise ConfigError(f"{mini_text} × {n_key}={n_value} = {mini * n_value} sequences per mini-batch cannot be "
-                          f"split evenly across {n_workers} workers")
+        raise ConfigError(
+            f"{mini_text} × {n_key}={n_value} = {mini * n_value} sequences per mini-batch cannot be "
+            f"split evenly across {n_workers} workers"
+        )
     if not role.use_dynamic_bsz and per_rank % min(micro, per_rank):  # a larger micro-batch is the mini-batch
-        raise ConfigError(f"{prefix}.ppo_micro_batch_size_per_gpu={micro}: must divide the {per_rank} sequences "
-                          f"of each worker's mini-batch ({mini_text} × {n_key}={n_value} / {n_workers} workers)")
+        raise ConfigError(
+            f"{prefix}.ppo_micro_batch_size_per_gpu={micro}: must divide the {per_rank} sequences "
+            f"of each worker's mini-batch ({mini_text} × {n_key}={n_value} / {n_workers} workers)"
+        )
     return per_rank
 
 
 def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) -> None:
     """verl's rule: a micro-batch size has no default; a phase that runs needs it, or micro-batches by tokens."""
     if needed and value is None:
-        raise ConfigError(f"{key}=null: set the sequences per forward on one worker (e.g. {key}=8), "
-                          f"or micro-batch by token budget with {dynamic_key}=true")
+        raise ConfigError(
+            f"{key}=null: set the sequences per forward on one worker (e.g. {key}=8), "
+            f"or micro-batch by token budget with {dynamic_key}=true"
+        )
 
 
 def _check_estimator(cfg: Any) -> None:
@@ -226,16 +295,25 @@ def _check_estimator(cfg: Any) -> None:
     # weights, rejection and the reinforce loss are the bypass loss's, which must then be the one configured
     corrected = corr.rollout_is or corr.rollout_rs or (corr.bypass_mode and corr.loss_type != "ppo_clip")
     if corrected and loss_mode != "bypass_mode":
-        raise ConfigError(f"algorithm.rollout_correction (rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}, "
-                          f"loss_type={corr.loss_type}): applied by the bypass loss only; set "
-                          "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode")
+        raise ConfigError(
+            f"algorithm.rollout_correction (rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}, "
+            f"loss_type={corr.loss_type}): applied by the bypass loss only; set "
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"
+        )
     if estimator_needs(estimator, "index") and n < 2:  # the baseline comes from the prompt's group
-        raise ConfigError(f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
-                          "responses to one prompt, so it needs rollout.n > 1")
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
+            "responses to one prompt, so it needs rollout.n > 1"
+        )
     needs_critic = estimator_needs_critic(estimator)
     if cfg.critic.enable is False and needs_critic:
-        raise ConfigError(f"critic.enable=false: algorithm.adv_estimator={estimator} needs a critic's values; "
-                          "set critic.enable=true or null")
+        raise ConfigError(
+            f"critic.enable=false: algorithm.adv_estimator={estimator} needs a critic's values; "
+            "set critic.enable=true or null"
+        )
     if cfg.critic.enable is True and not needs_critic:
-        warnings.warn(f"critic.enable=true but algorithm.adv_estimator={estimator} does not use values; "
-                      "the critic will be trained for nothing", stacklevel=3)
+        warnings.warn(
+            f"critic.enable=true but algorithm.adv_estimator={estimator} does not use values; "
+            "the critic will be trained for nothing",
+            stacklevel=3,
+        )

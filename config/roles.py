@@ -68,8 +68,12 @@ class OptimConfig:
         check(self, ["lr_warmup_steps"], lambda v: is_int(v) and v >= -1, "must be -1 (use the ratio) or >= 0")
         unit_interval(self, "lr_warmup_steps_ratio")
         non_negative(self, "weight_decay")
-        check(self, ["betas"], lambda v: len(v) == 2 and all(is_number(b) and 0 <= b < 1 for b in v),
-              "must be two numbers in [0, 1)")
+        check(
+            self,
+            ["betas"],
+            lambda v: len(v) == 2 and all(is_number(b) and 0 <= b < 1 for b in v),
+            "must be two numbers in [0, 1)",
+        )
 
 
 @dataclass(frozen=True)
@@ -148,8 +152,9 @@ class PolicyLossConfig:
         non_negative(self, "ppo_kl_coef")
         check(self, ["dro_beta"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
         if self.loss_mode == "dro" and self.dro_beta is None:
-            raise ConfigError.invalid("dro_beta", None, "the dro loss needs its penalty coefficient β > 0 "
-                                      "(e.g. policy_loss.dro_beta=0.1)")
+            raise ConfigError.invalid(
+                "dro_beta", None, "the dro loss needs its penalty coefficient β > 0 (e.g. policy_loss.dro_beta=0.1)"
+            )
 
 
 @dataclass(frozen=True)
@@ -189,21 +194,29 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
-        positive_int(self, "ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu",
-                     "ulysses_sequence_parallel_size")
+        positive_int(
+            self, "ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu", "ulysses_sequence_parallel_size"
+        )
         optional_positive_int(self, "ppo_micro_batch_size_per_gpu")
         positive(self, "clip_ratio", "grad_clip")
-        check(self, ["clip_ratio_low", "clip_ratio_high"], lambda v: v is None or (is_number(v) and v > 0),
-              "must be null (use clip_ratio) or > 0")
+        check(
+            self,
+            ["clip_ratio_low", "clip_ratio_high"],
+            lambda v: v is None or (is_number(v) and v > 0),
+            "must be null (use clip_ratio) or > 0",
+        )
         check(self, ["clip_ratio_c"], lambda v: is_number(v) and v > 1, "must be > 1")
         positive(self, "tau_pos", "tau_neg")
         check(self, ["loss_scale_factor"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
         non_negative(self, "kl_loss_coef")
         low, high = self.clip_ratio_low, self.clip_ratio_high
         if self.clip_ratio != 0.2 and low is not None and high is not None and (low, high) != (self.clip_ratio,) * 2:
-            warnings.warn(f"actor_rollout_ref.actor.clip_ratio={self.clip_ratio} is not used: clip_ratio_low={low} "
-                          f"and clip_ratio_high={high} are set (verl's defaults are 0.2, not clip_ratio); set them, "
-                          "or null to follow clip_ratio", stacklevel=2)
+            warnings.warn(
+                f"actor_rollout_ref.actor.clip_ratio={self.clip_ratio} is not used: clip_ratio_low={low} "
+                f"and clip_ratio_high={high} are set (verl's defaults are 0.2, not clip_ratio); set them, "
+                "or null to follow clip_ratio",
+                stacklevel=2,
+            )
 
 
 @dataclass(frozen=True)
@@ -252,8 +265,11 @@ class MultiTurnConfig:
         positive_int(self, "max_parallel_calls", "max_tool_response_length")
         positive(self, "tool_timeout_s")
         if self.interaction_config_path is not None:  # ignoring it would train without the simulated user
-            raise ConfigError.invalid("interaction_config_path", self.interaction_config_path,
-                                      "verl's simulated-user interactions are not in ColoRL; set it to null")
+            raise ConfigError.invalid(
+                "interaction_config_path",
+                self.interaction_config_path,
+                "verl's simulated-user interactions are not in ColoRL; set it to null",
+            )
 
 
 @dataclass(frozen=True)
@@ -267,9 +283,11 @@ class AgentLoopConfig:
     def __post_init__(self) -> None:
         positive_int(self, "num_workers")
         if self.agent_loop_config_path is not None:
-            raise ConfigError.invalid("agent_loop_config_path", self.agent_loop_config_path,
-                                      "custom agent loops are not in ColoRL (single_turn_agent and tool_agent "
-                                      "are built in); set it to null")
+            raise ConfigError.invalid(
+                "agent_loop_config_path",
+                self.agent_loop_config_path,
+                "custom agent loops are not in ColoRL (single_turn_agent and tool_agent are built in); set it to null",
+            )
 
 
 @dataclass(frozen=True)
@@ -307,8 +325,14 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_sampling(self)
-        positive_int(self, "n", "prompt_length", "response_length", "log_prob_max_token_len_per_gpu",
-                     "tensor_model_parallel_size")
+        positive_int(
+            self,
+            "n",
+            "prompt_length",
+            "response_length",
+            "log_prob_max_token_len_per_gpu",
+            "tensor_model_parallel_size",
+        )
         optional_positive_int(self, "log_prob_micro_batch_size_per_gpu")
 
 
@@ -333,8 +357,11 @@ class ActorRolloutRefConfig:
 
     def __post_init__(self) -> None:
         if self.actor.use_prefix_grouper is True and self.model.use_remove_padding is False:
-            raise ConfigError.invalid("actor.use_prefix_grouper", True, "shares prompts inside packed rows: needs "
-                                      "actor_rollout_ref.model.use_remove_padding=true")
+            raise ConfigError.invalid(
+                "actor.use_prefix_grouper",
+                True,
+                "shares prompts inside packed rows: needs actor_rollout_ref.model.use_remove_padding=true",
+            )
 
 
 @dataclass(frozen=True)
@@ -366,8 +393,14 @@ class CriticConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl's critic.model.fsdp_config (an alias)
 
     def __post_init__(self) -> None:
-        positive_int(self, "ppo_mini_batch_size", "ppo_epochs", "rollout_n",
-                     "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")
+        positive_int(
+            self,
+            "ppo_mini_batch_size",
+            "ppo_epochs",
+            "rollout_n",
+            "ppo_max_token_len_per_gpu",
+            "forward_max_token_len_per_gpu",
+        )
         optional_positive_int(self, "ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu")
         positive(self, "cliprange_value", "grad_clip")
 
@@ -393,6 +426,8 @@ class RewardModelConfig:
     def __post_init__(self) -> None:
         positive_int(self, "micro_batch_size_per_gpu")
         if self.enable and not self.model.path:
-            raise ConfigError.invalid("model.path", self.model.path,
-                                      "must name a sequence-classification checkpoint when reward_model.enable=true")
-
+            raise ConfigError.invalid(
+                "model.path",
+                self.model.path,
+                "must name a sequence-classification checkpoint when reward_model.enable=true",
+            )

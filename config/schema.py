@@ -54,8 +54,12 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         positive_int(self, "train_batch_size", "max_prompt_length", "max_response_length")
-        check(self, ["train_max_samples", "val_max_samples"], lambda v: is_int(v) and (v == -1 or v > 0),
-              "must be -1 (all) or a positive number of prompts")
+        check(
+            self,
+            ["train_max_samples", "val_max_samples"],
+            lambda v: is_int(v) and (v == -1 or v > 0),
+            "must be -1 (all) or a positive number of prompts",
+        )
         optional_positive_int(self, "val_batch_size")
         check(self, ["train_files", "val_files"], is_files, "must be null, a path or a list of paths")
 
@@ -109,8 +113,12 @@ class AlgorithmConfig:
         unit_interval(self, "gamma", "lam")
         keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
         if self.adv_estimator == "gdpo" and not keys:
-            raise ConfigError.invalid("gdpo_reward_keys", keys, "gdpo normalises each reward component on its own: "
-                                      "list the keys of the dict your compute_score returns, e.g. [format, accuracy]")
+            raise ConfigError.invalid(
+                "gdpo_reward_keys",
+                keys,
+                "gdpo normalises each reward component on its own: "
+                "list the keys of the dict your compute_score returns, e.g. [format, accuracy]",
+            )
         if keys and weights is not None and len(weights) != len(keys):
             raise ConfigError.invalid("gdpo_reward_weights", weights, f"needs one weight per key of {keys}")
 
@@ -170,14 +178,21 @@ class TrainerConfig:
         check(self, ["critic_warmup"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
         optional_positive_int(self, "total_training_steps")
         check(self, ["max_wall_time_s"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
-        check(self, ["phase_timeout_s"], lambda v: v is None or (is_number(v) and v > 0),
-              "must be null (no watchdog) or > 0 seconds")
+        check(
+            self,
+            ["phase_timeout_s"],
+            lambda v: v is None or (is_number(v) and v > 0),
+            "must be null (no watchdog) or > 0 seconds",
+        )
         check(self, ["max_restarts"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
         optional_positive_int(self, "max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep")
         positive_int(self, "max_nonfinite_steps")
         if self.resume_mode == "resume_path" and not self.resume_from_path:
-            raise ConfigError.invalid("resume_from_path", self.resume_from_path,
-                                      "must name a checkpoint directory when resume_mode=resume_path")
+            raise ConfigError.invalid(
+                "resume_from_path",
+                self.resume_from_path,
+                "must name a checkpoint directory when resume_mode=resume_path",
+            )
 
 
 @dataclass(frozen=True)
@@ -201,8 +216,12 @@ class CustomRewardFunctionConfig:
     name: str = "compute_score"
 
     def __post_init__(self) -> None:
-        check(self, ["path"], lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
-              "must be null (built-in rewards) or the path of a Python file")
+        check(
+            self,
+            ["path"],
+            lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+            "must be null (built-in rewards) or the path of a Python file",
+        )
         check(self, ["name"], lambda v: isinstance(v, str) and v.isidentifier(), "must be a Python function name")
 
 

@@ -26,9 +26,9 @@ IGNORED = {
     "actor_rollout_ref.rollout.name": "ColoRL generates with the actor's own FSDP model (rollout.name=hf)",
     "actor_rollout_ref.rollout.mode": "ColoRL's rollout generates each step's batch at once (mode=sync)",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the rollout runs on the actor's FSDP model, "
-                                                            "gathered on each worker, without tensor parallelism",
+    "gathered on each worker, without tensor parallelism",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "no inference engine reserves memory; the KV cache is "
-                                                        "allocated per batch",
+    "allocated per batch",
     "actor_rollout_ref.rollout.load_format": "the rollout computes with the actor's weights in place",
     "actor_rollout_ref.rollout.layered_summon": "the actor's FSDP groups are gathered once per generation",
     "actor_rollout_ref.rollout.max_model_len": "sequences are data.max_prompt_length + max_response_length",
@@ -38,9 +38,9 @@ IGNORED = {
     "actor_rollout_ref.rollout.free_cache_engine": "the KV cache is freed after every generation",
     "actor_rollout_ref.rollout.enable_chunked_prefill": "each prompt batch is prefilled in one forward",
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "later turns continue from the recorded "
-                                                                        "token ids of the earlier ones",
+    "token ids of the earlier ones",
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "each row is rolled out once; rollout.n repeats "
-                                                                "the prompts",
+    "the prompts",
     "actor_rollout_ref.rollout.agent.num_workers": "each rollout worker runs the agent loop for its rows",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "each worker runs whole sequences",
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": "FSDP shards each model over all workers",
@@ -55,10 +55,10 @@ def rewrite_aliases(overrides: Sequence[str]) -> list[str]:
     out = []
     for override in overrides:
         sign = override[: len(override) - len(override.lstrip("+~"))]
-        body = override[len(sign):]
+        body = override[len(sign) :]
         for verl_prefix, colorl_prefix in ALIASES.items():
             if body.startswith(verl_prefix):
-                body = colorl_prefix + body[len(verl_prefix):]
+                body = colorl_prefix + body[len(verl_prefix) :]
         out.append(sign + body)
     return out
 

@@ -147,7 +147,11 @@ def _build(target: Path, settings: dict[str, Any]) -> None:
     train, val = make_splits(settings["task"], settings["num_train"], settings["num_val"], seed=settings["seed"])
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(
-        tokenizer, settings["hidden_size"], settings["num_layers"], settings["max_position_embeddings"], settings["seed"]
+        tokenizer,
+        settings["hidden_size"],
+        settings["num_layers"],
+        settings["max_position_embeddings"],
+        settings["seed"],
     )
     if settings["sft_warmup_steps"] > 0:
         sft_warmup(model, tokenizer, train, settings["sft_warmup_steps"], seed=settings["seed"])
@@ -177,8 +181,15 @@ def prepare_builtin(
     never mistaken for a finished one.
     """
     settings = dict(
-        version=CACHE_VERSION, task=task, num_train=num_train, num_val=num_val, sft_warmup_steps=sft_warmup_steps,
-        hidden_size=hidden_size, num_layers=num_layers, seed=seed, max_position_embeddings=max_position_embeddings,
+        version=CACHE_VERSION,
+        task=task,
+        num_train=num_train,
+        num_val=num_val,
+        sft_warmup_steps=sft_warmup_steps,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        seed=seed,
+        max_position_embeddings=max_position_embeddings,
     )
     target = Path(cache_dir) / _cache_key(settings)
     if not (target / _DONE).exists():

@@ -38,8 +38,10 @@ def _load_file(path: str, columns: dict[str, str]) -> datasets.Dataset:
         raise ValueError(f"{path} holds no rows; expected one prompt per row")
     for column, key in columns.items():
         if column not in table.column_names:
-            raise ValueError(f"{key.rpartition('.')[2].replace('_', ' ')} {column!r} not found in {path}; its columns "
-                             f"are {table.column_names}. Set {key} to one of them.")
+            raise ValueError(
+                f"{key.rpartition('.')[2].replace('_', ' ')} {column!r} not found in {path}; its columns "
+                f"are {table.column_names}. Set {key} to one of them."
+            )
     return table
 
 
@@ -56,8 +58,10 @@ def _unreadable(path: str, suffix: str, exc: Exception) -> str:
                 except ValueError as bad:
                     ok, exc = False, bad
                 if not ok:
-                    return (f"line {number} of {path} is not a JSON object ({exc}); expected one JSON object per line, "
-                            '{"prompt": ..., ...}')
+                    return (
+                        f"line {number} of {path} is not a JSON object ({exc}); expected one JSON object per line, "
+                        '{"prompt": ..., ...}'
+                    )
         return f"{path} holds no rows; expected one prompt per row"
     if suffix == ".parquet" and _parquet_rows(path) == 0:
         return f"{path} holds no rows; expected one prompt per row"
@@ -114,8 +118,9 @@ class RLHFDataset(Dataset):
 
         # Files are chained row by row, not concatenated as tables: files of different data sources may hold
         # different columns (GSM8K's chat prompt and extra_info beside a plain-string task).
-        rows = [self._make_row(record, path, i) for path in self.files
-                for i, record in enumerate(_load_file(path, columns))]
+        rows = [
+            self._make_row(record, path, i) for path in self.files for i, record in enumerate(_load_file(path, columns))
+        ]
         if not filter_overlong_prompts and truncation != "error":
             rows = [{**row, "input_ids": _truncate(row["input_ids"], max_prompt_length, truncation)} for row in rows]
         keep = [row for row in rows if len(row["input_ids"]) <= max_prompt_length]
@@ -135,7 +140,10 @@ class RLHFDataset(Dataset):
         if self.num_filtered:
             logger.warning(
                 "filtered %d of %d prompts longer than max_prompt_length=%d tokens (%s)",
-                self.num_filtered, len(rows), max_prompt_length, self.files,
+                self.num_filtered,
+                len(rows),
+                max_prompt_length,
+                self.files,
             )
         self.rows = keep[:max_samples] if max_samples > 0 else keep
         self.num_tool_agent_rows = sum(row["agent_name"] == TOOL_AGENT for row in self.rows)
@@ -151,14 +159,16 @@ class RLHFDataset(Dataset):
     def _make_row(self, record: dict[str, Any], path: str, index: int) -> dict[str, Any]:
         raw_prompt = record[self.prompt_key]
         if not _is_prompt(raw_prompt):
-            raise ValueError(f"row {index} of {path}: its {self.prompt_key!r} is {raw_prompt!r:.60}; expected a non-empty "
-                             "string or a list of chat messages [{'role': 'user', 'content': '...'}, ...]")
+            raise ValueError(
+                f"row {index} of {path}: its {self.prompt_key!r} is {raw_prompt!r:.60}; expected a non-empty "
+                "string or a list of chat messages [{'role': 'user', 'content': '...'}, ...]"
+            )
         extra_info = record.get("extra_info") or {}
         agent_name = record.get("agent_name") or self.default_agent
         tools = self.tool_schemas or None if agent_name == TOOL_AGENT else None
         # The chat template already holds any special tokens, and plain prompts are taken as is.
         input_ids = self.tokenizer(self._prompt_text(raw_prompt, tools), add_special_tokens=False)["input_ids"]
-        extra = {key: record.get(key) for key in self.non_tensor_keys[len(NON_TENSOR_KEYS):]}
+        extra = {key: record.get(key) for key in self.non_tensor_keys[len(NON_TENSOR_KEYS) :]}
         return {
             "input_ids": input_ids,
             "raw_prompt": raw_prompt,
@@ -188,8 +198,8 @@ class RLHFDataset(Dataset):
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, row in enumerate(rows):
             ids = row["input_ids"]
-            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[i, width - len(ids):] = 1
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids) :] = 1
         batch: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -215,8 +225,9 @@ def _is_prompt(prompt: Any) -> bool:
     if isinstance(prompt, str):
         return prompt != ""
     messages = list(prompt) if isinstance(prompt, (list, tuple, np.ndarray)) else []
-    return bool(messages) and all(isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m
-                                  for m in messages)
+    return bool(messages) and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m for m in messages
+    )
 
 
 def _truncate(ids: list[int], length: int, side: str) -> list[int]:
@@ -228,7 +239,7 @@ def _truncate(ids: list[int], length: int, side: str) -> list[int]:
     if side == "right":
         return ids[:length]
     head = length // 2
-    return ids[:head] + ids[len(ids) - (length - head):]
+    return ids[:head] + ids[len(ids) - (length - head) :]
 
 
 def make_dataloader(

@@ -62,14 +62,18 @@ class RewardManager:
         """Call the function once on dataset ``row`` with an empty response, before any model loads: a result that
         is no score is a ``ConfigError`` on ``key``. An exception is left to the run: a real response may not raise."""
         try:
-            result = self.compute_score(data_source=row[self.reward_fn_key], solution_str="",
-                                        ground_truth=(row["reward_model"] or {}).get("ground_truth"),
-                                        extra_info={**(row["extra_info"] or {}), "stopped_by_eos": True})
+            result = self.compute_score(
+                data_source=row[self.reward_fn_key],
+                solution_str="",
+                ground_truth=(row["reward_model"] or {}).get("ground_truth"),
+                extra_info={**(row["extra_info"] or {}), "stopped_by_eos": True},
+            )
         except Exception:
             return
         if score_of(result) is None:
-            raise ConfigError.invalid(key, self.name, f"returned {result!r:.80} for the first prompt (with an empty "
-                                      f"response); {VALID_RESULT}")
+            raise ConfigError.invalid(
+                key, self.name, f"returned {result!r:.80} for the first prompt (with an empty response); {VALID_RESULT}"
+            )
 
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         """Score a batch.
@@ -82,7 +86,7 @@ class RewardManager:
         error); the run goes on. Failing on every response of a batch is a broken function: ``RewardError``.
         """
         responses = data.batch["responses"]
-        valid = data.batch["attention_mask"][:, -responses.shape[-1]:] if "attention_mask" in data.batch else None
+        valid = data.batch["attention_mask"][:, -responses.shape[-1] :] if "attention_mask" in data.batch else None
         lengths = (data.batch["response_mask"] if valid is None else valid).sum(-1).tolist()
         rollout = {key: data.non_tensor_batch.get(key) for key in ("tool_rewards", "__num_turns__", "reward_scores")}
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
@@ -97,7 +101,9 @@ class RewardManager:
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
             if rollout["__num_turns__"] is not None:  # verl's names for what the multi-turn rollout did
-                extra_info.update(num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i])
+                extra_info.update(
+                    num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i]
+                )
             result, error = self._score(sources[i], solution, reward_models[i]["ground_truth"], extra_info)
             if error is not None:  # this trajectory scores 0; the others keep theirs
                 errors.append(f"{error} (row {i}, data_source={sources[i]!r}, response={solution!r:.200})")
@@ -109,19 +115,25 @@ class RewardManager:
         if errors and len(errors) == len(rows):  # failing on every response is a broken function, not a response
             raise RewardError(f"{errors[0]}; it failed on all {len(rows)} responses of the batch")
         if errors:
-            print(f"colorl: warning: {errors[0]}; scored 0, as {len(errors)} of {len(rows)} responses "
-                  f"(reward/errors in the metrics)", file=sys.stderr, flush=True)
+            print(
+                f"colorl: warning: {errors[0]}; scored 0, as {len(errors)} of {len(rows)} responses "
+                f"(reward/errors in the metrics)",
+                file=sys.stderr,
+                flush=True,
+            )
         keys = dict.fromkeys(k for result in results for k in result)
         extras = {k: [result.get(k, 0.0) for result in results] for k in keys}
         return reward_tensor, extras
 
-    def _score(self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict
-               ) -> tuple[dict[str, Any], str | None]:
+    def _score(
+        self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict
+    ) -> tuple[dict[str, Any], str | None]:
         """The user's function on one response, as a dict with ``score`` (0 on failure) and the error's line, if
         it raised or returned no finite score."""
         try:
-            result = self.compute_score(data_source=data_source, solution_str=solution, ground_truth=ground_truth,
-                                        extra_info=extra_info)
+            result = self.compute_score(
+                data_source=data_source, solution_str=solution, ground_truth=ground_truth, extra_info=extra_info
+            )
         except Exception as exc:  # name the function: the traceback would point into user code
             return {"score": 0.0}, f"reward function {self.name!r} raised {type(exc).__name__}: {exc}"
         score = score_of(result)

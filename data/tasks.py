@@ -97,7 +97,9 @@ def make_splits(
     return train, val
 
 
-def partial_score(solution_str: str, ground_truth: str, stopped_by_eos: bool = True, exact_weight: float = 0.0) -> float:
+def partial_score(
+    solution_str: str, ground_truth: str, stopped_by_eos: bool = True, exact_weight: float = 0.0
+) -> float:
     """Partial credit against ``ground_truth + <eos>``, optionally mixed with exact match.
 
     partial = (#{i : solution[i] == answer[i]} + [stopped right after len(answer) chars])

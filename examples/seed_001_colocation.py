@@ -68,7 +68,9 @@ def two_groups(use_gpu: bool) -> dict[str, list]:
         "GroupB_NewDummyModel": (NewDummyModel, torch.randn(4, 32)),
     }
     wgs = {
-        name: RayWorkerGroup(RayResourcePool([2], use_gpu=use_gpu), RayClassWithInitArgs(DataParallelWorker, model_cls=cls))
+        name: RayWorkerGroup(
+            RayResourcePool([2], use_gpu=use_gpu), RayClassWithInitArgs(DataParallelWorker, model_cls=cls)
+        )
         for name, (cls, _) in groups.items()
     }
     futures = [wgs[name].execute_all_async("train_step", list(data.chunk(2))) for name, (_, data) in groups.items()]

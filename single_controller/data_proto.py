@@ -88,7 +88,9 @@ class DataProto(VerlDataProtoMethods):
                 f"num_batch_dims={num_batch_dims}: a DataProto has one batch dim; fold the leading dims into "
                 "dim 0 first (e.g. tensor.flatten(0, num_batch_dims - 1), or unfold_batch_dim)"
             )
-        columns = {k: v if isinstance(v, np.ndarray) else np.array(v, dtype=object) for k, v in (non_tensors or {}).items()}
+        columns = {
+            k: v if isinstance(v, np.ndarray) else np.array(v, dtype=object) for k, v in (non_tensors or {}).items()
+        }
         meta = dict(meta_info or {})
         if auto_padding is not None:
             meta[AUTO_PADDING_KEY] = auto_padding
@@ -96,7 +98,9 @@ class DataProto(VerlDataProtoMethods):
         return cls(batch=batch, non_tensor_batch=columns, meta_info=meta)
 
     @classmethod
-    def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool | None = None) -> DataProto:
+    def from_single_dict(
+        cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool | None = None
+    ) -> DataProto:
         """Split one dict by value type: tensors go to ``batch``, numpy arrays to ``non_tensor_batch``."""
         tensors, non_tensors = {}, {}
         for key, value in data.items():
@@ -220,7 +224,11 @@ class DataProto(VerlDataProtoMethods):
         if len(self) and len(other) and len(self) != len(other):
             raise ContractError(f"union needs equal batch sizes, got {len(self)} and {len(other)}")
         if other.batch is not None:
-            mine = self.batch if self.batch is not None and self.batch.size is not None else TensorBatch(batch_size=len(other))
+            mine = (
+                self.batch
+                if self.batch is not None and self.batch.size is not None
+                else TensorBatch(batch_size=len(other))
+            )
             self.batch = union_tensor_dict(mine, other.batch)
         union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
         self.meta_info = merge_meta([self.meta_info, other.meta_info])
@@ -259,10 +267,14 @@ class DataProto(VerlDataProtoMethods):
             raise ValueError("concat needs at least one DataProto")
         has_batch = [d.batch is not None for d in data]
         if any(has_batch) and not all(has_batch):
-            raise ContractError(f"concat: parts {[i for i, b in enumerate(has_batch) if not b]} have no tensors, the others do")
+            raise ContractError(
+                f"concat: parts {[i for i, b in enumerate(has_batch) if not b]} have no tensors, the others do"
+            )
         batch = cat([d.batch for d in data]) if has_batch[0] else None
         non_tensors = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch}
-        return type(data[0])(batch=batch, non_tensor_batch=non_tensors, meta_info=merge_meta([d.meta_info for d in data]))
+        return type(data[0])(
+            batch=batch, non_tensor_batch=non_tensors, meta_info=merge_meta([d.meta_info for d in data])
+        )
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
         """Repeat every row: ``aabbcc`` when ``interleave`` else ``abcabc``."""
@@ -310,7 +322,9 @@ class DataProto(VerlDataProtoMethods):
         if mini_batch_size <= 0 or len(self) % mini_batch_size != 0:
             raise ContractError(f"mini_batch_size {mini_batch_size} must divide the batch size {len(self)}")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        loader = DataLoader(range(len(self)), batch_size=mini_batch_size, generator=generator, **(dataloader_kwargs or {}))
+        loader = DataLoader(
+            range(len(self)), batch_size=mini_batch_size, generator=generator, **(dataloader_kwargs or {})
+        )
 
         def mini_batches() -> Iterator[DataProto]:
             for _ in range(epochs):
@@ -323,7 +337,12 @@ class DataProto(VerlDataProtoMethods):
     def __getstate__(self) -> dict:
         # a chunk sends only its own rows, never the whole storage it is a view of (see tensor_batch.pack)
         size = self.batch.size if self.batch is not None else None
-        return {"tensors": pack(self.batch), "size": size, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
+        return {
+            "tensors": pack(self.batch),
+            "size": size,
+            "non_tensor_batch": self.non_tensor_batch,
+            "meta_info": self.meta_info,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.batch = unpack(state["tensors"], state["size"])
@@ -332,7 +351,10 @@ class DataProto(VerlDataProtoMethods):
 
     def save_to_disk(self, path: str) -> None:
         """Save tensors with ``torch.save`` (weights_only-safe) and the rest as JSON (no pickles)."""
-        columns = {k: {"rows": v.tolist(), "dtype": str(v.dtype), "shape": list(v.shape)} for k, v in self.non_tensor_batch.items()}
+        columns = {
+            k: {"rows": v.tolist(), "dtype": str(v.dtype), "shape": list(v.shape)}
+            for k, v in self.non_tensor_batch.items()
+        }
         rest = json.dumps({"non_tensor_batch": columns, "meta_info": self.meta_info})
         buffer = io.BytesIO()
         torch.save({"tensors": dict(self.batch) if self.batch is not None else None, "json": rest}, buffer)

@@ -17,7 +17,14 @@ import torch
 
 from single_controller.errors import ContractError
 
-__all__ = ["deep_equal", "list_of_dict_to_dict_of_list", "merge_meta", "same_value", "union_numpy_dict", "union_tensor_dict"]
+__all__ = [
+    "deep_equal",
+    "list_of_dict_to_dict_of_list",
+    "merge_meta",
+    "same_value",
+    "union_numpy_dict",
+    "union_tensor_dict",
+]
 
 
 def union_tensor_dict(tensor_dict1: Any, tensor_dict2: Any) -> Any:
@@ -106,7 +113,7 @@ def merge_meta(metas: Sequence[dict]) -> dict:
     for meta in metas:
         for key, value in meta.items():
             if key == "metrics":
-                for part in (value if isinstance(value, list) else [value] if value is not None else []):
+                for part in value if isinstance(value, list) else [value] if value is not None else []:
                     for name, v in part.items():
                         metrics.setdefault(name, []).extend(v if isinstance(v, list) else [v])
             elif key in merged and not same_value(merged[key], value):

@@ -14,14 +14,22 @@ REPO = Path(__file__).resolve().parent.parent
     "args, expected",
     [
         (["data.foo=1"], ["unknown config key 'data.foo'"]),
-        (["data.train_batch_size=7", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=1"],
-         ["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "2 workers"]),
+        (
+            ["data.train_batch_size=7", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=1"],
+            ["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "2 workers"],
+        ),
     ],
 )
 def test_config_error_exits_with_one_line(tmp_path, args, expected):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    result = subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("colorl: config error: ")

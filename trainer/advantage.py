@@ -12,8 +12,9 @@ from config.plan import StepPlan
 from single_controller import DataProto
 
 
-def compute_advantage(batch: DataProto, algo: Any, plan: StepPlan, kl_ctrl: Any, metrics: dict,
-                      reward_extras: dict[str, list]) -> None:
+def compute_advantage(
+    batch: DataProto, algo: Any, plan: StepPlan, kl_ctrl: Any, metrics: dict, reward_extras: dict[str, list]
+) -> None:
     """Write ``token_level_rewards``, ``advantages`` and ``returns`` (B, R) into ``batch`` for the ``algorithm``
     config ``algo``; ``kl_ctrl`` is the in-reward KL's coefficient controller, ``metrics`` receives the KL's.
 
@@ -25,8 +26,12 @@ def compute_advantage(batch: DataProto, algo: Any, plan: StepPlan, kl_ctrl: Any,
         metrics["actor/ref_kl"] = algos.masked_mean(kl, mask).item()
     if algo.use_kl_in_reward:
         tensors["token_level_rewards"], kl_metrics = algos.apply_kl_penalty(
-            tensors["token_level_scores"], tensors["old_log_probs"], tensors["ref_log_prob"], mask,
-            kl_ctrl, algo.kl_penalty,
+            tensors["token_level_scores"],
+            tensors["old_log_probs"],
+            tensors["ref_log_prob"],
+            mask,
+            kl_ctrl,
+            algo.kl_penalty,
         )
         metrics.update(kl_metrics)
     else:
@@ -51,6 +56,8 @@ def _reward_components(reward_extras: dict[str, list], keys: list[str] | None) -
         return None
     missing = [key for key in keys if key not in reward_extras]
     if missing:
-        raise ValueError(f"algorithm.gdpo_reward_keys={keys}: compute_score returned no {missing} (its dict has "
-                         f"{sorted(reward_extras)})")
+        raise ValueError(
+            f"algorithm.gdpo_reward_keys={keys}: compute_score returned no {missing} (its dict has "
+            f"{sorted(reward_extras)})"
+        )
     return [torch.tensor(reward_extras[key], dtype=torch.float32) for key in keys]

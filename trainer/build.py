@@ -63,14 +63,18 @@ def _load_compute_score(cfg: PPOConfig) -> Any:
     try:
         return load_custom_compute_score(custom.path, custom.name)
     except FileNotFoundError:
-        raise ConfigError.invalid("custom_reward_function.path", custom.path,
-                                  "no such file; expected a Python file defining the reward function") from None
+        raise ConfigError.invalid(
+            "custom_reward_function.path",
+            custom.path,
+            "no such file; expected a Python file defining the reward function",
+        ) from None
     except AttributeError as exc:
         raise ConfigError.invalid("custom_reward_function.name", custom.name, str(exc)) from None
     except Exception as exc:  # the user's module failed to import: report it as the config mistake it is
         first_line = (str(exc).splitlines() or [""])[0]
-        raise ConfigError.invalid("custom_reward_function.path", custom.path,
-                                  f"importing it raised {type(exc).__name__}: {first_line}") from None
+        raise ConfigError.invalid(
+            "custom_reward_function.path", custom.path, f"importing it raised {type(exc).__name__}: {first_line}"
+        ) from None
 
 
 def _fill_paths(cfg: PPOConfig) -> PPOConfig:
@@ -116,10 +120,15 @@ def _tool_schemas(cfg: PPOConfig, tokenizer: Any) -> list[dict] | None:
         schemas = check_tools(tokenizer, multi_turn)
     except ToolConfigError as exc:
         key = exc.key or "tool_config_path"
-        raise ConfigError.invalid(f"actor_rollout_ref.rollout.multi_turn.{key}", getattr(multi_turn, key), str(exc)) from None
+        raise ConfigError.invalid(
+            f"actor_rollout_ref.rollout.multi_turn.{key}", getattr(multi_turn, key), str(exc)
+        ) from None
     if not schemas:
-        print("colorl: warning: actor_rollout_ref.rollout.multi_turn.enable=true without tool_config_path or "
-              "function_tool_path: every tool call is answered 'unknown tool'", file=sys.stderr)
+        print(
+            "colorl: warning: actor_rollout_ref.rollout.multi_turn.enable=true without tool_config_path or "
+            "function_tool_path: every tool call is answered 'unknown tool'",
+            file=sys.stderr,
+        )
     return schemas
 
 
@@ -132,17 +141,29 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any, tool_schemas: list[dict] 
     def dataset(key: str, max_samples: int) -> RLHFDataset:
         files = getattr(data, key)
         try:
-            built = RLHFDataset(files, tokenizer, data.prompt_key, data.max_prompt_length, data.filter_overlong_prompts,
-                                data.truncation, max_samples, tool_schemas, default_agent, data.reward_fn_key)
+            built = RLHFDataset(
+                files,
+                tokenizer,
+                data.prompt_key,
+                data.max_prompt_length,
+                data.filter_overlong_prompts,
+                data.truncation,
+                max_samples,
+                tool_schemas,
+                default_agent,
+                data.reward_fn_key,
+            )
         except (FileNotFoundError, ValueError) as exc:  # a missing, unreadable or empty file, a missing column,
             # a prompt cell that is not a prompt, every prompt too long
             shown = files if isinstance(files, str) else list(files)
             raise ConfigError.invalid(f"data.{key}", shown, str(exc)) from None
         if (built.num_tool_agent_rows > 0) != (tool_schemas is not None):
-            print(f"colorl: warning: data.{key}: {built.num_tool_agent_rows} of {len(built)} rows are tool_agent rows "
-                  f"and actor_rollout_ref.rollout.multi_turn.enable={tool_schemas is not None}: "
-                  f"{'they are generated single-turn' if tool_schemas is None else 'no row calls tools'}",
-                  file=sys.stderr)
+            print(
+                f"colorl: warning: data.{key}: {built.num_tool_agent_rows} of {len(built)} rows are tool_agent rows "
+                f"and actor_rollout_ref.rollout.multi_turn.enable={tool_schemas is not None}: "
+                f"{'they are generated single-turn' if tool_schemas is None else 'no row calls tools'}",
+                file=sys.stderr,
+            )
         return built
 
     train = dataset("train_files", data.train_max_samples)
@@ -150,8 +171,10 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any, tool_schemas: list[dict] 
         train, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=data.dataloader_drop_last
     )
     if len(train_dataloader) == 0:
-        raise ConfigError(f"data.train_batch_size={data.train_batch_size}: larger than the {len(train)} training "
-                          "prompts (with data.dataloader_drop_last=true no batch is left)")
+        raise ConfigError(
+            f"data.train_batch_size={data.train_batch_size}: larger than the {len(train)} training "
+            "prompts (with data.dataloader_drop_last=true no batch is left)"
+        )
     if data.val_files is None:
         return train_dataloader, None
     val = dataset("val_files", data.val_max_samples)

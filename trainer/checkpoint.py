@@ -76,7 +76,9 @@ def check_checkpoint(path: Path) -> None:
 class CheckpointManager:
     """Creates, commits, prunes and finds the checkpoints of one run directory."""
 
-    def __init__(self, root: str, max_actor_ckpt_to_keep: int | None = None, max_critic_ckpt_to_keep: int | None = None):
+    def __init__(
+        self, root: str, max_actor_ckpt_to_keep: int | None = None, max_critic_ckpt_to_keep: int | None = None
+    ):
         self.root = Path(root)
         self.keep = {"actor": max_actor_ckpt_to_keep, "critic": max_critic_ckpt_to_keep}
 

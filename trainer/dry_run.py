@@ -66,14 +66,29 @@ def phase_batches(cfg: PPOConfig, plan: StepPlan) -> list[PhaseBatch]:
 
     rollout, ref, critic = arr.rollout, arr.ref, cfg.critic
     if plan.recompute_old_log_prob:
-        out.append(forward("old_log_prob", rollout.log_prob_micro_batch_size_per_gpu,
-                           budget(rollout, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")))
+        out.append(
+            forward(
+                "old_log_prob",
+                rollout.log_prob_micro_batch_size_per_gpu,
+                budget(rollout, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+            )
+        )
     if plan.compute_ref_log_prob:
-        out.append(forward("ref", ref.log_prob_micro_batch_size_per_gpu,
-                           budget(ref, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")))
+        out.append(
+            forward(
+                "ref",
+                ref.log_prob_micro_batch_size_per_gpu,
+                budget(ref, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+            )
+        )
     if plan.use_critic:
-        out.append(forward("values", critic.forward_micro_batch_size_per_gpu,
-                           budget(critic, "use_dynamic_bsz", "forward_max_token_len_per_gpu")))
+        out.append(
+            forward(
+                "values",
+                critic.forward_micro_batch_size_per_gpu,
+                budget(critic, "use_dynamic_bsz", "forward_max_token_len_per_gpu"),
+            )
+        )
         out.append(update("update_critic", critic, plan.critic_mini_batch_size))
     out.append(update("update_actor", arr.actor, plan.actor_mini_batch_size))
     return out
@@ -126,14 +141,22 @@ def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
 def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) -> None:
     """Fail before Ray starts when ``path`` is not a model directory (or, for the actor, not a causal LM)."""
     if not os.path.isdir(path) and (os.path.isabs(path) or path.startswith(".") or path.count("/") != 1):
-        raise ConfigError.invalid(key, path, "no such directory; expected a Hugging Face model directory "
-                                  "(config.json, weights, tokenizer) or null for the built-in demo model")
+        raise ConfigError.invalid(
+            key,
+            path,
+            "no such directory; expected a Hugging Face model directory "
+            "(config.json, weights, tokenizer) or null for the built-in demo model",
+        )
     config = _config(key, path, trust_remote_code)
     auto_map = getattr(config, "auto_map", None) or {}
     is_causal_lm = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in auto_map
     if causal_lm and not is_causal_lm:
-        raise ConfigError.invalid(key, path, f"a {config.model_type!r} model is not a causal LM; the policy needs one "
-                                  "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)")
+        raise ConfigError.invalid(
+            key,
+            path,
+            f"a {config.model_type!r} model is not a causal LM; the policy needs one "
+            "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)",
+        )
 
 
 def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
@@ -141,18 +164,23 @@ def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], A
     built-in model's config when ``actor_rollout_ref.model.path`` is null."""
     arr = cfg.actor_rollout_ref
     actor_path = arr.model.path
-    actor_config = demo_config() if actor_path is None else _config(f"{ARR}.model.path", actor_path,
-                                                                     arr.model.trust_remote_code)
+    actor_config = (
+        demo_config() if actor_path is None else _config(f"{ARR}.model.path", actor_path, arr.model.trust_remote_code)
+    )
     sizes = {"actor": model_sizes(actor_config, arr.model, arr.actor.fsdp_config.wrap_policy.min_num_params)}
     if plan.use_critic:
         path = cfg.critic.model.path
-        config = actor_config if path in (None, actor_path) else _config("critic.model.path", path,
-                                                                          cfg.critic.model.trust_remote_code)
+        config = (
+            actor_config
+            if path in (None, actor_path)
+            else _config("critic.model.path", path, cfg.critic.model.trust_remote_code)
+        )
         sizes["critic"] = model_sizes(config, None, cfg.critic.fsdp_config.wrap_policy.min_num_params, value_head=True)
     if cfg.reward_model.enable:
         config = _config("reward_model.model.path", cfg.reward_model.model.path, False)
-        sizes["rm"] = model_sizes(config, None, cfg.reward_model.fsdp_config.wrap_policy.min_num_params,
-                                  value_head=True)
+        sizes["rm"] = model_sizes(
+            config, None, cfg.reward_model.fsdp_config.wrap_policy.min_num_params, value_head=True
+        )
     return sizes
 
 
@@ -193,19 +221,28 @@ def lowering_keys(cfg: PPOConfig, estimate: MemoryEstimate) -> list[str]:
     for term in large:
         if term in ("activations", "logits") and peak.key:
             keys.append(f"{peak.key} (lower)")
-        if term == "activations" and peak.name.startswith("update") and peak.activations_other is not None \
-                and peak.activations_other < peak.terms["activations"]:
+        if (
+            term == "activations"
+            and peak.name.startswith("update")
+            and peak.activations_other is not None
+            and peak.activations_other < peak.terms["activations"]
+        ):
             model = "critic.model" if peak.name == "update_critic" else f"{ARR}.model"
             keys.append(f"{model}.enable_gradient_checkpointing=true")
         if term == "kv_cache":
-            keys.append("data.val_batch_size (lower)" if peak.name == "validate" else
-                        f"data.train_batch_size or {ARR}.rollout.n or data.max_response_length (lower)")
+            keys.append(
+                "data.val_batch_size (lower)"
+                if peak.name == "validate"
+                else f"data.train_batch_size or {ARR}.rollout.n or data.max_response_length (lower)"
+            )
         if term in ("weights", "gradients", "optimizer"):
             if arr.model.lora_rank == 0:
                 keys.append(f"{ARR}.model.lora_rank (LoRA trains adapters only)")
             if estimate.device == "cuda":
-                keys += ["trainer.n_gpus_per_node (more GPUs shard the model)",
-                         "fsdp_config.param_offload / optimizer_offload=true (per role)"]
+                keys += [
+                    "trainer.n_gpus_per_node (more GPUs shard the model)",
+                    "fsdp_config.param_offload / optimizer_offload=true (per role)",
+                ]
         if term == "runtime":
             keys.append("trainer.n_gpus_per_node (fewer workers per node)")
     return list(dict.fromkeys(keys))
@@ -252,8 +289,9 @@ def preflight(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) ->
     check_memory(cfg, estimate)
 
 
-def _estimate(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]
-              ) -> tuple[dict[str, ModelSizes], MemoryEstimate]:
+def _estimate(
+    cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]
+) -> tuple[dict[str, ModelSizes], MemoryEstimate]:
     """The models' sizes and the memory estimate per worker on the requested device."""
     models = load_model_sizes(cfg, plan, demo_config)
     return models, estimate_memory(cfg, plan, models, requested_device(cfg), val_rows=validation_rows(cfg, plan))
@@ -273,8 +311,9 @@ def training_steps(cfg: PPOConfig) -> tuple[int | None, float | None, int | None
     is unknown (a file missing)."""
     prompts = prompt_count(cfg, "train")
     batch = cfg.data.train_batch_size
-    per_epoch = None if prompts is None else (prompts // batch if cfg.data.dataloader_drop_last
-                                              else math.ceil(prompts / batch))
+    per_epoch = (
+        None if prompts is None else (prompts // batch if cfg.data.dataloader_drop_last else math.ceil(prompts / batch))
+    )
     total = cfg.trainer.total_training_steps or (None if per_epoch is None else per_epoch * cfg.trainer.total_epochs)
     epochs = None if total is None or not per_epoch else total / per_epoch
     return total, epochs, prompts
@@ -285,26 +324,38 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
     data, arr, trainer = cfg.data, cfg.actor_rollout_ref, cfg.trainer
     total, epochs, prompts = training_steps(cfg)
     rows = data.train_batch_size * arr.rollout.n // plan.n_workers
-    lines = [f"colorl dry run: {plan.n_workers} worker(s) on {estimate.device} (trainer.n_gpus_per_node="
-             f"{trainer.n_gpus_per_node} × trainer.nnodes={trainer.nnodes}); no Ray, no weights loaded"]
+    lines = [
+        f"colorl dry run: {plan.n_workers} worker(s) on {estimate.device} (trainer.n_gpus_per_node="
+        f"{trainer.n_gpus_per_node} × trainer.nnodes={trainer.nnodes}); no Ray, no weights loaded"
+    ]
     for role, m in models.items():
-        lines.append(f"  {role}: {m.params / 1e6:,.2f} M parameters ({m.trained / 1e6:,.2f} M trained), {m.layers} "
-                     f"layers, hidden {m.hidden}, vocabulary {m.vocab}")
+        lines.append(
+            f"  {role}: {m.params / 1e6:,.2f} M parameters ({m.trained / 1e6:,.2f} M trained), {m.layers} "
+            f"layers, hidden {m.hidden}, vocabulary {m.vocab}"
+        )
     steps = "unknown (the training files cannot be read)" if total is None else f"{total}"
     if epochs is not None:
         steps += f" = {epochs:.2f} epochs of {total / epochs:.0f} steps ({prompts} prompts / data.train_batch_size)"
-    lines += [f"training steps: {steps}",
-              f"a step: {data.train_batch_size} prompts × {arr.rollout.n} responses = "
-              f"{data.train_batch_size * arr.rollout.n} sequences, {rows} per worker, each up to "
-              f"{data.max_prompt_length} + {data.max_response_length} tokens", "",
-              "batch per worker and step   rows  micro-batch  micro-batches  grad. accum.  optimizer steps   tokens"]
+    lines += [
+        f"training steps: {steps}",
+        f"a step: {data.train_batch_size} prompts × {arr.rollout.n} responses = "
+        f"{data.train_batch_size * arr.rollout.n} sequences, {rows} per worker, each up to "
+        f"{data.max_prompt_length} + {data.max_response_length} tokens",
+        "",
+        "batch per worker and step   rows  micro-batch  micro-batches  grad. accum.  optimizer steps   tokens",
+    ]
     for b in phase_batches(cfg, plan):
         accum = "-" if b.grad_accum is None else str(b.grad_accum)
-        lines.append(f"  {b.name:24s}{b.rows:6d}{b.micro:13d}{b.micro_batches:15d}{accum:>14s}"
-                     f"{b.optimizer_steps or '-':>17}{b.tokens:9d}")
-    lines += ["", "memory per worker, GiB (at the longest sequences; activations with gradient checkpointing as "
-              "configured | switched)",
-              "  phase         " + "".join(f"{t:>{_width(t)}s}" for t in TERMS) + "       total"]
+        lines.append(
+            f"  {b.name:24s}{b.rows:6d}{b.micro:13d}{b.micro_batches:15d}{accum:>14s}"
+            f"{b.optimizer_steps or '-':>17}{b.tokens:9d}"
+        )
+    lines += [
+        "",
+        "memory per worker, GiB (at the longest sequences; activations with gradient checkpointing as "
+        "configured | switched)",
+        "  phase         " + "".join(f"{t:>{_width(t)}s}" for t in TERMS) + "       total",
+    ]
     for phase in estimate.phases:
         cells = [f"{phase.terms.get(t, 0) / GiB:{_width(t)}.3f}" for t in TERMS]
         if phase.activations_other is not None:

@@ -48,8 +48,10 @@ def export(checkpoint: str, out: str, role: str = "actor", overwrite: bool = Fal
         path = latest
     replace = target.exists() and any(target.iterdir())
     if replace and not overwrite:
-        raise FileExistsError(f"--out {target} exists and is not empty; exporting into it would mix two models' "
-                              "files. Pass --overwrite to replace it, or choose another --out")
+        raise FileExistsError(
+            f"--out {target} exists and is not empty; exporting into it would mix two models' "
+            "files. Pass --overwrite to replace it, or choose another --out"
+        )
     if replace:
         _refuse_run_dir(target, path)
     check_checkpoint(path)
@@ -65,13 +67,17 @@ def export(checkpoint: str, out: str, role: str = "actor", overwrite: bool = Fal
 def _refuse_run_dir(target: Path, checkpoint: Path) -> None:
     """``--overwrite`` deletes ``target``: not when it holds the checkpoint being exported or any run directory."""
     if checkpoint.resolve().is_relative_to(target.resolve()):
-        raise FileExistsError(f"--out {target} holds the checkpoint being exported ({checkpoint}); --overwrite would "
-                              "delete it. Choose another --out")
+        raise FileExistsError(
+            f"--out {target} holds the checkpoint being exported ({checkpoint}); --overwrite would "
+            "delete it. Choose another --out"
+        )
     for folder, dirs, files in os.walk(target):
         run_files = [f for f in files if f in RUN_FILES] + [d for d in dirs if d.startswith(PREFIX)]
         if run_files:
-            raise FileExistsError(f"--out {target} is or holds a run directory ({Path(folder) / run_files[0]}); "
-                                  "--overwrite would delete its checkpoints or metrics. Choose another --out")
+            raise FileExistsError(
+                f"--out {target} is or holds a run directory ({Path(folder) / run_files[0]}); "
+                "--overwrite would delete its checkpoints or metrics. Choose another --out"
+            )
 
 
 def _model_class(path: Path) -> type:

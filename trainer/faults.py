@@ -15,23 +15,25 @@ from single_controller.ray.health import WorkerDiedError
 # worker method -> the config keys that bound its memory, lowest-hanging first
 MEMORY_KEYS = {
     "init_model": "actor_rollout_ref.actor.fsdp_config.param_offload/optimizer_offload (or more workers: "
-                  "trainer.n_gpus_per_node)",
+    "trainer.n_gpus_per_node)",
     "generate_sequences": "data.train_batch_size or data.max_response_length (a worker generates its whole share of "
-                          "data.train_batch_size × actor_rollout_ref.rollout.n at once)",
+    "data.train_batch_size × actor_rollout_ref.rollout.n at once)",
     "compute_log_prob": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (log_prob_max_token_len_per_gpu "
-                        "with log_prob_use_dynamic_bsz)",
+    "with log_prob_use_dynamic_bsz)",
     "compute_ref_log_prob": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu (log_prob_max_token_len_per_gpu "
-                            "with log_prob_use_dynamic_bsz)",
+    "with log_prob_use_dynamic_bsz)",
     "update_actor": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with "
-                    "use_dynamic_bsz)",
+    "use_dynamic_bsz)",
     "compute_values": "critic.forward_micro_batch_size_per_gpu (forward_max_token_len_per_gpu with use_dynamic_bsz)",
     "update_critic": "critic.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with use_dynamic_bsz)",
     "compute_rm_score": "reward_model.micro_batch_size_per_gpu",
 }
 OBJECT_STORE_FULL = (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError)
-STORE_HINT = ("the Ray object store is full, and so is the disk it spills to: free space in Ray's temp dir (default "
-              "/tmp/ray) or give the nodes more memory, or move less per step: lower data.train_batch_size or "
-              "data.max_response_length")
+STORE_HINT = (
+    "the Ray object store is full, and so is the disk it spills to: free space in Ray's temp dir (default "
+    "/tmp/ray) or give the nodes more memory, or move less per step: lower data.train_batch_size or "
+    "data.max_response_length"
+)
 
 
 class FaultError(RuntimeError):
@@ -57,8 +59,11 @@ def named(exc: BaseException) -> BaseException:
 def _out_of_memory(exc: BaseException) -> bool:
     """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
     text = str(exc).lower()
-    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
-        isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
+    return (
+        isinstance(exc, MemoryError)
+        or type(exc).__name__ == "OutOfMemoryError"
+        or (isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
+    )
 
 
 def _memory_hint(call: str) -> str:

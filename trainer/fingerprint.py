@@ -24,24 +24,63 @@ from typing import Any
 from config import ConfigError, PPOConfig
 
 MAY_CHANGE = (
-    "trainer.total_epochs", "trainer.total_training_steps", "trainer.max_wall_time_s", "trainer.test_freq",
-    "trainer.save_freq", "trainer.val_before_train", "trainer.logger", "trainer.project_name",
-    "trainer.experiment_name", "trainer.default_local_dir", "trainer.default_hdfs_dir", "trainer.max_*_ckpt_to_keep",
-    "trainer.resume_*", "trainer.max_nonfinite_steps", "trainer.phase_timeout_s", "trainer.max_restarts",
-    "trainer.device", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.deterministic",
-    "trainer.use_legacy_worker_impl", "ray_init.*", "*micro_batch_size*", "*max_token_len*", "*use_dynamic_bsz",
-    "*.fsdp_config.*", "*.enable_gradient_checkpointing", "*.use_remove_padding", "*.use_torch_compile",
-    "actor_rollout_ref.model.use_shm", "data.val_*", "data.return_raw_chat", "builtin.num_val", "builtin.cache_dir",
-    "actor_rollout_ref.rollout.val_kwargs.*", "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.gpu_memory_utilization",
-    "actor_rollout_ref.rollout.load_format", "actor_rollout_ref.rollout.layered_summon",
-    "actor_rollout_ref.rollout.max_*", "actor_rollout_ref.rollout.enforce_eager",
-    "actor_rollout_ref.rollout.free_cache_engine", "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "trainer.total_epochs",
+    "trainer.total_training_steps",
+    "trainer.max_wall_time_s",
+    "trainer.test_freq",
+    "trainer.save_freq",
+    "trainer.val_before_train",
+    "trainer.logger",
+    "trainer.project_name",
+    "trainer.experiment_name",
+    "trainer.default_local_dir",
+    "trainer.default_hdfs_dir",
+    "trainer.max_*_ckpt_to_keep",
+    "trainer.resume_*",
+    "trainer.max_nonfinite_steps",
+    "trainer.phase_timeout_s",
+    "trainer.max_restarts",
+    "trainer.device",
+    "trainer.n_gpus_per_node",
+    "trainer.nnodes",
+    "trainer.deterministic",
+    "trainer.use_legacy_worker_impl",
+    "ray_init.*",
+    "*micro_batch_size*",
+    "*max_token_len*",
+    "*use_dynamic_bsz",
+    "*.fsdp_config.*",
+    "*.enable_gradient_checkpointing",
+    "*.use_remove_padding",
+    "*.use_torch_compile",
+    "actor_rollout_ref.model.use_shm",
+    "data.val_*",
+    "data.return_raw_chat",
+    "builtin.num_val",
+    "builtin.cache_dir",
+    "actor_rollout_ref.rollout.val_kwargs.*",
+    "actor_rollout_ref.rollout.name",
+    "actor_rollout_ref.rollout.mode",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.load_format",
+    "actor_rollout_ref.rollout.layered_summon",
+    "actor_rollout_ref.rollout.max_*",
+    "actor_rollout_ref.rollout.enforce_eager",
+    "actor_rollout_ref.rollout.free_cache_engine",
+    "actor_rollout_ref.rollout.enable_chunked_prefill",
 )
 OPTIMIZER = ("actor_rollout_ref.actor.optim.*", "critic.optim.*")
 # A model's shape: compared between the checkpoint's config.json and the model it would be loaded into.
-ARCHITECTURE = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "intermediate_size", "vocab_size")
+ARCHITECTURE = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 ROLE_MODELS = {"actor": "actor_rollout_ref.model", "critic": "critic.model"}
 _MISSING = object()
 
@@ -69,8 +108,11 @@ def check_resume(saved: dict[str, Any] | None, cfg: PPOConfig, checkpoint: Path)
     if saved is None:  # written before checkpoints recorded their config
         return [f"warning: {checkpoint} records no config (an older ColoRL's): resuming without comparing configs"]
     current = config_record(cfg)
-    changed = {key: (saved[key], current[key]) for key in sorted(saved.keys() & current.keys())
-               if saved[key] != current[key] and not _matches(key, MAY_CHANGE)}
+    changed = {
+        key: (saved[key], current[key])
+        for key in sorted(saved.keys() & current.keys())
+        if saved[key] != current[key] and not _matches(key, MAY_CHANGE)
+    }
     changed |= _architecture_changes(cfg, checkpoint)
     accepted = cfg.trainer.resume_accept_changes
     refused = {k: v for k, v in changed.items() if not _matches(k, OPTIMIZER) and not _matches(k, accepted)}
@@ -80,10 +122,15 @@ def check_resume(saved: dict[str, Any] | None, cfg: PPOConfig, checkpoint: Path)
             "the values it was saved with, start afresh in another trainer.default_local_dir, or accept the change "
             f"with trainer.resume_accept_changes=[{','.join(refused)}]"
         )
-    return [f"resuming with {key} changed: {_shown(old)} -> {_shown(new)} ("
-            + ("applied from the next update; the optimizer's moments and the schedule's step are kept)"
-               if _matches(key, OPTIMIZER) else "accepted by trainer.resume_accept_changes)")
-            for key, (old, new) in changed.items()]
+    return [
+        f"resuming with {key} changed: {_shown(old)} -> {_shown(new)} ("
+        + (
+            "applied from the next update; the optimizer's moments and the schedule's step are kept)"
+            if _matches(key, OPTIMIZER)
+            else "accepted by trainer.resume_accept_changes)"
+        )
+        for key, (old, new) in changed.items()
+    ]
 
 
 def _architecture_changes(cfg: PPOConfig, checkpoint: Path) -> dict[str, tuple[Any, Any]]:

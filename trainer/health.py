@@ -21,7 +21,12 @@ import sys
 from collections import deque
 from typing import Any
 
-ENTROPY, CLIP, SCORE, LENGTH = "actor/entropy", "response_length/clip_ratio", "critic/score/mean", "response_length/mean"
+ENTROPY, CLIP, SCORE, LENGTH = (
+    "actor/entropy",
+    "response_length/clip_ratio",
+    "critic/score/mean",
+    "response_length/mean",
+)
 ZERO_STD = "health/frac_reward_zero_std"
 HELD_OUT = re.compile(r"val-(core|aux)/.+/mean@\d+")  # per-source validation means: reward and extra scores
 WARNINGS = ("entropy_collapse", "responses_at_limit", "all_equal_groups", "reward_vs_held_out")
@@ -86,10 +91,12 @@ class HealthMonitor:
         ratio = self.config.entropy_collapse_ratio
         if entropy >= ratio * self.first_entropy:
             return ""
-        return (f"the policy's entropy has collapsed: actor/entropy {entropy:.3g} has stayed below {ratio} × its "
-                f"first value {self.first_entropy:.3g} for {self.config.patience} steps, so sampling barely explores "
-                "(raise actor_rollout_ref.actor.entropy_coeff or the rollout temperature, or lower the learning rate; "
-                "trainer.health.entropy_collapse_ratio sets the threshold)")
+        return (
+            f"the policy's entropy has collapsed: actor/entropy {entropy:.3g} has stayed below {ratio} × its "
+            f"first value {self.first_entropy:.3g} for {self.config.patience} steps, so sampling barely explores "
+            "(raise actor_rollout_ref.actor.entropy_coeff or the rollout temperature, or lower the learning rate; "
+            "trainer.health.entropy_collapse_ratio sets the threshold)"
+        )
 
     def _above(self, key: str, metrics: dict[str, float], threshold: float) -> str | None:
         if key not in metrics:
@@ -99,14 +106,18 @@ class HealthMonitor:
             return ""
         patience = self.config.patience
         if key == CLIP:
-            return (f"{share:.0%} of the responses were cut at data.max_response_length={self.max_response_length} "
-                    f"(response_length/clip_ratio above {threshold}) for {patience} steps; a cut answer usually "
-                    "scores 0 (raise data.max_response_length or reward shorter answers; "
-                    "trainer.health.max_clip_ratio sets the threshold)")
-        return (f"{share:.0%} of the prompt groups got the same reward for every response ({key} above {threshold}) "
-                f"for {patience} steps; such groups give GRPO no signal: the prompts are too easy or too hard for "
-                "the policy (raise actor_rollout_ref.rollout.n or change the data's difficulty; "
-                "trainer.health.max_all_equal_share sets the threshold)")
+            return (
+                f"{share:.0%} of the responses were cut at data.max_response_length={self.max_response_length} "
+                f"(response_length/clip_ratio above {threshold}) for {patience} steps; a cut answer usually "
+                "scores 0 (raise data.max_response_length or reward shorter answers; "
+                "trainer.health.max_clip_ratio sets the threshold)"
+            )
+        return (
+            f"{share:.0%} of the prompt groups got the same reward for every response ({key} above {threshold}) "
+            f"for {patience} steps; such groups give GRPO no signal: the prompts are too easy or too hard for "
+            "the policy (raise actor_rollout_ref.rollout.n or change the data's difficulty; "
+            "trainer.health.max_all_equal_share sets the threshold)"
+        )
 
     def _divergence(self, metrics: dict[str, float]) -> str | None:
         """At a validation: did the training score rise and a held-out score fall since the previous one?"""
@@ -121,7 +132,9 @@ class HealthMonitor:
         if not (score > previous[0] and fell):
             return ""
         key = fell[0]
-        return (f"the training score rose ({previous[0]:.3g} → {score:.3g}) while the held-out {key} fell "
-                f"({previous[1][key]:.3g} → {held_out[key]:.3g}) at {self.config.divergence_validations} "
-                "validations in a row: the policy may be exploiting the reward or overfitting the training prompts; "
-                "read some samples (trainer.health.divergence_validations sets the patience)")
+        return (
+            f"the training score rose ({previous[0]:.3g} → {score:.3g}) while the held-out {key} fell "
+            f"({previous[1][key]:.3g} → {held_out[key]:.3g}) at {self.config.divergence_validations} "
+            "validations in a row: the policy may be exploiting the reward or overfitting the training prompts; "
+            "read some samples (trainer.health.divergence_validations sets the patience)"
+        )

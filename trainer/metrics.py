@@ -88,7 +88,7 @@ def compute_timing_metrics(batch: Mapping[str, Tensor], timing_raw: Mapping[str,
     gen is normalised by response tokens (tool turns included: the rollout feeds them); ref, values, adv,
     update_critic, update_actor and old_log_prob by all (prompt + response) tokens.
     """
-    n_response_tokens = max(int(batch["attention_mask"][:, -batch["responses"].shape[-1]:].sum()), 1)
+    n_response_tokens = max(int(batch["attention_mask"][:, -batch["responses"].shape[-1] :].sum()), 1)
     n_all_tokens = max(int(batch["attention_mask"].sum()), 1)
     tokens_per_phase = {"gen": n_response_tokens, **{name: n_all_tokens for name in _ALL_TOKEN_PHASES}}
     metrics = {f"timing_s/{name}": float(seconds) for name, seconds in timing_raw.items()}
@@ -121,17 +121,28 @@ def multi_turn_metrics(rows: Mapping[str, Any]) -> dict[str, float]:
     """
     if "__num_turns__" not in rows:
         return {}
-    column = {k: torch.tensor([float(v) for v in rows[k]]) for k in
-              ("__num_turns__", "tool_call_counts", "tool_error_counts", "tool_response_tokens", "tool_rewards",
-               "tokenization_mismatch")}
+    column = {
+        k: torch.tensor([float(v) for v in rows[k]])
+        for k in (
+            "__num_turns__",
+            "tool_call_counts",
+            "tool_error_counts",
+            "tool_response_tokens",
+            "tool_rewards",
+            "tokenization_mismatch",
+        )
+    }
     stops = list(rows["stop_reason"])
-    metrics = {**_stats("num_turns", column["__num_turns__"]), **_stats("tool_call_counts", column["tool_call_counts"]),
-               "multi_turn/tool_errors/mean": column["tool_error_counts"].mean(),
-               "multi_turn/tool_response_tokens/mean": column["tool_response_tokens"].mean(),
-               "multi_turn/tool_reward/mean": column["tool_rewards"].mean(),
-               "multi_turn/turn_limit_ratio": torch.tensor(stops.count("turn_limit") / len(stops)),
-               "multi_turn/length_limit_ratio": torch.tensor(stops.count("length_limit") / len(stops)),
-               "multi_turn/tokenization_mismatch_ratio": column["tokenization_mismatch"].mean()}
+    metrics = {
+        **_stats("num_turns", column["__num_turns__"]),
+        **_stats("tool_call_counts", column["tool_call_counts"]),
+        "multi_turn/tool_errors/mean": column["tool_error_counts"].mean(),
+        "multi_turn/tool_response_tokens/mean": column["tool_response_tokens"].mean(),
+        "multi_turn/tool_reward/mean": column["tool_rewards"].mean(),
+        "multi_turn/turn_limit_ratio": torch.tensor(stops.count("turn_limit") / len(stops)),
+        "multi_turn/length_limit_ratio": torch.tensor(stops.count("length_limit") / len(stops)),
+        "multi_turn/tokenization_mismatch_ratio": column["tokenization_mismatch"].mean(),
+    }
     calls = column["tool_call_counts"].sum()
     if calls > 0:
         # errors also count failed create/calc_reward/release calls, hence the floor at 0
@@ -176,7 +187,10 @@ def timed(name: str, timing_raw: dict[str, float]) -> Iterator[Timer]:
 
 
 def validation_metrics(
-    sources: Sequence[str], rewards: Sequence[float], answers: Sequence[Hashable], n: int,
+    sources: Sequence[str],
+    rewards: Sequence[float],
+    answers: Sequence[Hashable],
+    n: int,
     extras: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, float]:
     """verl's validation metrics per data source, over groups of ``n`` consecutive rows (one prompt's responses).
@@ -190,7 +204,7 @@ def validation_metrics(
     """
     groups: dict[str, list[tuple[list[float], list[Hashable]]]] = {}
     for start in range(0, len(rewards), n):
-        group = (list(rewards[start:start + n]), list(answers[start:start + n]))
+        group = (list(rewards[start : start + n]), list(answers[start : start + n]))
         groups.setdefault(sources[start], []).append(group)
     metrics = {}
     for source, prompts in groups.items():

@@ -81,8 +81,9 @@ class RayPPOTrainer:
         self.val_reward_fn = val_reward_fn
         self.plan = plan  # which phases run, which keys travel, per-rank batch sizes (config.plan)
         kl_ctrl = config.algorithm.kl_ctrl
-        self.kl_ctrl_in_reward = algos.get_kl_controller(kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl,
-                                                         kl_ctrl.horizon)
+        self.kl_ctrl_in_reward = algos.get_kl_controller(
+            kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon
+        )
         steps_per_epoch = len(train_dataloader)
         self.total_training_steps = config.trainer.total_training_steps or steps_per_epoch * config.trainer.total_epochs
         self.global_step = 0
@@ -92,11 +93,14 @@ class RayPPOTrainer:
         self.nonfinite_streak = self.nonfinite_total = 0
         self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
         self.checkpoints = CheckpointManager(
-            config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep
+            config.trainer.default_local_dir,
+            config.trainer.max_actor_ckpt_to_keep,
+            config.trainer.max_critic_ckpt_to_keep,
         )
         self.resume_from = open_run(config, self.checkpoints)  # locked; the checkpoint to continue from, config checked
         self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
-            {}, config.trainer.phase_timeout_s,
+            {},
+            config.trainer.phase_timeout_s,
             dump_fn=lambda: stall_report(self.fused_wg.processes),
             teardown_fn=lambda: shutdown_worker_group(self.fused_wg),
         )
@@ -122,10 +126,13 @@ class RayPPOTrainer:
         if cfg.reward_model.enable:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/malloc.py)
-        self.fused_wg = RayWorkerGroup(pool, create_colocated_worker_cls(roles),
-                                       worker_env=malloc.worker_env(trainer.device))
-        where = ", ".join(f"rank {rank} pid {p['pid']} on {p['node_ip']} (node {p['node_id'][:8]})"
-                          for rank, p in enumerate(self.fused_wg.processes))
+        self.fused_wg = RayWorkerGroup(
+            pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
+        )
+        where = ", ".join(
+            f"rank {rank} pid {p['pid']} on {p['node_ip']} (node {p['node_id'][:8]})"
+            for rank, p in enumerate(self.fused_wg.processes)
+        )
         print(f"[colorl] workers: {where}", flush=True)
         views = self.fused_wg.spawn(prefix_set=roles.keys())
         self.actor_rollout_wg = views["actor_rollout"]
@@ -260,7 +267,11 @@ class RayPPOTrainer:
         except (ValueError, FileNotFoundError) as exc:  # raised in a worker: a different model, missing files
             raise CheckpointError(f"cannot resume from {path}: {getattr(exc, 'cause', exc)}") from exc
         state = load_driver_state(path)
-        self.global_step, self.epoch, self.batch_in_epoch = state["global_step"], state["epoch"], state["batch_in_epoch"]
+        self.global_step, self.epoch, self.batch_in_epoch = (
+            state["global_step"],
+            state["epoch"],
+            state["batch_in_epoch"],
+        )
         self._epoch_start_rng = state["epoch_start_rng"]
         self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
         self.wandb_run_id = state["wandb_run_id"]
@@ -293,8 +304,9 @@ class RayPPOTrainer:
                 with self._phase("values", timing):
                     self._call(self.critic_wg.compute_values, batch, "values")
             with self._phase("adv", timing):
-                compute_advantage(batch, self.config.algorithm, self.plan, self.kl_ctrl_in_reward, metrics,
-                                  reward_extras)
+                compute_advantage(
+                    batch, self.config.algorithm, self.plan, self.kl_ctrl_in_reward, metrics, reward_extras
+                )
             if self.plan.use_critic:
                 with self._phase("update_critic", timing):
                     metrics.update(self._call(self.critic_wg.update_critic, batch, "update_critic"))
@@ -314,8 +326,14 @@ class RayPPOTrainer:
         with self.watchdog.phase(name), timed(name, timing):
             yield
 
-    def _call(self, method: Callable[[DataProto], DataProto], batch: DataProto, phase: str, flow: str = STEP_FLOW,
-              meta_info: dict | None = None) -> dict[str, float]:
+    def _call(
+        self,
+        method: Callable[[DataProto], DataProto],
+        batch: DataProto,
+        phase: str,
+        flow: str = STEP_FLOW,
+        meta_info: dict | None = None,
+    ) -> dict[str, float]:
         """Worker ``phase`` of ``flow`` on ``batch``, moving what its route says (workers/step_store.py); returns
         the phase's metrics."""
         route = self.plan.flows[flow].route(phase)
@@ -365,14 +383,18 @@ class RayPPOTrainer:
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 self._generate(batch, VALIDATION_FLOW, val_kwargs)
                 reward, reward_extras = self.val_reward_fn(batch)
-            reward_extras.update({k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch})
+            reward_extras.update(
+                {k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch}
+            )
             for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
                 if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
                     extras.setdefault(key, []).extend(values)
             sources += [str(source) for source in batch.non_tensor_batch["data_source"]]
             rewards += reward.sum(-1).tolist()
-            answers += [tuple(ids[mask.bool()].tolist())
-                        for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])]
+            answers += [
+                tuple(ids[mask.bool()].tolist())
+                for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])
+            ]
         return validation_metrics(sources, rewards, answers, n, extras)
 
 

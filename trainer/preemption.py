@@ -66,8 +66,12 @@ class StopSignals:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal = signal.Signals(signum)
-        print(f"colorl: received {self.signal.name}: finishing the current step, then saving a checkpoint and "
-              "exiting (Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+        print(
+            f"colorl: received {self.signal.name}: finishing the current step, then saving a checkpoint and "
+            "exiting (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def preempted(self, step: int, checkpoint: Any) -> Preempted:
         """The error that ends a run stopped by ``self.signal`` after ``step`` was checkpointed at ``checkpoint``."""

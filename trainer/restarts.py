@@ -30,8 +30,12 @@ def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: in
             if restarts >= max_restarts:
                 _raise_named(exc)
             restarts += 1
-            print(f"colorl: {exc}\ncolorl: restart {restarts} of {max_restarts} (trainer.max_restarts): rebuilding "
-                  "the workers and resuming from the last checkpoint", file=sys.stderr, flush=True)
+            print(
+                f"colorl: {exc}\ncolorl: restart {restarts} of {max_restarts} (trainer.max_restarts): rebuilding "
+                "the workers and resuming from the last checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
         except RayError as exc:  # a worker's exception, a full object store
             _raise_named(exc)
         finally:

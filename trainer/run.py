@@ -64,8 +64,11 @@ def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
         cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
         dashboard = cfg.ray_init.include_dashboard  # off unless asked for: anyone who reaches it can run code
         if dashboard and importlib.util.find_spec("aiohttp") is None:  # what ray[default] adds to the minimal ray
-            raise ConfigError.invalid("ray_init.include_dashboard", dashboard, "Ray's dashboard needs ray[default]: "
-                                      f"pip install 'ray[default]=={ray.__version__}'")
+            raise ConfigError.invalid(
+                "ray_init.include_dashboard",
+                dashboard,
+                f"Ray's dashboard needs ray[default]: pip install 'ray[default]=={ray.__version__}'",
+            )
         with signals_left_to_driver():  # SIGTERM/SIGINT to the process group: the driver saves, then stops Ray
             ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default, include_dashboard=dashboard)
     return True
@@ -78,8 +81,10 @@ def _join_ray(address: str, key: str) -> None:
         try:
             socket.create_connection((host, int(port)), timeout=5).close()
         except OSError as exc:
-            raise ConfigError(f"{key}={address!r}: no Ray cluster answers there ({exc}); start one with "
-                              "`ray start --head` or fix the address") from None
+            raise ConfigError(
+                f"{key}={address!r}: no Ray cluster answers there ({exc}); start one with "
+                "`ray start --head` or fix the address"
+            ) from None
     try:
         ray.init(address=address)  # an existing cluster brings its own resources
     except (ConnectionError, RuntimeError) as exc:

@@ -61,8 +61,12 @@ def lock_run_dir(path: str) -> None:
         root.mkdir(parents=True, exist_ok=True)
         fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise ConfigError.invalid("trainer.default_local_dir", path, f"cannot write there ({type(exc).__name__}: "
-                                  f"{exc.strerror or exc}); choose a directory this user can create and write") from None
+        raise ConfigError.invalid(
+            "trainer.default_local_dir",
+            path,
+            f"cannot write there ({type(exc).__name__}: "
+            f"{exc.strerror or exc}); choose a directory this user can create and write",
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -74,12 +78,19 @@ def lock_run_dir(path: str) -> None:
             "for that run to end (or stop it), or choose another trainer.default_local_dir"
         ) from None
     except OSError as exc:  # a file system without locks: run, but say what is not guarded
-        print(f"colorl: warning: trainer.default_local_dir={path}: its file system cannot lock files ({exc}); "
-              "nothing stops a second run from using the same directory", file=sys.stderr)
+        print(
+            f"colorl: warning: trainer.default_local_dir={path}: its file system cannot lock files ({exc}); "
+            "nothing stops a second run from using the same directory",
+            file=sys.stderr,
+        )
     previous = _holder(fd)
     if previous:
-        print(f"colorl: taking over the run lock of {path} from {_describe(previous)}, which ended without "
-              "releasing it (killed or crashed)", file=sys.stderr, flush=True)
+        print(
+            f"colorl: taking over the run lock of {path} from {_describe(previous)}, which ended without "
+            "releasing it (killed or crashed)",
+            file=sys.stderr,
+            flush=True,
+        )
     me = psutil.Process()
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}).encode(), 0)

@@ -84,11 +84,16 @@ class Tracking:
             dropped = sorted({r.get("step", 0) for r in records} - {r.get("step", 0) for r in kept})
             if dropped:
                 when = f"after the checkpoint of step {resume_step}" if resume_step else "that left no checkpoint"
-                print(f"colorl: metrics.jsonl: removing steps {dropped[0]}-{dropped[-1]}, logged by an earlier attempt "
-                      f"{when}: this run computes them again", file=sys.stderr)
+                print(
+                    f"colorl: metrics.jsonl: removing steps {dropped[0]}-{dropped[-1]}, logged by an earlier attempt "
+                    f"{when}: this run computes them again",
+                    file=sys.stderr,
+                )
             if partial:
-                print("colorl: metrics.jsonl: removing a partial line (a full disk or a crash while writing)",
-                      file=sys.stderr)
+                print(
+                    "colorl: metrics.jsonl: removing a partial line (a full disk or a crash while writing)",
+                    file=sys.stderr,
+                )
             if dropped or partial:
                 write_atomically(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
         return open(self.metrics_path, "a", encoding="utf-8")
@@ -116,8 +121,10 @@ class Tracking:
                 self._file.write(json.dumps(record) + "\n")
                 self._file.flush()  # a crashed or killed run keeps every finished step
             except OSError as exc:  # a full disk: the run goes on (its checkpoint save will say more)
-                print(f"colorl: warning: cannot write {self.metrics_path} ({exc}); no more metrics go there",
-                      file=sys.stderr)
+                print(
+                    f"colorl: warning: cannot write {self.metrics_path} ({exc}); no more metrics go there",
+                    file=sys.stderr,
+                )
                 self._close_file()
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
@@ -159,8 +166,11 @@ def _plain(value: Any) -> Any:
 def _console_line(record: dict[str, Any]) -> str:
     parts = [f"step {record['step']}"]
     parts += [f"{label} {record[key]:.4g}" for key, label in CONSOLE_METRICS if _is_number(record.get(key))]
-    parts += [f"val[{match[1]}] {value:.4g}" for key, value in record.items()
-              if (match := VAL_REWARD.fullmatch(key)) and _is_number(value)]
+    parts += [
+        f"val[{match[1]}] {value:.4g}"
+        for key, value in record.items()
+        if (match := VAL_REWARD.fullmatch(key)) and _is_number(value)
+    ]
     if _is_number(record.get("timing_s/step")):
         parts.append(f"{record['timing_s/step']:.2f}s/step")
     return " | ".join(parts)
@@ -261,14 +271,26 @@ def _matches(pattern: str | re.Pattern, key: str) -> bool:
     return key == pattern if isinstance(pattern, str) else pattern.fullmatch(key) is not None
 
 
-def _draw_series(ax: Any, patterns: tuple[str | re.Pattern, ...], curves: dict[str, dict[int, float]],
-                 color_offset: int, linestyle: str = "-") -> int:
+def _draw_series(
+    ax: Any,
+    patterns: tuple[str | re.Pattern, ...],
+    curves: dict[str, dict[int, float]],
+    color_offset: int,
+    linestyle: str = "-",
+) -> int:
     keys = [k for p in patterns for k in sorted(curves) if _matches(p, k)]
     for i, key in enumerate(keys):
         points = curves[key]
         steps = sorted(points)
-        ax.plot(steps, [points[s] for s in steps], marker="o" if len(steps) < 30 else None, markersize=3,
-                linestyle=linestyle, color=f"C{color_offset + i}", label=_label(key))
+        ax.plot(
+            steps,
+            [points[s] for s in steps],
+            marker="o" if len(steps) < 30 else None,
+            markersize=3,
+            linestyle=linestyle,
+            color=f"C{color_offset + i}",
+            label=_label(key),
+        )
     return len(keys)
 
 

@@ -82,8 +82,12 @@ class PhaseWatchdog:
     def _expire(self, entry: tuple[str, float, float]) -> None:
         name, _, limit = entry
         out = self.stream or sys.stderr
-        print(f"colorl: hang: phase {name!r} passed its {limit:g} s deadline (trainer.phase_timeout_s); "
-              "dumping stacks and exiting", file=out, flush=True)
+        print(
+            f"colorl: hang: phase {name!r} passed its {limit:g} s deadline (trainer.phase_timeout_s); "
+            "dumping stacks and exiting",
+            file=out,
+            flush=True,
+        )
         try:
             report = self.dump_fn()
         except Exception as exc:  # the exit below matters more than a complete report
@@ -93,8 +97,12 @@ class PhaseWatchdog:
             teardown = threading.Thread(target=self.teardown_fn, daemon=True)
             teardown.start()
             teardown.join(TEARDOWN_WAIT_S)
-        print(f"colorl: hang: phase {name!r} stalled; exiting with status {EXIT_HUNG}. The last checkpoint is "
-              "intact: rerun with trainer.resume_mode=auto to continue from it.", file=out, flush=True)
+        print(
+            f"colorl: hang: phase {name!r} stalled; exiting with status {EXIT_HUNG}. The last checkpoint is "
+            "intact: rerun with trainer.resume_mode=auto to continue from it.",
+            file=out,
+            flush=True,
+        )
         self.exit_fn(EXIT_HUNG)
 
     def _driver_stack(self) -> str:

@@ -82,13 +82,29 @@ class DataParallelPPOActor:
         stats = self._token_stats(micro, response_length, temperature, ("entropy",) if calculate_entropy else ())
         return stats["log_probs"], stats.get("entropy")
 
-    def _token_stats(self, micro: dict[str, Tensor], response_length: int, temperature: float,
-                     stats: tuple[str, ...], ref_module: nn.Module | None = None,
-                     entropy_grad: bool = True) -> dict[str, Tensor]:
+    def _token_stats(
+        self,
+        micro: dict[str, Tensor],
+        response_length: int,
+        temperature: float,
+        stats: tuple[str, ...],
+        ref_module: nn.Module | None = None,
+        entropy_grad: bool = True,
+    ) -> dict[str, Tensor]:
         """``log_probs`` (B, R) plus the per-position statistics named in ``stats`` (``workers.logprob.STATS``), and
         with ``ref_module`` the exact KL to it (``kl``)."""
-        return token_stats(self.module, micro, response_length, temperature, self.use_remove_padding,
-                           self.use_fused_kernels, stats, ref_module, entropy_grad, self.use_prefix_grouper)
+        return token_stats(
+            self.module,
+            micro,
+            response_length,
+            temperature,
+            self.use_remove_padding,
+            self.use_fused_kernels,
+            stats,
+            ref_module,
+            entropy_grad,
+            self.use_prefix_grouper,
+        )
 
     @torch.no_grad()
     def compute_log_prob(
@@ -103,8 +119,9 @@ class DataParallelPPOActor:
 
         Micro-batches of ``micro_batch_size`` rows, or of at most ``max_token_len`` valid tokens when it is set.
         """
-        stats = self.compute_token_stats(data, micro_batch_size, temperature, max_token_len,
-                                         ("entropy",) if calculate_entropy else ())
+        stats = self.compute_token_stats(
+            data, micro_batch_size, temperature, max_token_len, ("entropy",) if calculate_entropy else ()
+        )
         return stats["log_probs"], stats.get("entropy")
 
     @torch.no_grad()
@@ -130,17 +147,23 @@ class DataParallelPPOActor:
                 chunks[name].append(value.cpu())
         return {name: restore_order(values, indices) for name, values in chunks.items()}
 
-    def _micro_loss(self, micro: dict[str, Tensor], temperature: float, global_batch: dict[str, float]
-                    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def _micro_loss(
+        self, micro: dict[str, Tensor], temperature: float, global_batch: dict[str, float]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref),
         each term this micro-batch's share of the mini-batch's (``global_batch``: see ``algos.aggregate``)."""
         cfg = self.config
         mask = micro["response_mask"].to(torch.float32)
         # kl_loss_type=full compares the two models' whole distributions on the same rows (a LoRA actor is its
         # own reference); the entropy is always logged, but keeps a graph only when it is part of the loss
-        stats = self._token_stats(micro, micro["responses"].shape[-1], temperature, ("entropy",),
-                                  ref_module=self.ref_module if uses_full_kl(cfg) else None,
-                                  entropy_grad=cfg.entropy_coeff != 0)
+        stats = self._token_stats(
+            micro,
+            micro["responses"].shape[-1],
+            temperature,
+            ("entropy",),
+            ref_module=self.ref_module if uses_full_kl(cfg) else None,
+            entropy_grad=cfg.entropy_coeff != 0,
+        )
         log_prob = stats["log_probs"]
         pg_loss, metrics = compute_policy_loss(
             cfg.policy_loss.loss_mode,
@@ -184,10 +207,17 @@ class DataParallelPPOActor:
         temperature = float(data.meta_info.get("temperature", 1.0))
         rows, mini = len(data.batch["responses"]), self.mini_batch_size or cfg.ppo_mini_batch_size
         if "old_log_probs" not in data.batch and not is_single_step(cfg.ppo_epochs, mini, rows):
-            raise ValueError(f"update without old_log_probs is on-policy only for one optimizer step: "
-                             f"ppo_epochs={cfg.ppo_epochs}, mini-batch {mini} of {rows} rows")
+            raise ValueError(
+                f"update without old_log_probs is on-policy only for one optimizer step: "
+                f"ppo_epochs={cfg.ppo_epochs}, mini-batch {mini} of {rows} rows"
+            )
         return configured_update(
-            self.module, self.optimizer, self.lr_scheduler, dict(data.batch),
-            lambda micro, global_batch: self._micro_loss(micro, temperature, global_batch), cfg,
-            self.mini_batch_size, prefix="actor",
+            self.module,
+            self.optimizer,
+            self.lr_scheduler,
+            dict(data.batch),
+            lambda micro, global_batch: self._micro_loss(micro, temperature, global_batch),
+            cfg,
+            self.mini_batch_size,
+            prefix="actor",
         )

@@ -104,9 +104,9 @@ def decode_with_turns(
         span = 1  # the next positions every live row is forced at go into this forward too
         while t + span < length and bool(((forced[rows, t + span] >= 0) | ~live).all()):
             span += 1
-        chunk = torch.where(live[:, None], forced[rows, t + 1: t + span], pad_token_id)
-        responses[rows, t + 1: t + span], valid[rows, t + 1: t + span] = chunk, live[:, None].long()
-        full_mask[:, prompt_length + t: prompt_length + t + span] = 1
+        chunk = torch.where(live[:, None], forced[rows, t + 1 : t + span], pad_token_id)
+        responses[rows, t + 1 : t + span], valid[rows, t + 1 : t + span] = chunk, live[:, None].long()
+        full_mask[:, prompt_length + t : prompt_length + t + span] = 1
         positions = step_pos + torch.arange(1, span + 1, device=device)
         step_pos = positions[:, -1:]
         feed = torch.cat([token[:, None], chunk], dim=-1)
@@ -120,7 +120,7 @@ def _plan_turns(plans: dict[int, list[int] | None], t: int, finished: Tensor, fo
         if ids is None:
             finished[row] = True
         else:
-            forced[row, t + 1: t + 1 + len(ids)] = torch.tensor(ids, dtype=torch.long, device=forced.device)
+            forced[row, t + 1 : t + 1 + len(ids)] = torch.tensor(ids, dtype=torch.long, device=forced.device)
 
 
 @dataclass
@@ -169,14 +169,23 @@ class AgentLoop:
         """
         size = batch["input_ids"].shape[0]
         column = lambda key, default: non_tensors.get(key, [default] * size)  # noqa: E731
-        self.trajectories = [self._trajectory(p, a, k) for p, a, k in
-                             zip(column("raw_prompt", None), column("agent_name", None), column("tools_kwargs", None))]
+        self.trajectories = [
+            self._trajectory(p, a, k)
+            for p, a, k in zip(column("raw_prompt", None), column("agent_name", None), column("tools_kwargs", None))
+        ]
         self.response_length, seconds = response_length, self.toolbox.seconds
         try:
             responses, model_mask, valid, finished, log_probs = decode_with_turns(
-                model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                response_length=response_length, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                end_turns=self._end_turns, sampling=sampling, return_log_probs=return_log_probs,
+                model,
+                batch["input_ids"],
+                batch["attention_mask"],
+                batch["position_ids"],
+                response_length=response_length,
+                eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id,
+                end_turns=self._end_turns,
+                sampling=sampling,
+                return_log_probs=return_log_probs,
                 logits_processor=logits_processor,
             )
         finally:  # the tools' instances are released even when decoding failed
@@ -198,8 +207,9 @@ class AgentLoop:
         return Trajectory(messages, uses_tools, ToolSession(dict(tools_kwargs or {})))
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=self.toolbox.schemas or None, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.toolbox.schemas or None, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def _end_turns(self, rows: list[int], t: int, responses: Tensor) -> dict[int, list[int] | None]:
         """Rows whose assistant turn ended at position t: finish them, or run their calls and plan tool turns."""
@@ -207,32 +217,39 @@ class AgentLoop:
         calling = []
         for row in rows:
             trajectory = self.trajectories[row]
-            turn = responses[row, trajectory.turn_start: t + 1].tolist()
+            turn = responses[row, trajectory.turn_start : t + 1].tolist()
             text = self.tokenizer.decode(turn[:-1], skip_special_tokens=False)
             trajectory.assistant_turns += 1
             calls = parse_tool_calls(text) if trajectory.uses_tools else []
             if trajectory.uses_tools:
                 trajectory.messages.append({"role": "assistant", "content": text})
-            limits = ((self.config.max_assistant_turns, trajectory.assistant_turns),
-                      (self.config.max_user_turns, trajectory.user_turns))
+            limits = (
+                (self.config.max_assistant_turns, trajectory.assistant_turns),
+                (self.config.max_user_turns, trajectory.user_turns),
+            )
             if not calls or any(limit is not None and count >= limit for limit, count in limits):
                 trajectory.stop, plans[row] = "turn_limit" if calls else "answer", None
                 continue
             calling.append((row, calls, text + self.tokenizer.decode(turn[-1:], skip_special_tokens=False)))
         replies = self.toolbox.run_turn([(self.trajectories[row].session, calls) for row, calls, _ in calling])
         for (row, _, generated), messages in zip(calling, replies):
-            plans[row] = self._tool_turn(self.trajectories[row], [{"role": "tool", "content": m} for m in messages],
-                                         generated, room=self.response_length - (t + 1))
+            plans[row] = self._tool_turn(
+                self.trajectories[row],
+                [{"role": "tool", "content": m} for m in messages],
+                generated,
+                room=self.response_length - (t + 1),
+            )
         return plans
 
-    def _tool_turn(self, trajectory: Trajectory, tool_messages: list[dict], generated: str,
-                   room: int) -> list[int] | None:
+    def _tool_turn(
+        self, trajectory: Trajectory, tool_messages: list[dict], generated: str, room: int
+    ) -> list[int] | None:
         """The forced ids of the tool turn (None when it does not fit with a token to spare for the model)."""
         before = self._render(trajectory.messages, False)
         after = self._render(trajectory.messages + tool_messages, True)
         common = len(before) if after.startswith(before) else _common_prefix(before, after)
         end = before.rfind(generated)  # the template's text after the model's last token (e.g. a newline)
-        gap = before[end + len(generated):] if end >= 0 else ""
+        gap = before[end + len(generated) :] if end >= 0 else ""
         trajectory.mismatch |= end < 0 or common < len(before)
         ids = self.tokenizer.encode(gap + after[common:], add_special_tokens=False)
         if len(ids) >= room:
@@ -251,9 +268,10 @@ class AgentLoop:
                 continue
             trajectory.assistant_turns += 1
             if trajectory.uses_tools:
-                turn = responses[row, trajectory.turn_start:][valid[row, trajectory.turn_start:].bool()]
-                trajectory.messages.append({"role": "assistant",
-                                            "content": self.tokenizer.decode(turn.tolist(), skip_special_tokens=False)})
+                turn = responses[row, trajectory.turn_start :][valid[row, trajectory.turn_start :].bool()]
+                trajectory.messages.append(
+                    {"role": "assistant", "content": self.tokenizer.decode(turn.tolist(), skip_special_tokens=False)}
+                )
 
     def _check_tokenization(self, input_ids: Tensor, attention_mask: Tensor, responses: Tensor, valid: Tensor) -> None:
         """verl's sanity check: the turn-by-turn ids are a prefix of the whole conversation's tokenization."""
@@ -277,10 +295,13 @@ class AgentLoop:
             if trajectory.mismatch and not reported:
                 reported = True
                 at = next((i for i, (a, b) in enumerate(zip(ours, full)) if a != b), min(len(ours), len(full)))
-                print(f"[colorl] warning: multi-turn tokenization differs from the whole conversation's at token "
-                      f"{at} (turn by turn {self.tokenizer.decode(ours[at:at + 8])!r}, whole "
-                      f"{self.tokenizer.decode(full[at:at + 8])!r}); see multi_turn.tokenization_sanity_check_mode",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[colorl] warning: multi-turn tokenization differs from the whole conversation's at token "
+                    f"{at} (turn by turn {self.tokenizer.decode(ours[at : at + 8])!r}, whole "
+                    f"{self.tokenizer.decode(full[at : at + 8])!r}); see multi_turn.tokenization_sanity_check_mode",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _row_stats(self) -> dict[str, np.ndarray]:
         def column(values: list) -> np.ndarray:
@@ -308,14 +329,19 @@ def _common_prefix(a: str, b: str) -> int:
 def check_tools(tokenizer: Any, multi_turn: Any) -> list[dict]:
     """Load ``multi_turn``'s tools (running the code their config names, as each rollout worker will) and check
     that ``tokenizer``'s chat template renders a tool turn; returns the tools' schemas. ToolConfigError otherwise."""
-    schemas = [tool.get_openai_tool_schema().to_dict()
-               for tool in load_tools(multi_turn.tool_config_path, multi_turn.function_tool_path).values()]
+    schemas = [
+        tool.get_openai_tool_schema().to_dict()
+        for tool in load_tools(multi_turn.tool_config_path, multi_turn.function_tool_path).values()
+    ]
     probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}]
     try:
         tokenizer.apply_chat_template(probe, tools=schemas or None, tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # no template, or one that refuses a tool turn
-        raise ToolConfigError(f"the model's tokenizer cannot render a tool turn with its chat template "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0]})", "enable") from None
+        raise ToolConfigError(
+            f"the model's tokenizer cannot render a tool turn with its chat template "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0]})",
+            "enable",
+        ) from None
     return schemas
 
 

@@ -31,7 +31,12 @@ def sdpa_backend(module: nn.Module, device: torch.device, dtype: torch.dtype, se
     """For a training forward + backward: the math SDPA backend in bf16 on a CPU for sequences of at most
     ``MATH_MAX_SEQ_LEN`` tokens and heads of at most ``MATH_MAX_HEAD_DIM``; torch's own choice otherwise."""
     size = head_dim(module)
-    if (device.type == "cpu" and dtype == torch.bfloat16 and seq_len <= MATH_MAX_SEQ_LEN
-            and size is not None and size <= MATH_MAX_HEAD_DIM):
+    if (
+        device.type == "cpu"
+        and dtype == torch.bfloat16
+        and seq_len <= MATH_MAX_SEQ_LEN
+        and size is not None
+        and size <= MATH_MAX_HEAD_DIM
+    ):
         return sdpa_kernel([SDPBackend.MATH])
     return nullcontext()

@@ -67,8 +67,13 @@ def rng_state() -> dict[str, Any]:
     version, mt_state, gauss = random.getstate()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {**numpy_state, "state": {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-                                           "pos": int(numpy_state["state"]["pos"])}},
+        "numpy": {
+            **numpy_state,
+            "state": {
+                "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                "pos": int(numpy_state["state"]["pos"]),
+            },
+        },
         "python": [version, list(mt_state), gauss],
     }
     if torch.cuda.is_available():
@@ -140,8 +145,11 @@ def save_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     rng_file = out / f"rng_rank{_rank()}.pt"
 
     def write_own() -> None:
-        dcp.save(_state(module, optimizer), storage_writer=FileSystemWriter(out, sync_files=True),
-                 no_dist=not dist.is_initialized())
+        dcp.save(
+            _state(module, optimizer),
+            storage_writer=FileSystemWriter(out, sync_files=True),
+            no_dist=not dist.is_initialized(),
+        )
         torch.save(rng_state(), rng_file)
         fsync(rng_file)
         fsync(out)
@@ -154,7 +162,9 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
     src = Path(path)
     missing = [name for name in ("config.json", ".metadata", "extra.pt") if not (src / name).exists()]
     if missing:
-        unsharded = " (an unsharded checkpoint of an older ColoRL: not resumable)" if (src / "optimizer.pt").exists() else ""
+        unsharded = (
+            " (an unsharded checkpoint of an older ColoRL: not resumable)" if (src / "optimizer.pt").exists() else ""
+        )
         raise FileNotFoundError(f"checkpoint {src} is incomplete: missing {missing}{unsharded}")
     lora.check_checkpoint_kind(src, module)
     reader = PlainReader(src)
@@ -194,8 +204,11 @@ def _keep_configured(optimizer: torch.optim.Optimizer, scheduler: Any, configure
 
 def check_fits(src: Path, metadata: Metadata, expected: dict[str, torch.Tensor], prefix: str) -> None:
     """A clear error when the checkpoint at ``src`` holds other tensors than ``expected`` (``prefix`` + name)."""
-    saved = {k[len(prefix) :]: tuple(v.size) for k, v in metadata.state_dict_metadata.items()
-             if k.startswith(prefix) and hasattr(v, "size")}
+    saved = {
+        k[len(prefix) :]: tuple(v.size)
+        for k, v in metadata.state_dict_metadata.items()
+        if k.startswith(prefix) and hasattr(v, "size")
+    }
     # a DTensor's .shape is the global (unsharded) shape
     wrong = {k: (saved[k], tuple(v.shape)) for k, v in expected.items() if k in saved and saved[k] != tuple(v.shape)}
     missing = sorted(set(expected) - set(saved))
@@ -207,8 +220,13 @@ def check_fits(src: Path, metadata: Metadata, expected: dict[str, torch.Tensor],
 
 
 # What DCP's .metadata pickle may name besides its own metadata classes: nothing that can run code.
-_METADATA_GLOBALS = {("pathlib", "PosixPath"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
-                     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("collections", "OrderedDict")}
+_METADATA_GLOBALS = {
+    ("pathlib", "PosixPath"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("collections", "OrderedDict"),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -217,11 +235,15 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.source = source
 
     def find_class(self, module: str, name: str) -> Any:
-        own = module == metadata_module.__name__ and getattr(vars(metadata_module).get(name), "__module__", "") == module
+        own = (
+            module == metadata_module.__name__ and getattr(vars(metadata_module).get(name), "__module__", "") == module
+        )
         dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
         if not (own or dtype or (module, name) in _METADATA_GLOBALS):
-            raise UnsafeCheckpointError(f"refusing to load {self.source}: it names {module}.{name}, which is not "
-                                        "part of a checkpoint's metadata (a crafted file?)")
+            raise UnsafeCheckpointError(
+                f"refusing to load {self.source}: it names {module}.{name}, which is not "
+                "part of a checkpoint's metadata (a crafted file?)"
+            )
         return super().find_class(module, name)
 
 

@@ -136,8 +136,14 @@ class DataParallelPPOCritic:
         Metrics: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm, critic/lr."""
         cfg = self.config
         return configured_update(
-            self.module, self.optimizer, self.lr_scheduler, dict(data.batch),
-            self._micro_loss, cfg, self.mini_batch_size, prefix="critic",
+            self.module,
+            self.optimizer,
+            self.lr_scheduler,
+            dict(data.batch),
+            self._micro_loss,
+            cfg,
+            self.mini_batch_size,
+            prefix="critic",
         )
 
 

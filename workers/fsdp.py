@@ -43,9 +43,12 @@ def mixed_precision(
         param_dtype = "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
     param = None if DTYPES[param_dtype] == torch.float32 else DTYPES[param_dtype]
     if param is not None and device.type == "cpu" and not cpu_has_bf16():
-        warnings.warn(f"fsdp_config.mixed_precision.param_dtype={param_dtype} on a CPU without bf16 matmul "
-                      "instructions (AVX512-BF16, AMX): its bf16 matmuls are emulated, orders of magnitude slower "
-                      "than fp32; fp32 (or auto, or native) is faster here", stacklevel=2)
+        warnings.warn(
+            f"fsdp_config.mixed_precision.param_dtype={param_dtype} on a CPU without bf16 matmul "
+            "instructions (AVX512-BF16, AMX): its bf16 matmuls are emulated, orders of magnitude slower "
+            "than fp32; fp32 (or auto, or native) is faster here",
+            stacklevel=2,
+        )
     reduce = None if param is None and DTYPES[reduce_dtype] == torch.float32 else DTYPES[reduce_dtype]
     return param, reduce
 
@@ -111,8 +114,12 @@ def apply_fsdp(
         )
     for unit in block_units(blocks, min_num_params):
         # a list of modules is one FSDP group; a single block is passed as itself, FSDP's usual form
-        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=mp_policy,
-                    reshard_after_forward=reshard_after_forward)
+        fully_shard(
+            unit if len(unit) > 1 else unit[0],
+            mesh=mesh,
+            mp_policy=mp_policy,
+            reshard_after_forward=reshard_after_forward,
+        )
         for block in unit:
             setattr(block, _RESHARD_ATTR, reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
@@ -259,4 +266,3 @@ def onloaded(
             offload_fsdp_params(module)
         if offload_optimizer_state and optimizer is not None:
             offload_optimizer(optimizer)
-

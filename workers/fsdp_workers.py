@@ -82,8 +82,10 @@ class ActorRolloutRefWorker(Worker):
         self._is_actor = role in ("actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
         if role == "ref" and config.model.lora_rank > 0:
-            raise ValueError(f"actor_rollout_ref.model.lora_rank={config.model.lora_rank}: the reference of a LoRA "
-                             "actor is its own module with the adapters disabled; use role 'actor_rollout_ref'")
+            raise ValueError(
+                f"actor_rollout_ref.model.lora_rank={config.model.lora_rank}: the reference of a LoRA "
+                "actor is its own module with the adapters disabled; use role 'actor_rollout_ref'"
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
@@ -96,25 +98,41 @@ class ActorRolloutRefWorker(Worker):
             self.ref = FrozenRole(self, load_causal_lm(cfg.model), cfg.ref.fsdp_config)
         if self._is_actor:
             model = lora.add_adapters(load_causal_lm(cfg.model), cfg.model)
-            self.trained = TrainedRole(self, model, cfg.actor.fsdp_config, cfg.actor.optim, total_training_steps,
-                                       compile=cfg.actor.use_torch_compile)
+            self.trained = TrainedRole(
+                self,
+                model,
+                cfg.actor.fsdp_config,
+                cfg.actor.optim,
+                total_training_steps,
+                compile=cfg.actor.use_torch_compile,
+            )
             if self._is_ref and cfg.model.lora_rank > 0:  # runs under lora.as_reference: adapters disabled
                 self.ref = self.trained
             self.actor = DataParallelPPOActor(
-                self.trained.module, self.trained.optimizer, self.trained.lr_scheduler, cfg.actor,
-                self.plan.actor_mini_batch_size, use_remove_padding=remove_padding,
+                self.trained.module,
+                self.trained.optimizer,
+                self.trained.lr_scheduler,
+                cfg.actor,
+                self.plan.actor_mini_batch_size,
+                use_remove_padding=remove_padding,
                 ref_module=self.ref.module if self._is_ref and uses_full_kl(cfg.actor) else None,
-                use_fused_kernels=cfg.model.use_fused_kernels, use_prefix_grouper=cfg.actor.use_prefix_grouper,
+                use_fused_kernels=cfg.model.use_fused_kernels,
+                use_prefix_grouper=cfg.actor.use_prefix_grouper,
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
             # tool-calling rollouts (rollout.multi_turn): loading the tools runs the code the tool config names
             multi_turn = cfg.rollout.multi_turn.enable
             self.agent_loop = build_agent_loop(self.tokenizer, cfg.rollout) if multi_turn else None
         if self._is_ref:
-            self.ref_policy = DataParallelPPOActor(self.ref.module, None, None, cfg.actor,
-                                                   use_remove_padding=remove_padding,
-                                                   use_fused_kernels=cfg.model.use_fused_kernels,
-                                                   use_prefix_grouper=cfg.actor.use_prefix_grouper)
+            self.ref_policy = DataParallelPPOActor(
+                self.ref.module,
+                None,
+                None,
+                cfg.actor,
+                use_remove_padding=remove_padding,
+                use_fused_kernels=cfg.model.use_fused_kernels,
+                use_prefix_grouper=cfg.actor.use_prefix_grouper,
+            )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -138,18 +156,28 @@ class ActorRolloutRefWorker(Worker):
         eos_ids = eos_token_ids(self.generation_config, self.tokenizer)
         start = time.perf_counter()
         # LoRA samples with merged weights (one matmul per linear); the update runs the adapters as they are
-        with (self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module,
-              lora.merged_adapters(module)):
+        with self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module, lora.merged_adapters(module):
             module.eval()
             ids = {"eos_token_id": eos_ids, "pad_token_id": pad_id if pad_id is not None else eos_ids[0]}
             if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools
                 out, rows, metrics = self.agent_loop.generate(
-                    module, inputs.batch, inputs.non_tensor_batch, response_length=int(rollout.response_length),
-                    sampling=sampling, return_log_probs=rollout.calculate_log_probs, **ids)
+                    module,
+                    inputs.batch,
+                    inputs.non_tensor_batch,
+                    response_length=int(rollout.response_length),
+                    sampling=sampling,
+                    return_log_probs=rollout.calculate_log_probs,
+                    **ids,
+                )
             else:
                 out = generate_sequences(
-                    module, *(inputs.batch[k] for k in PROMPT), response_length=int(rollout.response_length),
-                    return_log_probs=rollout.calculate_log_probs, **ids, **sampling)
+                    module,
+                    *(inputs.batch[k] for k in PROMPT),
+                    response_length=int(rollout.response_length),
+                    return_log_probs=rollout.calculate_log_probs,
+                    **ids,
+                    **sampling,
+                )
                 rows, metrics = None, {}
         if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy
             out["old_log_probs"] = out["rollout_log_probs"]
@@ -169,8 +197,9 @@ class ActorRolloutRefWorker(Worker):
                 max_token_len=rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
                 stats=("sum_pi_squared",) if self.plan.compute_sum_pi_squared else (),
             )
-        return STORE.outputs(data, {"old_log_probs" if name == "log_probs" else name: value
-                                    for name, value in stats.items()})
+        return STORE.outputs(
+            data, {"old_log_probs" if name == "log_probs" else name: value for name, value in stats.items()}
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -194,14 +223,20 @@ class ActorRolloutRefWorker(Worker):
         if not self._is_actor:
             raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
         inputs = STORE.inputs(data)
-        inputs = dataclasses.replace(inputs, meta_info={**inputs.meta_info,
-                                                        "temperature": self.config.rollout.temperature})
+        inputs = dataclasses.replace(
+            inputs, meta_info={**inputs.meta_info, "temperature": self.config.rollout.temperature}
+        )
         # kl_loss_type=full runs the reference model inside the update (role actor_rollout_ref)
         with_ref = self.actor.ref_module is not None
         separate_ref = with_ref and self.ref is not self.trained  # not a LoRA actor's own module
-        return self.trained.update("actor", inputs, lambda: self.actor.update_policy(inputs),
-                                   self.config.actor.ppo_epochs, reference_forward=with_ref,
-                                   also_onloaded=self.ref.onloaded() if separate_ref else None)
+        return self.trained.update(
+            "actor",
+            inputs,
+            lambda: self.actor.update_policy(inputs),
+            self.config.actor.ppo_epochs,
+            reference_forward=with_ref,
+            also_onloaded=self.ref.onloaded() if separate_ref else None,
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -232,8 +267,13 @@ class CriticWorker(Worker):
         if cfg.model.enable_gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.trained = TrainedRole(self, model, cfg.fsdp_config, cfg.optim, total_training_steps)
-        self.critic = DataParallelPPOCritic(self.trained.module, self.trained.optimizer, self.trained.lr_scheduler,
-                                            cfg, self.plan.critic_mini_batch_size)
+        self.critic = DataParallelPPOCritic(
+            self.trained.module,
+            self.trained.optimizer,
+            self.trained.lr_scheduler,
+            cfg,
+            self.plan.critic_mini_batch_size,
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:

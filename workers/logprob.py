@@ -86,8 +86,9 @@ class ResponseRows:
     unpack: Callable[[Tensor], Tensor]  # per-token values (N,) -> (B, R), zero where there is no valid token
 
 
-def response_rows(module: nn.Module, micro: dict[str, Tensor], response_length: int,
-                  remove_padding: bool, share_prompts: bool = False) -> ResponseRows:
+def response_rows(
+    module: nn.Module, micro: dict[str, Tensor], response_length: int, remove_padding: bool, share_prompts: bool = False
+) -> ResponseRows:
     """One forward of ``module`` on a micro-batch (input_ids, attention_mask, position_ids; the response is the last
     ``response_length`` columns), keeping only the positions that predict a valid response token.
 
@@ -98,14 +99,23 @@ def response_rows(module: nn.Module, micro: dict[str, Tensor], response_length: 
     input_ids, mask = micro["input_ids"], micro["attention_mask"]
     if remove_padding:
         packed = pack_for(module, input_ids, mask, response_length, share_prompts)
-        out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                     attention_mask=model_attention_mask(module, packed.attention_mask),
-                     logits_to_keep=packed.keep_columns).logits
+        out = module(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            use_cache=False,
+            attention_mask=model_attention_mask(module, packed.attention_mask),
+            logits_to_keep=packed.keep_columns,
+        ).logits
         return ResponseRows(packed.gather(out), packed.labels, packed.unpack)
     batch, length = input_ids.shape
     predictors = torch.arange(length - response_length - 1, length - 1, device=input_ids.device)
-    out = module(input_ids=input_ids, attention_mask=mask, position_ids=micro["position_ids"], use_cache=False,
-                 logits_to_keep=predictors.expand(batch, response_length)).logits  # (B, R, D), contiguous
+    out = module(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=micro["position_ids"],
+        use_cache=False,
+        logits_to_keep=predictors.expand(batch, response_length),
+    ).logits  # (B, R, D), contiguous
     valid = mask[:, -response_length:].bool()
 
     def unpack(values: Tensor) -> Tensor:
@@ -114,10 +124,18 @@ def response_rows(module: nn.Module, micro: dict[str, Tensor], response_length: 
     return ResponseRows(out[valid], input_ids[:, -response_length:][valid], unpack)
 
 
-def token_stats(module: nn.Module, micro: dict[str, Tensor], response_length: int, temperature: float,
-                remove_padding: bool, fused: bool, stats: tuple[str, ...] = ("entropy",),
-                ref_module: nn.Module | None = None, entropy_grad: bool = True,
-                share_prompts: bool = False) -> dict[str, Tensor]:
+def token_stats(
+    module: nn.Module,
+    micro: dict[str, Tensor],
+    response_length: int,
+    temperature: float,
+    remove_padding: bool,
+    fused: bool,
+    stats: tuple[str, ...] = ("entropy",),
+    ref_module: nn.Module | None = None,
+    entropy_grad: bool = True,
+    share_prompts: bool = False,
+) -> dict[str, Tensor]:
     """``log_probs`` log π (B, R) of the temperature-scaled policy on a micro-batch, the statistics named in
     ``stats`` (``STATS``) and, with ``ref_module``, ``kl``: the exact KL to it; zero where there is no valid
     response token.
@@ -157,4 +175,3 @@ def _logits(outputs: Tensor, head: nn.Linear | None, temperature: float) -> Tens
         return head_logits(outputs, head.weight, head.bias, temperature)
     logits = outputs.float()
     return logits if temperature == 1.0 else logits / temperature
-

@@ -75,9 +75,11 @@ def check_target_modules(model_config: Any) -> None:
         unmatched = [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in layers)]
     if unmatched:
         names = sorted({name.rpartition(".")[2] for name in layers})
-        raise ConfigError.invalid("actor_rollout_ref.model.target_modules", targets,
-                                  f"{unmatched} match no layer of the model; its layers are named {names}, "
-                                  f"or use {ALL_LINEAR!r}")
+        raise ConfigError.invalid(
+            "actor_rollout_ref.model.target_modules",
+            targets,
+            f"{unmatched} match no layer of the model; its layers are named {names}, or use {ALL_LINEAR!r}",
+        )
 
 
 @contextmanager
@@ -108,8 +110,11 @@ def merged_adapters(module: nn.Module) -> Iterator[None]:
     fp32 only: in bf16 the sum would round most of ΔW away against W's larger entries. Linears whose base is not
     an ``nn.Linear`` (GPT-2's Conv1D) or that use DoRA keep peft's forward.
     """
-    layers = [m for m in mergeable(module)
-              if not m.disable_adapters and not m.merged and m.get_base_layer().weight.dtype == torch.float32]
+    layers = [
+        m
+        for m in mergeable(module)
+        if not m.disable_adapters and not m.merged and m.get_base_layer().weight.dtype == torch.float32
+    ]
     with torch.no_grad():
         for layer in layers:
             base = layer.get_base_layer()
@@ -124,12 +129,16 @@ def merged_adapters(module: nn.Module) -> Iterator[None]:
 
 def mergeable(module: nn.Module) -> list[nn.Module]:
     """The LoRA linears of ``module`` that :func:`merged_adapters` can merge: an ``nn.Linear`` base, no DoRA."""
-    return [m for m in module.modules()
-            if isinstance(m, LoraLinear) and type(m.get_base_layer()) is nn.Linear and not any(m.use_dora.values())]
+    return [
+        m
+        for m in module.modules()
+        if isinstance(m, LoraLinear) and type(m.get_base_layer()) is nn.Linear and not any(m.use_dora.values())
+    ]
 
 
-def _linear(x: torch.Tensor, *args: Any, weight: torch.Tensor, bias: torch.Tensor | None,
-            **kwargs: Any) -> torch.Tensor:
+def _linear(
+    x: torch.Tensor, *args: Any, weight: torch.Tensor, bias: torch.Tensor | None, **kwargs: Any
+) -> torch.Tensor:
     return F.linear(x, weight, bias)
 
 
@@ -143,5 +152,7 @@ def check_checkpoint_kind(src: Path, module: nn.Module) -> None:
     holds_adapters = (src / "adapter_config.json").exists()
     if holds_adapters != is_lora(module):
         saved = "LoRA adapters" if holds_adapters else "full weights"
-        raise ValueError(f"checkpoint {src} holds {saved}, but actor_rollout_ref.model.lora_rank={rank(module)}: "
-                         "resume with the lora_rank the run was saved with")
+        raise ValueError(
+            f"checkpoint {src} holds {saved}, but actor_rollout_ref.model.lora_rank={rank(module)}: "
+            "resume with the lora_rank the run was saved with"
+        )

@@ -52,8 +52,10 @@ def worker_env(device: str) -> dict[str, str]:
     if library is None:
         return {}
     preload = [path for path in os.environ.get("LD_PRELOAD", "").split(":") if path]
-    return {"LD_PRELOAD": ":".join(preload if library in preload else [*preload, library]),
-            "MIMALLOC_PURGE_DELAY": os.environ.get("MIMALLOC_PURGE_DELAY", "-1")}
+    return {
+        "LD_PRELOAD": ":".join(preload if library in preload else [*preload, library]),
+        "MIMALLOC_PURGE_DELAY": os.environ.get("MIMALLOC_PURGE_DELAY", "-1"),
+    }
 
 
 def rerun_with_worker_allocator(device: str) -> None:

@@ -159,8 +159,12 @@ def placement(device: str, n_workers: int, fsdp_config: Any, trained: bool) -> P
     offload = device == "cuda" and bool(fsdp_config.param_offload)
     fsdp_on_one = trained and compute != FP32 and bool(fsdp_config.param_offload)
     shards = n_workers if n_workers > 1 or fsdp_on_one else 1
-    return Placement(shards=shards, compute_bytes=compute, offload_params=offload,
-                     offload_optimizer=device == "cuda" and bool(getattr(fsdp_config, "optimizer_offload", False)))
+    return Placement(
+        shards=shards,
+        compute_bytes=compute,
+        offload_params=offload,
+        offload_optimizer=device == "cuda" and bool(getattr(fsdp_config, "optimizer_offload", False)),
+    )
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ class Micro:
             return self.rows * self.padded_length, self.padded_length, self.rows * (self.response + 1)
         mask = torch.zeros(self.rows, self.padded_length, dtype=torch.long)
         start = self.padded_length - self.response
-        mask[:, start - self.prompt: start + self.response] = 1
+        mask[:, start - self.prompt : start + self.response] = 1
         ids = (torch.arange(self.rows) // self.group)[:, None].expand_as(mask).contiguous()  # a prompt per group
         units = PromptUnits.of(ids, mask, self.response, self.group > 1 and takes_dense_mask(m.module))
         packed = pack_batch(ids, mask, self.response, pack_width(m.module, mask, units.lengths), units)
@@ -190,8 +194,9 @@ class Micro:
         return rows * row_width, row_width, rows * len(packed.keep_columns)
 
 
-def activation_bytes(m: ModelSizes, tokens: int, width: int, compute_bytes: int, math_attention: bool,
-                     checkpointing: bool) -> int:
+def activation_bytes(
+    m: ModelSizes, tokens: int, width: int, compute_bytes: int, math_attention: bool, checkpointing: bool
+) -> int:
     """What backward keeps of ``tokens`` through ``m``'s blocks (module docstring: activations)."""
     h, c = m.hidden, compute_bytes
     narrow = 6 * h + 2 * m.kv_dim + m.heads + m.adapter_width + width + (2 * h if m.norms_trained else 0)
@@ -203,8 +208,16 @@ def activation_bytes(m: ModelSizes, tokens: int, width: int, compute_bytes: int,
     return per_block * m.layers
 
 
-def logits_bytes(head_tokens: int, response_tokens: int, vocab: int, compute_bytes: int, packed: bool,
-                 backward: bool, entropy_grad: bool = False, fused: bool = False) -> int:
+def logits_bytes(
+    head_tokens: int,
+    response_tokens: int,
+    vocab: int,
+    compute_bytes: int,
+    packed: bool,
+    backward: bool,
+    entropy_grad: bool = False,
+    fused: bool = False,
+) -> int:
     """The vocabulary logits' peak (module docstring: logits) in a log-prob forward, or an update's forward and
     backward (``entropy_grad``: entropy_coeff != 0 keeps the entropy's graph too). ``fused``
     (``model.use_fused_kernels``): one chunk of tokens' logits at a time, with a few fp32 temporaries of its size."""

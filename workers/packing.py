@@ -213,7 +213,10 @@ class PromptUnits:
 
 
 def pack_batch(
-    input_ids: Tensor, attention_mask: Tensor, response_length: int, width: int | None = None,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    width: int | None = None,
     units: PromptUnits | None = None,
 ) -> PackedBatch:
     """Pack (B, L) left-padded-prompt + right-padded-response rows; the response is the last R columns.
@@ -269,8 +272,7 @@ def pack_batch(
         shape=(batch, response_length),
         keep_columns=keep_columns,
         kept_index=predictors // width * len(keep_columns) + rank[column],
-        attention_mask=_shared_prompt_mask(slot, units.unit, prompt_length, len(bins), width) if units.shared
-        else None,
+        attention_mask=_shared_prompt_mask(slot, units.unit, prompt_length, len(bins), width) if units.shared else None,
     )
 
 
@@ -324,13 +326,15 @@ def pack_width(module: nn.Module, attention_mask: Tensor, lengths: Sequence[int]
     return min(widths, key=cost)
 
 
-def pack_for(module: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
-             share_prompts: bool = False) -> PackedBatch:
+def pack_for(
+    module: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int, share_prompts: bool = False
+) -> PackedBatch:
     """``pack_batch`` in rows of ``pack_width``'s width for ``module``; with ``share_prompts`` the rows that repeat
     a prompt share it (``PromptUnits``), except under flash-attention, whose varlen row takes no mask."""
     units = PromptUnits.of(input_ids, attention_mask, response_length, share_prompts and takes_dense_mask(module))
-    return pack_batch(input_ids, attention_mask, response_length, pack_width(module, attention_mask, units.lengths),
-                      units)
+    return pack_batch(
+        input_ids, attention_mask, response_length, pack_width(module, attention_mask, units.lengths), units
+    )
 
 
 def varlen_attention(module: nn.Module) -> bool:
@@ -370,4 +374,3 @@ def model_attention_mask(module: nn.Module, mask: Tensor | None) -> Tensor | Non
     if mask is None or implementation != "eager":
         return mask
     return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo().min)
-

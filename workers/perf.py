@@ -61,8 +61,12 @@ class FlopsModel:
         tied = embedding is not None and output is not None and output.weight is embedding  # lm_head multiplies
         matrices = [p for p in model.parameters() if p.dim() >= 2 and p is not embedding]
         matrices += [embedding] if tied else []
-        return cls(sum(p.numel() for p in matrices), config.num_hidden_layers, heads * head_dim,
-                   trained_params=sum(p.numel() for p in matrices if p.requires_grad))
+        return cls(
+            sum(p.numel() for p in matrices),
+            config.num_hidden_layers,
+            heads * head_dim,
+            trained_params=sum(p.numel() for p in matrices if p.requires_grad),
+        )
 
     def forward_flops(self, seq_lens: Tensor) -> float:
         """FLOPs of one forward over sequences of ``seq_lens`` (B,) valid tokens: Σ_b 2·N·s_b + 4·L·d_attn·s_b²."""
@@ -138,8 +142,10 @@ def peak_rss_bytes() -> int:
 def memory_metrics(device: torch.device) -> dict[str, float]:
     """``perf/cpu_memory_used_gb`` (this process's resident memory now), ``perf/cpu_memory_peak_gb`` (its highest
     so far) and, on CUDA, the allocator's peaks (GiB)."""
-    metrics = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / GiB,
-               "perf/cpu_memory_peak_gb": peak_rss_bytes() / GiB}
+    metrics = {
+        "perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / GiB,
+        "perf/cpu_memory_peak_gb": peak_rss_bytes() / GiB,
+    }
     if device.type == "cuda":
         metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / GiB
         metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GiB

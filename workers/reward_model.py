@@ -66,7 +66,7 @@ def compute_rm_scores(module: nn.Module, data: DataProto, micro_batch_size: int)
     score = torch.cat(scores)
     response_mask = data.batch["response_mask"]
     # the last real token: with tool calls the response mask has holes where tool turns are
-    lengths = data.batch["attention_mask"][:, -response_mask.shape[-1]:].sum(-1).long()
+    lengths = data.batch["attention_mask"][:, -response_mask.shape[-1] :].sum(-1).long()
     rm_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
     rows = torch.nonzero(lengths > 0).squeeze(-1)
     rm_scores[rows, lengths[rows] - 1] = score[rows]

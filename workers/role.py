@@ -22,8 +22,9 @@ from workers.master_weights import MasterWeights, checkpointed, on_one_rank, opt
 from workers.optim import build_lr_scheduler
 
 
-def shard_role(worker: Any, model: nn.Module, fsdp_config: Any, trained: bool = False
-               ) -> tuple[nn.Module, MasterWeights | None]:
+def shard_role(
+    worker: Any, model: nn.Module, fsdp_config: Any, trained: bool = False
+) -> tuple[nn.Module, MasterWeights | None]:
     """Move ``model`` to ``worker.device`` and place it in its configured precision; returns (the module to compute
     with, its ``MasterWeights`` or None).
 
@@ -67,8 +68,15 @@ class TrainedRole:
     ``compile`` runs ``torch.compile`` on the module's forward (before the optimizer sees its parameters).
     """
 
-    def __init__(self, worker: Any, model: nn.Module, fsdp_config: Any, optim_config: Any,
-                 total_training_steps: int, compile: bool = False) -> None:
+    def __init__(
+        self,
+        worker: Any,
+        model: nn.Module,
+        fsdp_config: Any,
+        optim_config: Any,
+        total_training_steps: int,
+        compile: bool = False,
+    ) -> None:
         self.device = worker.device
         self.fsdp_config = fsdp_config
         self.module, self.weights = shard_role(worker, model, fsdp_config, trained=True)
@@ -93,28 +101,43 @@ class TrainedRole:
             offload_optimizer_state=self.fsdp_config.optimizer_offload and with_optimizer,
         )
 
-    def update(self, name: str, data: DataProto, run: Callable[[], dict[str, list[float]]], epochs: int,
-               reference_forward: bool = False, also_onloaded: AbstractContextManager | None = None) -> DataProto:
+    def update(
+        self,
+        name: str,
+        data: DataProto,
+        run: Callable[[], dict[str, list[float]]],
+        epochs: int,
+        reference_forward: bool = False,
+        also_onloaded: AbstractContextManager | None = None,
+    ) -> DataProto:
         """Run ``run()`` (the role's update on ``data``) onloaded and timed; its metrics plus ``perf/mfu/<name>``,
         the peak and memory metrics and ``timing_s/worker_update_<name>``, as the driver expects them."""
         start = time.perf_counter()
         width = data.batch["input_ids"].shape[1]
-        with self.onloaded(with_optimizer=True), also_onloaded or nullcontext(), \
-                attention.sdpa_backend(self.module, self.device, self.dtype, width):
+        with (
+            self.onloaded(with_optimizer=True),
+            also_onloaded or nullcontext(),
+            attention.sdpa_backend(self.module, self.device, self.dtype, width),
+        ):
             metrics = run()
         seconds = time.perf_counter() - start
         flops = self.flops.update_flops(data.batch["attention_mask"].sum(-1), epochs, reference_forward)
         peak, _ = perf.peak_flops(self.device, self.dtype)  # against the peak of the dtype it computes in
-        extra = {f"perf/mfu/{name}": perf.mfu(flops, seconds, peak), "perf/peak_tflops": peak / 1e12,
-                 **perf.memory_metrics(self.device), f"timing_s/worker_update_{name}": seconds}
+        extra = {
+            f"perf/mfu/{name}": perf.mfu(flops, seconds, peak),
+            "perf/peak_tflops": peak / 1e12,
+            **perf.memory_metrics(self.device),
+            f"timing_s/worker_update_{name}": seconds,
+        }
         metrics.update({k: [v] for k, v in extra.items()})
         return DataProto(meta_info={"metrics": metrics})
 
     def save(self, path: str, tokenizer: Any) -> None:
         """An HF model directory plus optimizer, scheduler and RNG state under ``path`` (fp32 masters if any)."""
         with self.onloaded(with_optimizer=True):
-            checkpoint.save_role(path, checkpointed(self.module, self.weights), self.optimizer, self.lr_scheduler,
-                                 tokenizer)
+            checkpoint.save_role(
+                path, checkpointed(self.module, self.weights), self.optimizer, self.lr_scheduler, tokenizer
+            )
 
     def load(self, path: str) -> None:
         """Restore what ``save`` wrote, from any world size."""

@@ -96,7 +96,6 @@ def _eos_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) 
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
-
 def token_log_probs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
     """log π(token) (B,) under softmax(logits / temperature) (B, V), fp32: the policy's, before any filtering.
 
@@ -174,8 +173,9 @@ def generate_sequences(
     return out
 
 
-def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-            max_cache_len: int) -> tuple[StaticCache, Tensor]:
+def prefill(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, max_cache_len: int
+) -> tuple[StaticCache, Tensor]:
     """(a ``StaticCache`` of ``max_cache_len`` positions holding the left-padded prompts (B, P) at columns 0..P-1,
     the next-token logits (B, V) after each prompt).
 
@@ -196,8 +196,9 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, positio
     return cache, logits[inverse]
 
 
-def next_token_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                      cache: StaticCache) -> Tensor:
+def next_token_logits(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: StaticCache
+) -> Tensor:
     """Logits (B, V) after the last of ``input_ids`` (B, T), appending their keys and values to ``cache``.
 
     ``attention_mask`` (B, max_cache_len) marks every cache position to attend to, these tokens' included. The LM
@@ -205,18 +206,25 @@ def next_token_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     """
     head = output_head(model)
     with hidden_states_out(head):
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
     return out if head is None else F.linear(out, head.weight, head.bias)
 
 
 def _trim_left_padding(mask: Tensor) -> Tensor:
     """The columns of a left-padded (B, P) mask from the longest prompt's first token on."""
-    return mask[:, mask.shape[1] - int(mask.sum(-1).max()):]
+    return mask[:, mask.shape[1] - int(mask.sum(-1).max()) :]
 
 
-def _packed_prefill(model: nn.Module, ids: Tensor, mask: Tensor, positions: Tensor, cache: StaticCache,
-                    width: int) -> Tensor:
+def _packed_prefill(
+    model: nn.Module, ids: Tensor, mask: Tensor, positions: Tensor, cache: StaticCache, width: int
+) -> Tensor:
     """Prefill the left-padded prompts (U, P) packed into rows of ``width`` tokens (whole prompts, best-fit
     decreasing), attending within each prompt only; write their keys and values into ``cache`` as the padded
     layout has them (zeros at the padding). Returns the logits (U, V) after each prompt's last token."""
@@ -241,10 +249,13 @@ def _packed_prefill(model: nn.Module, ids: Tensor, mask: Tensor, positions: Tens
     last = first + torch.tensor(lengths, device=ids.device) - 1  # (U,) the slot of each prompt's last token
     head, packed = output_head(model), DynamicCache()
     with hidden_states_out(head):
-        out = model(input_ids=packed_ids[:-1].view(len(bins), width),
-                    attention_mask=model_attention_mask(model, block_mask),
-                    position_ids=packed_positions[:-1].view(len(bins), width), past_key_values=packed,
-                    use_cache=True).logits
+        out = model(
+            input_ids=packed_ids[:-1].view(len(bins), width),
+            attention_mask=model_attention_mask(model, block_mask),
+            position_ids=packed_positions[:-1].view(len(bins), width),
+            past_key_values=packed,
+            use_cache=True,
+        ).logits
     out = out.flatten(0, 1)[last]
     for layer, states in enumerate(packed.layers):
         cache.update(*(_padded_layout(t, slots) for t in (states.keys, states.values)), layer)

@@ -130,8 +130,10 @@ def write_error(path: str | Path, exc: BaseException, who: str = "") -> Checkpoi
     if isinstance(exc, CheckpointException) and exc.failures:  # DCP's: every rank's error; name the first
         exc = next(iter(exc.failures.values()))[0]
     first_line = (str(exc).splitlines() or [""])[0]
-    return CheckpointWriteError(f"{who}could not write the checkpoint to {path}: {type(exc).__name__}: {first_line} "
-                                f"({free / 2**20:.1f} MiB free on that file system)")
+    return CheckpointWriteError(
+        f"{who}could not write the checkpoint to {path}: {type(exc).__name__}: {first_line} "
+        f"({free / 2**20:.1f} MiB free on that file system)"
+    )
 
 
 class UnsafeCheckpointError(ValueError):

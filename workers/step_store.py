@@ -59,13 +59,20 @@ class StepStore:
             self._check(step, call.batch[ROWS])
             missing = [k for k in step.route.fetch if k not in self.tensors]
             if missing:
-                raise StepStoreError(f"phase {step.route.phase!r} of step {step.token} fetches {missing}, which no "
-                                     f"earlier phase kept here (kept: {sorted(self.tensors)})")
+                raise StepStoreError(
+                    f"phase {step.route.phase!r} of step {step.token} fetches {missing}, which no "
+                    f"earlier phase kept here (kept: {sorted(self.tensors)})"
+                )
             tensors.update({k: self.tensors[k] for k in step.route.fetch})
         return DataProto.from_dict(tensors, call.non_tensor_batch, meta_info=call.meta_info)
 
-    def outputs(self, call: DataProto, produced: dict[str, Tensor], meta_info: dict | None = None,
-                non_tensors: dict[str, Any] | None = None) -> DataProto:
+    def outputs(
+        self,
+        call: DataProto,
+        produced: dict[str, Tensor],
+        meta_info: dict | None = None,
+        non_tensors: dict[str, Any] | None = None,
+    ) -> DataProto:
         """What the phase called with ``call`` returns: every key ``produced`` when direct; else it keeps
         ``route.keep`` here and returns ``route.give``. Tensors are detached and on CPU; per-row ``non_tensors``
         (the agent loop's statistics) always go back."""
@@ -83,11 +90,15 @@ class StepStore:
 
     def _check(self, step: StepCall, rows: Tensor) -> None:
         if step.token != self.token:
-            raise StepStoreError(f"phase {step.route.phase!r} is for step {step.token}, but this worker holds "
-                                 f"{'step ' + self.token if self.token else 'no step'} (restarted, or a stale call?)")
+            raise StepStoreError(
+                f"phase {step.route.phase!r} is for step {step.token}, but this worker holds "
+                f"{'step ' + self.token if self.token else 'no step'} (restarted, or a stale call?)"
+            )
         if self.rows is None or not torch.equal(rows, self.rows):
-            raise StepStoreError(f"phase {step.route.phase!r} of step {step.token} is for rows {_span(rows)}, but "
-                                 f"this worker holds rows {_span(self.rows)}")
+            raise StepStoreError(
+                f"phase {step.route.phase!r} of step {step.token} is for rows {_span(rows)}, but "
+                f"this worker holds rows {_span(self.rows)}"
+            )
 
 
 def request(batch: DataProto, token: str, route: Route, meta_info: dict | None = None) -> DataProto:

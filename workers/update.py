@@ -106,8 +106,14 @@ def minibatch_update(
 
 
 def configured_update(
-    module: nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, tensors: dict[str, Tensor],
-    loss_fn: LossFn, config: Any, mini_batch_size: int | None, prefix: str,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: Any,
+    tensors: dict[str, Tensor],
+    loss_fn: LossFn,
+    config: Any,
+    mini_batch_size: int | None,
+    prefix: str,
 ) -> dict[str, list[float]]:
     """:func:`minibatch_update` with an actor/critic config's settings, then one LR-scheduler step.
 

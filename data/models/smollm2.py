@@ -103,8 +103,10 @@ def convert(
         if not missing:
             return out, False
         if any(out.iterdir()):
-            raise FileExistsError(f"--out_dir {str(out)!r} exists but is not a complete model directory "
-                                  f"(no {missing}); pass --force to replace it")
+            raise FileExistsError(
+                f"--out_dir {str(out)!r} exists but is not a complete model directory "
+                f"(no {missing}); pass --force to replace it"
+            )
     gguf = find_gguf()
     model, tokenizer = load_plain(gguf, dtype)
     out.parent.mkdir(parents=True, exist_ok=True)

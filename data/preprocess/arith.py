@@ -36,18 +36,26 @@ from data.rewards.arith import DATA_SOURCE
 # The instruction and one worked example, as a system message: a 135 M model told only "end with ####" in the user
 # turn rarely follows the format, and with the example in the user turn it tends to copy the example verbatim
 # (docs/benchmarks.md, "A real model").
-SYSTEM = ('You solve arithmetic word problems. Reply with the calculation and then "#### <number>", for example:\n'
-          "5 + 3 - 2 = 6\n#### 6")
+SYSTEM = (
+    'You solve arithmetic word problems. Reply with the calculation and then "#### <number>", for example:\n'
+    "5 + 3 - 2 = 6\n#### 6"
+)
 # The calculator variant: an example as earlier turns of the conversation (a question, the call, the calculator's
 # turn). So untrained SmolLM2-135M-Instruct sometimes calls; with the format only described in the system message it
 # does not, and with the example's answer turn too it copies that answer instead (docs/benchmarks.md, "Tool use")
-TOOL_SYSTEM = ("You solve arithmetic word problems with a calculator: call it with the problem's calculation, then "
-               'reply with "#### <result>".')
+TOOL_SYSTEM = (
+    "You solve arithmetic word problems with a calculator: call it with the problem's calculation, then "
+    'reply with "#### <result>".'
+)
 TOOL_EXAMPLE = [
-    {"role": "user", "content": "Ben has 12 pencils. Then Ben buys 30 more. Then Ben loses 5. How many pencils does "
-                                "Ben have now?"},
-    {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30 - 5"}}'
-                                     "</tool_call>"},
+    {
+        "role": "user",
+        "content": "Ben has 12 pencils. Then Ben buys 30 more. Then Ben loses 5. How many pencils does Ben have now?",
+    },
+    {
+        "role": "assistant",
+        "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30 - 5"}}</tool_call>',
+    },
     {"role": "tool", "content": "37"},
 ]
 MAX_STEPS = 1
@@ -61,9 +69,7 @@ STEPS = {
 }
 
 
-def make_problem(
-    rng: random.Random, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER
-) -> tuple[str, str, int]:
+def make_problem(rng: random.Random, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER) -> tuple[str, str, int]:
     """(question, expression, result) of one problem: a start in [1, max_number], then 1..max_steps steps of +/- n
     with n in [1, max_number] and the running total never below 0."""
     name, items = rng.choice(NAMES), rng.choice(ITEMS)
@@ -79,31 +85,44 @@ def make_problem(
     return " ".join(sentences), expression, total
 
 
-def make_row(question: str, expression: str, result: int, split: str, index: int, tools: bool = False
-             ) -> dict[str, Any]:
+def make_row(
+    question: str, expression: str, result: int, split: str, index: int, tools: bool = False
+) -> dict[str, Any]:
     """One row in GSM8K's layout (``data.preprocess.gsm8k.make_row``), with a worked reference answer; with
     ``tools`` a tool_agent row whose prompt shows a worked calculator call first."""
-    system = [{"role": "system", "content": TOOL_SYSTEM}, *TOOL_EXAMPLE] if tools else [{"role": "system",
-                                                                                         "content": SYSTEM}]
+    system = (
+        [{"role": "system", "content": TOOL_SYSTEM}, *TOOL_EXAMPLE]
+        if tools
+        else [{"role": "system", "content": SYSTEM}]
+    )
     row = {
         "data_source": DATA_SOURCE,
         "prompt": [*system, {"role": "user", "content": question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(result)},
-        "extra_info": {"split": split, "index": index, "answer": f"{expression} = {result}\n#### {result}",
-                       "question": question},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "answer": f"{expression} = {result}\n#### {result}",
+            "question": question,
+        },
     }
     return {**row, "agent_name": "tool_agent"} if tools else row
 
 
 def make_splits(
-    sizes: dict[str, int], seed: int = 0, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER,
+    sizes: dict[str, int],
+    seed: int = 0,
+    max_steps: int = MAX_STEPS,
+    max_number: int = MAX_NUMBER,
     tools: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows of every split (split -> size), deterministic in ``seed``; no expression is in two rows."""
     if any(size < 0 for size in sizes.values()) or max_steps < 1 or max_number < 1:
-        raise ValueError(f"split sizes must be >= 0, max_steps and max_number >= 1; got sizes={sizes}, "
-                         f"max_steps={max_steps}, max_number={max_number}")
+        raise ValueError(
+            f"split sizes must be >= 0, max_steps and max_number >= 1; got sizes={sizes}, "
+            f"max_steps={max_steps}, max_number={max_number}"
+        )
     rng = random.Random(seed)
     seen: set[str] = set()
     splits: dict[str, list[dict[str, Any]]] = {}
@@ -113,8 +132,10 @@ def make_splits(
         while len(rows) < size:
             tries += 1
             if tries > 10 * sum(sizes.values()) + 1000:  # more distinct problems asked for than exist
-                raise ValueError(f"only {len(seen)} distinct problems found for sizes={sizes}, "
-                                 f"max_steps={max_steps}, max_number={max_number}")
+                raise ValueError(
+                    f"only {len(seen)} distinct problems found for sizes={sizes}, "
+                    f"max_steps={max_steps}, max_number={max_number}"
+                )
             question, expression, result = make_problem(rng, max_steps, max_number)
             if expression not in seen:
                 seen.add(expression)

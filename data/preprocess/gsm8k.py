@@ -40,9 +40,11 @@ SPLITS = ("train", "test")
 COLUMNS = ("question", "answer")
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 TOOL = "calc_gsm8k_reward"
-TOOL_SYSTEM = ("You are a math expert. Solve the question step by step. After solving it, call the calc_gsm8k_reward "
-               "tool with your answer at least once, and refine the answer if the tool says it is incorrect. Put "
-               "your final answer in the format #### <answer>.")
+TOOL_SYSTEM = (
+    "You are a math expert. Solve the question step by step. After solving it, call the calc_gsm8k_reward "
+    "tool with your answer at least once, and refine the answer if the tool says it is incorrect. Put "
+    "your final answer in the format #### <answer>."
+)
 
 
 def _split_files(local_dir: Path, split: str) -> list[Path]:
@@ -109,9 +111,16 @@ def make_tool_row(question: str, answer: str, split: str, index: int) -> dict[st
     """``make_row`` in verl's tool-agent layout: a system prompt, ``agent_name`` and the tool's ``create_kwargs``."""
     row = make_row(question, answer, split, index)
     truth = row["reward_model"]["ground_truth"]
-    return {**row, "agent_name": "tool_agent", "prompt": [{"role": "system", "content": TOOL_SYSTEM}, *row["prompt"]],
-            "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
-                           "tools_kwargs": {TOOL: {"create_kwargs": {"ground_truth": truth}}}}}
+    return {
+        **row,
+        "agent_name": "tool_agent",
+        "prompt": [{"role": "system", "content": TOOL_SYSTEM}, *row["prompt"]],
+        "extra_info": {
+            **row["extra_info"],
+            "need_tools_kwargs": True,
+            "tools_kwargs": {TOOL: {"create_kwargs": {"ground_truth": truth}}},
+        },
+    }
 
 
 def preprocess(

@@ -29,8 +29,10 @@ from data.preprocess.splits import write_splits
 from data.rewards.reasoning_gym import DATA_SOURCE_PREFIX, import_reasoning_gym
 
 SEED_STRIDE = 10_000_019  # between the splits' seeds: more items than any split holds
-TOOL_HINT = ('\nYou may use a calculator first: write <tool_call>{"name": "calculator", "arguments": {"expression": '
-             '"12 * (3 + 4)"}}</tool_call> and it replies with the result.')
+TOOL_HINT = (
+    '\nYou may use a calculator first: write <tool_call>{"name": "calculator", "arguments": {"expression": '
+    '"12 * (3 + 4)"}}</tool_call> and it replies with the result.'
+)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -50,8 +52,10 @@ def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
 def make_row(task: str, entry: dict[str, Any], split: str, index: int, system: str, tools: bool) -> dict[str, Any]:
     row = {
         "data_source": DATA_SOURCE_PREFIX + task,
-        "prompt": [{"role": "system", "content": system + (TOOL_HINT if tools else "")},
-                   {"role": "user", "content": entry["question"]}],
+        "prompt": [
+            {"role": "system", "content": system + (TOOL_HINT if tools else "")},
+            {"role": "user", "content": entry["question"]},
+        ],
         "ability": "reasoning",
         "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
         "extra_info": {"split": split, "index": index, "entry": json.dumps(entry, default=str)},
@@ -59,8 +63,9 @@ def make_row(task: str, entry: dict[str, Any], split: str, index: int, system: s
     return {**row, "agent_name": "tool_agent"} if tools else row
 
 
-def make_splits(task: str, sizes: dict[str, int], seed: int = 0, options: dict[str, Any] | None = None,
-                tools: bool = False) -> dict[str, list[dict[str, Any]]]:
+def make_splits(
+    task: str, sizes: dict[str, int], seed: int = 0, options: dict[str, Any] | None = None, tools: bool = False
+) -> dict[str, list[dict[str, Any]]]:
     """Rows of every split (split -> size); split k is generated from ``seed + k·SEED_STRIDE`` (reasoning-gym seeds
     item i from seed + i, so nearby seeds repeat items) and skips the questions of the splits before it."""
     reasoning_gym = import_reasoning_gym()
@@ -77,8 +82,10 @@ def make_splits(task: str, sizes: dict[str, int], seed: int = 0, options: dict[s
             raise ValueError(f"--config {options}: reasoning-gym refused it for {task!r}: {exc}") from None
         entries = [e for e in dataset if e["question"] not in seen][:size]
         if len(entries) < size:
-            raise ValueError(f"only {len(entries)} new {task!r} problems for the {split} split of {size}; "
-                             "ask for fewer or widen the task with --config")
+            raise ValueError(
+                f"only {len(entries)} new {task!r} problems for the {split} split of {size}; "
+                "ask for fewer or widen the task with --config"
+            )
         seen.update(e["question"] for e in entries)
         splits[split] = [make_row(task, e, split, i, SYSTEM_PROMPTS["default"], tools) for i, e in enumerate(entries)]
     return splits
@@ -86,8 +93,12 @@ def make_splits(task: str, sizes: dict[str, int], seed: int = 0, options: dict[s
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The command line; an unknown task or a refused option is one line on stderr and exit status 2."""
-    parser = argparse.ArgumentParser(prog="python -m data.preprocess.reasoning_gym", description=__doc__.splitlines()[0])
-    parser.add_argument("--task", help="a reasoning-gym task, e.g. chain_sum, basic_arithmetic, countdown, gsm_symbolic")
+    parser = argparse.ArgumentParser(
+        prog="python -m data.preprocess.reasoning_gym", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--task", help="a reasoning-gym task, e.g. chain_sum, basic_arithmetic, countdown, gsm_symbolic"
+    )
     parser.add_argument("--out_dir", default=None, help="where train.parquet/test.parquet go (~/data/<task>)")
     parser.add_argument("--train_size", type=int, default=1000)
     parser.add_argument("--test_size", type=int, default=100)
@@ -101,8 +112,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.list or not args.task:
             print(" ".join(sorted(reasoning_gym.factory.DATASETS)))
             return
-        splits = make_splits(args.task, {"train": args.train_size, "test": args.test_size}, args.seed,
-                             parse_options(args.config), args.tools)
+        splits = make_splits(
+            args.task,
+            {"train": args.train_size, "test": args.test_size},
+            args.seed,
+            parse_options(args.config),
+            args.tools,
+        )
         written = write_splits(splits, args.out_dir or f"~/data/{args.task}")
     except (OSError, ValueError, ImportError) as exc:
         parser.exit(2, f"reasoning_gym: error: {exc}\n")

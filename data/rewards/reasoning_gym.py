@@ -34,5 +34,5 @@ def compute_score(
     if answer is None:
         return 0.0
     entry = json.loads((extra_info or {}).get("entry") or "null") or {"answer": ground_truth, "metadata": {}}
-    score = reasoning_gym.get_score_answer_fn(data_source[len(DATA_SOURCE_PREFIX):])(answer=answer, entry=entry)
+    score = reasoning_gym.get_score_answer_fn(data_source[len(DATA_SOURCE_PREFIX) :])(answer=answer, entry=entry)
     return float(score)

@@ -37,7 +37,9 @@ from single_controller.compat.dispatch import (  # noqa: F401  (verl's and the s
 )
 from single_controller.future import DataProtoFuture
 
-MAGIC_ATTR = "_colorl_register"  # the attribute @register sets on a method: {"dispatch_mode", "execute_mode", "blocking"}
+MAGIC_ATTR = (
+    "_colorl_register"  # the attribute @register sets on a method: {"dispatch_mode", "execute_mode", "blocking"}
+)
 
 
 class Dispatch(Enum):
@@ -62,7 +64,10 @@ class Execute(Enum):
 
 DISPATCH_MODE_FNS: dict[Dispatch, dict[str, Callable]] = {
     Dispatch.ONE_TO_ALL: {"dispatch_fn": dispatch_one_to_all, "collect_fn": collect_all_to_all},
-    Dispatch.DP_COMPUTE_PROTO: {"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": collect_dp_compute_data_proto},
+    Dispatch.DP_COMPUTE_PROTO: {
+        "dispatch_fn": dispatch_dp_compute_data_proto,
+        "collect_fn": collect_dp_compute_data_proto,
+    },
     Dispatch.ALL_TO_ALL: {"dispatch_fn": dispatch_all_to_all, "collect_fn": collect_all_to_all},
     Dispatch.DP_COMPUTE: {"dispatch_fn": dispatch_dp_compute, "collect_fn": collect_dp_compute},
     Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {
@@ -96,10 +101,14 @@ def _check_modes(dispatch_mode, execute_mode) -> None:
     if isinstance(dispatch_mode, dict):
         missing = {"dispatch_fn", "collect_fn"} - set(dispatch_mode)
         if missing or not all(callable(dispatch_mode[k]) for k in ("dispatch_fn", "collect_fn")):
-            raise ValueError(f"a custom dispatch_mode must be {{'dispatch_fn': f, 'collect_fn': g}} with callables; missing {sorted(missing)}")
+            raise ValueError(
+                f"a custom dispatch_mode must be {{'dispatch_fn': f, 'collect_fn': g}} with callables; missing {sorted(missing)}"
+            )
     elif not isinstance(dispatch_mode, Dispatch):
         valid = ", ".join(f"Dispatch.{m.name}" for m in Dispatch)
-        raise ValueError(f"unknown dispatch_mode {dispatch_mode!r}; valid: {valid}, or a dict with dispatch_fn/collect_fn")
+        raise ValueError(
+            f"unknown dispatch_mode {dispatch_mode!r}; valid: {valid}, or a dict with dispatch_fn/collect_fn"
+        )
     if not isinstance(execute_mode, Execute):
         raise ValueError(f"unknown execute_mode {execute_mode!r}; valid: Execute.ALL, Execute.RANK_ZERO")
 
@@ -140,7 +149,9 @@ def register(
                 args, kwargs = resolve(args, kwargs)
                 return func(*args, **kwargs)
 
-        setattr(wrapper, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking})
+        setattr(
+            wrapper, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking}
+        )
         return wrapper
 
     return decorator

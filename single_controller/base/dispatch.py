@@ -58,7 +58,9 @@ def proto_pad_size(world_size: int, args: tuple, kwargs: dict) -> int:
         return 0
     sizes = {len(p) for p in protos}
     if len(sizes) != 1:
-        raise ValueError(f"DataProto arguments of one call must have equal sizes to be padded, got sizes {sorted(sizes)}")
+        raise ValueError(
+            f"DataProto arguments of one call must have equal sizes to be padded, got sizes {sorted(sizes)}"
+        )
     return (-sizes.pop()) % world_size
 
 
@@ -72,10 +74,14 @@ def chunk_proto(value, n: int, pad: int) -> list:
         return value.chunk(n)
     if is_tensordict(value):
         if len(value) % n:
-            raise ValueError(f"a TensorDict argument is not padded: its batch size {len(value)} must divide into {n} parts")
+            raise ValueError(
+                f"a TensorDict argument is not padded: its batch size {len(value)} must divide into {n} parts"
+            )
         # clone: a pickled view of a TensorDict would carry its whole storage to every rank
         return [part.clone() for part in value.chunk(n)]
-    raise TypeError(f"DataProto dispatch needs DataProto, DataProtoFuture or TensorDict arguments, got {type(value).__name__}")
+    raise TypeError(
+        f"DataProto dispatch needs DataProto, DataProtoFuture or TensorDict arguments, got {type(value).__name__}"
+    )
 
 
 def dispatch_dp_compute_data_proto(worker_group, *args, **kwargs):

@@ -37,7 +37,9 @@ class VerlDataProtoMethods:
 
     def sample_level_repeat(self, repeat_times: Any) -> Any:
         """Row i repeated ``repeat_times[i]`` times (a list, tuple, 1-d ndarray or 1-d tensor of counts)."""
-        counts = torch.as_tensor(np.asarray(repeat_times.tolist() if isinstance(repeat_times, torch.Tensor) else repeat_times))
+        counts = torch.as_tensor(
+            np.asarray(repeat_times.tolist() if isinstance(repeat_times, torch.Tensor) else repeat_times)
+        )
         if counts.dim() != 1 or counts.numel() != len(self):
             raise ContractError(f"repeat_times needs one count per row ({len(self)}), got shape {list(counts.shape)}")
         return self._select_rows(torch.arange(len(self)).repeat_interleave(counts.long()))
@@ -52,7 +54,9 @@ class VerlDataProtoMethods:
 
         def unfold(value):
             if value.ndim < 2 or value.shape[1] % n_split:
-                raise ContractError(f"unfold_column_chunks: shape {list(value.shape)} has no dim 1 that splits into {n_split}")
+                raise ContractError(
+                    f"unfold_column_chunks: shape {list(value.shape)} has no dim 1 that splits into {n_split}"
+                )
             return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
 
         rows = torch.arange(len(self)).repeat_interleave(n_split)
@@ -99,8 +103,10 @@ class VerlDataProtoMethods:
             elif isinstance(value, torch.Tensor):
                 tensors[key] = value
             else:
-                raise TypeError(f"from_tensordict: key {key!r} holds a {type(value).__name__}; a DataProto holds "
-                                "tensors, NonTensorStack columns and NonTensorData meta entries")
+                raise TypeError(
+                    f"from_tensordict: key {key!r} holds a {type(value).__name__}; a DataProto holds "
+                    "tensors, NonTensorStack columns and NonTensorData meta entries"
+                )
         return cls.from_dict(tensors, columns, meta)
 
     # ------------------------------------------------------------------ diagnostics
@@ -172,7 +178,9 @@ def all_gather_data_proto(data: Any, process_group: Any = None) -> None:
 
     parts = [None] * dist.get_world_size(group=process_group)
     dist.all_gather_object(parts, data, group=process_group)
-    joined = type(data).concat([type(data)(part.batch, part.non_tensor_batch) for part in parts])  # meta_info stays this rank's
+    joined = type(data).concat(
+        [type(data)(part.batch, part.non_tensor_batch) for part in parts]
+    )  # meta_info stays this rank's
     device = next(iter(data.batch.values())).device if data.batch else None
     data.batch = joined.batch.to(device) if joined.batch is not None and device is not None else joined.batch
     data.non_tensor_batch = joined.non_tensor_batch

@@ -36,8 +36,14 @@ def _list_checker(mode: str, size_name: str, size: int) -> Callable[[Any], list]
 
     def check(value) -> list:
         if not isinstance(value, (list, tuple)) or len(value) != size:
-            got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
-            raise ValueError(f"Dispatch.{mode} needs every argument to be a list of length {size_name}={size}, got {got}")
+            got = (
+                f"{type(value).__name__} of length {len(value)}"
+                if isinstance(value, (list, tuple))
+                else type(value).__name__
+            )
+            raise ValueError(
+                f"Dispatch.{mode} needs every argument to be a list of length {size_name}={size}, got {got}"
+            )
         return list(value)
 
     return check
@@ -56,7 +62,9 @@ def collect_dp_compute(worker_group, outputs):
 
 def dispatch_dp_compute_data_proto_with_func(worker_group, func, *args, **kwargs):
     if not callable(func):
-        raise TypeError(f"Dispatch.DP_COMPUTE_PROTO_WITH_FUNC needs a function as first argument, got {type(func).__name__}")
+        raise TypeError(
+            f"Dispatch.DP_COMPUTE_PROTO_WITH_FUNC needs a function as first argument, got {type(func).__name__}"
+        )
     n = worker_group.world_size
     args, kwargs = dispatch_dp_compute_data_proto(worker_group, *args, **kwargs)
     return ([func] * n, *args), kwargs
@@ -102,7 +110,11 @@ def collect_megatron_compute(worker_group, outputs):
     """Outputs of tp rank 0 of the last pipeline stage, one per dp rank, in dp order."""
     info, dp_size = _megatron_ranks(worker_group)
     last_stage = max(rank.pp_rank for rank in info)
-    by_dp = {rank.dp_rank: out for rank, out in zip(info, outputs, strict=True) if rank.tp_rank == 0 and rank.pp_rank == last_stage}
+    by_dp = {
+        rank.dp_rank: out
+        for rank, out in zip(info, outputs, strict=True)
+        if rank.tp_rank == 0 and rank.pp_rank == last_stage
+    }
     return [by_dp[dp] for dp in range(dp_size)]
 
 

@@ -45,7 +45,9 @@ def llama_mlp_tp_plan() -> dict[str, ParallelStyle]:
 
 def weight_shard_dims() -> dict[str, int]:
     """Parameter name -> the weight dimension that tensor parallelism splits."""
-    return {f"{name}.weight": 0 if isinstance(style, ColwiseParallel) else 1 for name, style in llama_mlp_tp_plan().items()}
+    return {
+        f"{name}.weight": 0 if isinstance(style, ColwiseParallel) else 1 for name, style in llama_mlp_tp_plan().items()
+    }
 
 
 def parallel_llama_mlp(config: Mapping, tp_mesh: DeviceMesh, device: torch.device | str = "cpu") -> LlamaMLP:
@@ -78,8 +80,7 @@ def _wait_for_all_reduce(module: nn.Module, inputs: tuple, output: torch.Tensor)
 def local_shards(module: nn.Module) -> dict[str, torch.Tensor]:
     """This rank's part of every parameter, on the CPU (whole tensors for unsharded parameters)."""
     return {
-        name: (p.to_local() if isinstance(p, DTensor) else p).detach().cpu()
-        for name, p in module.named_parameters()
+        name: (p.to_local() if isinstance(p, DTensor) else p).detach().cpu() for name, p in module.named_parameters()
     }
 
 

@@ -36,7 +36,9 @@ class DistGlobalInfo(NamedTuple):
     pp_size: int
 
 
-def model_parallel_shape(world_size: int, tensor_model_parallel_size: int, pipeline_model_parallel_size: int) -> tuple[int, int, int]:
+def model_parallel_shape(
+    world_size: int, tensor_model_parallel_size: int, pipeline_model_parallel_size: int
+) -> tuple[int, int, int]:
     """``(pp, dp, tp)`` sizes of the mesh; dp takes the ranks that tp and pp leave: dp = world / (tp * pp)."""
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     if tp < 1 or pp < 1 or world_size % (tp * pp) != 0:
@@ -62,7 +64,9 @@ class TensorParallelWorker(Worker):
         super().__init__()
         self._device_mesh: DeviceMesh | None = None
 
-    def init_model_parallel(self, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1) -> DeviceMesh:
+    def init_model_parallel(
+        self, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1
+    ) -> DeviceMesh:
         """Join the process group (unless user code already did) and build the (pp, dp, tp) mesh."""
         shape = model_parallel_shape(self.world_size, tensor_model_parallel_size, pipeline_model_parallel_size)
         self.init_process_group()

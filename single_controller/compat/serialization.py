@@ -39,7 +39,10 @@ def serialize_tensordict(batch: Any) -> tuple[tuple[int, ...], str | None, dict[
     items = {}
     for key, value in batch.items():
         if value.is_nested:
-            items[key] = (str(value.layout).removeprefix("torch."), [serialize_single_tensor(t) for t in value.unbind()])
+            items[key] = (
+                str(value.layout).removeprefix("torch."),
+                [serialize_single_tensor(t) for t in value.unbind()],
+            )
         else:
             items[key] = serialize_single_tensor(value)
     device = str(batch.device) if batch.device is not None else None
@@ -57,7 +60,11 @@ def deserialize_tensordict(arr: tuple) -> Any:
             tensors[key] = deserialize_single_tensor(encoded)
         elif len(encoded) == 2:
             layout, parts = encoded
-            tensors[key] = torch.nested.as_nested_tensor([deserialize_single_tensor(p) for p in parts], layout=getattr(torch, layout))
+            tensors[key] = torch.nested.as_nested_tensor(
+                [deserialize_single_tensor(p) for p in parts], layout=getattr(torch, layout)
+            )
         else:
-            raise ValueError(f"key {key!r}: an encoding has 3 parts (a tensor) or 2 (a nested tensor), got {len(encoded)}")
+            raise ValueError(
+                f"key {key!r}: an encoding has 3 parts (a tensor) or 2 (a nested tensor), got {len(encoded)}"
+            )
     return TensorDict(tensors, batch_size=batch_size, device=device)

@@ -62,7 +62,9 @@ class VerlWorkerMethods:
         dispatch, collect = self._meshes()
         return {"dispatch_dp_rank": dispatch, "collect_dp_rank": collect}
 
-    def set_dispatch_collect(self, mesh_name: str, dispatch_dp_rank: dict[str, int], collect_dp_rank: dict[str, bool]) -> None:
+    def set_dispatch_collect(
+        self, mesh_name: str, dispatch_dp_rank: dict[str, int], collect_dp_rank: dict[str, bool]
+    ) -> None:
         """Declare ``mesh_name`` with another worker's declaration (``**other.get_dispatch_collect()``).
 
         As in verl, the other worker declares one mesh; its dp rank and collect flag are copied under

@@ -28,7 +28,11 @@ class VerlWorkerGroupMethods:
     ) -> Any:
         """A group of running (detached) workers, found by name or handle."""
         return cls(
-            ray_cls_with_init=ray_cls_with_init, name_prefix=name_prefix, worker_names=worker_names, worker_handles=worker_handles, **kwargs
+            ray_cls_with_init=ray_cls_with_init,
+            name_prefix=name_prefix,
+            worker_names=worker_names,
+            worker_handles=worker_handles,
+            **kwargs,
         )
 
     def fuse(self, prefix_set) -> None:

@@ -9,4 +9,11 @@ from single_controller.compat.llama_tp_mlp import (
     weight_shard_dims,
 )
 
-__all__ = ["LlamaMLP", "llama_mlp_tp_plan", "local_shards", "merge_tp_shards", "parallel_llama_mlp", "weight_shard_dims"]
+__all__ = [
+    "LlamaMLP",
+    "llama_mlp_tp_plan",
+    "local_shards",
+    "merge_tp_shards",
+    "parallel_llama_mlp",
+    "weight_shard_dims",
+]

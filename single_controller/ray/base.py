@@ -80,13 +80,20 @@ class RayWorkerGroup(VerlWorkerGroupMethods):
         self._master_addr = self._master_port = None
         self._methods = self._bind()  # before any worker starts: a name clash is refused at no cost
         if worker_names is not None or worker_handles is not None:
-            self._workers = list(worker_handles) if worker_handles is not None else [ray.get_actor(n) for n in worker_names]
+            self._workers = (
+                list(worker_handles) if worker_handles is not None else [ray.get_actor(n) for n in worker_names]
+            )
             self._worker_names = list(worker_names) if worker_names is not None else [None] * len(self._workers)
         elif resource_pool is None:
-            raise ValueError("RayWorkerGroup needs a resource_pool to start workers, or worker_names/worker_handles to attach to")
+            raise ValueError(
+                "RayWorkerGroup needs a resource_pool to start workers, or worker_names/worker_handles to attach to"
+            )
         else:
             use_gpu = _uses_gpu(resource_pool, device_name)
-            self._worker_names = [f"{self.name_prefix}_{ray_cls_with_init.user_cls.__name__}_{rank}" for rank in range(resource_pool.world_size)]
+            self._worker_names = [
+                f"{self.name_prefix}_{ray_cls_with_init.user_cls.__name__}_{rank}"
+                for rank in range(resource_pool.world_size)
+            ]
             self._workers = self._start_workers(use_gpu, detached, worker_env or {}, start_timeout_s)
         self.processes = describe_processes(self._workers)  # pid and node per rank, for error reports
 
@@ -107,7 +114,9 @@ class RayWorkerGroup(VerlWorkerGroupMethods):
     def _start_workers(self, use_gpu: bool, detached: bool, worker_env: dict[str, str], start_timeout_s: float) -> list:
         pool = self.resource_pool
         bundles = pool.bundles()
-        first = PlacementGroupSchedulingStrategy(placement_group=bundles[0].pg, placement_group_bundle_index=bundles[0].index)
+        first = PlacementGroupSchedulingStrategy(
+            placement_group=bundles[0].pg, placement_group_bundle_index=bundles[0].index
+        )
         addr, port = ray.get(_node_address_and_free_port.options(scheduling_strategy=first).remote())
         self._master_addr, self._master_port = addr, str(port)
         share = 1 / pool.max_colocate_count
@@ -127,17 +136,23 @@ class RayWorkerGroup(VerlWorkerGroupMethods):
                 "WG_PREFIX": self.name_prefix,
                 "WG_BACKEND": "ray",
             }
-            if use_gpu:  # every GPU of the node stays visible (NCCL peer-to-peer); the worker picks Ray's (base/worker.py)
+            if (
+                use_gpu
+            ):  # every GPU of the node stays visible (NCCL peer-to-peer); the worker picks Ray's (base/worker.py)
                 env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
             taken = sorted(set(worker_env) & set(env))
             if taken:
                 raise ValueError(f"worker_env may not set {taken}: the worker group sets them (it sets {sorted(env)})")
             try:
-                workers.append(self.ray_cls_with_init(bundle, {**env, **worker_env}, resources, self._worker_names[rank], detached))
+                workers.append(
+                    self.ray_cls_with_init(bundle, {**env, **worker_env}, resources, self._worker_names[rank], detached)
+                )
             except ValueError as exc:  # Ray's "actor name already taken"
                 for worker in workers:
                     ray.kill(worker, no_restart=True)
-                raise ValueError(f"cannot start worker {self._worker_names[rank]!r} ({exc}); use another name_prefix") from exc
+                raise ValueError(
+                    f"cannot start worker {self._worker_names[rank]!r} ({exc}); use another name_prefix"
+                ) from exc
         # Surface constructor errors now, not at the first method call.
         ray.get([w.__ray_ready__.remote() for w in workers], timeout=start_timeout_s)
         return workers
@@ -148,7 +163,9 @@ class RayWorkerGroup(VerlWorkerGroupMethods):
         table = method_table(self.ray_cls_with_init.user_cls, self._role)
         for name, (target, _) in table.items():
             if hasattr(type(self), name):
-                raise ValueError(f"worker method {target.method!r} would shadow {type(self).__name__}.{name}; rename it")
+                raise ValueError(
+                    f"worker method {target.method!r} would shadow {type(self).__name__}.{name}; rename it"
+                )
         return {name: GroupMethod(self, name, target, attrs) for name, (target, attrs) in table.items()}
 
     def __getattr__(self, name: str) -> GroupMethod:
@@ -205,7 +222,9 @@ class RayWorkerGroup(VerlWorkerGroupMethods):
         views = {}
         for role in prefix_set:
             if role not in roles:
-                raise ValueError(f"{role!r} is not a role of {self.ray_cls_with_init.user_cls.__name__}; its roles: {sorted(roles)}")
+                raise ValueError(
+                    f"{role!r} is not a role of {self.ray_cls_with_init.user_cls.__name__}; its roles: {sorted(roles)}"
+                )
             view = copy.copy(self)  # the same workers and processes
             view._role = role
             view._methods = view._bind()

@@ -35,7 +35,9 @@ class Target(NamedTuple):
 def method_table(user_cls: type, role: str | None) -> dict[str, tuple[Target, dict[str, Any]]]:
     """``{public name: (target, @register modes)}`` of a group of ``user_cls``, or of its ``role`` view."""
     if role is not None:
-        return {name: (Target(role, name), attrs) for name, attrs in registered_methods(user_cls.raw_cls_dict[role]).items()}
+        return {
+            name: (Target(role, name), attrs) for name, attrs in registered_methods(user_cls.raw_cls_dict[role]).items()
+        }
     table = {name: (Target(None, name), attrs) for name, attrs in registered_methods(user_cls).items()}
     if getattr(user_cls, "role_methods_on_group", False):
         for each_role, cls in user_cls.raw_cls_dict.items():
@@ -57,7 +59,9 @@ class GroupMethod:
         self.fns = get_dispatch_fns(attrs["dispatch_mode"])
         self.rank_zero = attrs["execute_mode"] is Execute.RANK_ZERO
         # rows are padded to a multiple of pad_divisor(group): a custom mode may name one (the n-d mode does)
-        self.pad_divisor = self.fns.get("pad_divisor") or (_world_size if attrs["dispatch_mode"] in PADDED_MODES else None)
+        self.pad_divisor = self.fns.get("pad_divisor") or (
+            _world_size if attrs["dispatch_mode"] in PADDED_MODES else None
+        )
         # e.g. "critic.compute_values", in error reports and in the driver's list of calls in flight
         self.call_name = f"{target.role or group.ray_cls_with_init.user_cls.__name__}.{target.method}"
 

@@ -35,7 +35,9 @@ class WorkerDict(Worker):
     def __init__(self) -> None:
         super().__init__()
         # each role's Worker.__init__ reads the same RANK/WORLD_SIZE env: every role sees this process's rank
-        self.worker_dict = {role: cls(*self.role_inits[role][0], **self.role_inits[role][1]) for role, cls in self.raw_cls_dict.items()}
+        self.worker_dict = {
+            role: cls(*self.role_inits[role][0], **self.role_inits[role][1]) for role, cls in self.raw_cls_dict.items()
+        }
 
     def execute_role(self, role: str, method_name: str, *args, **kwargs) -> Any:
         """Run ``worker_dict[role].<method_name>(*args, **kwargs)``: how a role view's calls reach their worker."""
@@ -56,7 +58,9 @@ def colocated_class(base: type[WorkerDict], class_dict: dict[str, RayClassWithIn
         if not issubclass(cia.user_cls, Worker):
             raise TypeError(f"role {role!r}: {cia.user_cls.__name__} must subclass single_controller.base.Worker")
     has_async = any(
-        inspect.iscoroutinefunction(getattr(cia.user_cls, method)) for cia in class_dict.values() for method in registered_methods(cia.user_cls)
+        inspect.iscoroutinefunction(getattr(cia.user_cls, method))
+        for cia in class_dict.values()
+        for method in registered_methods(cia.user_cls)
     )
 
     class Colocated(*((AsyncRoles, base) if has_async else (base,))):

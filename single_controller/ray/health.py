@@ -69,8 +69,10 @@ class WorkerCall:
 
     def describe(self, cause: BaseException) -> str:
         first = (str(cause).splitlines() or [""])[0]
-        return (f"worker rank {self.rank} of {self.world_size} raised {type(cause).__name__} during {self.call}: "
-                f"{_where(self.process)}; {first}")
+        return (
+            f"worker rank {self.rank} of {self.world_size} raised {type(cause).__name__} during {self.call}: "
+            f"{_where(self.process)}; {first}"
+        )
 
 
 # ---------------------------------------------------------------------------------- at start-up

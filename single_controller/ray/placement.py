@@ -76,7 +76,9 @@ class RayResourcePool:
         pgs = self.get_placement_groups()
         return [Bundle(pg, i, i, n) for pg, n in zip(pgs, self.process_on_nodes) for i in range(n)]
 
-    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None) -> list:
+    def get_placement_groups(
+        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None
+    ) -> list:
         """The placement groups (one per node entry), created and waited for on first call.
 
         ``strategy``: Ray's placement strategy of each group (verl's ``bin_pack=False`` is ``"PACK"``);
@@ -88,7 +90,10 @@ class RayResourcePool:
                 ray.init()
             self._check_cluster_can_hold()
             prefix = name or f"{self.name_prefix}_pg"
-            pgs = [placement_group([self.bundle()] * n, strategy=strategy, name=f"{prefix}{i}") for i, n in enumerate(self.process_on_nodes)]
+            pgs = [
+                placement_group([self.bundle()] * n, strategy=strategy, name=f"{prefix}{i}")
+                for i, n in enumerate(self.process_on_nodes)
+            ]
             ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.placement_timeout_s)
             if len(ready) < len(pgs):
                 for pg in pgs:
@@ -151,10 +156,19 @@ class RayClassWithInitArgs(VerlClassOptions):
         """The plain Python class behind the Ray actor class."""
         return self.cls.__ray_actor_class__
 
-    def __call__(self, bundle: Bundle, env_vars: dict[str, str], resources: dict[str, float], name: str | None = None, detached: bool = False):
+    def __call__(
+        self,
+        bundle: Bundle,
+        env_vars: dict[str, str],
+        resources: dict[str, float],
+        name: str | None = None,
+        detached: bool = False,
+    ):
         """Start one actor in ``bundle``; a named one, outliving its driver if ``detached``."""
         options = {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=bundle.pg, placement_group_bundle_index=bundle.index),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=bundle.pg, placement_group_bundle_index=bundle.index
+            ),
             "runtime_env": {"env_vars": env_vars},
             **resources,
             **({"name": name} if name else {}),

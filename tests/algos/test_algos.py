@@ -269,13 +269,22 @@ def test_every_estimator_skips_tool_turns_inside_a_response(name):
     components = [torch.randn(bs, generator=g), torch.randn(bs, generator=g)]
 
     def advantages(r, v, m, lp, sp):
-        return ca.compute_advantage(name, token_level_rewards=r, response_mask=m, values=v, index=index,
-                                    reward_baselines=torch.linspace(-1, 1, bs), gamma=0.9, lam=0.95,
-                                    old_log_probs=lp, sum_pi_squared=sp, reward_components=components)
+        return ca.compute_advantage(
+            name,
+            token_level_rewards=r,
+            response_mask=m,
+            values=v,
+            index=index,
+            reward_baselines=torch.linspace(-1, 1, bs),
+            gamma=0.9,
+            lam=0.95,
+            old_log_probs=lp,
+            sum_pi_squared=sp,
+            reward_components=components,
+        )
 
     adv, ret = advantages(rewards, values, mask, log_probs, pi2)
-    compact_adv, compact_ret = advantages(compact_rewards, compact_values, compact_mask, compact_log_probs,
-                                          compact_pi2)
+    compact_adv, compact_ret = advantages(compact_rewards, compact_values, compact_mask, compact_log_probs, compact_pi2)
     _close(adv[:, keep], compact_adv)
     _close(ret[:, keep] * compact_mask, compact_ret * compact_mask)
     assert adv[:, holes].abs().max() == 0

@@ -7,11 +7,14 @@ import algos
 from config import ConfigError, load_config, make_plan
 
 
-@pytest.mark.parametrize(("key", "valid"), [
-    ("algorithm.adv_estimator", algos.ADV_ESTIMATORS),
-    ("actor_rollout_ref.actor.policy_loss.loss_mode", algos.POLICY_LOSSES),
-    ("actor_rollout_ref.actor.loss_agg_mode", algos.LOSS_AGG_MODES),
-])
+@pytest.mark.parametrize(
+    ("key", "valid"),
+    [
+        ("algorithm.adv_estimator", algos.ADV_ESTIMATORS),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", algos.POLICY_LOSSES),
+        ("actor_rollout_ref.actor.loss_agg_mode", algos.LOSS_AGG_MODES),
+    ],
+)
 def test_unknown_name_lists_the_valid_ones(key, valid):
     with pytest.raises(ConfigError) as err:
         load_config([f"{key}=nope"])
@@ -20,17 +23,22 @@ def test_unknown_name_lists_the_valid_ones(key, valid):
     assert all(name in message for name in valid)
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "calculate_log_probs"),
-    (["algorithm.rollout_correction.bypass_mode=true"], "calculate_log_probs"),
-    (["algorithm.rollout_correction.rollout_is=token"], "calculate_log_probs"),
-    (["algorithm.adv_estimator=gdpo"], "algorithm.gdpo_reward_keys=null"),
-    (["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[a,b]", "algorithm.gdpo_reward_weights=[1]"],
-     "one weight per key"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "policy_loss.dro_beta=null"),
-    (["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0"], "clip_cov_ratio=0"),
-    (["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"], "rollout.n > 1"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "calculate_log_probs"),
+        (["algorithm.rollout_correction.bypass_mode=true"], "calculate_log_probs"),
+        (["algorithm.rollout_correction.rollout_is=token"], "calculate_log_probs"),
+        (["algorithm.adv_estimator=gdpo"], "algorithm.gdpo_reward_keys=null"),
+        (
+            ["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[a,b]", "algorithm.gdpo_reward_weights=[1]"],
+            "one weight per key",
+        ),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "policy_loss.dro_beta=null"),
+        (["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0"], "clip_cov_ratio=0"),
+        (["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"], "rollout.n > 1"),
+    ],
+)
 def test_refused_in_one_line(overrides, expected):
     with pytest.raises(ConfigError, match=expected) as err:
         load_config(overrides)

@@ -28,7 +28,8 @@ def test_reinforce_plus_plus_carries_the_return_over_masked_tokens():
     # G_t = r_t + γ·G_{t+1} on masked tokens; a masked position (a tool's output) passes G through unchanged,
     # so the reward 2 after the hole reaches token 0 and the masked reward 5 counts nowhere.
     _, returns = compute_reinforce_plus_plus_outcome_advantage(
-        torch.tensor([[1.0, 5.0, 2.0]]), torch.tensor([[1.0, 0.0, 1.0]]), gamma=0.5)
+        torch.tensor([[1.0, 5.0, 2.0]]), torch.tensor([[1.0, 0.0, 1.0]]), gamma=0.5
+    )
     _close(returns, [[1 + 0.5 * 2, 0.0, 2.0]])
 
 
@@ -75,8 +76,9 @@ def test_gdpo_normalises_each_component_then_whitens_the_weighted_sum():
     # without components it is GRPO on the total score, whitened
     rewards = torch.tensor([[1.0], [0.0], [3.0], [1.0]])
     alone, _ = compute_gdpo_outcome_advantage(rewards, torch.ones(4, 1), index)
-    _close(alone, ca.masked_whiten(compute_grpo_outcome_advantage(rewards, torch.ones(4, 1), index)[0],
-                                   torch.ones(4, 1)))
+    _close(
+        alone, ca.masked_whiten(compute_grpo_outcome_advantage(rewards, torch.ones(4, 1), index)[0], torch.ones(4, 1))
+    )
     with pytest.raises(ValueError, match="2 reward components"):
         compute_gdpo_outcome_advantage(rewards, torch.ones(4, 1), index, [c1, c2], [1.0])
 
@@ -87,8 +89,9 @@ def test_optimal_token_baseline_hand_group():
     rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
     old_log_probs = torch.full((2, 2), math.log(0.5))
     sum_pi_squared = torch.tensor([[0.5, 0.3], [0.3, 0.5]])
-    adv, ret = compute_optimal_token_baseline_advantage(rewards, torch.ones(2, 2), np.array(["g", "g"]),
-                                                        old_log_probs, sum_pi_squared)
+    adv, ret = compute_optimal_token_baseline_advantage(
+        rewards, torch.ones(2, 2), np.array(["g", "g"]), old_log_probs, sum_pi_squared
+    )
     _close(ret, [[1.0, 1.0], [0.0, 0.0]])
     _close(adv, [[1 - 0.625, 1 - 0.5], [-0.625, -0.5]])
 
@@ -119,7 +122,9 @@ def _registry_batch(seed: int = 3, bs: int = 12, length: int = 6):
     rewards = torch.randn(bs, length, generator=gen) * mask
     index = np.array([f"g{g}" for g, size in enumerate((2, 3, 3, 4)) for _ in range(size)], dtype=object)
     inputs = dict(
-        values=torch.randn(bs, length, generator=gen), index=index, reward_baselines=torch.randn(bs, generator=gen),
+        values=torch.randn(bs, length, generator=gen),
+        index=index,
+        reward_baselines=torch.randn(bs, generator=gen),
         old_log_probs=torch.log(torch.rand(bs, length, generator=gen)),
         sum_pi_squared=torch.rand(bs, length, generator=gen),
         reward_components=[torch.randn(bs, generator=gen), torch.randn(bs, generator=gen)],
@@ -143,10 +148,18 @@ def test_options_come_from_the_algorithm_config_unless_given():
     dr = compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)[0]
     config = AlgorithmConfig(adv_estimator="grpo", norm_adv_by_std_in_grpo=False, gamma=0.5)
     for name in ("grpo", "grpo_vectorized"):  # verl's grpo_vectorized ignores the key; ColoRL honours it
-        _close(ca.compute_advantage(name, token_level_rewards=rewards, response_mask=mask, index=index,
-                                    config=config)[0], dr)
-    given = ca.compute_advantage("grpo", token_level_rewards=rewards, response_mask=mask, index=index,
-                                 config=config, norm_adv_by_std_in_grpo=True)[0]
+        _close(
+            ca.compute_advantage(name, token_level_rewards=rewards, response_mask=mask, index=index, config=config)[0],
+            dr,
+        )
+    given = ca.compute_advantage(
+        "grpo",
+        token_level_rewards=rewards,
+        response_mask=mask,
+        index=index,
+        config=config,
+        norm_adv_by_std_in_grpo=True,
+    )[0]
     _close(given, compute_grpo_outcome_advantage(rewards, mask, index)[0])
     rpp = ca.compute_advantage("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, config=config)
     _close(rpp[1], compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)[1])
@@ -157,12 +170,15 @@ def test_unknown_estimator_or_argument_is_named():
         ca.compute_advantage("ppo2", token_level_rewards=torch.zeros(1, 1), response_mask=torch.ones(1, 1))
     assert all(name in str(err.value) for name in ca.ADV_ESTIMATORS)
     with pytest.raises(TypeError, match="valuez"):
-        ca.compute_advantage("gae", token_level_rewards=torch.zeros(1, 1), response_mask=torch.ones(1, 1),
-                             valuez=torch.zeros(1, 1))
+        ca.compute_advantage(
+            "gae", token_level_rewards=torch.zeros(1, 1), response_mask=torch.ones(1, 1), valuez=torch.zeros(1, 1)
+        )
 
 
-@pytest.mark.parametrize(("name", "missing"), [("gae", "values"), ("grpo", "index"), ("remax", "reward_baselines"),
-                                               ("optimal_token_baseline", "sum_pi_squared")])
+@pytest.mark.parametrize(
+    ("name", "missing"),
+    [("gae", "values"), ("grpo", "index"), ("remax", "reward_baselines"), ("optimal_token_baseline", "sum_pi_squared")],
+)
 def test_missing_input_is_named(name, missing):
     given = {"index": np.array(["a", "a"]), "old_log_probs": torch.zeros(2, 3)}
     given.pop(missing, None)

@@ -49,8 +49,9 @@ def test_values_and_gradients_equal_the_full_computation(chunk, temperature):
         return [o.detach().double() for o in outs], [t.grad for t in leaves]
 
     want, want_grads = run(lambda h, w, b: _full(h, w, b, labels, temperature, ref_hidden))
-    got, got_grads = run(lambda h, w, b: _three(fused.linear_log_probs(h, w, labels, b, temperature,
-                                                                     ref=(ref_hidden, w, b))))
+    got, got_grads = run(
+        lambda h, w, b: _three(fused.linear_log_probs(h, w, labels, b, temperature, ref=(ref_hidden, w, b)))
+    )
     for a, b in zip(got, want):  # fp32 inside the chunks: fp32 tolerance
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     for a, b in zip(got_grads, want_grads):

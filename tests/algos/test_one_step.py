@@ -23,17 +23,27 @@ from trainer.advantage import compute_advantage
 from workers.actor import DataParallelPPOActor
 
 PROMPTS, N, P, R = 2, 4, 4, 5
-BASE = [f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={N}", "trainer.n_gpus_per_node=1",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}", "actor_rollout_ref.actor.optim.lr=1e-2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "algorithm.gdpo_reward_keys=[format,accuracy]",
-        "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"]
+BASE = [
+    f"data.train_batch_size={PROMPTS}",
+    f"actor_rollout_ref.rollout.n={N}",
+    "trainer.n_gpus_per_node=1",
+    f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
+    "actor_rollout_ref.actor.optim.lr=1e-2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "algorithm.gdpo_reward_keys=[format,accuracy]",
+    "actor_rollout_ref.actor.policy_loss.dro_beta=0.1",
+]
 # verl's bypass mode with importance weights, rejection and the REINFORCE loss, on the rollout's log-probs (from
 # the command line: policy_loss.rollout_correction is ${algorithm.rollout_correction}, resolved when loading)
-BYPASS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true",
-          "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
-          "algorithm.rollout_correction.rollout_rs_threshold=0.2_5.0",
-          "algorithm.rollout_correction.loss_type=reinforce",
-          "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"]
+BYPASS = [
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+    "algorithm.rollout_correction.bypass_mode=true",
+    "algorithm.rollout_correction.rollout_is=token",
+    "algorithm.rollout_correction.rollout_rs=token_k1",
+    "algorithm.rollout_correction.rollout_rs_threshold=0.2_5.0",
+    "algorithm.rollout_correction.loss_type=reinforce",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+]
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +110,13 @@ def test_one_step_per_estimator(tiny, estimator):
 
 @pytest.mark.parametrize("loss_mode", [mode for mode in algos.POLICY_LOSSES if mode != "bypass_mode"])
 def test_one_step_per_policy_loss(tiny, loss_mode):
-    metrics = _step(tiny, {"actor_rollout_ref.actor.policy_loss.loss_mode": loss_mode,
-                           "actor_rollout_ref.actor.skip_on_policy_old_log_prob": False})
+    metrics = _step(
+        tiny,
+        {
+            "actor_rollout_ref.actor.policy_loss.loss_mode": loss_mode,
+            "actor_rollout_ref.actor.skip_on_policy_old_log_prob": False,
+        },
+    )
     _finite(metrics)
     assert "actor/pg_loss" in metrics
 

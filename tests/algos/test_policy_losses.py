@@ -14,8 +14,9 @@ torch.set_num_threads(1)
 
 
 def _close(actual, expected, **tol):
-    torch.testing.assert_close(torch.as_tensor(actual).float(), torch.as_tensor(expected).float(),
-                               **(tol or {"rtol": 1e-5, "atol": 1e-6}))
+    torch.testing.assert_close(
+        torch.as_tensor(actual).float(), torch.as_tensor(expected).float(), **(tol or {"rtol": 1e-5, "atol": 1e-6})
+    )
 
 
 def _logp(values):
@@ -69,8 +70,9 @@ def test_vanilla_dual_clip_cases():
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0]])
     ratio = torch.tensor([[1.6, 0.5, 5.0, 0.5, 2.0]])
     logp = ratio.log().requires_grad_()
-    loss, metrics = ca.compute_policy_loss("vanilla", torch.zeros_like(ratio), logp, adv, torch.ones_like(ratio),
-                                           "seq-mean-token-sum")
+    loss, metrics = ca.compute_policy_loss(
+        "vanilla", torch.zeros_like(ratio), logp, adv, torch.ones_like(ratio), "seq-mean-token-sum"
+    )
     # A>0 ratio 1.6: clipped to 1.2 -> -1.2; A>0 ratio .5: unclipped -> -.5; A<0 ratio 5: max(5, 1.2)=5, dual
     # clip -> 3; A<0 ratio .5: clipped to .8 -> .8; A<0 ratio 2: max(2, 1.2)=2 < 3 -> 2.
     assert loss.item() == pytest.approx(-1.2 - 0.5 + 3.0 + 0.8 + 2.0)
@@ -128,8 +130,11 @@ def test_sapo_gate_and_its_own_aggregation():
     (grad,) = torch.autograd.grad((terms.losses * mask).sum(), logp)
     _close(grad, [[-1.0, 1.0, 0.0]])
     # always seq-mean-token-mean, whatever loss_agg_mode says
-    logp2, adv2, mask2 = torch.zeros(2, 3), torch.tensor([[1.0] * 3, [-1.0] * 3]), torch.tensor([[1.0] * 3,
-                                                                                                   [1.0, 0, 0]])
+    logp2, adv2, mask2 = (
+        torch.zeros(2, 3),
+        torch.tensor([[1.0] * 3, [-1.0] * 3]),
+        torch.tensor([[1.0] * 3, [1.0, 0, 0]]),
+    )
     loss, _ = ca.compute_policy_loss("sapo", logp2, logp2, adv2, mask2, "token-mean")
     assert loss.item() == pytest.approx((-2.0 + 2 / 1.05) / 2, rel=1e-5)  # token-mean: (3·−2 + 2/1.05) / 4
 
@@ -176,8 +181,14 @@ def test_dppo_tv_masks_tokens_that_moved_too_far():
     loss.backward()
     _close(logp.grad, [[-1.2, 0.0, 0.0]])
     assert metrics["actor/pg_clipfrac"].item() == pytest.approx(2 / 3)
-    _, truncated = ca.compute_policy_loss("dppo_tv", old, torch.log(torch.tensor([[0.6, 0.6, 0.6]])),
-                                          torch.ones(1, 3), torch.ones(1, 3), config=_actor(clip_ratio_c=1.1))
+    _, truncated = ca.compute_policy_loss(
+        "dppo_tv",
+        old,
+        torch.log(torch.tensor([[0.6, 0.6, 0.6]])),
+        torch.ones(1, 3),
+        torch.ones(1, 3),
+        config=_actor(clip_ratio_c=1.1),
+    )
     assert truncated["actor/pg_clipfrac_lower"].item() == 1.0  # ρ = 1.2 > c = 1.1
 
 
@@ -188,8 +199,9 @@ def test_dppo_kl_uses_the_binary_kl():
     terms = pl.compute_policy_loss_dppo_kl(old, logp, torch.ones(1, 2), torch.ones(1, 2))
     _close(terms.losses, [[-1.4 * math.log(0.7), 0.0]])
     # a probability moving against the advantage's direction is always kept
-    down = pl.compute_policy_loss_dppo_kl(old, torch.log(torch.tensor([[0.05, 0.05]])), torch.ones(1, 2),
-                                          torch.ones(1, 2))
+    down = pl.compute_policy_loss_dppo_kl(
+        old, torch.log(torch.tensor([[0.05, 0.05]])), torch.ones(1, 2), torch.ones(1, 2)
+    )
     assert down.metrics["actor/pg_clipfrac"].item() == 0.0
 
 
@@ -231,23 +243,37 @@ def test_kl_cov_penalises_the_highest_covariance_token():
 
 def test_options_come_from_the_actor_config():
     config = _actor(clip_ratio=0.1, clip_ratio_low=None, clip_ratio_high=0.5, tau_neg=2.0, kl_cov_ratio=0.5)
-    assert ca.policy_loss_options("vanilla", config) == {"clip_ratio_low": 0.1, "clip_ratio_high": 0.5,
-                                                         "clip_ratio_c": 3.0}
+    assert ca.policy_loss_options("vanilla", config) == {
+        "clip_ratio_low": 0.1,
+        "clip_ratio_high": 0.5,
+        "clip_ratio_c": 3.0,
+    }
     assert ca.policy_loss_options("sapo", config) == {"tau_pos": 1.0, "tau_neg": 2.0}
     assert ca.policy_loss_options("kl_cov", config) == {"kl_cov_ratio": 0.5, "ppo_kl_coef": 0.1}
     assert ActorConfig().clip_ratio_low == ActorConfig().clip_ratio_high == 0.2  # verl 0.9.1's defaults
 
 
 def test_every_loss_is_registered_with_known_needs():
-    assert list(ca.POLICY_LOSSES) == ["vanilla", "gspo", "sapo", "cispo", "gpg", "geo_mean", "dppo_tv", "dppo_kl",
-                                      "dro", "clip_cov", "kl_cov", "bypass_mode"]
+    assert list(ca.POLICY_LOSSES) == [
+        "vanilla",
+        "gspo",
+        "sapo",
+        "cispo",
+        "gpg",
+        "geo_mean",
+        "dppo_tv",
+        "dppo_kl",
+        "dro",
+        "clip_cov",
+        "kl_cov",
+        "bypass_mode",
+    ]
     assert [n for n, entry in ca.POLICY_LOSSES.items() if entry.needs] == ["bypass_mode"]
     with pytest.raises(ValueError, match="cispo") as err:
         ca.compute_policy_loss("ppo", torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1))
     assert all(name in str(err.value) for name in ca.POLICY_LOSSES)
     with pytest.raises(ValueError, match="rollout_log_probs"):
-        ca.compute_policy_loss("bypass_mode", torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1),
-                               torch.ones(1, 1))
+        ca.compute_policy_loss("bypass_mode", torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1))
 
 
 def test_value_loss_clipping():
@@ -261,7 +287,8 @@ def test_value_loss_clipping():
     assert metrics["critic/vf_clipfrac"].item() == pytest.approx(0.5)
     assert metrics["critic/vpred_mean"].item() == pytest.approx(0.6)
     assert metrics["critic/vf_loss"].item() == pytest.approx(loss.item())
-    share, metrics = ca.compute_value_loss(vpreds, returns, values, mask, 0.5,
-                                           global_batch=dict(dp_size=1, batch_num_tokens=4, global_batch_size=2))
+    share, metrics = ca.compute_value_loss(
+        vpreds, returns, values, mask, 0.5, global_batch=dict(dp_size=1, batch_num_tokens=4, global_batch_size=2)
+    )
     assert share.item() == pytest.approx(0.5 * (0.25 + 0.04) / 4)  # its share of a 4-token mini-batch
     assert metrics["critic/vf_loss"].item() == pytest.approx(loss.item())

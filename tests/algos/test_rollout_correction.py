@@ -15,8 +15,7 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 
 
 def _close(actual, expected):
-    torch.testing.assert_close(torch.as_tensor(actual).float(), torch.as_tensor(expected).float(),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.as_tensor(actual).float(), torch.as_tensor(expected).float(), rtol=1e-5, atol=1e-6)
 
 
 def test_token_weights_truncate_or_zero_outside_the_band():
@@ -69,16 +68,18 @@ def test_bad_rejection_options():
 
 
 def _bypass_config(**corr) -> ActorConfig:
-    return ActorConfig(policy_loss=PolicyLossConfig(loss_mode="bypass_mode",
-                                                    rollout_correction=RolloutCorrectionConfig(**corr)))
+    return ActorConfig(
+        policy_loss=PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=RolloutCorrectionConfig(**corr))
+    )
 
 
 def test_bypass_ppo_clip_is_ppo_against_the_rollout_policy():
     rollout = torch.log(torch.tensor([[0.4, 0.5, 0.2], [0.3, 0.6, 0.5]]))
     logp = (rollout + LOG_W.clamp(max=0.5)).requires_grad_()
     adv = torch.tensor([[1.0, -1.0, 1.0], [-1.0, 1.0, 1.0]])
-    loss, metrics = ca.compute_policy_loss("bypass_mode", torch.zeros_like(rollout), logp, adv, MASK,
-                                           config=_bypass_config(), rollout_log_probs=rollout)
+    loss, metrics = ca.compute_policy_loss(
+        "bypass_mode", torch.zeros_like(rollout), logp, adv, MASK, config=_bypass_config(), rollout_log_probs=rollout
+    )
     want, want_metrics = ca.compute_policy_loss("vanilla", rollout, logp, adv, MASK)
     _close(loss.detach(), want.detach())
     assert {k: v.item() for k, v in want_metrics.items()} == {k: metrics[k].item() for k in want_metrics}
@@ -90,10 +91,12 @@ def test_bypass_reinforce_weights_the_policy_gradient_and_drops_rejected_tokens(
     # L = −A·log π·w with w = min(π/π_rollout, 2); token_k1 in [0.5, 2] drops the w = 3 token from the mean
     rollout = torch.zeros(2, 3)
     logp = LOG_W.clone().requires_grad_()
-    config = _bypass_config(loss_type="reinforce", rollout_is="token", rollout_rs="token_k1",
-                            rollout_rs_threshold="0.5_2.0")
-    loss, metrics = ca.compute_policy_loss("bypass_mode", rollout, logp, torch.ones(2, 3), MASK,
-                                           config=config, rollout_log_probs=rollout)
+    config = _bypass_config(
+        loss_type="reinforce", rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0"
+    )
+    loss, metrics = ca.compute_policy_loss(
+        "bypass_mode", rollout, logp, torch.ones(2, 3), MASK, config=config, rollout_log_probs=rollout
+    )
     kept = [(0, 0, 0.5), (0, 1, 1.0), (1, 0, 1.5), (1, 1, 1.2)]  # (row, col, w)
     assert loss.item() == pytest.approx(-sum(w * math.log(w) for _, _, w in kept) / 4, rel=1e-5)
     loss.backward()

@@ -61,24 +61,42 @@ def test_estimators_match_verl(seed, holes):
     values, baselines = torch.randn(BS, R, generator=gen), torch.randn(BS, generator=gen)
     old_log_probs, sum_pi_squared = torch.log(torch.rand(BS, R, generator=gen)), torch.rand(BS, R, generator=gen)
     components = {"format": torch.randn(BS, generator=gen), "accuracy": (torch.rand(BS, generator=gen) > 0.5).float()}
-    inputs = dict(values=values, index=index, reward_baselines=baselines, old_log_probs=old_log_probs,
-                  sum_pi_squared=sum_pi_squared, reward_components=list(components.values()))
+    inputs = dict(
+        values=values,
+        index=index,
+        reward_baselines=baselines,
+        old_log_probs=old_log_probs,
+        sum_pi_squared=sum_pi_squared,
+        reward_components=list(components.values()),
+    )
     for norm in (True, False):
-        ours = AlgorithmConfig(adv_estimator="gdpo", gamma=0.9, lam=0.8, norm_adv_by_std_in_grpo=norm,
-                               gdpo_reward_keys=list(components), gdpo_reward_weights=[0.7, 1.3])
-        theirs = VerlAlgoConfig(gamma=0.9, lam=0.8, norm_adv_by_std_in_grpo=norm, gdpo_reward_keys=list(components),
-                                gdpo_reward_weights=[0.7, 1.3])
+        ours = AlgorithmConfig(
+            adv_estimator="gdpo",
+            gamma=0.9,
+            lam=0.8,
+            norm_adv_by_std_in_grpo=norm,
+            gdpo_reward_keys=list(components),
+            gdpo_reward_weights=[0.7, 1.3],
+        )
+        theirs = VerlAlgoConfig(
+            gamma=0.9,
+            lam=0.8,
+            norm_adv_by_std_in_grpo=norm,
+            gdpo_reward_keys=list(components),
+            gdpo_reward_weights=[0.7, 1.3],
+        )
         for name in ca.ADV_ESTIMATORS:
             rows = torch.as_tensor(index != "uid1")
             if name == "grpo_passk":
                 keep = index != "uid1"
-                got = ca.compute_advantage(name, token_level_rewards=rewards[rows], response_mask=mask[rows],
-                                           config=ours, index=index[keep])
-                want = verl_algos.compute_grpo_passk_outcome_advantage(rewards[rows], mask[rows], index[keep],
-                                                                       config=theirs)
+                got = ca.compute_advantage(
+                    name, token_level_rewards=rewards[rows], response_mask=mask[rows], config=ours, index=index[keep]
+                )
+                want = verl_algos.compute_grpo_passk_outcome_advantage(
+                    rewards[rows], mask[rows], index[keep], config=theirs
+                )
             else:
-                got = ca.compute_advantage(name, token_level_rewards=rewards, response_mask=mask, config=ours,
-                                           **inputs)
+                got = ca.compute_advantage(name, token_level_rewards=rewards, response_mask=mask, config=ours, **inputs)
                 want = _verl_estimator(name, rewards, mask, inputs, theirs, components)
             m = mask[rows] if name == "grpo_passk" else mask
             for a, b in zip(got, want):  # verl's GAE leaves whitened values on padding; ColoRL zeroes them
@@ -97,12 +115,21 @@ def _verl_estimator(name, rewards, mask, inputs, config, components):
     if name == "gdpo":
         prompts = torch.zeros(BS, P, dtype=torch.long)
         attention_mask = torch.cat([torch.ones(BS, P), (torch.arange(R)[None, :] < _ends(mask)[:, None])], 1).long()
-        return fn(index=inputs["index"], config=config, norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
-                  non_tensor_batch={k: v.numpy() for k, v in components.items()},
-                  batch={"prompts": prompts, "attention_mask": attention_mask}, **common)
+        return fn(
+            index=inputs["index"],
+            config=config,
+            norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
+            non_tensor_batch={k: v.numpy() for k, v in components.items()},
+            batch={"prompts": prompts, "attention_mask": attention_mask},
+            **common,
+        )
     if name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
-        return fn(index=inputs["index"], old_log_probs=inputs["old_log_probs"],
-                  sum_pi_squared=inputs["sum_pi_squared"], **common)
+        return fn(
+            index=inputs["index"],
+            old_log_probs=inputs["old_log_probs"],
+            sum_pi_squared=inputs["sum_pi_squared"],
+            **common,
+        )
     extra = {"reward_baselines": inputs["reward_baselines"]} if name == "remax" else {"index": inputs["index"]}
     return fn(config=config, **extra, **common)
 
@@ -116,27 +143,53 @@ def _ends(mask):
 
 
 OPTIONS = dict(clip_ratio_low=0.15, clip_ratio_high=0.28, clip_ratio_c=2.5, tau_pos=1.2, tau_neg=1.6)
-LOSS_OPTIONS = dict(clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=5.0, kl_cov_ratio=0.2, ppo_kl_coef=0.3,
-                    dro_beta=0.1)
+LOSS_OPTIONS = dict(
+    clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=5.0, kl_cov_ratio=0.2, ppo_kl_coef=0.3, dro_beta=0.1
+)
 CORRECTIONS = {
-    "ppo_clip": dict(loss_type="ppo_clip", rollout_is="token", rollout_rs="token_k1,seq_mean_k3",
-                     rollout_rs_threshold="0.6_1.6,0.05"),
-    "reinforce": dict(loss_type="reinforce", rollout_is="sequence", rollout_is_threshold="0.5_2.0",
-                      rollout_is_batch_normalize=True, rollout_rs="seq_max_k2", rollout_rs_threshold=0.1),
-    "reinforce_token": dict(loss_type="reinforce", rollout_is="token", rollout_is_threshold=1.5,
-                            rollout_rs="token_k3,seq_sum_k1", rollout_rs_threshold="0.1,0.3_3.0"),
+    "ppo_clip": dict(
+        loss_type="ppo_clip", rollout_is="token", rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="0.6_1.6,0.05"
+    ),
+    "reinforce": dict(
+        loss_type="reinforce",
+        rollout_is="sequence",
+        rollout_is_threshold="0.5_2.0",
+        rollout_is_batch_normalize=True,
+        rollout_rs="seq_max_k2",
+        rollout_rs_threshold=0.1,
+    ),
+    "reinforce_token": dict(
+        loss_type="reinforce",
+        rollout_is="token",
+        rollout_is_threshold=1.5,
+        rollout_rs="token_k3,seq_sum_k1",
+        rollout_rs_threshold="0.1,0.3_3.0",
+    ),
 }
 CASES = [(mode, None) for mode in ca.POLICY_LOSSES if mode != "bypass_mode"] + [
-    ("bypass_mode", name) for name in CORRECTIONS]
+    ("bypass_mode", name) for name in CORRECTIONS
+]
 
 
 def _configs(loss_mode, agg, correction):
     corr = CORRECTIONS.get(correction, {})
-    ours = ActorConfig(loss_agg_mode=agg, loss_scale_factor=5.0, **OPTIONS, policy_loss=PolicyLossConfig(
-        loss_mode=loss_mode, rollout_correction=RolloutCorrectionConfig(**corr), **LOSS_OPTIONS))
-    theirs = VerlActorConfig(rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=agg, **OPTIONS,
-                             policy_loss=VerlPolicyLossConfig(loss_mode=loss_mode, **LOSS_OPTIONS,
-                                                              rollout_correction=VerlRolloutCorrection(**corr)))
+    ours = ActorConfig(
+        loss_agg_mode=agg,
+        loss_scale_factor=5.0,
+        **OPTIONS,
+        policy_loss=PolicyLossConfig(
+            loss_mode=loss_mode, rollout_correction=RolloutCorrectionConfig(**corr), **LOSS_OPTIONS
+        ),
+    )
+    theirs = VerlActorConfig(
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        loss_agg_mode=agg,
+        **OPTIONS,
+        policy_loss=VerlPolicyLossConfig(
+            loss_mode=loss_mode, **LOSS_OPTIONS, rollout_correction=VerlRolloutCorrection(**corr)
+        ),
+    )
     theirs.global_batch_info["loss_scale_factor"] = 5.0  # what verl's ppo_loss sets from actor.loss_scale_factor
     return ours, theirs
 
@@ -183,8 +236,13 @@ def test_agg_loss_and_value_loss_match_verl():
 def test_the_comparison_sees_every_registered_name():
     assert set(ca.ADV_ESTIMATORS) == set(verl_algos.ADV_ESTIMATOR_REGISTRY)
     assert set(ca.POLICY_LOSSES) == set(verl_algos.POLICY_LOSS_REGISTRY)
-    assert set(ca.LOSS_AGG_MODES) == {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-                                      "seq-mean-token-sum-norm"}
+    assert set(ca.LOSS_AGG_MODES) == {
+        "token-mean",
+        "token-sum",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    }
     verl_keys = {f.name for f in dataclasses.fields(VerlPolicyLossConfig) if not f.name.startswith("_")}
     assert verl_keys == {f.name for f in dataclasses.fields(PolicyLossConfig)}
     read = {name for entry in ca.POLICY_LOSSES.values() for name in entry.options if "." not in name}

@@ -11,8 +11,24 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--hidden", "32", "--layers", "1", "--sft-warmup-steps", "0", "--prompts", "2", "--n", "2",
-        "--prompt-length", "8", "--response-length", "4", "--device", "cpu"]
+TINY = [
+    "--hidden",
+    "32",
+    "--layers",
+    "1",
+    "--sft-warmup-steps",
+    "0",
+    "--prompts",
+    "2",
+    "--n",
+    "2",
+    "--prompt-length",
+    "8",
+    "--response-length",
+    "4",
+    "--device",
+    "cpu",
+]
 R = 4  # --response-length
 
 
@@ -24,8 +40,14 @@ def cache_dir(tmp_path_factory) -> str:
 def run_benchmark(name: str, *args: str, timeout: float = 240) -> dict:
     """``python -m benchmarks.<name> args``: its stdout must be exactly one JSON object."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1, result.stdout
@@ -37,8 +59,21 @@ def run_benchmark(name: str, *args: str, timeout: float = 240) -> dict:
 
 
 def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
-    out = run_benchmark("floor", *TINY, "--algo", "ppo", "--kl", "--steps", "2", "--warmup", "1", "--threads", "1",
-                        "--cache-dir", cache_dir)
+    out = run_benchmark(
+        "floor",
+        *TINY,
+        "--algo",
+        "ppo",
+        "--kl",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--cache-dir",
+        cache_dir,
+    )
     phases = out["timing_s"]
     assert set(phases) == {"gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor"}
     assert all(t >= 0 for t in phases.values())
@@ -58,8 +93,9 @@ def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
 def test_floor_with_lora_trains_the_adapters_and_takes_ref_from_the_base(cache_dir):
     """lora_rank > 0: the floor does a LoRA step's work (adapters only trained, ref = adapters off, no 2nd model)."""
     lora = ["--set", "actor_rollout_ref.model.lora_rank=4", "--set", "actor_rollout_ref.model.lora_alpha=8"]
-    out = run_benchmark("floor", *TINY, "--kl", "--steps", "1", "--warmup", "1", "--threads", "1",
-                        "--cache-dir", cache_dir, *lora)
+    out = run_benchmark(
+        "floor", *TINY, "--kl", "--steps", "1", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir, *lora
+    )
     assert out["lora_rank"] == 4 and 0 < out["trainable_params"] < out["n_params"] / 2
     assert out["floor_phases"] == ["gen", "ref", "update_actor"] and out["timing_s"]["ref"] > 0
     for key in ("floor_s", "response_tokens_per_s_floor", "peak_rss_gb"):
@@ -71,10 +107,27 @@ def test_floor_breaks_memory_down_and_swaps_the_vocabulary(cache_dir):
     """--phase-memory: weights, optimizer state, KV cache and each phase's peak RSS; --vocab-size: the same model
     with another vocabulary (random weights); rollout log-probs as the old ones: no old-log-prob phase in the floor."""
     base = run_benchmark("floor", *TINY, "--steps", "1", "--warmup", "0", "--threads", "1", "--cache-dir", cache_dir)
-    out = run_benchmark("floor", *TINY, "--steps", "1", "--warmup", "0", "--threads", "1", "--cache-dir", cache_dir,
-                        "--phase-memory", "--model-path", base["model_path"], "--vocab-size", "500",
-                        "--set", "actor_rollout_ref.rollout.calculate_log_probs=true",
-                        "--set", "actor_rollout_ref.actor.ppo_mini_batch_size=1")
+    out = run_benchmark(
+        "floor",
+        *TINY,
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--cache-dir",
+        cache_dir,
+        "--phase-memory",
+        "--model-path",
+        base["model_path"],
+        "--vocab-size",
+        "500",
+        "--set",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "--set",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+    )
     assert out["vocab_size"] == 500 and base["vocab_size"] < 500
     assert out["n_params"] > base["n_params"]  # the embedding (tied head) grew with the vocabulary
     assert out["floor_phases"] == ["gen", "update_actor"]  # two optimizer steps, old log-probs from the rollout
@@ -88,8 +141,9 @@ def test_floor_breaks_memory_down_and_swaps_the_vocabulary(cache_dir):
 def test_floor_computes_in_the_actors_configured_precision(cache_dir):
     """bf16 on CPU: the floor's models compute in bf16 (as the workers would) and MFU is against the bf16 peak."""
     bf16 = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"
-    out = run_benchmark("floor", *TINY, "--steps", "1", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir,
-                        "--set", bf16)
+    out = run_benchmark(
+        "floor", *TINY, "--steps", "1", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir, "--set", bf16
+    )
     assert out["floor_phases"] == ["gen", "update_actor"] and out["floor_s"] > 0
     # > 0 only: the CPU's bf16 peak is a matmul timed under whatever else the machine runs, so on a busy machine
     # the ratio can pass 1 (it did once in a full suite); the fp32 tests above keep the < 1 bound
@@ -108,11 +162,34 @@ def test_floor_and_step_run_on_cuda_in_bf16(cache_dir):
 
 @pytest.mark.slow  # a trainer run per worker count: ~30 s
 def test_step_reports_trainer_phases_and_throughput(cache_dir):
-    out = run_benchmark("step", *TINY, "--algo", "ppo", "--kl", "--workers", "1", "--steps", "1", "--warmup", "0",
-                        "--cache-dir", cache_dir)
+    out = run_benchmark(
+        "step",
+        *TINY,
+        "--algo",
+        "ppo",
+        "--kl",
+        "--workers",
+        "1",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--cache-dir",
+        cache_dir,
+    )
     phases = out["timing_s"]
-    for phase in ("step", "gen", "reward", "ref", "values", "adv", "update_critic", "update_actor",
-                  "worker_gen", "worker_update_actor"):
+    for phase in (
+        "step",
+        "gen",
+        "reward",
+        "ref",
+        "values",
+        "adv",
+        "update_critic",
+        "update_actor",
+        "worker_gen",
+        "worker_update_actor",
+    ):
         assert phases[phase] >= 0, phase
     assert "old_log_prob" not in phases  # one optimizer step per batch: on-policy, that forward is skipped
     assert out["s_per_step"] == phases["step"] > phases["gen"] > 0
@@ -137,11 +214,17 @@ def test_step_flops_count_each_pass_that_ran(tmp_path):
     from benchmarks.step import flops_model, step_flops
     from config import PPOConfig, replace_keys, to_config
 
-    LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4).save_pretrained(tmp_path)
+    LlamaConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    ).save_pretrained(tmp_path)
     schema = replace_keys(PPOConfig(), {"actor_rollout_ref.model.path": str(tmp_path)})  # one epoch, no KL loss
     cfg = to_config(dataclasses.asdict(schema))
-    metrics = {"prompt_length/mean": 5.0, "response_length/mean": 3.0, "timing_s/gen": 1.0, "timing_s/update_actor": 1.0}
+    metrics = {
+        "prompt_length/mean": 5.0,
+        "response_length/mean": 3.0,
+        "timing_s/gen": 1.0,
+        "timing_s/update_actor": 1.0,
+    }
     forward = flops_model(str(tmp_path)).forward_flops(torch.full((4,), 8))
     assert step_flops(cfg, metrics, 4) == 4 * forward
     critic = flops_model(str(tmp_path), value_model=True).forward_flops(torch.full((4,), 8))
@@ -165,9 +248,16 @@ def test_transfer_round_trips_a_dataproto_through_the_workers():
 def test_transfer_counts_the_bytes_a_step_moves(cache_dir):
     """The demo's GRPO step on one worker: the prompts go out, the advantages follow; the responses, their masks
     and the attention mask come back; the rollout's sequences never travel again."""
-    sets = [f"builtin.cache_dir={cache_dir}", "builtin.hidden_size=32", "builtin.num_layers=1",
-            "builtin.sft_warmup_steps=0", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=1"]
+    sets = [
+        f"builtin.cache_dir={cache_dir}",
+        "builtin.hidden_size=32",
+        "builtin.num_layers=1",
+        "builtin.sft_warmup_steps=0",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "trainer.n_gpus_per_node=1",
+    ]
     out = run_benchmark("transfer", "--per-step", "--steps", "1", *(arg for s in sets for arg in ("--set", s)))
     rows, p, r = 4, out["shapes"]["prompt_length"], out["shapes"]["response_length"]
     gen, update = out["by_call"]["generate_sequences"], out["by_call"]["update_actor"]
@@ -180,8 +270,21 @@ def test_transfer_counts_the_bytes_a_step_moves(cache_dir):
 
 @pytest.mark.slow
 def test_memory_compares_fsdp_ranks_with_one_process(cache_dir):
-    out = run_benchmark("memory", "--hidden", "32", "--layers", "2", "--prompts", "2", "--n", "2", "--device", "cpu",
-                        "--cache-dir", cache_dir)
+    out = run_benchmark(
+        "memory",
+        "--hidden",
+        "32",
+        "--layers",
+        "2",
+        "--prompts",
+        "2",
+        "--n",
+        "2",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        cache_dir,
+    )
     ranks, plain = out["fsdp_2_ranks"], out["unsharded"]
     assert [r["rank"] for r in ranks] == [0, 1]
     for row in [*ranks, plain]:
@@ -218,9 +321,23 @@ def test_trl_baseline_runs_in_its_own_venv(cache_dir, kl, lora):
     """Installs TRL into benchmarks/.trl-venv on first use (minutes), then runs two GRPO steps with ColoRL's settings
     (LoRA: peft adapters of the same rank on the same modules)."""
     adapters = ["--set", "actor_rollout_ref.model.lora_rank=4", "--set", "actor_rollout_ref.model.lora_alpha=8"]
-    out = run_benchmark("trl", *TINY, "--steps", "2", "--warmup", "1", "--threads", "1", "--cache-dir", cache_dir,
-                        "--set", "actor_rollout_ref.rollout.temperature=0.7", *(["--kl"] if kl else []),
-                        *(adapters if lora else []), timeout=1800)
+    out = run_benchmark(
+        "trl",
+        *TINY,
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--cache-dir",
+        cache_dir,
+        "--set",
+        "actor_rollout_ref.rollout.temperature=0.7",
+        *(["--kl"] if kl else []),
+        *(adapters if lora else []),
+        timeout=1800,
+    )
     assert out["versions"]["trl"] == "1.16.0"
     assert (out["beta"] > 0) == kl and out["ref_model"] == kl  # with --kl: ColoRL's kl_loss_coef and a ref model
     assert len(out["s_per_step_all"]) == 2 and out["s_per_step"] > 0 and out["gen_s"] > 0
@@ -235,8 +352,11 @@ def test_compare_ratios_use_the_floor_that_applies():
 
     row = {"floor": 0.1, "trl": 0.2, "colorl_w1": 0.11, "colorl_w2": 0.25}
     assert ratios(row, [1, 2]) == {
-        "colorl_w1_over_floor": 1.1, "colorl_w1_over_trl": 0.55,
-        "colorl_w2_over_floor": 2.5, "colorl_w2_over_trl": 1.25, "w2_over_w1": 2.273,
+        "colorl_w1_over_floor": 1.1,
+        "colorl_w1_over_trl": 0.55,
+        "colorl_w2_over_floor": 2.5,
+        "colorl_w2_over_trl": 1.25,
+        "w2_over_w1": 2.273,
     }
 
 
@@ -273,18 +393,28 @@ def test_tensordict_storage_compares_both_storages():
 
 @pytest.mark.slow  # training runs: ~27 s (the estimate: tests/workers/test_memory_estimate.py)
 def test_memory_estimate_compares_the_estimate_with_the_workers_peak(cache_dir):
-    tiny = {"builtin.hidden_size": 32, "builtin.num_layers": 1, "builtin.sft_warmup_steps": 0,
-            "builtin.cache_dir": cache_dir, "data.train_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
-            "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "trainer.n_gpus_per_node": 1, "trainer.device": "cpu"}
+    tiny = {
+        "builtin.hidden_size": 32,
+        "builtin.num_layers": 1,
+        "builtin.sft_warmup_steps": 0,
+        "builtin.cache_dir": cache_dir,
+        "data.train_batch_size": 2,
+        "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "trainer.n_gpus_per_node": 1,
+        "trainer.device": "cpu",
+    }
     out = run_benchmark("memory_estimate", "--steps", "1", *[f"--set={k}={v}" for k, v in tiny.items()])
     assert out["workers"] == 1 and out["measured"] == "perf/cpu_memory_peak_gb"
     assert 0.2 < out["measured_peak_gib_per_worker"] < 2
     for name in ("at_max_lengths", "at_observed_lengths"):
         estimate = out[name]
         assert estimate["peak_phase"] in estimate["phases"] and {"load", "generate", "update_actor"} <= set(
-            estimate["phases"])
-        assert estimate["measured_over_estimate"] == pytest.approx(out["measured_peak_gib_per_worker"]
-                                                                   / estimate["peak_gib"], rel=0.01)
+            estimate["phases"]
+        )
+        assert estimate["measured_over_estimate"] == pytest.approx(
+            out["measured_peak_gib_per_worker"] / estimate["peak_gib"], rel=0.01
+        )
     assert 1 <= out["observed_lengths"]["response"] <= 8
 
 
@@ -295,8 +425,19 @@ def test_against_runs_the_same_command_in_another_checkout(tmp_path):
     ref_dir = tmp_path / "ref"
     try:
         # a command that prints its tree's path as a number of characters: the two trees differ
-        out = run_benchmark("against", "--ref", "HEAD", "--ref-dir", str(ref_dir), "--rounds", "2", "--", "python",
-                            "-c", "import json, os; print(json.dumps({'cwd_chars': len(os.getcwd()), 'one': 1}))")
+        out = run_benchmark(
+            "against",
+            "--ref",
+            "HEAD",
+            "--ref-dir",
+            str(ref_dir),
+            "--rounds",
+            "2",
+            "--",
+            "python",
+            "-c",
+            "import json, os; print(json.dumps({'cwd_chars': len(os.getcwd()), 'one': 1}))",
+        )
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(ref_dir)], cwd=REPO, capture_output=True)
     assert len(out["rounds"]) == 2 and out["rounds"][0]["ref"]["cwd_chars"] == len(str(ref_dir))
@@ -306,13 +447,14 @@ def test_against_runs_the_same_command_in_another_checkout(tmp_path):
 def test_against_reads_a_training_run_after_its_warmup(tmp_path):
     from benchmarks.against import step_figures, summarize
 
-    rows = [{"step": 1, "timing_s/step": 9.0, "perf/cpu_memory_peak_gb": 1.0},
-            {"step": 2, "timing_s/step": 2.0, "timing_s/gen": 1.0, "perf/cpu_memory_peak_gb": 1.5},
-            {"step": 3, "timing_s/step": 4.0, "timing_s/gen": 3.0, "perf/cpu_memory_peak_gb": 1.2}]
+    rows = [
+        {"step": 1, "timing_s/step": 9.0, "perf/cpu_memory_peak_gb": 1.0},
+        {"step": 2, "timing_s/step": 2.0, "timing_s/gen": 1.0, "perf/cpu_memory_peak_gb": 1.5},
+        {"step": 3, "timing_s/step": 4.0, "timing_s/gen": 3.0, "perf/cpu_memory_peak_gb": 1.2},
+    ]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     figures = step_figures(tmp_path / "metrics.jsonl", warmup=1)
-    assert figures == {"timing_s/step": 3.0, "timing_s/gen": 2.0, "perf/cpu_memory_peak_gb": 1.5,
-                       "steps_measured": 2}
+    assert figures == {"timing_s/step": 3.0, "timing_s/gen": 2.0, "perf/cpu_memory_peak_gb": 1.5, "steps_measured": 2}
     half = {k: v / 2 for k, v in figures.items()}
     assert summarize([{"ref": figures, "head": half}])["median_head_over_ref"]["timing_s/step"] == 0.5
 
@@ -327,10 +469,19 @@ def test_learning_race_times_the_gain_from_the_first_validation():
 def test_allocator_runs_the_presets_update_under_each_allocator(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                 vocab_size=500)).save_pretrained(tmp_path)
-    out = run_benchmark("allocator", "--iterations", "2", "--allocator", "mimalloc", "glibc-kept",
-                        "--set", f"actor_rollout_ref.model.path={tmp_path}")
+    LlamaForCausalLM(
+        LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=500)
+    ).save_pretrained(tmp_path)
+    out = run_benchmark(
+        "allocator",
+        "--iterations",
+        "2",
+        "--allocator",
+        "mimalloc",
+        "glibc-kept",
+        "--set",
+        f"actor_rollout_ref.model.path={tmp_path}",
+    )
     results = out["results"]
     assert [results[name]["mimalloc"] for name in ("mimalloc", "glibc-kept")] == [True, False]
     for result in results.values():
@@ -338,8 +489,25 @@ def test_allocator_runs_the_presets_update_under_each_allocator(tmp_path):
 
 
 def test_remove_padding_compares_packed_and_shared_prompt_variants_with_the_padded_path():
-    out = run_benchmark("remove_padding", "--rows", "8", "--prompt-length", "8", "--response-length", "6",
-                        "--hidden", "64", "--layers", "1", "--micro", "4", "--n", "4", "--repeats", "1")
+    out = run_benchmark(
+        "remove_padding",
+        "--rows",
+        "8",
+        "--prompt-length",
+        "8",
+        "--response-length",
+        "6",
+        "--hidden",
+        "64",
+        "--layers",
+        "1",
+        "--micro",
+        "4",
+        "--n",
+        "4",
+        "--repeats",
+        "1",
+    )
     variants = out["variants"]
     assert set(variants) >= {"padded", "remove_padding", "remove_padding+prefix_grouper"}
     assert all(v["log_prob_max_abs_diff"] < 1e-4 for v in variants.values())  # the same log-probs, every layout

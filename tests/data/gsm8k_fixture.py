@@ -18,10 +18,14 @@ from single_controller import DataProto
 
 GSM8K = {
     "train": [
-        {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
-         "answer": "Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7"},
-        {"question": "A box holds 1,000 pens. How many pens are in 2 boxes?",
-         "answer": "2 * 1,000 = <<2*1000=2000>>2,000 pens.\n#### 2,000"},
+        {
+            "question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
+            "answer": "Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7",
+        },
+        {
+            "question": "A box holds 1,000 pens. How many pens are in 2 boxes?",
+            "answer": "2 * 1,000 = <<2*1000=2000>>2,000 pens.\n#### 2,000",
+        },
         {"question": "Sara had 10 dollars and spent 4. How much is left?", "answer": "10 - 4 = <<10-4=6>>6\n#### 6"},
     ],
     "test": [
@@ -58,8 +62,14 @@ def printable_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> PreTrained
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
     backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>",
-                                        eos_token="<eos>", unk_token="<unk>", padding_side="left")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
     tokenizer.chat_template = chat_template
     return tokenizer
 
@@ -71,8 +81,9 @@ def save_tiny_model(path: Path, tokenizer: PreTrainedTokenizerFast) -> str:
     return str(path)
 
 
-def response_batch(tokenizer: PreTrainedTokenizerFast, texts: list[str], data_source: str, ground_truth: str
-                   ) -> DataProto:
+def response_batch(
+    tokenizer: PreTrainedTokenizerFast, texts: list[str], data_source: str, ground_truth: str
+) -> DataProto:
     """Responses ``texts`` (each ending in EOS, right-padded) to one question, as the reward manager receives them."""
     width = max(len(t) for t in texts) + 1
     ids = torch.full((len(texts), width), tokenizer.pad_token_id)
@@ -83,6 +94,9 @@ def response_batch(tokenizer: PreTrainedTokenizerFast, texts: list[str], data_so
         mask[i, : len(row)] = 1
     return DataProto.from_dict(
         {"responses": ids, "response_mask": mask},
-        {"data_source": [data_source] * len(texts), "reward_model": [{"ground_truth": ground_truth}] * len(texts),
-         "extra_info": [{}] * len(texts)},
+        {
+            "data_source": [data_source] * len(texts),
+            "reward_model": [{"ground_truth": ground_truth}] * len(texts),
+            "extra_info": [{}] * len(texts),
+        },
     )

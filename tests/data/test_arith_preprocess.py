@@ -61,8 +61,10 @@ def test_gsm8k_scorer_strict_score_and_flexible_extra():
     row = make_splits({"test": 1}, seed=2)["test"][0]
     truth = row["reward_model"]["ground_truth"]
     wrong = str(int(truth) + 1)
-    assert default_compute_score(DATA_SOURCE, f"so it is {truth}.\n#### {truth}", truth) == {"score": 1.0,
-                                                                                              "flexible": 1.0}
+    assert default_compute_score(DATA_SOURCE, f"so it is {truth}.\n#### {truth}", truth) == {
+        "score": 1.0,
+        "flexible": 1.0,
+    }
     assert default_compute_score(DATA_SOURCE, f"#### {wrong}", truth) == {"score": 0.0, "flexible": 0.0}
     assert default_compute_score(DATA_SOURCE, f"The answer is {truth}.", truth) == {"score": 0.0, "flexible": 1.0}
     assert default_compute_score(DATA_SOURCE, "no idea", truth) == {"score": 0.0, "flexible": 0.0}
@@ -101,8 +103,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 def test_write_splits_leaves_no_staging_files(tmp_path):
     written = write_splits(make_splits({"train": 3, "test": 2}), tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"] == sorted(
-        p.name for p in written.values())
+    assert (
+        sorted(p.name for p in tmp_path.iterdir())
+        == ["test.parquet", "train.parquet"]
+        == sorted(p.name for p in written.values())
+    )
 
 
 def test_max_number_bounds_every_number():

@@ -36,8 +36,9 @@ def test_overlong_prompts_are_filtered_and_counted(parquet_file, char_tokenizer)
 @pytest.mark.parametrize("side, kept", [("left", "4567890>"), ("right", "c1234567"), ("middle", "c1237890>")])
 def test_overlong_prompts_are_truncated_as_data_truncation_says(parquet_file, char_tokenizer, side, kept):
     width = 9 if side == "middle" else 8
-    ds = RLHFDataset(parquet_file, char_tokenizer, max_prompt_length=width, filter_overlong_prompts=False,
-                     truncation=side)
+    ds = RLHFDataset(
+        parquet_file, char_tokenizer, max_prompt_length=width, filter_overlong_prompts=False, truncation=side
+    )
     assert len(ds) == 4 and ds.num_filtered == 0
     assert char_tokenizer.decode(ds[3]["input_ids"]) == kept  # "c1234567890>" cut to its width
 
@@ -90,7 +91,9 @@ def test_dataloader_order_is_seeded(tmp_path, char_tokenizer):
     ds = RLHFDataset(str(tmp_path / "16.parquet"), char_tokenizer, max_prompt_length=16)
 
     def order(seed):
-        return sum((b["raw_prompt"].tolist() for b in make_dataloader(ds, 2, shuffle=True, seed=seed, drop_last=False)), [])
+        return sum(
+            (b["raw_prompt"].tolist() for b in make_dataloader(ds, 2, shuffle=True, seed=seed, drop_last=False)), []
+        )
 
     assert order(5) == order(5)  # two loaders, one seed: one order
     assert order(5) != order(6)  # another seed, another order (of 16! possible ones)

@@ -24,8 +24,12 @@ def test_every_layout_gives_verl_rows(tmp_path, layout):
     question, answer = GSM8K["train"][1]["question"], GSM8K["train"][1]["answer"]
     assert train[1] == {
         "data_source": "openai/gsm8k",
-        "prompt": [{"role": "user", "content": question + " Let's think step by step and output the final answer "
-                                               'after "####".'}],
+        "prompt": [
+            {
+                "role": "user",
+                "content": question + ' Let\'s think step by step and output the final answer after "####".',
+            }
+        ],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": "2000"},
         "extra_info": {"split": "train", "index": 1, "answer": answer, "question": question},

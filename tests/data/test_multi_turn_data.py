@@ -16,9 +16,11 @@ from data.reward import RewardManager
 from single_controller import DataProto
 from tests.data.gsm8k_fixture import printable_tokenizer, write_gsm8k
 
-TOOLS_TEMPLATE = ("{% if tools %}<|tools|>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}{% endif %}"
-                  "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
-                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|tools|>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 SCHEMA = {"type": "function", "function": {"name": "calculator", "description": "", "parameters": {}}}
 
 
@@ -27,8 +29,12 @@ def test_arith_tool_rows_are_tool_agent_rows_rendered_with_the_tools(tmp_path):
     arith.main(["--out_dir", str(tmp_path / "plain"), "--train_size", "6", "--test_size", "2"])
     tool_rows, plain_rows = (pq.read_table(tmp_path / d / "train.parquet").to_pylist() for d in ("tools", "plain"))
     assert [r["reward_model"] for r in tool_rows] == [r["reward_model"] for r in plain_rows]  # the same problems
-    assert all(r["agent_name"] == "tool_agent" and r["prompt"][-1] == plain["prompt"][-1]  # the same question
-               and any("<tool_call>" in m["content"] for m in r["prompt"][:-1]) for r, plain in zip(tool_rows, plain_rows))
+    assert all(
+        r["agent_name"] == "tool_agent"
+        and r["prompt"][-1] == plain["prompt"][-1]  # the same question
+        and any("<tool_call>" in m["content"] for m in r["prompt"][:-1])
+        for r, plain in zip(tool_rows, plain_rows)
+    )
     tokenizer = printable_tokenizer(TOOLS_TEMPLATE)
     files = [str(tmp_path / "tools" / "train.parquet"), str(tmp_path / "plain" / "train.parquet")]
     dataset = RLHFDataset(files, tokenizer, max_prompt_length=1024, tool_schemas=[SCHEMA])
@@ -55,8 +61,20 @@ def test_reasoning_gym_rows_are_held_out_and_scored_by_its_checker(tmp_path, cap
     from data.preprocess import reasoning_gym
     from data.tasks import default_compute_score
 
-    reasoning_gym.main(["--task", "chain_sum", "--out_dir", str(tmp_path), "--train_size", "40", "--test_size", "10",
-                        "--config", "max_terms=3"])
+    reasoning_gym.main(
+        [
+            "--task",
+            "chain_sum",
+            "--out_dir",
+            str(tmp_path),
+            "--train_size",
+            "40",
+            "--test_size",
+            "10",
+            "--config",
+            "max_terms=3",
+        ]
+    )
     train, test = (pq.read_table(tmp_path / f"{s}.parquet").to_pylist() for s in ("train", "test"))
     assert not {r["prompt"][1]["content"] for r in train} & {r["prompt"][1]["content"] for r in test}
     row = test[0]
@@ -64,8 +82,10 @@ def test_reasoning_gym_rows_are_held_out_and_scored_by_its_checker(tmp_path, cap
     assert row["data_source"] == "reasoning_gym/chain_sum" and "<answer>" in row["prompt"][0]["content"]
     score = lambda text: default_compute_score(row["data_source"], text, truth, row["extra_info"])  # noqa: E731
     assert (score(f"so <answer>{truth}</answer>"), score(truth), score("<answer>nope</answer>")) == (1.0, 0.0, 0.0)
-    for argv, message in [(["--task", "nope"], "not a reasoning-gym task"),
-                          (["--task", "chain_sum", "--config", "bogus=1"], "refused it")]:
+    for argv, message in [
+        (["--task", "nope"], "not a reasoning-gym task"),
+        (["--task", "chain_sum", "--config", "bogus=1"], "refused it"),
+    ]:
         with pytest.raises(SystemExit) as exit_info:
             reasoning_gym.main([*argv, "--out_dir", str(tmp_path / "x")])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
@@ -87,9 +107,15 @@ def test_the_reward_manager_scores_the_whole_conversation_and_adds_tool_rewards(
     model[0, 5:17] = 0  # the tool turn: attended, not trained
     batch = DataProto.from_dict(
         {"responses": responses, "response_mask": model, "attention_mask": torch.cat([torch.ones(1, 2), valid], -1)},
-        {"data_source": np.array(["x"], dtype=object), "reward_model": np.array([{"ground_truth": "3"}]),
-         "extra_info": np.array([{}]), "tool_rewards": np.array([-0.25], dtype=object),
-         "__num_turns__": np.array([4], dtype=object), "reward_scores": np.array([{"calc": 1.0}])})
+        {
+            "data_source": np.array(["x"], dtype=object),
+            "reward_model": np.array([{"ground_truth": "3"}]),
+            "extra_info": np.array([{}]),
+            "tool_rewards": np.array([-0.25], dtype=object),
+            "__num_turns__": np.array([4], dtype=object),
+            "reward_scores": np.array([{"calc": 1.0}]),
+        },
+    )
     scores, _ = RewardManager(tokenizer, compute_score)(batch)
     assert scores[0, len(ids) - 1] == 0.75 and scores.sum() == 0.75  # on the last token, the model's EOS
     solution, extra_info = seen[0]

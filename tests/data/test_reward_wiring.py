@@ -54,13 +54,22 @@ def assets(tmp_path_factory):
 
 
 def _trainer(assets, tmp_path, *overrides: str):
-    cfg = load_config([
-        f"actor_rollout_ref.model.path={assets['model']}", "trainer.device=cpu",
-        f"data.train_files=[{','.join(assets['train'])}]", f"data.val_files=[{','.join(assets['val'])}]",
-        "data.max_prompt_length=256", "data.max_response_length=24", "data.train_batch_size=4",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        f"trainer.default_local_dir={tmp_path}", *overrides,
-    ], config_name="demo")  # the demo's small settings around a user model and data
+    cfg = load_config(
+        [
+            f"actor_rollout_ref.model.path={assets['model']}",
+            "trainer.device=cpu",
+            f"data.train_files=[{','.join(assets['train'])}]",
+            f"data.val_files=[{','.join(assets['val'])}]",
+            "data.max_prompt_length=256",
+            "data.max_response_length=24",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            f"trainer.default_local_dir={tmp_path}",
+            *overrides,
+        ],
+        config_name="demo",
+    )  # the demo's small settings around a user model and data
     return build_trainer(cfg)
 
 
@@ -95,8 +104,9 @@ def test_custom_reward_function_scores_train_and_val(assets, tmp_path):
         "def length_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return len(solution_str) / 100 if data_source == 'openai/gsm8k' else 0.25\n"
     )
-    trainer = _trainer(assets, tmp_path, f"custom_reward_function.path={path}",
-                       "custom_reward_function.name=length_score")
+    trainer = _trainer(
+        assets, tmp_path, f"custom_reward_function.path={path}", "custom_reward_function.name=length_score"
+    )
     assert trainer.reward_fn.compute_score.__name__ == "length_score"
     assert trainer.val_reward_fn.compute_score is trainer.reward_fn.compute_score
     _script_answers(trainer, gsm8k_correct=2)  # "so #### 15" and "so #### 5": 10 and 9 characters
@@ -107,18 +117,29 @@ def test_custom_reward_function_scores_train_and_val(assets, tmp_path):
     "file_text, name, expected",
     [
         (None, "compute_score", r"^custom_reward_function\.path='.*missing\.py': no such file"),
-        ("def other(*args):\n    return 0.0\n", "compute_score",
-         r"^custom_reward_function\.name='compute_score': .*no function 'compute_score'; callables in it: \['other'\]"),
-        ("import no_such_module_here\n", "compute_score",
-         r"^custom_reward_function\.path='.*': importing it raised ModuleNotFoundError: No module named"),
+        (
+            "def other(*args):\n    return 0.0\n",
+            "compute_score",
+            r"^custom_reward_function\.name='compute_score': .*no function 'compute_score'; callables in it: \['other'\]",
+        ),
+        (
+            "import no_such_module_here\n",
+            "compute_score",
+            r"^custom_reward_function\.path='.*': importing it raised ModuleNotFoundError: No module named",
+        ),
     ],
 )
 def test_bad_custom_reward_function_is_a_config_error(tmp_path, file_text, name, expected):
     path = tmp_path / ("missing.py" if file_text is None else "reward.py")
     if file_text is not None:
         path.write_text(file_text)
-    cfg = load_config([f"custom_reward_function.path={path}", f"custom_reward_function.name={name}",
-                       f"builtin.cache_dir={tmp_path / 'never_built'}"])
+    cfg = load_config(
+        [
+            f"custom_reward_function.path={path}",
+            f"custom_reward_function.name={name}",
+            f"builtin.cache_dir={tmp_path / 'never_built'}",
+        ]
+    )
     with pytest.raises(ConfigError, match=expected) as error:
         build_trainer(cfg)
     assert "\n" not in str(error.value)

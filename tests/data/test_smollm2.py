@@ -49,7 +49,7 @@ def test_greedy_answer_to_an_arithmetic_chat_prompt(loaded):
     inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    new = out[0, inputs["input_ids"].shape[1]:]
+    new = out[0, inputs["input_ids"].shape[1] :]
     assert len(new) >= 1 and int(new.max()) < model.config.vocab_size
     answer = tokenizer.decode(new, skip_special_tokens=True)
     assert answer.strip() and any(ch.isdigit() for ch in answer)  # it talks arithmetic, right or wrong

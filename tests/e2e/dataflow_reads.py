@@ -75,5 +75,6 @@ def assert_declared(trainer: Any, per_rank: list[dict[str, set[str]]], phases: s
     for rank, reads in enumerate(per_rank):
         assert set(reads) == phases, f"rank {rank} ran phases {sorted(reads)}"
         for phase in phases:
-            assert reads[phase] == declared[phase], f"rank {rank}, phase {phase!r}: read {sorted(reads[phase])}, " \
-                                                    f"declared {sorted(declared[phase])}"
+            assert reads[phase] == declared[phase], (
+                f"rank {rank}, phase {phase!r}: read {sorted(reads[phase])}, declared {sorted(declared[phase])}"
+            )

@@ -20,19 +20,41 @@ from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager
 from trainer.export import export
 
 # metrics that are pure functions of the computation (not of wall time)
-COMPARED = ["critic/score/mean", "actor/pg_loss", "actor/ppo_kl", "actor/grad_norm", "actor/entropy", "response_length/mean"]
+COMPARED = [
+    "critic/score/mean",
+    "actor/pg_loss",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "actor/entropy",
+    "response_length/mean",
+]
 
 
 def config(tmp_path, steps: int, n_workers: int = 2, *extra: str):
-    return load_config([
-        f"builtin.cache_dir={tmp_path.parent / 'assets'}", "builtin.hidden_size=32", "builtin.num_train=16",
-        "builtin.num_val=4", "builtin.sft_warmup_steps=2",
-        "data.train_batch_size=4", "data.max_response_length=5", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "algorithm.adv_estimator=grpo",
-        f"trainer.n_gpus_per_node={n_workers}", "trainer.device=cpu", f"trainer.total_training_steps={steps}",
-        "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=3", "trainer.deterministic=true",
-        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[file,wandb]", *extra,
-    ])
+    return load_config(
+        [
+            f"builtin.cache_dir={tmp_path.parent / 'assets'}",
+            "builtin.hidden_size=32",
+            "builtin.num_train=16",
+            "builtin.num_val=4",
+            "builtin.sft_warmup_steps=2",
+            "data.train_batch_size=4",
+            "data.max_response_length=5",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "algorithm.adv_estimator=grpo",
+            f"trainer.n_gpus_per_node={n_workers}",
+            "trainer.device=cpu",
+            f"trainer.total_training_steps={steps}",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.save_freq=3",
+            "trainer.deterministic=true",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[file,wandb]",
+            *extra,
+        ]
+    )
 
 
 def run(cfg, reloaded: Path | None = None):
@@ -156,11 +178,17 @@ def test_elastic_resume_with_one_worker(straight_and_resumed, tmp_path):
     shutil.copytree(resumed_dir / "global_step_6", tmp_path / "global_step_6")
     trainer = run(config(tmp_path, 7, 1, "trainer.logger=[file]"), reloaded=tmp_path / "reloaded")
     # the one worker holds exactly what the two saved: every weight, every Adam moment and step count
-    assert_same(role_state(resumed_dir / "global_step_6" / "actor", tmp_path),
-                role_state(tmp_path / "reloaded" / "actor", tmp_path))
+    assert_same(
+        role_state(resumed_dir / "global_step_6" / "actor", tmp_path),
+        role_state(tmp_path / "reloaded" / "actor", tmp_path),
+    )
     assert trainer.global_step == 7 and [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [7]
-    saved = AutoModelForCausalLM.from_pretrained(export(str(resumed_dir / "global_step_6"), str(tmp_path / "6"))).state_dict()
-    now = AutoModelForCausalLM.from_pretrained(export(str(tmp_path / "global_step_7"), str(tmp_path / "7"))).state_dict()
+    saved = AutoModelForCausalLM.from_pretrained(
+        export(str(resumed_dir / "global_step_6"), str(tmp_path / "6"))
+    ).state_dict()
+    now = AutoModelForCausalLM.from_pretrained(
+        export(str(tmp_path / "global_step_7"), str(tmp_path / "7"))
+    ).state_dict()
     assert any(not torch.equal(saved[k], now[k]) for k in saved)  # it trained on from the loaded weights
 
 
@@ -189,8 +217,12 @@ def test_interrupted_save_is_ignored(straight_and_resumed, tmp_path):
 
 def test_resume_with_a_different_model_is_a_clear_error(straight_and_resumed, tmp_path):
     _, resumed_dir, _, _ = straight_and_resumed
-    overrides = ("builtin.hidden_size=48", "trainer.resume_mode=resume_path", "trainer.logger=[file]",
-                 f"trainer.resume_from_path={resumed_dir / 'global_step_6'}")
+    overrides = (
+        "builtin.hidden_size=48",
+        "trainer.resume_mode=resume_path",
+        "trainer.logger=[file]",
+        f"trainer.resume_from_path={resumed_dir / 'global_step_6'}",
+    )
     with pytest.raises(ConfigError, match="it was saved with a different config: ") as info:
         build_trainer(config(tmp_path, 7, 2, *overrides))  # before any worker starts
     assert "builtin.hidden_size 32 -> 48" in str(info.value)
@@ -211,8 +243,9 @@ def small_disk(tmp_path):
 
 @pytest.mark.slow  # ~17 s (a disk filling mid-file on every rank: tests/reliability/test_checkpoint_disk.py)
 def test_full_disk_keeps_the_previous_checkpoint(ray_cluster, tmp_path, small_disk):
-    trainer = build_trainer(config(small_disk, 1, 2, "trainer.logger=[]", "trainer.save_freq=1",
-                                   f"builtin.cache_dir={tmp_path / 'assets'}"))
+    trainer = build_trainer(
+        config(small_disk, 1, 2, "trainer.logger=[]", "trainer.save_freq=1", f"builtin.cache_dir={tmp_path / 'assets'}")
+    )
     trainer.init_workers()
     trainer.fit()
     with open(small_disk / "filler", "wb") as filler:  # fill the disk to the last byte
@@ -221,8 +254,11 @@ def test_full_disk_keeps_the_previous_checkpoint(ray_cluster, tmp_path, small_di
                 filler.write(b"\0" * 65536)
                 filler.flush()
     trainer.global_step = 2
-    with pytest.raises(CheckpointError, match=r"step 2 failed \(rank \d could not write the checkpoint to "
-                       r".*\.global_step_2\.staging/actor: .*MiB free on that file system\).*intact: .*global_step_1"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"step 2 failed \(rank \d could not write the checkpoint to "
+        r".*\.global_step_2\.staging/actor: .*MiB free on that file system\).*intact: .*global_step_1",
+    ):
         trainer.save_checkpoint()
     (small_disk / "filler").unlink()
     assert CheckpointManager(str(small_disk)).find("auto") == small_disk / "global_step_1"

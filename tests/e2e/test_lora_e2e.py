@@ -21,17 +21,33 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def config(tmp_path, steps: int, n_workers: int = 2, *extra: str):
-    return load_config([
-        f"builtin.cache_dir={tmp_path.parent / 'assets'}", "builtin.hidden_size=32", "builtin.num_train=16",
-        "builtin.num_val=4", "builtin.sft_warmup_steps=2",
-        "data.train_batch_size=4", "data.max_response_length=5", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr=1e-2",
-        f"trainer.n_gpus_per_node={n_workers}", "trainer.device=cpu", f"trainer.total_training_steps={steps}",
-        "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=2",
-        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[file]", *extra,
-    ])
+    return load_config(
+        [
+            f"builtin.cache_dir={tmp_path.parent / 'assets'}",
+            "builtin.hidden_size=32",
+            "builtin.num_train=16",
+            "builtin.num_val=4",
+            "builtin.sft_warmup_steps=2",
+            "data.train_batch_size=4",
+            "data.max_response_length=5",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.model.lora_alpha=16",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.optim.lr=1e-2",
+            f"trainer.n_gpus_per_node={n_workers}",
+            "trainer.device=cpu",
+            f"trainer.total_training_steps={steps}",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.save_freq=2",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[file]",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +76,11 @@ def test_the_reference_is_the_base_model(lora_run, kl_loss_type, tmp_path):
 def model_shards(role_dir: Path) -> dict[str, torch.Tensor]:
     """The model tensors a role's sharded checkpoint holds, read in this process."""
     reader = PlainReader(role_dir)
-    state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
-             for k, v in reader.read_metadata().state_dict_metadata.items() if k.startswith("model.")}
+    state = {
+        k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
+        for k, v in reader.read_metadata().state_dict_metadata.items()
+        if k.startswith("model.")
+    }
     dcp.load(state, storage_reader=reader, planner=PlainLoadPlanner(), no_dist=True)
     return state
 
@@ -87,8 +106,12 @@ def test_elastic_resume_on_one_worker_trains_on(lora_run):
 def test_export_writes_merged_weights_that_load_without_peft(lora_run, tmp_path):
     root, _ = lora_run
     actor = root / "one" / "global_step_3" / "actor"
-    subprocess.run([sys.executable, "-m", "trainer.export", str(root / "one"), "--out", str(tmp_path / "hf")],
-                   check=True, capture_output=True, cwd=Path(__file__).parents[2])
+    subprocess.run(
+        [sys.executable, "-m", "trainer.export", str(root / "one"), "--out", str(tmp_path / "hf")],
+        check=True,
+        capture_output=True,
+        cwd=Path(__file__).parents[2],
+    )
     base_path = json.loads((actor / "adapter_config.json").read_text())["base_model_name_or_path"]
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
     base = AutoModelForCausalLM.from_pretrained(base_path).state_dict()

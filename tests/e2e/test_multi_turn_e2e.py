@@ -27,12 +27,20 @@ TOOL_CONFIG = """tools:
 
 
 def rows(split: str, n: int) -> list[dict]:
-    return [{"data_source": "colorl/arith", "agent_name": "tool_agent",
-             "prompt": [{"role": "user", "content": "1+2?"}],  # what the model was taught
-             "reward_model": {"style": "rule", "ground_truth": "3"},
-             "extra_info": {"split": split, "index": i,
-                            "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "3"}}}}}
-            for i in range(n)]
+    return [
+        {
+            "data_source": "colorl/arith",
+            "agent_name": "tool_agent",
+            "prompt": [{"role": "user", "content": "1+2?"}],  # what the model was taught
+            "reward_model": {"style": "rule", "ground_truth": "3"},
+            "extra_info": {
+                "split": split,
+                "index": i,
+                "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "3"}}},
+            },
+        }
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +50,34 @@ def run(ray_cluster, tmp_path_factory):
     write_parquet(rows("train", 8), tmp / "train.parquet")
     write_parquet(rows("val", 2), tmp / "val.parquet")
     (tmp / "tools.yaml").write_text(TOOL_CONFIG)
-    cfg = load_config([
-        f"actor_rollout_ref.model.path={model}", f"data.train_files={tmp / 'train.parquet'}",
-        f"data.val_files={tmp / 'val.parquet'}", "data.train_batch_size=4", "data.max_prompt_length=32",
-        "data.max_response_length=128", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.optim.lr=1e-3",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.multi_turn.enable=true", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp / 'tools.yaml'}",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", "actor_rollout_ref.model.use_remove_padding=true",
-        "actor_rollout_ref.rollout.calculate_log_probs=true",  # the old log-probs are the agent loop's
-        "trainer.n_gpus_per_node=2", "trainer.device=cpu", "trainer.total_training_steps=2", "trainer.test_freq=2",
-        "trainer.logger=[file]", f"trainer.default_local_dir={tmp / 'out'}", "trainer.save_freq=-1",
-    ])
+    cfg = load_config(
+        [
+            f"actor_rollout_ref.model.path={model}",
+            f"data.train_files={tmp / 'train.parquet'}",
+            f"data.val_files={tmp / 'val.parquet'}",
+            "data.train_batch_size=4",
+            "data.max_prompt_length=32",
+            "data.max_response_length=128",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp / 'tools.yaml'}",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "actor_rollout_ref.rollout.calculate_log_probs=true",  # the old log-probs are the agent loop's
+            "trainer.n_gpus_per_node=2",
+            "trainer.device=cpu",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=2",
+            "trainer.logger=[file]",
+            f"trainer.default_local_dir={tmp / 'out'}",
+            "trainer.save_freq=-1",
+        ]
+    )
     trainer = build_trainer(cfg)
     trainer.init_workers()
     trainer.fit()
@@ -63,10 +87,19 @@ def run(ray_cluster, tmp_path_factory):
 def test_two_grpo_steps_with_tools_log_the_tool_metrics(run):
     assert [r["step"] for r in run] == [0, 1, 2]
     for record in run[1:]:
-        for key in ("num_turns/mean", "num_turns/max", "tool_call_counts/mean", "multi_turn/tool_errors/mean",
-                    "multi_turn/tool_response_tokens/mean", "multi_turn/turn_limit_ratio",
-                    "multi_turn/length_limit_ratio", "multi_turn/tokenization_mismatch_ratio",
-                    "timing_s/agent_loop/tool_calls", "actor/pg_loss", "critic/score/mean"):
+        for key in (
+            "num_turns/mean",
+            "num_turns/max",
+            "tool_call_counts/mean",
+            "multi_turn/tool_errors/mean",
+            "multi_turn/tool_response_tokens/mean",
+            "multi_turn/turn_limit_ratio",
+            "multi_turn/length_limit_ratio",
+            "multi_turn/tokenization_mismatch_ratio",
+            "timing_s/agent_loop/tool_calls",
+            "actor/pg_loss",
+            "critic/score/mean",
+        ):
             assert key in record, key
         assert all(math.isfinite(v) for v in record.values()), record
         assert record["multi_turn/tokenization_mismatch_ratio"] == 0

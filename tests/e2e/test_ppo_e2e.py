@@ -15,39 +15,88 @@ from workers import malloc
 from workers.fsdp import fsdp_modules
 
 REQUIRED = [
-    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
-    "response_length/mean", "prompt_length/mean",
-    "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "actor/lr",
-    "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor",
-    "timing_s/step", "perf/throughput", "perf/time_per_step", "perf/mfu/actor", "perf/cpu_memory_used_gb",
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "critic/advantages/mean",
+    "critic/returns/mean",
+    "response_length/mean",
+    "prompt_length/mean",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "actor/kl_loss",
+    "actor/grad_norm",
+    "actor/lr",
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/old_log_prob",
+    "timing_s/ref",
+    "timing_s/adv",
+    "timing_s/update_actor",
+    "timing_s/step",
+    "perf/throughput",
+    "perf/time_per_step",
+    "perf/mfu/actor",
+    "perf/cpu_memory_used_gb",
 ]
-CRITIC_REQUIRED = ["critic/values/mean", "critic/vf_explained_var", "critic/vf_loss", "critic/vf_clipfrac",
-                   "critic/grad_norm", "timing_s/values", "timing_s/update_critic", "perf/mfu/critic"]
+CRITIC_REQUIRED = [
+    "critic/values/mean",
+    "critic/vf_explained_var",
+    "critic/vf_loss",
+    "critic/vf_clipfrac",
+    "critic/grad_norm",
+    "timing_s/values",
+    "timing_s/update_critic",
+    "perf/mfu/critic",
+]
 VAL_KEY = "val-core/colorl/copy/reward/mean@1"
 
 
-def tiny_config(tmp_path, estimator: str, logger: str = "[file]", device: str = "cpu", n_workers: int = 2,
-                recompute_old_log_prob: bool = True, extra: tuple[str, ...] = ()):
+def tiny_config(
+    tmp_path,
+    estimator: str,
+    logger: str = "[file]",
+    device: str = "cpu",
+    n_workers: int = 2,
+    recompute_old_log_prob: bool = True,
+    extra: tuple[str, ...] = (),
+):
     """Two steps of 4 prompts × 2; by default the old log-probs get their own forward (the general path);
     ``extra`` overrides go last."""
-    return load_config([
-        f"actor_rollout_ref.actor.skip_on_policy_old_log_prob={str(not recompute_old_log_prob).lower()}",
-        f"builtin.cache_dir={tmp_path.parent / 'assets'}", "builtin.hidden_size=32", "builtin.num_train=64",
-        "builtin.num_val=6", "builtin.sft_warmup_steps=2",
-        f"data.train_batch_size={max(4, n_workers)}", "data.max_response_length=6",
-        "actor_rollout_ref.rollout.n=2", f"actor_rollout_ref.actor.ppo_mini_batch_size={max(4, n_workers)}",
-        "actor_rollout_ref.actor.use_kl_loss=true", f"algorithm.adv_estimator={estimator}",
-        f"trainer.n_gpus_per_node={n_workers}", f"trainer.device={device}", "trainer.total_training_steps=2", "trainer.test_freq=1",
-        f"trainer.default_local_dir={tmp_path}", f"trainer.logger={logger}", *extra,
-    ])
+    return load_config(
+        [
+            f"actor_rollout_ref.actor.skip_on_policy_old_log_prob={str(not recompute_old_log_prob).lower()}",
+            f"builtin.cache_dir={tmp_path.parent / 'assets'}",
+            "builtin.hidden_size=32",
+            "builtin.num_train=64",
+            "builtin.num_val=6",
+            "builtin.sft_warmup_steps=2",
+            f"data.train_batch_size={max(4, n_workers)}",
+            "data.max_response_length=6",
+            "actor_rollout_ref.rollout.n=2",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={max(4, n_workers)}",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            f"algorithm.adv_estimator={estimator}",
+            f"trainer.n_gpus_per_node={n_workers}",
+            f"trainer.device={device}",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=1",
+            f"trainer.default_local_dir={tmp_path}",
+            f"trainer.logger={logger}",
+            *extra,
+        ]
+    )
 
 
 def local_param_sums(worker) -> dict[str, list[float]]:
     """Per-parameter sums of this rank's FSDP shards, for the actor and the reference model."""
+
     def sums(module):
         for sharded in fsdp_modules(module):
             sharded.reshard()  # the root stays gathered after forward; compare shards with shards
         return [p.to_local().double().sum().item() for p in module.parameters()]
+
     roles = worker.worker_dict
     return {"actor": sums(roles["actor_rollout"].actor.module), "ref": sums(roles["ref"].ref_policy.module)}
 
@@ -118,18 +167,26 @@ def test_critic_loss_falls_on_a_fixed_batch(gae_run):
     torch.manual_seed(0)
     b, p, r = 8, 8, 6
     input_ids = torch.randint(4, 20, (b, p + r))
-    batch = DataProto.from_dict({
-        "input_ids": input_ids, "responses": input_ids[:, p:], "attention_mask": torch.ones(b, p + r, dtype=torch.long),
-        "position_ids": torch.arange(p + r).expand(b, -1).clone(), "response_mask": torch.ones(b, r),
-        "values": torch.zeros(b, r), "returns": torch.rand(b, r),
-    })
+    batch = DataProto.from_dict(
+        {
+            "input_ids": input_ids,
+            "responses": input_ids[:, p:],
+            "attention_mask": torch.ones(b, p + r, dtype=torch.long),
+            "position_ids": torch.arange(p + r).expand(b, -1).clone(),
+            "response_mask": torch.ones(b, r),
+            "values": torch.zeros(b, r),
+            "returns": torch.rand(b, r),
+        }
+    )
     losses = [sum(trainer.critic_wg.update_critic(batch).meta_info["metrics"]["critic/vf_loss"]) for _ in range(6)]
     assert losses[-1] < losses[0]
 
 
 def test_grpo_runs_without_critic_on_policy_and_with_the_exact_kl_loss(ray_cluster, tmp_path):
     """One optimizer step per batch: the old-log-prob forward is skipped and the PPO ratio is exactly 1."""
-    cfg = tiny_config(tmp_path, "grpo", recompute_old_log_prob=False, extra=("actor_rollout_ref.actor.kl_loss_type=full",))
+    cfg = tiny_config(
+        tmp_path, "grpo", recompute_old_log_prob=False, extra=("actor_rollout_ref.actor.kl_loss_type=full",)
+    )
     trainer = build_trainer(cfg)
     trainer.init_workers()
     assert trainer.critic_wg is None
@@ -158,8 +215,11 @@ def test_gae_on_gpus(ray_cluster, tmp_path, n_gpus):
 @pytest.mark.slow  # ~17 s (ReMax and GSPO, one step each without Ray: tests/algos/test_one_step.py)
 def test_remax_with_gspo_loss(ray_cluster, tmp_path):
     """ReMax generates its greedy baseline in the same step; GSPO's sequence-level ratio trains."""
-    cfg = tiny_config(tmp_path, "remax", extra=("actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
-                                                 "actor_rollout_ref.actor.kl_loss_type=k2"))
+    cfg = tiny_config(
+        tmp_path,
+        "remax",
+        extra=("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.kl_loss_type=k2"),
+    )
     trainer = build_trainer(cfg)
     trainer.init_workers()
     last = trainer.fit()

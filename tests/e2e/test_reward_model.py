@@ -22,9 +22,18 @@ CONSTANT = 100.0  # the score of the hand-built constant RM; rule rewards lie in
 
 
 def _tiny_rm_config(vocab_size: int) -> LlamaConfig:
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                       num_labels=1, pad_token_id=PAD, initializer_range=0.2)
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        num_labels=1,
+        pad_token_id=PAD,
+        initializer_range=0.2,
+    )
 
 
 def build_random_rm(path) -> str:
@@ -67,20 +76,26 @@ def test_scores_sit_on_the_last_valid_response_token(tmp_path):
 @pytest.fixture(scope="module")
 def rm_run(ray_cluster, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("rm")
-    cfg = tiny_config(tmp_path, "gae", extra=(
-        "reward_model.enable=true",
-        f"reward_model.model.path={tmp_path / 'rm'}",
-        "reward_model.micro_batch_size_per_gpu=3",
-        "actor_rollout_ref.model.use_remove_padding=true",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",  # a few rows per micro-batch
-        "critic.model.use_remove_padding=true",
-        "critic.use_dynamic_bsz=true",
-        "critic.ppo_max_token_len_per_gpu=40",
-    ))
+    cfg = tiny_config(
+        tmp_path,
+        "gae",
+        extra=(
+            "reward_model.enable=true",
+            f"reward_model.model.path={tmp_path / 'rm'}",
+            "reward_model.micro_batch_size_per_gpu=3",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",  # a few rows per micro-batch
+            "critic.model.use_remove_padding=true",
+            "critic.use_dynamic_bsz=true",
+            "critic.ppo_max_token_len_per_gpu=40",
+        ),
+    )
     build_constant_rm(cfg.reward_model.model.path, len(build_char_tokenizer()))  # the built-in model's vocabulary
     trainer = build_trainer(cfg)  # fills actor_rollout_ref.model.path with the built-in tiny model
-    assert AutoConfig.from_pretrained(trainer.config.actor_rollout_ref.model.path).vocab_size == len(build_char_tokenizer())
+    assert AutoConfig.from_pretrained(trainer.config.actor_rollout_ref.model.path).vocab_size == len(
+        build_char_tokenizer()
+    )
     trainer.init_workers()
     trainer.fused_wg.execute_all_sync("__ray_call__", record_reads)
     trainer.fit()
@@ -113,8 +128,9 @@ def test_rm_worker_group_scores_each_row_once(rm_run):
 def test_packed_phases_read_exactly_what_the_plan_declares(rm_run):
     """As in test_ppo_e2e, here with the reward model and packed rows with token-budget micro-batches."""
     trainer, _, reads = rm_run
-    assert_declared(trainer, reads, {"gen", "rm_score", "old_log_prob", "ref", "values", "update_critic",
-                                     "update_actor"})
+    assert_declared(
+        trainer, reads, {"gen", "rm_score", "old_log_prob", "ref", "values", "update_critic", "update_actor"}
+    )
 
 
 def test_a_checkpoint_without_a_score_head_is_refused(tmp_path):

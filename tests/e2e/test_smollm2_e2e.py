@@ -16,15 +16,27 @@ def test_two_grpo_steps_with_lora_on_the_real_model(ray_cluster, smollm2_model_d
     write_arith(["--out_dir", str(tmp_path / "arith"), "--train_size", "8", "--test_size", "2"])
     # conf/smollm2_arith.yaml at a tiny batch (2 prompts × 2 responses of 8 tokens), with a KL loss: the reference
     # is then the actor with its adapters disabled
-    cfg = load_config([
-        f"actor_rollout_ref.model.path={smollm2_model_dir}", f"data.train_files={tmp_path / 'arith' / 'train.parquet'}",
-        f"data.val_files={tmp_path / 'arith' / 'test.parquet'}", "data.train_batch_size=2", "data.max_response_length=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
-        "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2",
-        "trainer.val_before_train=false", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[file]",
-    ], config_name="smollm2_arith")
+    cfg = load_config(
+        [
+            f"actor_rollout_ref.model.path={smollm2_model_dir}",
+            f"data.train_files={tmp_path / 'arith' / 'train.parquet'}",
+            f"data.val_files={tmp_path / 'arith' / 'test.parquet'}",
+            "data.train_batch_size=2",
+            "data.max_response_length=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.n=2",
+            "trainer.n_gpus_per_node=2",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "trainer.logger=[file]",
+        ],
+        config_name="smollm2_arith",
+    )
     trainer = build_trainer(cfg)
     assert trainer.plan.ref_in_actor  # LoRA: the reference is the actor with its adapters disabled
     trainer.init_workers()

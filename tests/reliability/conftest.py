@@ -18,12 +18,23 @@ REPO = Path(__file__).resolve().parents[2]
 def tiny_overrides(run_dir: Path, assets: Path, steps: int = 2) -> list[str]:
     """The e2e tests' tiny GRPO run (2 CPU workers), as command-line overrides; a checkpoint every step."""
     return [
-        f"builtin.cache_dir={assets}", "builtin.hidden_size=32", "builtin.num_train=64", "builtin.num_val=6",
-        "builtin.sft_warmup_steps=2", "data.train_batch_size=4", "data.max_response_length=6",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        f"builtin.cache_dir={assets}",
+        "builtin.hidden_size=32",
+        "builtin.num_train=64",
+        "builtin.num_val=6",
+        "builtin.sft_warmup_steps=2",
+        "data.train_batch_size=4",
+        "data.max_response_length=6",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "algorithm.adv_estimator=grpo",
-        "trainer.n_gpus_per_node=2", "trainer.device=cpu", f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=1", "trainer.logger=[file]",
+        "trainer.n_gpus_per_node=2",
+        "trainer.device=cpu",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=1",
+        "trainer.logger=[file]",
         f"trainer.default_local_dir={run_dir}",
     ]
 
@@ -65,9 +76,15 @@ def run_child(args: list[str], cwd: Path, timeout_s: float = 300.0, env: dict[st
     The child leads a process group of its own, as a command started from a shell or by Slurm does, so a test can
     signal the whole group without signalling itself."""
     start = time.monotonic()
-    child = subprocess.Popen([sys.executable, *args], cwd=cwd, env={**child_env(), **(env or {})}, text=True,
-                             stdout=open(cwd / "stdout.txt", "w"), stderr=open(cwd / "stderr.txt", "w"),
-                             process_group=0)
+    child = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={**child_env(), **(env or {})},
+        text=True,
+        stdout=open(cwd / "stdout.txt", "w"),
+        stderr=open(cwd / "stderr.txt", "w"),
+        process_group=0,
+    )
     seen: set = set()
     parent = psutil.Process(child.pid)
     while child.poll() is None:
@@ -80,8 +97,13 @@ def run_child(args: list[str], cwd: Path, timeout_s: float = 300.0, env: dict[st
         except psutil.NoSuchProcess:
             pass
         time.sleep(0.3)
-    return Run(child.returncode, (cwd / "stdout.txt").read_text(), (cwd / "stderr.txt").read_text(),
-               time.monotonic() - start, seen)
+    return Run(
+        child.returncode,
+        (cwd / "stdout.txt").read_text(),
+        (cwd / "stderr.txt").read_text(),
+        time.monotonic() - start,
+        seen,
+    )
 
 
 @contextlib.contextmanager
@@ -89,7 +111,9 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` (``2M``) mounted at ``path`` (made here) for the block: a small disk to fill up, or a
     store to overflow. Skips the test where mounting needs a root it does not have."""
     path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode:
         pytest.skip("mounting a tmpfs needs root")
     try:
         yield path

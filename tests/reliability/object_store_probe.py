@@ -40,8 +40,14 @@ def failure(call) -> str:
 
 
 def main(store_dir: str) -> None:
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
-             _plasma_directory=store_dir, object_spilling_directory=store_dir)
+    ray.init(
+        num_cpus=2,
+        object_store_memory=80 * 2**20,
+        include_dashboard=False,
+        log_to_driver=False,
+        _plasma_directory=store_dir,
+        object_spilling_directory=store_dir,
+    )
     group = RayWorkerGroup(RayResourcePool([2], use_gpu=False), RayClassWithInitArgs(Hoarder))
     worker = failure(group.generate_sequences)
     driver = failure(lambda: group.generate_sequences(np.ones(BIG, dtype=np.uint8)))

@@ -96,6 +96,9 @@ def test_a_driver_state_that_does_not_fit_is_an_os_error_naming_the_path(small_d
     staging = manager.staging_path(1)
     manager.make_staging(staging)
     fill(small_disk, 0)
-    with pytest.raises(safe_files.CheckpointWriteError, match=rf"the driver could not write the checkpoint to "
-                       rf"{staging}: .*MiB free"):
+    with pytest.raises(
+        safe_files.CheckpointWriteError,
+        match=rf"the driver could not write the checkpoint to "
+        rf"{staging}: .*MiB free",
+    ):
         manager.commit(staging, 1, {"global_step": 1, "blob": torch.zeros(100_000)})

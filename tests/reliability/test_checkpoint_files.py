@@ -90,8 +90,14 @@ def test_driver_state_is_plain(tmp_path):
     staging = manager.staging_path(1)
     manager.make_staging(staging)
     (staging / "actor").mkdir()
-    state = {"global_step": 1, "epoch": 0, "batch_in_epoch": 1, "epoch_start_rng": torch.ByteTensor(8),
-             "kl_ctrl": {"value": 0.1}, "wandb_run_id": None}
+    state = {
+        "global_step": 1,
+        "epoch": 0,
+        "batch_in_epoch": 1,
+        "epoch_start_rng": torch.ByteTensor(8),
+        "kl_ctrl": {"value": 0.1},
+        "wandb_run_id": None,
+    }
     final = manager.commit(staging, 1, state)
     assert load_driver_state(final)["kl_ctrl"] == {"value": 0.1}
 
@@ -140,6 +146,7 @@ def test_a_crash_at_any_point_of_a_commit_leaves_a_loadable_checkpoint(tmp_path,
                 if calls[0] == cut_at + 1:
                     raise PowerCut
                 return real(*args, **kwargs)
+
             return call
 
         with monkeypatch.context() as patch:
@@ -172,9 +179,14 @@ def test_every_file_and_directory_is_on_disk_before_the_commit_rename(tmp_path, 
     final = committed(manager, 1, role)
     commit = events.index(("rename", os.fspath(manager.staging_path(1)), os.fspath(final)))
     # COMPLETE and DCP's .metadata are written as .COMPLETE.tmp / .metadata.tmp, flushed, then renamed
-    synced = {event[1].replace(os.fspath(manager.staging_path(1)), os.fspath(final))
-              .replace(".COMPLETE.tmp", COMPLETE).replace(".metadata.tmp", ".metadata")
-              for event in events[:commit] if event[0] == "fsync"}
+    synced = {
+        event[1]
+        .replace(os.fspath(manager.staging_path(1)), os.fspath(final))
+        .replace(".COMPLETE.tmp", COMPLETE)
+        .replace(".metadata.tmp", ".metadata")
+        for event in events[:commit]
+        if event[0] == "fsync"
+    }
     on_disk = {os.fspath(p) for p in [final, *final.rglob("*")]}
     assert on_disk - synced == set()
     assert ("fsync", os.fspath(tmp_path)) in events[commit:]  # the rename itself, before anything is pruned
@@ -189,8 +201,11 @@ def test_a_fresh_run_refuses_a_directory_holding_an_earlier_run(tmp_path, earlie
         committed(manager, 3)
     else:
         (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(CheckpointError, match="trainer.resume_mode=disable, but trainer.default_local_dir=.* already "
-                       "holds a run .*trainer.resume_mode=auto"):
+    with pytest.raises(
+        CheckpointError,
+        match="trainer.resume_mode=disable, but trainer.default_local_dir=.* already "
+        "holds a run .*trainer.resume_mode=auto",
+    ):
         manager.find("disable")
 
 
@@ -212,8 +227,11 @@ def test_export_overwrite_never_deletes_a_run_and_checks_the_checkpoint_first(tm
     run = tmp_path / "runs" / "a"
     committed(CheckpointManager(str(run)), 1, role)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
-    for out, named in ((run, "holds the checkpoint being exported"), (tmp_path / "runs", "holds the checkpoint"),
-                       (run / "global_step_1", "holds the checkpoint")):
+    for out, named in (
+        (run, "holds the checkpoint being exported"),
+        (tmp_path / "runs", "holds the checkpoint"),
+        (run / "global_step_1", "holds the checkpoint"),
+    ):
         with pytest.raises(FileExistsError, match=f"--out {out} {named}.*--overwrite would delete it"):
             export(str(run / "global_step_1"), str(out), overwrite=True)
     other = tmp_path / "other"

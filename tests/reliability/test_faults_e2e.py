@@ -35,11 +35,14 @@ def test_out_of_memory_in_a_worker_is_one_line_naming_rank_node_and_keys(tmp_pat
     message = [line for line in run.stderr.splitlines() if line.startswith("colorl: ")]
     assert len(message) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert "View the dashboard" not in run.stderr  # ray_init.include_dashboard defaults to false
-    assert message[0].startswith("colorl: worker rank 1 of 2 raised OutOfMemoryError during actor_rollout.update_actor: "
-                                 "pid ")
-    assert message[0].endswith("CUDA out of memory. Tried to allocate 20.00 GiB; out of memory: lower "
-                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with "
-                               "use_dynamic_bsz)")
+    assert message[0].startswith(
+        "colorl: worker rank 1 of 2 raised OutOfMemoryError during actor_rollout.update_actor: pid "
+    )
+    assert message[0].endswith(
+        "CUDA out of memory. Tried to allocate 20.00 GiB; out of memory: lower "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with "
+        "use_dynamic_bsz)"
+    )
     assert run.survivors() == []
     check_checkpoint(tmp_path / "global_step_1")
 

@@ -67,20 +67,40 @@ def cluster():
 
     def common(name: str) -> list[str]:
         # two nodes on one machine, each with a temp dir (logs, sockets, unpacked job files) and agent port of its own
-        return ["--num-cpus=1", f"--temp-dir={temp_dir / name}", "--disable-usage-stats",
-                f"--dashboard-agent-listen-port={free_port()}"]
+        return [
+            "--num-cpus=1",
+            f"--temp-dir={temp_dir / name}",
+            "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={free_port()}",
+        ]
 
     nodes = []
     try:
-        nodes.append(start_node(
-            ["--head", f"--port={port}", f"--include-dashboard={str(dashboard).lower()}",
-             f"--dashboard-port={dashboard_port}", *common("h")],
-            env, temp_dir / "head.log"))
-        nodes.append(start_node(
-            [f"--address=127.0.0.1:{port}", f"--node-ip-address={SECOND_NODE_IP}", *common("n")],
-            env, temp_dir / "node2.log"))
-        yield Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}" if dashboard else None,
-                      {k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")})
+        nodes.append(
+            start_node(
+                [
+                    "--head",
+                    f"--port={port}",
+                    f"--include-dashboard={str(dashboard).lower()}",
+                    f"--dashboard-port={dashboard_port}",
+                    *common("h"),
+                ],
+                env,
+                temp_dir / "head.log",
+            )
+        )
+        nodes.append(
+            start_node(
+                [f"--address=127.0.0.1:{port}", f"--node-ip-address={SECOND_NODE_IP}", *common("n")],
+                env,
+                temp_dir / "node2.log",
+            )
+        )
+        yield Cluster(
+            f"127.0.0.1:{port}",
+            f"http://127.0.0.1:{dashboard_port}" if dashboard else None,
+            {k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")},
+        )
     finally:
         tree = Run(0, "", "", 0.0)
         for node in nodes:
@@ -104,17 +124,24 @@ def placement(stdout: str) -> list[tuple[str, str, str]]:
 
 def test_a_driver_without_the_token_is_refused(cluster, tmp_path, assets):
     """The cluster checks a token (RAY_AUTH_MODE=token on every node): a driver with another one cannot join."""
-    run = run_child([str(REPO / "main.py"), *overrides(tmp_path, assets, nnodes=2, steps=1),
-                     f"ray_init.address={cluster.address}"], cwd=tmp_path,
-                    env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+    run = run_child(
+        [str(REPO / "main.py"), *overrides(tmp_path, assets, nnodes=2, steps=1), f"ray_init.address={cluster.address}"],
+        cwd=tmp_path,
+        env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)},
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert f"colorl: config error: ray_init.address='{cluster.address}': cannot join that Ray cluster" in run.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_ranks_on_two_nodes_meet_at_rank_zeros_node_address(cluster):
-    probe = subprocess.run([sys.executable, str(REPO / "tests/reliability/multinode_probe.py"), cluster.address, "2"],
-                           env={**child_env(), **cluster.env}, capture_output=True, text=True, timeout=180)
+    probe = subprocess.run(
+        [sys.executable, str(REPO / "tests/reliability/multinode_probe.py"), cluster.address, "2"],
+        env={**child_env(), **cluster.env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert probe.returncode == 0, probe.stderr[-3000:]
     seen = json.loads(probe.stdout.splitlines()[-1])
     ranks = seen["ranks"]
@@ -128,16 +155,22 @@ def test_ranks_on_two_nodes_meet_at_rank_zeros_node_address(cluster):
 
 
 def test_two_nodes_train_and_checkpoint_then_resume_on_one(cluster, tmp_path, assets):
-    two = run_child([str(REPO / "main.py"), *overrides(tmp_path, assets, nnodes=2, steps=1),
-                     f"ray_init.address={cluster.address}"], cwd=tmp_path, env=cluster.env)
+    two = run_child(
+        [str(REPO / "main.py"), *overrides(tmp_path, assets, nnodes=2, steps=1), f"ray_init.address={cluster.address}"],
+        cwd=tmp_path,
+        env=cluster.env,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     placed = placement(two.stdout)
     assert [rank for rank, _, _ in placed] == ["0", "1"]
     assert len({node for _, _, node in placed}) == 2 and SECOND_NODE_IP in {ip for _, ip, _ in placed}
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1"
 
-    one = run_child([str(REPO / "main.py"), *overrides(tmp_path, assets, nnodes=1, steps=2),
-                     f"ray_init.address={cluster.address}"], cwd=tmp_path, env=cluster.env)
+    one = run_child(
+        [str(REPO / "main.py"), *overrides(tmp_path, assets, nnodes=1, steps=2), f"ray_init.address={cluster.address}"],
+        cwd=tmp_path,
+        env=cluster.env,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     assert len(placement(one.stdout)) == 1
     assert f"[colorl] resumed from {tmp_path / 'global_step_1'} (step 1)" in one.stdout
@@ -152,9 +185,21 @@ def test_ray_job_submit_runs_on_both_nodes(cluster, tmp_path, assets):
     # a relative output dir: each node's workers run in their own copy of the job's working dir, yet all of
     # them must write the checkpoint's shards into the one the driver made
     run_dir = Path("outputs/job")
-    job = run_child([*RAY[1:], "job", "submit", f"--address={cluster.dashboard}", f"--working-dir={REPO}", "--",
-                     sys.executable, "main.py", *overrides(run_dir, assets, nnodes=2, steps=1)],
-                    cwd=tmp_path, env=cluster.env)
+    job = run_child(
+        [
+            *RAY[1:],
+            "job",
+            "submit",
+            f"--address={cluster.dashboard}",
+            f"--working-dir={REPO}",
+            "--",
+            sys.executable,
+            "main.py",
+            *overrides(run_dir, assets, nnodes=2, steps=1),
+        ],
+        cwd=tmp_path,
+        env=cluster.env,
+    )
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
     assert "succeeded" in job.stdout + job.stderr
     assert len({node for _, _, node in placement(job.stdout)}) == 2  # the job's output is streamed back

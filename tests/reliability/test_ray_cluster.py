@@ -35,9 +35,20 @@ def head():
     temp_dir = Path(tempfile.mkdtemp(prefix="colorl-ray-", dir="/tmp"))  # short: Ray's socket paths are limited
     env = {**child_env(), "RAY_AUTH_MODE": "token"}
     proc = subprocess.Popen(
-        [RAY, "start", "--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false",
-         f"--temp-dir={temp_dir}", "--disable-usage-stats", "--block"],
-        env=env, stdout=open(temp_dir / "head.log", "w"), stderr=subprocess.STDOUT,
+        [
+            RAY,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=3",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+            "--block",
+        ],
+        env=env,
+        stdout=open(temp_dir / "head.log", "w"),
+        stderr=subprocess.STDOUT,
     )
     tree = Run(0, "", "", 0.0)
     try:
@@ -70,8 +81,11 @@ def test_one_step_runs_on_the_given_cluster(head, tmp_path, assets):
 
 def test_an_address_where_no_cluster_answers_fails_in_seconds(tmp_path, assets):
     address = f"127.0.0.1:{free_port()}"
-    run = run_child([str(REPO / "main.py"), *tiny_overrides(tmp_path, assets), f"ray_init.address={address}"],
-                    cwd=tmp_path, timeout_s=120)
+    run = run_child(
+        [str(REPO / "main.py"), *tiny_overrides(tmp_path, assets), f"ray_init.address={address}"],
+        cwd=tmp_path,
+        timeout_s=120,
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert f"colorl: config error: ray_init.address='{address}': no Ray cluster answers there" in run.stderr
 
@@ -82,9 +96,13 @@ def test_a_dashboard_is_started_only_when_asked_for(tmp_path, assets):
     on, asking for a dashboard is a config error naming what to install."""
     if importlib.util.find_spec("aiohttp") is not None:
         pytest.skip("ray[default] is installed: this checks the minimal ray")
-    run = run_child([str(REPO / "main.py"), *tiny_overrides(tmp_path, assets), "ray_init.include_dashboard=true"],
-                    cwd=tmp_path, timeout_s=120)
+    run = run_child(
+        [str(REPO / "main.py"), *tiny_overrides(tmp_path, assets), "ray_init.include_dashboard=true"],
+        cwd=tmp_path,
+        timeout_s=120,
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1] == (
         "colorl: config error: ray_init.include_dashboard=True: Ray's dashboard needs ray[default]: "
-        f"pip install 'ray[default]=={ray.__version__}'")
+        f"pip install 'ray[default]=={ray.__version__}'"
+    )

@@ -20,13 +20,20 @@ from trainer.fingerprint import check_resume, config_record
 from trainer.run_dir import LOCK, RunLockError, lock_run_dir
 from trainer.tracking import Tracking, read_metrics
 
-HOLD = "import sys, time; from trainer.run_dir import lock_run_dir; lock_run_dir(sys.argv[1]); print('held', flush=True)"
+HOLD = (
+    "import sys, time; from trainer.run_dir import lock_run_dir; lock_run_dir(sys.argv[1]); print('held', flush=True)"
+)
 
 
 def holder(run_dir: Path, then: str) -> subprocess.Popen:
     """Another process that takes ``run_dir``'s lock, then runs ``then``."""
-    proc = subprocess.Popen([sys.executable, "-c", f"{HOLD}; {then}", str(run_dir)], cwd=REPO, env=child_env(),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"{HOLD}; {then}", str(run_dir)],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -67,8 +74,11 @@ def test_a_lock_released_at_exit_is_taken_without_a_word(tmp_path, capsys):
 
 def test_an_unwritable_directory_is_a_config_error(tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(ConfigError, match=rf"trainer.default_local_dir='{tmp_path}/file/run': cannot write there "
-                                          r"\(NotADirectoryError: Not a directory\); choose a directory"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"trainer.default_local_dir='{tmp_path}/file/run': cannot write there "
+        r"\(NotADirectoryError: Not a directory\); choose a directory",
+    ):
         lock_run_dir(str(tmp_path / "file" / "run"))
 
 
@@ -130,34 +140,56 @@ def saved():
 
 
 def test_a_changed_model_data_batch_or_algorithm_is_refused_with_the_keys(saved, tmp_path):
-    changed = replace_keys(saved, {"data.train_files": "/other.parquet", "data.train_batch_size": 8,
-                                   "algorithm.adv_estimator": "rloo", "actor_rollout_ref.model.path": "/other/model"})
+    changed = replace_keys(
+        saved,
+        {
+            "data.train_files": "/other.parquet",
+            "data.train_batch_size": 8,
+            "algorithm.adv_estimator": "rloo",
+            "actor_rollout_ref.model.path": "/other/model",
+        },
+    )
     with pytest.raises(ConfigError) as info:
         check_resume(config_record(saved), changed, tmp_path)
     message = str(info.value)
     assert message.startswith(f"cannot resume from {tmp_path}: it was saved with a different config: ")
-    for part in ("actor_rollout_ref.model.path null -> '/other/model'", "algorithm.adv_estimator 'grpo' -> 'rloo'",
-                 "data.train_batch_size 16 -> 8", "data.train_files null -> '/other.parquet'",
-                 "trainer.resume_accept_changes=[actor_rollout_ref.model.path,algorithm.adv_estimator,"):
+    for part in (
+        "actor_rollout_ref.model.path null -> '/other/model'",
+        "algorithm.adv_estimator 'grpo' -> 'rloo'",
+        "data.train_batch_size 16 -> 8",
+        "data.train_files null -> '/other.parquet'",
+        "trainer.resume_accept_changes=[actor_rollout_ref.model.path,algorithm.adv_estimator,",
+    ):
         assert part in message
-    accepting = replace_keys(changed, {"trainer.resume_accept_changes": ["data", "actor_rollout_ref.model",
-                                                                         "algorithm.adv_estimator"]})
+    accepting = replace_keys(
+        changed, {"trainer.resume_accept_changes": ["data", "actor_rollout_ref.model", "algorithm.adv_estimator"]}
+    )
     lines = check_resume(config_record(saved), accepting, tmp_path)
     assert "resuming with data.train_batch_size changed: 16 -> 8 (accepted by trainer.resume_accept_changes)" in lines
 
 
 def test_steps_logging_frequencies_and_layout_may_change(saved, tmp_path):
-    changed = replace_keys(saved, {
-        "trainer.total_training_steps": 9, "trainer.save_freq": 2, "trainer.test_freq": 3, "trainer.logger": ["file"],
-        "trainer.n_gpus_per_node": 1, "trainer.phase_timeout_s": 60.0, "trainer.experiment_name": "longer",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1, "actor_rollout_ref.actor.fsdp_config.param_offload": True,
-    })
+    changed = replace_keys(
+        saved,
+        {
+            "trainer.total_training_steps": 9,
+            "trainer.save_freq": 2,
+            "trainer.test_freq": 3,
+            "trainer.logger": ["file"],
+            "trainer.n_gpus_per_node": 1,
+            "trainer.phase_timeout_s": 60.0,
+            "trainer.experiment_name": "longer",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+            "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+        },
+    )
     assert check_resume(config_record(saved), changed, tmp_path) == []
 
 
 def test_a_changed_optimizer_setting_is_applied_and_said(saved, tmp_path):
-    changed = replace_keys(saved, {"actor_rollout_ref.actor.optim.lr": 1e-3,
-                                   "actor_rollout_ref.actor.optim.betas": [0.8, 0.99]})
+    changed = replace_keys(
+        saved, {"actor_rollout_ref.actor.optim.lr": 1e-3, "actor_rollout_ref.actor.optim.betas": [0.8, 0.99]}
+    )
     optim = saved.actor_rollout_ref.actor.optim
     applied = "(applied from the next update; the optimizer's moments and the schedule's step are kept)"
     assert check_resume(config_record(saved), changed, tmp_path) == [

@@ -65,7 +65,9 @@ class MeshWorker(TensorParallelWorker):
 @pytest.fixture(scope="module")
 def pp2_dp2(ray_cluster):
     """Four ranks, rank = pp_rank * 2 + dp_rank (tp=1): each dp group spans both pipeline stages."""
-    return TensorParallelRayWorkerGroup(RayResourcePool([4], use_gpu=False), RayClassWithInitArgs(MeshWorker, tp=1, pp=2))
+    return TensorParallelRayWorkerGroup(
+        RayResourcePool([4], use_gpu=False), RayClassWithInitArgs(MeshWorker, tp=1, pp=2)
+    )
 
 
 # ---------------------------------------------------------------------------- without processes
@@ -145,7 +147,11 @@ def check_chapter4(out: dict, sizes: dict, device: str) -> None:
     assert out["sizes"] == (4, tp, 1, 1)
     x, (y,) = out["x"], out["output"]
     assert y.shape == x.shape == (sizes["seq_len"], sizes["batch_size"], hidden)
-    shapes = {"gate_proj.weight": (ffn // tp, hidden), "up_proj.weight": (ffn // tp, hidden), "down_proj.weight": (hidden, ffn // tp)}
+    shapes = {
+        "gate_proj.weight": (ffn // tp, hidden),
+        "up_proj.weight": (ffn // tp, hidden),
+        "down_proj.weight": (hidden, ffn // tp),
+    }
     for shards in out["weights"]:
         assert {name: tuple(w.shape) for name, w in shards.items()} == shapes
     assert not torch.equal(out["weights"][0]["down_proj.weight"], out["weights"][1]["down_proj.weight"])

@@ -30,7 +30,9 @@ def padding_switch():
 
 
 def rows(n: int = 6) -> DataProto:
-    return DataProto.from_dict({"x": torch.arange(n), "y": torch.arange(2 * n).view(n, 2)}, {"s": [f"s{i}" for i in range(n)]}, {"t": 1})
+    return DataProto.from_dict(
+        {"x": torch.arange(n), "y": torch.arange(2 * n).view(n, 2)}, {"s": [f"s{i}" for i in range(n)]}, {"t": 1}
+    )
 
 
 # ---------------------------------------------------------------------------- rows
@@ -70,7 +72,10 @@ def test_fold_and_unfold_batch_dim_are_inverse():
     folded = fold_batch_dim(d, new_batch_size=2)
     assert folded.batch["y"].shape == (2, 3, 2) and folded.non_tensor_batch["s"].shape == (2, 3)
     back = unfold_batch_dim(folded, batch_dims=2)
-    assert torch.equal(back.batch["y"], d.batch["y"]) and back.non_tensor_batch["s"].tolist() == d.non_tensor_batch["s"].tolist()
+    assert (
+        torch.equal(back.batch["y"], d.batch["y"])
+        and back.non_tensor_batch["s"].tolist() == d.non_tensor_batch["s"].tolist()
+    )
     with pytest.raises(ValueError, match="must divide"):
         fold_batch_dim(d, new_batch_size=4)
 
@@ -114,15 +119,22 @@ def test_make_iterator_draws_the_rows_a_seeded_dataloader_draws():
     d = rows(8)
     plain = [b.batch["x"].tolist() for b in d.make_iterator(mini_batch_size=4, epochs=1)]
     assert plain == [[0, 1, 2, 3], [4, 5, 6, 7]]  # in order unless shuffle is asked for, as in verl
-    shuffled = [b.batch["x"].tolist() for b in d.make_iterator(4, epochs=2, seed=3, dataloader_kwargs={"shuffle": True})]
-    loader = torch.utils.data.DataLoader(range(8), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+    shuffled = [
+        b.batch["x"].tolist() for b in d.make_iterator(4, epochs=2, seed=3, dataloader_kwargs={"shuffle": True})
+    ]
+    loader = torch.utils.data.DataLoader(
+        range(8), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)
+    )
     assert shuffled == [b.tolist() for _ in range(2) for b in loader]
     assert all(b.meta_info == {"t": 1} for b in d.make_iterator(4, epochs=1))
 
 
 # ---------------------------------------------------------------------------- joining
 def test_concat_gathers_metrics_and_names_a_conflict():
-    parts = [DataProto.from_dict({"x": torch.zeros(1)}, meta_info=m) for m in ({"metrics": None, "k": 1}, {"metrics": [{"l": 1.0}], "k": 1}, {"metrics": {"l": [2.0, 3.0]}})]
+    parts = [
+        DataProto.from_dict({"x": torch.zeros(1)}, meta_info=m)
+        for m in ({"metrics": None, "k": 1}, {"metrics": [{"l": 1.0}], "k": 1}, {"metrics": {"l": [2.0, 3.0]}})
+    ]
     assert DataProto.concat(parts).meta_info == {"metrics": {"l": [1.0, 2.0, 3.0]}, "k": 1}
     with pytest.raises(AssertionError, match="Conflicting values for meta_info key 'k': 1 vs 2"):
         DataProto.concat([parts[0], DataProto.from_dict({"x": torch.zeros(1)}, meta_info={"k": 2})])
@@ -132,7 +144,10 @@ def test_union_helpers_compare_deeply_and_merge_in_place():
     cycle_a, cycle_b = np.array([None], dtype=object), np.array([None], dtype=object)
     cycle_a[0], cycle_b[0] = cycle_a, cycle_b
     mine = {"n": np.array([1.0, np.nan]), "c": cycle_a}
-    assert union_numpy_dict(mine, {"n": np.array([1.0, np.nan]), "c": cycle_b, "new": np.ones(2)}) is mine and "new" in mine
+    assert (
+        union_numpy_dict(mine, {"n": np.array([1.0, np.nan]), "c": cycle_b, "new": np.ones(2)}) is mine
+        and "new" in mine
+    )
     with pytest.raises(AssertionError, match="`n` in tensor_dict1"):
         union_numpy_dict(mine, {"n": np.array([1.0, 2.0])})
     td = TensorDict({"a": torch.ones(2)}, [2])
@@ -146,8 +161,13 @@ def test_union_helpers_compare_deeply_and_merge_in_place():
 def test_tensordict_round_trip_is_exact_and_shares_the_tensors():
     d = DataProto.from_dict(
         {"ids": torch.arange(8).view(4, 2), "lp": torch.randn(4, 3, dtype=torch.bfloat16)},
-        {"turns": np.array([1, 2, 3, 4], dtype=np.int32), "acc": np.array([1.0, 0.0, 0.5, 1.0]), "pairs": [[1, 2], [3, 4], [5, 6], [7, 8]],
-         "msgs": np.array([[{"r": "u"}], [], [{"r": "u"}, {"r": "a"}], [{"r": "u"}]], dtype=object), "tag": ["a", "b", "c", "d"]},
+        {
+            "turns": np.array([1, 2, 3, 4], dtype=np.int32),
+            "acc": np.array([1.0, 0.0, 0.5, 1.0]),
+            "pairs": [[1, 2], [3, 4], [5, 6], [7, 8]],
+            "msgs": np.array([[{"r": "u"}], [], [{"r": "u"}, {"r": "a"}], [{"r": "u"}]], dtype=object),
+            "tag": ["a", "b", "c", "d"],
+        },
         {"step": 3, "temperature": 0.7},
     )
     td = d.to_tensordict()
@@ -157,7 +177,9 @@ def test_tensordict_round_trip_is_exact_and_shares_the_tensors():
     back = DataProto.from_tensordict(td)
     assert back.batch["lp"].data_ptr() == d.batch["lp"].data_ptr() and back.meta_info == d.meta_info
     for key, column in d.non_tensor_batch.items():
-        assert back.non_tensor_batch[key].dtype == column.dtype and back.non_tensor_batch[key].shape == column.shape, key
+        assert back.non_tensor_batch[key].dtype == column.dtype and back.non_tensor_batch[key].shape == column.shape, (
+            key
+        )
         assert back.non_tensor_batch[key].tolist() == column.tolist(), key
 
 
@@ -176,7 +198,10 @@ def test_to_tensordict_refuses_a_key_in_two_places():
 
 
 # ---------------------------------------------------------------------------- verl's encodings
-@pytest.mark.parametrize("t", [torch.randn(3, 4).bfloat16(), torch.tensor([[True, False]]), torch.zeros(0, 2), torch.arange(6).view(2, 3).t()])
+@pytest.mark.parametrize(
+    "t",
+    [torch.randn(3, 4).bfloat16(), torch.tensor([[True, False]]), torch.zeros(0, 2), torch.arange(6).view(2, 3).t()],
+)
 def test_serialize_single_tensor_round_trips_any_dtype_and_layout(t):
     back = deserialize_single_tensor(serialize_single_tensor(t))
     assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)

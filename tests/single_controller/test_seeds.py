@@ -58,7 +58,11 @@ def test_seed_002_notebook(ray_cluster):
 @pytest.mark.parametrize("script", ["seed_002_notebook.py", "seed_001_colocation.py"])
 def test_example_scripts_run(script):
     result = subprocess.run(
-        [sys.executable, "-m", f"examples.{script.removesuffix('.py')}"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", f"examples.{script.removesuffix('.py')}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     expected = {"seed_002_notebook.py": "Work done by child", "seed_001_colocation.py": "tensor([-10., -10."}[script]

@@ -102,7 +102,9 @@ class VerlStyle(Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("tp"), blocking=False)
     def tp_rows(self, data: DataProto) -> DataProto:
-        return DataProto.from_dict({"rows": torch.full((len(data),), len(data)), "rank": torch.full((len(data),), self.rank)})
+        return DataProto.from_dict(
+            {"rows": torch.full((len(data),), len(data)), "rank": torch.full((len(data),), self.rank)}
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def all_gather_ranks(self) -> torch.Tensor:
@@ -130,7 +132,9 @@ def pool(ray_cluster):
 @pytest.fixture(scope="module")
 def group(pool):
     """Detached workers outlive the driver's handles, so the module kills them itself."""
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(VerlStyle, x=2), name_prefix="verl_api", device_name="cpu", detached=True)
+    group = RayWorkerGroup(
+        pool, RayClassWithInitArgs(VerlStyle, x=2), name_prefix="verl_api", device_name="cpu", detached=True
+    )
     yield group
     for worker in group.workers:
         ray.kill(worker, no_restart=True)
@@ -161,7 +165,9 @@ def test_non_blocking_and_custom_dispatch(group):
 
 @ray.remote(num_cpus=0)
 def drive_attached(worker_names: list[str]) -> tuple:
-    attached = RayWorkerGroup.from_detached(worker_names=worker_names, ray_cls_with_init=RayClassWithInitArgs(VerlStyle, x=2))
+    attached = RayWorkerGroup.from_detached(
+        worker_names=worker_names, ray_cls_with_init=RayClassWithInitArgs(VerlStyle, x=2)
+    )
     return attached.worker_names, attached.foo_custom(x=[1, 2], y=[5, 6]), attached.foo_rank_zero(x=1, y=2)
 
 
@@ -194,7 +200,9 @@ def test_constructor_errors(pool, group):
 
 
 def test_driver_function_on_every_rank(group):
-    data = DataProto(TensorDict({"sequence_ids": torch.arange(24).view(8, 3)}, batch_size=8), meta_info={"query_length": 3})
+    data = DataProto(
+        TensorDict({"sequence_ids": torch.arange(24).view(8, 3)}, batch_size=8), meta_info={"query_length": 3}
+    )
     out = group.execute_with_func_generator(aux_metrics, data)
     torch.testing.assert_close(out.batch["count"], aux_metrics(None, data).batch["count"])
 

@@ -22,7 +22,16 @@ from single_controller.ray import (
 )
 from single_controller.ray.health import shutdown_worker_group
 
-ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE", "WG_PREFIX", "EXTRA")
+ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "RAY_LOCAL_RANK",
+    "RAY_LOCAL_WORLD_SIZE",
+    "WG_PREFIX",
+    "EXTRA",
+)
 
 
 class Probe(Worker):
@@ -40,7 +49,9 @@ class Probe(Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("half"))
     def rows_seen(self, data: DataProto) -> DataProto:
-        return DataProto.from_dict({"n": torch.full((len(data),), len(data)), "rank": torch.full((len(data),), self.rank)})
+        return DataProto.from_dict(
+            {"n": torch.full((len(data),), len(data)), "rank": torch.full((len(data),), self.rank)}
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     async def rank_later(self) -> int:
@@ -49,7 +60,9 @@ class Probe(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def gathered(self) -> list:
         self.init_process_group()
-        data = DataProto.from_dict({"r": torch.full((self.rank + 1,), self.rank)}, {"s": [str(self.rank)] * (self.rank + 1)})
+        data = DataProto.from_dict(
+            {"r": torch.full((self.rank + 1,), self.rank)}, {"s": [str(self.rank)] * (self.rank + 1)}
+        )
         all_gather_data_proto(data)
         return data.batch["r"].tolist() + data.non_tensor_batch["s"].tolist()
 
@@ -67,7 +80,11 @@ class Scale(Worker):
         return self.factor
 
 
-class Chain(create_colocated_worker_raw_cls({"probe": RayClassWithInitArgs(Probe, tag=5), "scale": RayClassWithInitArgs(Scale, factor=2.0)})):
+class Chain(
+    create_colocated_worker_raw_cls(
+        {"probe": RayClassWithInitArgs(Probe, tag=5), "scale": RayClassWithInitArgs(Scale, factor=2.0)}
+    )
+):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def scaled_rank(self) -> float:
         return self.scale.scale(self.probe.rank + self.fused_worker_dict["probe"].tag)
@@ -83,13 +100,22 @@ def pool(ray_cluster):
 # ---------------------------------------------------------------------------- split pools, environment
 def test_split_pools_hold_their_own_groups_and_ranks(pool):
     first, rest = split_resource_pool(pool, [1, 3])
-    one, three = (RayWorkerGroup(p, RayClassWithInitArgs(Probe, tag=10 * i), name_prefix=f"split{i}", worker_env={"EXTRA": "x"}) for i, p in enumerate((first, rest)))
+    one, three = (
+        RayWorkerGroup(p, RayClassWithInitArgs(Probe, tag=10 * i), name_prefix=f"split{i}", worker_env={"EXTRA": "x"})
+        for i, p in enumerate((first, rest))
+    )
     envs = three.execute_all_sync("env")
     assert [e["RANK"] for e in envs] == ["0", "1", "2"] and {e["WORLD_SIZE"] for e in envs} == {"3"}
     # rest = bundle 1 of node 0, bundles 0-1 of node 1: local ranks count this group's ranks per node
     assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [("0", "1"), ("0", "2"), ("1", "2")]
-    assert all(e["RAY_LOCAL_RANK"] == e["LOCAL_RANK"] and e["RAY_LOCAL_WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] for e in envs)
-    assert {e["WG_PREFIX"] for e in envs} == {"split1"} and {e["EXTRA"] for e in envs} == {"x"} and {e["device"] for e in envs} == {"cpu"}
+    assert all(
+        e["RAY_LOCAL_RANK"] == e["LOCAL_RANK"] and e["RAY_LOCAL_WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] for e in envs
+    )
+    assert (
+        {e["WG_PREFIX"] for e in envs} == {"split1"}
+        and {e["EXTRA"] for e in envs} == {"x"}
+        and {e["device"] for e in envs} == {"cpu"}
+    )
     assert three.add_tag(DataProto.from_dict({"x": torch.zeros(3)})).batch["x"].tolist() == [10.0, 11.0, 12.0]
     assert three.gathered() == [[0, 1, 1, 2, 2, 2, "0", "1", "1", "2", "2", "2"]] * 3  # every rank's rows, rank order
     halves = split_resource_pool(rest, 1)  # a sub-pool splits again, from where it starts
@@ -125,7 +151,12 @@ def test_worker_dict_names_role_methods_and_views_see_their_role_only(pool):
     assert group.scale_scale(2.0) == [6.0] * 4 and "probe_add_tag" in dir(group)  # verl's names before spawn
     views = group.spawn(roles.keys())
     assert views["scale"].scale(1.0) == [3.0] * 4 and not hasattr(views["scale"], "add_tag")
-    assert views["probe"].add_tag(DataProto.from_dict({"x": torch.zeros(4)})).batch["x"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert views["probe"].add_tag(DataProto.from_dict({"x": torch.zeros(4)})).batch["x"].tolist() == [
+        1.0,
+        2.0,
+        3.0,
+        4.0,
+    ]
     assert views["probe"].rank_later() == [0, 1, 2, 3]  # an async role method, awaited in the colocated process
     # n-d dispatch in a role view: the mesh is the one the role declared (dp = rank // 2, even ranks report)
     out = views["probe"].rows_seen(DataProto.from_dict({"x": torch.zeros(3)}))
@@ -170,6 +201,11 @@ def test_update_options_reach_every_worker(pool):
 def test_the_device_is_the_gpu_ray_assigned(ray_cluster):
     pool = RayResourcePool([1], use_gpu=True, max_colocate_count=2)
     on_gpu = RayWorkerGroup(pool, RayClassWithInitArgs(Probe), name_prefix="gpu")
-    on_cpu = RayWorkerGroup(pool, RayClassWithInitArgs(Probe), name_prefix="cpu", device_name="cpu")  # asks Ray for no GPU
-    assert on_gpu.execute_all_sync("env")[0]["device"].startswith("cuda:") and on_cpu.execute_all_sync("env")[0]["device"] == "cpu"
+    on_cpu = RayWorkerGroup(
+        pool, RayClassWithInitArgs(Probe), name_prefix="cpu", device_name="cpu"
+    )  # asks Ray for no GPU
+    assert (
+        on_gpu.execute_all_sync("env")[0]["device"].startswith("cuda:")
+        and on_cpu.execute_all_sync("env")[0]["device"] == "cpu"
+    )
     shutdown_worker_group(on_gpu)

@@ -20,18 +20,36 @@ from config.schema import DataConfig
 
 
 def test_verls_preset_is_the_schema_and_the_demo_is_a_preset_on_it():
-    verl = load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-                        "critic.ppo_micro_batch_size_per_gpu=4"], config_name="ppo_trainer")
-    schema = replace_keys(PPOConfig(), {"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-                                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-                                        "critic.ppo_micro_batch_size_per_gpu": 4})
+    verl = load_config(
+        [
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+            "critic.ppo_micro_batch_size_per_gpu=4",
+        ],
+        config_name="ppo_trainer",
+    )
+    schema = replace_keys(
+        PPOConfig(),
+        {
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "critic.ppo_micro_batch_size_per_gpu": 4,
+        },
+    )
     assert verl == to_config(dataclasses.asdict(schema))  # conf/ppo_trainer.yaml adds nothing to the schema
-    assert (verl.algorithm.adv_estimator, verl.actor_rollout_ref.rollout.n, verl.data.train_batch_size) == ("gae", 1, 1024)
+    assert (verl.algorithm.adv_estimator, verl.actor_rollout_ref.rollout.n, verl.data.train_batch_size) == (
+        "gae",
+        1,
+        1024,
+    )
     assert verl.critic.forward_micro_batch_size_per_gpu == 4  # follows critic.ppo_micro_batch_size_per_gpu
     cfg = load_config([])  # no model or data named: the built-in demo
     assert isinstance(cfg, PPOConfig)
-    assert (cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n, cfg.trainer.total_training_steps) == ("grpo", 8, 700)
+    assert (cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n, cfg.trainer.total_training_steps) == (
+        "grpo",
+        8,
+        700,
+    )
     assert cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length
     assert cfg.critic.rollout_n == cfg.actor_rollout_ref.rollout.n
     assert cfg.trainer.default_local_dir == "outputs/colorl/copy_demo"
@@ -41,16 +59,19 @@ def test_verls_preset_is_the_schema_and_the_demo_is_a_preset_on_it():
 
 
 def test_overrides_apply_and_interpolations_follow():
-    cfg = load_config([
-        "data.max_prompt_length=32",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        "critic.ppo_micro_batch_size_per_gpu=32",
-        "actor_rollout_ref.actor.optim.lr=3e-4",
-        "algorithm.adv_estimator=gae",
-        "trainer.logger=[console,wandb]",
-        "data.train_files=[a.parquet,b.parquet]",
-    ], config_name="demo")
+    cfg = load_config(
+        [
+            "data.max_prompt_length=32",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+            "critic.ppo_micro_batch_size_per_gpu=32",
+            "actor_rollout_ref.actor.optim.lr=3e-4",
+            "algorithm.adv_estimator=gae",
+            "trainer.logger=[console,wandb]",
+            "data.train_files=[a.parquet,b.parquet]",
+        ],
+        config_name="demo",
+    )
     assert cfg.actor_rollout_ref.rollout.prompt_length == 32
     assert cfg.critic.ppo_mini_batch_size == 8
     assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-4)
@@ -82,8 +103,10 @@ def test_the_config_is_frozen_and_replace_keys_rechecks():
         (["data.train_batch_size=abc"], ["data.train_batch_size='abc'", "expected int"]),
         (["actor_rollout_ref.actor.optim.betas=[0.9,x]"], ["actor_rollout_ref.actor.optim.betas[1]='x'", "float"]),
         # enums
-        (["actor_rollout_ref.actor.loss_agg_mode=mean"],
-         ["actor_rollout_ref.actor.loss_agg_mode='mean'", "token-mean"]),
+        (
+            ["actor_rollout_ref.actor.loss_agg_mode=mean"],
+            ["actor_rollout_ref.actor.loss_agg_mode='mean'", "token-mean"],
+        ),
         (["actor_rollout_ref.actor.kl_loss_type=k9"], ["actor_rollout_ref.actor.kl_loss_type='k9'", "low_var_kl"]),
         (["algorithm.kl_penalty=k9"], ["algorithm.kl_penalty='k9'"]),
         (["algorithm.kl_penalty=full"], ["algorithm.kl_penalty='full'", "low_var_kl", "kl_loss_type"]),
@@ -96,8 +119,10 @@ def test_the_config_is_frozen_and_replace_keys_rechecks():
         (["critic.optim.lr=-1"], ["critic.optim.lr=-1"]),
         (["actor_rollout_ref.rollout.val_kwargs.top_p=0"], ["actor_rollout_ref.rollout.val_kwargs.top_p=0"]),
         (["algorithm.gamma=1.5"], ["algorithm.gamma=1.5"]),
-        (["actor_rollout_ref.actor.use_prefix_grouper=true", "actor_rollout_ref.model.use_remove_padding=false"],
-         ["actor_rollout_ref.actor.use_prefix_grouper=True", "use_remove_padding=true"]),
+        (
+            ["actor_rollout_ref.actor.use_prefix_grouper=true", "actor_rollout_ref.model.use_remove_padding=false"],
+            ["actor_rollout_ref.actor.use_prefix_grouper=True", "use_remove_padding=true"],
+        ),
     ],
 )
 def test_bad_values_name_key_and_value(overrides, expected):
@@ -112,17 +137,31 @@ def test_bad_values_name_key_and_value(overrides, expected):
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=2"],
-         ["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "2 workers"]),
+        (
+            ["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=2"],
+            ["data.train_batch_size=7", "actor_rollout_ref.rollout.n=1", "2 workers"],
+        ),
         (["data.train_batch_size=8"], ["actor_rollout_ref.actor.ppo_mini_batch_size=16", "data.train_batch_size=8"]),
-        (["actor_rollout_ref.actor.ppo_mini_batch_size=3", "data.train_batch_size=6", "actor_rollout_ref.rollout.n=3"],
-         ["actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=3", "2 workers"]),
-        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=24"],
-         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=24", "64"]),
-        (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=48"],
-         ["critic.ppo_micro_batch_size_per_gpu=48"]),
-        (["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
-         ["actor_rollout_ref.rollout.n=1", "grpo"]),
+        (
+            [
+                "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+                "data.train_batch_size=6",
+                "actor_rollout_ref.rollout.n=3",
+            ],
+            ["actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=3", "2 workers"],
+        ),
+        (
+            ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=24"],
+            ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=24", "64"],
+        ),
+        (
+            ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=48"],
+            ["critic.ppo_micro_batch_size_per_gpu=48"],
+        ),
+        (
+            ["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
+            ["actor_rollout_ref.rollout.n=1", "grpo"],
+        ),
         (["algorithm.adv_estimator=gae", "critic.enable=false"], ["critic.enable=false", "gae"]),
     ],
 )
@@ -134,8 +173,14 @@ def test_impossible_batch_arithmetic_is_rejected(overrides, expected):
 
 
 def test_consistent_batches_pass_for_several_worker_counts():
-    cfg = load_config(["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=6",
-                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=4"])
+    cfg = load_config(
+        [
+            "data.train_batch_size=12",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.n=4",
+        ]
+    )
     for n_workers in (1, 2, 3, 6):  # 6·4 = 24 sequences per mini-batch -> 24, 12, 8, 4 per worker
         assert make_plan(cfg, n_workers).actor_mini_batch_size == 24 // n_workers
     with pytest.raises(ConfigError, match="5 workers"):
@@ -146,12 +191,21 @@ def test_the_plan_decides_phases_keys_and_per_rank_batches():
     grpo = make_plan(load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]), 2)
     assert grpo.actor_mini_batch_size == 16 * 8 // 2 and grpo.critic_mini_batch_size == 0 and not grpo.use_critic
     assert not grpo.recompute_old_log_prob and "old_log_probs" not in update_reads(grpo)  # one on-policy step
-    ppo = make_plan(load_config(["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
-                                 "actor_rollout_ref.actor.ppo_epochs=2"]), 2)
+    ppo = make_plan(
+        load_config(
+            [
+                "algorithm.adv_estimator=gae",
+                "actor_rollout_ref.actor.use_kl_loss=true",
+                "actor_rollout_ref.actor.ppo_epochs=2",
+            ]
+        ),
+        2,
+    )
     assert ppo.use_critic and ppo.recompute_old_log_prob and ppo.compute_ref_log_prob and not ppo.ref_in_actor
     assert {"old_log_probs", "ref_log_prob"} <= set(update_reads(ppo)) and ppo.critic_mini_batch_size == 64
-    full = make_plan(load_config(["actor_rollout_ref.actor.use_kl_loss=true",
-                                  "actor_rollout_ref.actor.kl_loss_type=full"]), 2)
+    full = make_plan(
+        load_config(["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=full"]), 2
+    )
     assert full.ref_in_actor and full.use_reference_policy and not full.compute_ref_log_prob
     assert "ref_log_prob" not in update_reads(full)  # the update reads the reference logits itself
 
@@ -188,11 +242,17 @@ def test_mixed_precision_dtypes_are_checked_by_name():
     cfg = load_config(["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"])
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
     assert cfg.critic.fsdp_config.mixed_precision.param_dtype == "auto"
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.fsdp_config\.mixed_precision\.param_dtype='fp16': "
-                       r"must be one of auto, native, bf16, fp32, bfloat16, float32$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^actor_rollout_ref\.actor\.fsdp_config\.mixed_precision\.param_dtype='fp16': "
+        r"must be one of auto, native, bf16, fp32, bfloat16, float32$",
+    ):
         load_config(["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16"])
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.ref\.fsdp_config\.mixed_precision\.reduce_dtype='int8': "
-                       r"must be one of fp32, bf16, float32, bfloat16$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^actor_rollout_ref\.ref\.fsdp_config\.mixed_precision\.reduce_dtype='int8': "
+        r"must be one of fp32, bf16, float32, bfloat16$",
+    ):
         load_config(["actor_rollout_ref.ref.fsdp_config.mixed_precision.reduce_dtype=int8"])
 
 

@@ -13,18 +13,24 @@ ROLLOUT = ("input_ids", "attention_mask", "position_ids", "responses", "response
 
 
 def test_routes_send_what_the_driver_holds_and_keep_what_a_later_worker_phase_reads():
-    flow = Dataflow.of((
-        Phase("prompts", DRIVER, writes=("input_ids",)),
-        Phase("gen", WORKER, reads=("input_ids",), writes=("input_ids", "responses", "sampled_log_probs")),
-        Phase("reward", DRIVER, reads=("responses",), writes=("scores",)),
-        Phase("update", WORKER, reads=("input_ids", "responses", "sampled_log_probs", "scores")),
-    ))
+    flow = Dataflow.of(
+        (
+            Phase("prompts", DRIVER, writes=("input_ids",)),
+            Phase("gen", WORKER, reads=("input_ids",), writes=("input_ids", "responses", "sampled_log_probs")),
+            Phase("reward", DRIVER, reads=("responses",), writes=("scores",)),
+            Phase("update", WORKER, reads=("input_ids", "responses", "sampled_log_probs", "scores")),
+        )
+    )
     gen, update = flow.route("gen"), flow.route("update")
     assert (gen.send, gen.fetch, gen.give) == (("input_ids",), (), ("responses",))
     assert gen.keep == ("input_ids", "responses", "sampled_log_probs")
     # a new quantity (sampled_log_probs) is one edit: written by gen, read by update; it never reaches the driver
     assert (update.send, update.fetch, update.keep, update.give) == (
-        ("scores",), ("input_ids", "responses", "sampled_log_probs"), (), ())
+        ("scores",),
+        ("input_ids", "responses", "sampled_log_probs"),
+        (),
+        (),
+    )
     with pytest.raises(KeyError, match="no worker phase 'reward'"):
         flow.route("reward")
 
@@ -35,12 +41,14 @@ def test_a_read_that_no_earlier_phase_writes_is_refused():
 
 
 def test_a_key_rewritten_on_the_driver_is_sent_again_not_fetched():
-    flow = Dataflow.of((
-        Phase("prompts", DRIVER, writes=("x",)),
-        Phase("a", WORKER, reads=("x",), writes=("y",)),
-        Phase("fix", DRIVER, reads=("y",), writes=("y",)),
-        Phase("b", WORKER, reads=("y",)),
-    ))
+    flow = Dataflow.of(
+        (
+            Phase("prompts", DRIVER, writes=("x",)),
+            Phase("a", WORKER, reads=("x",), writes=("y",)),
+            Phase("fix", DRIVER, reads=("y",), writes=("y",)),
+            Phase("b", WORKER, reads=("y",)),
+        )
+    )
     assert flow.route("a").keep == () and flow.route("a").give == ("y",) and flow.route("b").send == ("y",)
 
 
@@ -49,9 +57,17 @@ def test_the_plan_routes_the_demo_and_ppo_with_kl_in_the_reward():
     gen, update = grpo.route("gen"), grpo.route("update_actor")
     assert set(gen.keep) == set(ROLLOUT) and set(gen.give) == {"responses", "response_mask", "attention_mask"}
     assert update.send == ("advantages",) and set(update.fetch) == set(ROLLOUT)
-    ppo = make_plan(load_config(["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true",
-                                 "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.ppo_epochs=2"]),
-                    2).flows["step"]
+    ppo = make_plan(
+        load_config(
+            [
+                "algorithm.adv_estimator=gae",
+                "algorithm.use_kl_in_reward=true",
+                "actor_rollout_ref.actor.use_kl_loss=true",
+                "actor_rollout_ref.actor.ppo_epochs=2",
+            ]
+        ),
+        2,
+    ).flows["step"]
     # the driver's KL penalty reads both log-probs and GAE the values: those come back, and stay for the updates
     for phase, key in (("old_log_prob", "old_log_probs"), ("ref", "ref_log_prob"), ("values", "values")):
         assert ppo.route(phase).keep == ppo.route(phase).give == (key,) and ppo.route(phase).send == ()
@@ -89,8 +105,9 @@ def test_the_store_keeps_one_steps_rows_and_refuses_another_steps():
 def test_the_driver_sends_what_it_holds_of_the_reads_and_takes_back_what_was_given():
     gen = make_plan(load_config([]), 2).flows["step"].route("gen")
     prompts = {k: torch.ones(4, 3, dtype=torch.long) for k in gen.send}
-    batch = DataProto.from_dict({**prompts, "reward_baselines": torch.zeros(4)},
-                                {"agent_name": ["tool_agent"] * 4, "data_source": ["x"] * 4})
+    batch = DataProto.from_dict(
+        {**prompts, "reward_baselines": torch.zeros(4)}, {"agent_name": ["tool_agent"] * 4, "data_source": ["x"] * 4}
+    )
     call = request(batch, "t1", gen, {"temperature": 0.0})
     assert set(call.batch) == {ROWS, *gen.send} and torch.equal(call.batch[ROWS], torch.arange(4))
     assert set(call.non_tensor_batch) == {"agent_name"}  # the columns the rollout reads that the batch has

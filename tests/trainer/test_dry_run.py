@@ -15,16 +15,26 @@ from trainer.dry_run import phase_batches, preflight
 
 REPO = Path(__file__).resolve().parent.parent.parent
 QWEN2_5_0_5B = {  # Qwen2.5-0.5B-Instruct's config.json, the fields that size it
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
-    "max_position_embeddings": 32768, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1e6,
 }
 
 
 def _main(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _rows(stdout: str, first_word: str) -> list[list[str]]:
@@ -61,8 +71,12 @@ def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
     """examples/grpo_trainer/run_qwen2-7b.sh on 2 workers: 1024 prompts × 5 = 5120 sequences, 2560 per worker;
     the mini-batch of 256 prompts is 640 sequences per worker: 4 optimizer steps a step, each of 16 micro-batches
     of 40; log-probs (old and ref) in micro-batches of 40; sequences up to 512 + 1024 tokens."""
-    cfg = load_config(commands.overrides(commands.GRPO, model=qwen_config_dir, train="/nonexistent/train.parquet",
-                                         val="/nonexistent/test.parquet") + ["trainer.device=cpu", "trainer.dry_run=true"])
+    cfg = load_config(
+        commands.overrides(
+            commands.GRPO, model=qwen_config_dir, train="/nonexistent/train.parquet", val="/nonexistent/test.parquet"
+        )
+        + ["trainer.device=cpu", "trainer.dry_run=true"]
+    )
     plan = make_plan(cfg, num_workers(cfg))
     batches = {b.name: b for b in phase_batches(cfg, plan)}
     assert list(batches) == ["generate", "old_log_prob", "ref", "update_actor"]
@@ -72,7 +86,12 @@ def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
         assert (batches[name].micro, batches[name].micro_batches) == (40, 64)
     update = batches["update_actor"]
     assert (update.micro, update.grad_accum, update.optimizer_steps, update.micro_batches, update.tokens) == (
-        40, 16, 4, 64, tokens)
+        40,
+        16,
+        4,
+        64,
+        tokens,
+    )
     with pytest.raises(SystemExit) as exit_:
         preflight(cfg, plan, demo_config=None)
     assert exit_.value.code == 0
@@ -84,8 +103,13 @@ def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
 
 @pytest.mark.parametrize("name", ["QUICKSTART", "PPO", "GRPO", "GRPO_LORA", "RLOO", "REMAX", "REINFORCE_PP"])
 def test_every_verl_command_line_can_be_dry_run(name, qwen_config_dir, capsys):
-    cfg = load_config([*commands.overrides(getattr(commands, name), model=qwen_config_dir, train="t.parquet",
-                                           val="v.parquet"), "trainer.device=cpu", "trainer.dry_run=true"])
+    cfg = load_config(
+        [
+            *commands.overrides(getattr(commands, name), model=qwen_config_dir, train="t.parquet", val="v.parquet"),
+            "trainer.device=cpu",
+            "trainer.dry_run=true",
+        ]
+    )
     with pytest.raises(SystemExit) as exit_:
         preflight(cfg, make_plan(cfg, num_workers(cfg)), demo_config=None)
     assert exit_.value.code == 0
@@ -97,8 +121,9 @@ def test_every_verl_command_line_can_be_dry_run(name, qwen_config_dir, capsys):
 def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_loads(qwen_config_dir, tmp_path):
     """verl's GRPO command line with responses of up to 50,000 tokens: the rollout's KV cache alone is
     terabytes."""
-    args = commands.overrides(commands.GRPO, model=qwen_config_dir, train=str(tmp_path / "train.parquet"),
-                              val=str(tmp_path / "test.parquet"))
+    args = commands.overrides(
+        commands.GRPO, model=qwen_config_dir, train=str(tmp_path / "train.parquet"), val=str(tmp_path / "test.parquet")
+    )
     result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000"], tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
@@ -115,21 +140,35 @@ def test_the_check_is_switched_off_by_its_key(qwen_config_dir):
     """Micro-batches of 64 × 4,096 tokens without checkpointing: the update's activations are the peak, and the
     message names the keys that shrink them."""
     base = commands.overrides(commands.GRPO, model=qwen_config_dir, train="t.parquet", val="v.parquet")
-    cfg = load_config([*base, "trainer.device=cpu", "data.max_response_length=4096",
-                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-                       "actor_rollout_ref.model.enable_gradient_checkpointing=false"])
+    cfg = load_config(
+        [
+            *base,
+            "trainer.device=cpu",
+            "data.max_response_length=4096",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        ]
+    )
     plan = make_plan(cfg, num_workers(cfg))
     with pytest.raises(ConfigError, match=r"exceeds .* GiB of host RAM.* in update_actor|in update_actor .*exceeds"):
         preflight(cfg, plan, demo_config=None)
-    with pytest.raises(ConfigError, match=r"\(largest: activations .*to bring it down: actor_rollout_ref\.actor\."
-                                          r"ppo_micro_batch_size_per_gpu \(lower\), actor_rollout_ref\.model\."
-                                          r"enable_gradient_checkpointing=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\(largest: activations .*to bring it down: actor_rollout_ref\.actor\."
+        r"ppo_micro_batch_size_per_gpu \(lower\), actor_rollout_ref\.model\."
+        r"enable_gradient_checkpointing=true",
+    ):
         preflight(cfg, plan, demo_config=None)
     preflight(replace_keys(cfg, {"trainer.check_memory": False}), plan, demo_config=None)  # no error
 
 
 def test_a_missing_model_config_is_a_config_error(tmp_path):
-    cfg = load_config([*commands.overrides(commands.QUICKSTART, model=str(tmp_path / "none"), train="t", val="v"),
-                       "trainer.device=cpu", "trainer.dry_run=true"])
+    cfg = load_config(
+        [
+            *commands.overrides(commands.QUICKSTART, model=str(tmp_path / "none"), train="t", val="v"),
+            "trainer.device=cpu",
+            "trainer.dry_run=true",
+        ]
+    )
     with pytest.raises(ConfigError, match="actor_rollout_ref.model.path=.*no model config there"):
         preflight(cfg, make_plan(cfg, num_workers(cfg)), demo_config=None)

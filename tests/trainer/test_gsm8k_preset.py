@@ -48,7 +48,7 @@ QUICKSTART = {
 def test_preset_has_the_quickstart_hyper_parameters(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = load_config([], config_name=PRESET)
-    assert {key: reduce(getattr, key.split('.'), cfg) for key in QUICKSTART} == QUICKSTART
+    assert {key: reduce(getattr, key.split("."), cfg) for key in QUICKSTART} == QUICKSTART
     assert uses_critic(cfg) and cfg.critic.model.path is None  # the critic starts from the actor's weights
     assert cfg.data.train_files == f"{tmp_path}/data/gsm8k/train.parquet"  # where data.preprocess.gsm8k writes
     assert cfg.data.val_files == f"{tmp_path}/data/gsm8k/test.parquet"
@@ -84,16 +84,29 @@ def test_config_name_reaches_the_early_check():
 def test_hydra_flags_go_to_hydras_application():
     assert split_command_line(["--cfg", "job"]) == ("demo", ["--cfg", "job"], True)
     assert split_command_line(["hydra.job.chdir=true"])[2]
-    assert split_command_line(["actor_rollout_ref.model.path=/m"])[:2] == ("ppo_trainer", ["actor_rollout_ref.model.path=/m"])
+    assert split_command_line(["actor_rollout_ref.model.path=/m"])[:2] == (
+        "ppo_trainer",
+        ["actor_rollout_ref.model.path=/m"],
+    )
 
 
 def test_cli_without_the_model_is_one_line(tmp_path):
     """Hydra composes the preset itself; the missing local model is reported before Ray or any download."""
     env = {**os.environ, "HOME": str(tmp_path), "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
     result = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), "--config-name", PRESET, "trainer.device=cpu",
-         f"trainer.default_local_dir={tmp_path / 'run'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(REPO / "main.py"),
+            "--config-name",
+            PRESET,
+            "trainer.device=cpu",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("colorl: config error: actor_rollout_ref.model.path=")

@@ -11,8 +11,9 @@ VAL = "val-core/colorl/arith/reward/mean@1"
 FLEXIBLE = "val-aux/colorl/arith/flexible/mean@1"
 
 
-def _run(steps: list[dict[str, float]], capsys, first_step: int = 1, **config
-         ) -> tuple[list[dict[str, float]], list[str]]:
+def _run(
+    steps: list[dict[str, float]], capsys, first_step: int = 1, **config
+) -> tuple[list[dict[str, float]], list[str]]:
     monitor = HealthMonitor(HealthConfig(**config), max_response_length=64)
     out = [monitor.observe(metrics, step) for step, metrics in enumerate(steps, start=first_step)]
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("colorl: warning")]
@@ -46,8 +47,9 @@ def test_responses_at_the_limit(capsys):
 
 def test_all_equal_groups(capsys):
     shares = [0.5, 0.95, 0.97, 1.0, 1.0]
-    out, warnings = _run([{"health/frac_reward_zero_std": s} for s in shares], capsys, patience=2,
-                         max_all_equal_share=0.9)
+    out, warnings = _run(
+        [{"health/frac_reward_zero_std": s} for s in shares], capsys, patience=2, max_all_equal_share=0.9
+    )
     assert _flags(out, "all_equal_groups") == [0, 0, 1, 1, 1]
     assert len(warnings) == 1 and "no signal" in warnings[0] and "rollout.n" in warnings[0]
 

@@ -105,10 +105,15 @@ def test_multi_turn_metrics_have_verls_names_and_tool_rates():
         out[:] = values
         return out
 
-    rows = {"__num_turns__": column([2, 4, 6, 4]), "tool_call_counts": column([0, 1, 3, 1]),
-            "tool_error_counts": column([0, 0, 1, 1]), "tool_response_tokens": column([0, 10, 30, 12]),
-            "tool_rewards": column([0.0, 0.5, -0.1, 0.0]), "tokenization_mismatch": column([False, False, True, False]),
-            "stop_reason": column(["answer", "answer", "turn_limit", "length_limit"])}
+    rows = {
+        "__num_turns__": column([2, 4, 6, 4]),
+        "tool_call_counts": column([0, 1, 3, 1]),
+        "tool_error_counts": column([0, 0, 1, 1]),
+        "tool_response_tokens": column([0, 10, 30, 12]),
+        "tool_rewards": column([0.0, 0.5, -0.1, 0.0]),
+        "tokenization_mismatch": column([False, False, True, False]),
+        "stop_reason": column(["answer", "answer", "turn_limit", "length_limit"]),
+    }
     m = tm.multi_turn_metrics(rows)
     assert (m["num_turns/mean"], m["num_turns/min"], m["num_turns/max"]) == (4.0, 2.0, 6.0)
     assert (m["tool_call_counts/mean"], m["tool_call_counts/max"]) == (1.25, 3.0)

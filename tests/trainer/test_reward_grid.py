@@ -13,14 +13,21 @@ def _records(with_groups: bool) -> list[dict]:
     for step in range(0, 41):
         record = {"step": step}
         if step:
-            record |= {"critic/score/mean": step / 40, "response_length/mean": 10 + step / 4,
-                       "response_length/clip_ratio": step / 80, "actor/entropy": math.exp(-step / 10),
-                       "actor/kl_loss": step / 1000, "health/warning/entropy_collapse": float(step > 30)}
+            record |= {
+                "critic/score/mean": step / 40,
+                "response_length/mean": 10 + step / 4,
+                "response_length/clip_ratio": step / 80,
+                "actor/entropy": math.exp(-step / 10),
+                "actor/kl_loss": step / 1000,
+                "health/warning/entropy_collapse": float(step > 30),
+            }
             if with_groups:
                 record["health/frac_reward_zero_std"] = 1 - step / 50
         if step % 10 == 0:
-            record |= {"val-core/colorl/arith/reward/mean@1": 0.3 + step / 100,
-                       "val-aux/colorl/arith/flexible/mean@1": 0.4 + step / 200}
+            record |= {
+                "val-core/colorl/arith/reward/mean@1": 0.3 + step / 100,
+                "val-aux/colorl/arith/flexible/mean@1": 0.4 + step / 200,
+            }
         records.append(record)
     return records
 
@@ -30,8 +37,11 @@ def _coloured_pixels(image: np.ndarray) -> list[int]:
     rgb = image[..., :3].astype(int)
     coloured = (rgb.max(-1) - rgb.min(-1)) > 80
     h, w = coloured.shape
-    return [int(coloured[rows, cols].sum()) for rows in (slice(0, h // 2), slice(h // 2, h))
-            for cols in (slice(0, w // 2), slice(w // 2, w))]
+    return [
+        int(coloured[rows, cols].sum())
+        for rows in (slice(0, h // 2), slice(h // 2, h))
+        for cols in (slice(0, w // 2), slice(w // 2, w))
+    ]
 
 
 def test_the_plot_is_a_grid_of_four_panels_with_their_curves(tmp_path):
@@ -39,8 +49,11 @@ def test_the_plot_is_a_grid_of_four_panels_with_their_curves(tmp_path):
     assert plot_reward_curve(_records(with_groups=True), path)
     with Image.open(path) as png:
         assert png.size == (1100, 700)
-        assert png.text["Title"].split(" | ") == [panel.title for panel in PANELS] == [
-            "reward and validation", "response length", "entropy and KL", "prompt groups with all-equal rewards"]
+        assert (
+            png.text["Title"].split(" | ")
+            == [panel.title for panel in PANELS]
+            == ["reward and validation", "response length", "entropy and KL", "prompt groups with all-equal rewards"]
+        )
         pixels = np.asarray(png.convert("RGB"))
     assert all(count > 200 for count in _coloured_pixels(pixels))  # every panel drew its curves
 

@@ -14,8 +14,10 @@ VAL_KEY = "val-core/colorl/reverse/reward/mean@1"
 
 def _log_steps(tracker: Tracking, steps: range) -> None:
     for step in steps:
-        tracker.log({"critic/score/mean": torch.tensor(step / 10), "actor/pg_loss": np.float32(-0.5),
-                     "timing_s/step": 0.25}, step=step)
+        tracker.log(
+            {"critic/score/mean": torch.tensor(step / 10), "actor/pg_loss": np.float32(-0.5), "timing_s/step": 0.25},
+            step=step,
+        )
         if step % 2 == 0:
             tracker.log({VAL_KEY: step / 5}, step=step)
 
@@ -68,8 +70,9 @@ def test_plot_keeps_the_latest_value_of_a_repeated_step(tmp_path):
 def test_wandb_backend_writes_an_offline_run_under_local_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)  # default must be offline
     monkeypatch.setenv("WANDB_SILENT", "true")
-    tracker = Tracking("colorl", "t", ["wandb"], config={"data": {"train_batch_size": 16}},
-                       local_dir=str(tmp_path), total_steps=3)
+    tracker = Tracking(
+        "colorl", "t", ["wandb"], config={"data": {"train_batch_size": 16}}, local_dir=str(tmp_path), total_steps=3
+    )
     _log_steps(tracker, range(1, 3))
     tracker.finish()
 

@@ -15,8 +15,10 @@ import ray
 ROOT = Path(__file__).resolve().parents[2]
 # the slowest of verl's resource-pool tests (~20 s each, a Ray cluster apiece) run in make test-all only; the file's
 # two others run in make test
-SLOW = ("test_split_resource_pool.py::test_split_resource_pool_with_split_twice",
-        "test_split_resource_pool.py::test_split_resource_pool_with_split_size_list_cross_nodes")
+SLOW = (
+    "test_split_resource_pool.py::test_split_resource_pool_with_split_twice",
+    "test_split_resource_pool.py::test_split_resource_pool_with_split_size_list_cross_nodes",
+)
 
 
 def pytest_collection_modifyitems(config, items):

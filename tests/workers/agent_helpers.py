@@ -17,8 +17,10 @@ from workers.tools import BaseTool, ToolBox
 from workers.tools.calculator import CalculatorTool
 
 # a ChatML-like template: each turn ends with the EOS token, as SmolLM2's and Qwen's end with <|im_end|>
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def chat_tokenizer():
@@ -28,10 +30,19 @@ def chat_tokenizer():
 def peaked_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
     """A random 2-layer Llama with large weights: greedy choices have clear margins (no near-ties)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         initializer_range=0.3, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -47,8 +58,10 @@ class Script:
 
     def __init__(self, tokenizer, turns_per_row: list[list[str]]) -> None:
         eos = tokenizer.eos_token_id
-        self.queues = [deque(i for turn in turns for i in tokenizer.encode(turn, add_special_tokens=False) + [eos])
-                       for turns in turns_per_row]
+        self.queues = [
+            deque(i for turn in turns for i in tokenizer.encode(turn, add_special_tokens=False) + [eos])
+            for turns in turns_per_row
+        ]
 
     def __call__(self, rows, t, logits, sampling):
         logits = logits.clone()
@@ -85,9 +98,14 @@ class RubbishTool(BaseTool):
 class AsyncEchoTool(BaseTool):
     """verl-style: async methods, per-trajectory state, a step reward and a final reward."""
 
-    default_schema = {"type": "function", "function": {"name": "echo", "description": "echoes",
-                                                       "parameters": {"type": "object",
-                                                                      "properties": {"text": {"type": "string"}}}}}
+    default_schema = {
+        "type": "function",
+        "function": {
+            "name": "echo",
+            "description": "echoes",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+    }
 
     def __init__(self, config, tool_schema=None):
         super().__init__(config, tool_schema)
@@ -118,14 +136,18 @@ def make_loop(tokenizer, timeout_s: float = 0.5, **multi_turn) -> AgentLoop:
 
 def prompt_batch(tokenizer, questions: list[str], schemas: list[dict]) -> dict[str, torch.Tensor]:
     """Left-padded chat prompts rendered with the tools, as ``RLHFDataset`` renders a tool_agent row."""
-    rows = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tools=schemas, tokenize=False,
-                                          add_generation_prompt=True) for q in questions]
+    rows = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tools=schemas, tokenize=False, add_generation_prompt=True
+        )
+        for q in questions
+    ]
     ids = [tokenizer.encode(r, add_special_tokens=False) for r in rows]
     width = max(map(len, ids))
     input_ids = torch.full((len(ids), width), tokenizer.pad_token_id)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for i, row in enumerate(ids):
-        input_ids[i, width - len(row):], mask[i, width - len(row):] = torch.tensor(row), 1
+        input_ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
     return {"input_ids": input_ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
 
 
@@ -136,17 +158,34 @@ def objects(values: list) -> np.ndarray:
     return column
 
 
-def run(loop: AgentLoop, model, tokenizer, questions: list[str], turns: list[list[str]], response_length: int,
-        agent_names=None, tools_kwargs=None, **generate_kwargs):
+def run(
+    loop: AgentLoop,
+    model,
+    tokenizer,
+    questions: list[str],
+    turns: list[list[str]],
+    response_length: int,
+    agent_names=None,
+    tools_kwargs=None,
+    **generate_kwargs,
+):
     batch = prompt_batch(tokenizer, questions, loop.toolbox.schemas)
     non_tensors = {"raw_prompt": objects([[{"role": "user", "content": q}] for q in questions])}
     if agent_names is not None:
         non_tensors["agent_name"] = objects(agent_names)
     if tools_kwargs is not None:
         non_tensors["tools_kwargs"] = objects(tools_kwargs)
-    return loop.generate(model, batch, non_tensors, response_length=response_length,
-                         eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
-                         sampling={"do_sample": False}, logits_processor=Script(tokenizer, turns), **generate_kwargs)
+    return loop.generate(
+        model,
+        batch,
+        non_tensors,
+        response_length=response_length,
+        eos_token_id=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        sampling={"do_sample": False},
+        logits_processor=Script(tokenizer, turns),
+        **generate_kwargs,
+    )
 
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>'
@@ -160,8 +199,9 @@ def save_tool_calling_model(path, question: str = "1+2?", steps: int = 200, seed
 
     tokenizer = chat_tokenizer()
     model = build_tiny_model(tokenizer, hidden_size=64, num_layers=1, max_position_embeddings=512, seed=seed)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     parts = [(prompt, False), (CALL + "<eos>", True), ("\n<|tool|>3<eos>\n<|assistant|>", False), ("#### 3<eos>", True)]
     ids, labels = [], []
     for text, learned in parts:

@@ -134,8 +134,11 @@ def worker_config(
 ) -> tuple[PPOConfig, StepPlan]:
     """The resolved config (interpolations followed, as ``load_config`` gives it) around hand-built role sections,
     and its step plan for ``n_workers`` (GAE when a critic is given, so the plan has one; GRPO otherwise)."""
-    sections = {"actor_rollout_ref": arr, "data": DataConfig(train_batch_size=prompts),
-                "algorithm": AlgorithmConfig(adv_estimator="gae" if critic is not None else "grpo")}
+    sections = {
+        "actor_rollout_ref": arr,
+        "data": DataConfig(train_batch_size=prompts),
+        "algorithm": AlgorithmConfig(adv_estimator="gae" if critic is not None else "grpo"),
+    }
     if critic is not None:
         sections["critic"] = critic
     cfg = to_config(dataclasses.asdict(PPOConfig(**sections)))

@@ -36,8 +36,9 @@ def test_log_probs_match_a_direct_full_model_computation(tiny_model_dir, fused):
     b = data.batch
     valid = b["response_mask"].bool()
     with torch.no_grad():
-        logits = actor.module(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                              position_ids=b["position_ids"]).logits
+        logits = actor.module(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
         logits = logits[:, P - 1 : -1] / 0.7  # position t predicts token t+1
         direct = torch.log_softmax(logits, -1).gather(-1, b["responses"][..., None]).squeeze(-1)
         log_probs, entropy = actor.forward_log_prob(
@@ -59,8 +60,15 @@ def test_update_changes_weights_and_reports_finite_metrics(tiny_model_dir, use_k
     metrics = actor.update_policy(make_update_batch(8, P, R))
     after = _params(actor.module)
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    expected = {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy",
-                "actor/grad_norm", "actor/lr"} | ({"actor/kl_loss"} if use_kl_loss else set())
+    expected = {
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/pg_clipfrac_lower",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/lr",
+    } | ({"actor/kl_loss"} if use_kl_loss else set())
     assert expected <= set(metrics)
     assert len(metrics["actor/grad_norm"]) == 2 * 2  # 2 epochs × 8/4 mini-batches
     assert len(metrics["actor/pg_loss"]) == 2 * 4  # ... × 4/2 micro-batches
@@ -86,8 +94,9 @@ def test_full_kl_loss_is_zero_against_itself_and_pulls_towards_the_reference(tin
     assert abs(same.update_policy(data)["actor/kl_loss"][0]) < 1e-6
     # no policy gradient (zero advantages), only the KL: it falls step after step
     torch.manual_seed(1)
-    far = _full_kl_actor(tiny_model_dir, ref_noise=0.1, kl_loss_coef=1.0, ppo_mini_batch_size=8,
-                         ppo_micro_batch_size_per_gpu=8)
+    far = _full_kl_actor(
+        tiny_model_dir, ref_noise=0.1, kl_loss_coef=1.0, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8
+    )
     data.batch["advantages"] = torch.zeros_like(data.batch["advantages"])
     kls = [far.update_policy(data)["actor/kl_loss"][0] for _ in range(5)]
     assert kls[0] > 1e-3 and all(b < a for a, b in zip(kls, kls[1:])), kls
@@ -147,8 +156,9 @@ def _role_actor(model_dir, compile: bool, **cfg):
     torch.manual_seed(0)
     config = actor_config(**cfg)
     where = SimpleNamespace(device=torch.device("cpu"), world_size=1)
-    role = TrainedRole(where, AutoModelForCausalLM.from_pretrained(model_dir), config.fsdp_config, config.optim, 10,
-                       compile=compile)
+    role = TrainedRole(
+        where, AutoModelForCausalLM.from_pretrained(model_dir), config.fsdp_config, config.optim, 10, compile=compile
+    )
     return DataParallelPPOActor(role.module, role.optimizer, None, config)
 
 

@@ -49,15 +49,18 @@ def test_a_calculator_call_runs_and_its_answer_is_a_tool_turn(tokenizer, model):
     assert torch.equal(tensors["position_ids"][0][valid.bool()], torch.arange(int(valid.sum())))
 
 
-@pytest.mark.parametrize("turn, message", [
-    ("<tool_call>{oops</tool_call>", "Error: the tool call is not valid JSON"),
-    ("<tool_call>" + '{"name": "calculator"', "Error: the tool call is not closed"),
-    (call("nope", x=1), "Error: unknown tool 'nope'"),
-    (call("boom"), "Error: the tool 'boom' failed: RuntimeError: the tool broke"),
-    (call("slow"), "Error: the tool 'slow' failed: the tool did not answer within 0.5 s"),
-    (call("rubbish"), "Error: the tool 'rubbish' failed: returned object"),
-    (call("calculator", expression="__import__('os')"), "Error: Call is not allowed"),
-])
+@pytest.mark.parametrize(
+    "turn, message",
+    [
+        ("<tool_call>{oops</tool_call>", "Error: the tool call is not valid JSON"),
+        ("<tool_call>" + '{"name": "calculator"', "Error: the tool call is not closed"),
+        (call("nope", x=1), "Error: unknown tool 'nope'"),
+        (call("boom"), "Error: the tool 'boom' failed: RuntimeError: the tool broke"),
+        (call("slow"), "Error: the tool 'slow' failed: the tool did not answer within 0.5 s"),
+        (call("rubbish"), "Error: the tool 'rubbish' failed: returned object"),
+        (call("calculator", expression="__import__('os')"), "Error: Call is not allowed"),
+    ],
+)
 def test_a_failing_call_becomes_the_tools_message_and_the_trajectory_goes_on(tokenizer, model, turn, message):
     loop = make_loop(tokenizer)
     tensors, stats, _ = run(loop, model, tokenizer, ["q"], [[turn, "#### 1"]], R)
@@ -69,12 +72,15 @@ def test_a_failing_call_becomes_the_tools_message_and_the_trajectory_goes_on(tok
 def test_tool_lifecycle_rewards_and_kwargs(tokenizer, model):
     loop = make_loop(tokenizer, max_parallel_calls=2)
     echo = loop.toolbox.tools["echo"]
-    turns = [[call("echo", text="a") + call("echo", text="b") + call("echo", text="dropped"), call("echo", text="c"),
-              "done"]]
-    tensors, stats, _ = run(loop, model, tokenizer, ["q"], turns, 400,
-                            tools_kwargs=[{"echo": {"create_kwargs": {"bonus": 10.0}}}])
-    assert tool_text(tokenizer, tensors, 0) == ("\n<|tool|>a<eos>\n<|tool|>b<eos>\n<|assistant|>"
-                                                "\n<|tool|>c<eos>\n<|assistant|>")  # only 2 calls per turn run
+    turns = [
+        [call("echo", text="a") + call("echo", text="b") + call("echo", text="dropped"), call("echo", text="c"), "done"]
+    ]
+    tensors, stats, _ = run(
+        loop, model, tokenizer, ["q"], turns, 400, tools_kwargs=[{"echo": {"create_kwargs": {"bonus": 10.0}}}]
+    )
+    assert tool_text(tokenizer, tensors, 0) == (
+        "\n<|tool|>a<eos>\n<|tool|>b<eos>\n<|assistant|>\n<|tool|>c<eos>\n<|assistant|>"
+    )  # only 2 calls per turn run
     assert stats["tool_call_counts"][0] == 3 and stats["tool_rewards"][0] == pytest.approx(0.75)
     assert stats["reward_scores"][0] == {"echo": 13.0}  # one instance for the trajectory: bonus + 3 calls
     assert len(echo.released) == 1 and not echo.state.keys() - {echo.released[0]}
@@ -83,9 +89,15 @@ def test_tool_lifecycle_rewards_and_kwargs(tokenizer, model):
 def test_turn_and_length_limits_and_single_turn_rows(tokenizer, model):
     loop = make_loop(tokenizer, max_assistant_turns=2)
     three_calls = [call("calculator", expression=f"{i}+1") for i in range(3)]
-    tensors, stats, _ = run(loop, model, tokenizer, ["a", "b", "c"],
-                            [three_calls, three_calls, ["x" * 400]], 300,
-                            agent_names=["tool_agent", "single_turn_agent", None])
+    tensors, stats, _ = run(
+        loop,
+        model,
+        tokenizer,
+        ["a", "b", "c"],
+        [three_calls, three_calls, ["x" * 400]],
+        300,
+        agent_names=["tool_agent", "single_turn_agent", None],
+    )
     assert list(stats["stop_reason"]) == ["turn_limit", "answer", "length_limit"]
     assert list(stats["tool_call_counts"]) == [1, 0, 0]  # the second turn's call is past the limit: not run
     assert list(stats["__num_turns__"]) == [4, 2, 2]
@@ -105,8 +117,11 @@ def test_the_cache_across_turns_equals_recomputing_the_whole_conversation(tokeni
     tensors, stats, _ = run(loop, model, tokenizer, ["aaa", "b", "cc"], [first, first, ["xyz"]], 120)
     assert list(stats["tool_call_counts"]) == [1, 1, 0]
     with torch.no_grad():
-        logits = model(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"],
-                       position_ids=tensors["position_ids"]).logits
+        logits = model(
+            input_ids=tensors["input_ids"],
+            attention_mask=tensors["attention_mask"],
+            position_ids=tensors["position_ids"],
+        ).logits
     predicted = logits[:, -121:-1].argmax(-1)  # position t predicts response token t
     free = tensors["response_mask"].bool().clone()
     for row, scripted in enumerate([len(first[0]) + 1, len(first[0]) + 1, 4]):
@@ -123,13 +138,15 @@ def test_the_rollouts_log_probs_are_a_forward_over_the_conversation(tokenizer, m
     first = [call("calculator", expression="2+3")]
     tensors, _, _ = run(loop, model, tokenizer, ["aaa", "cc"], [first, ["xyz"]], 80, return_log_probs=True)
     with torch.no_grad():
-        logits = model(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"],
-                       position_ids=tensors["position_ids"]).logits[:, -81:-1]
+        logits = model(
+            input_ids=tensors["input_ids"],
+            attention_mask=tensors["attention_mask"],
+            position_ids=tensors["position_ids"],
+        ).logits[:, -81:-1]
     expected = torch.log_softmax(logits.float(), -1).gather(-1, tensors["responses"][..., None]).squeeze(-1)
     model_tokens = tensors["response_mask"].bool()
     assert (~model_tokens).any() and model_tokens.sum() > 20  # a tool turn and padding, and model turns
-    torch.testing.assert_close(tensors["rollout_log_probs"][model_tokens], expected[model_tokens],
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(tensors["rollout_log_probs"][model_tokens], expected[model_tokens], atol=1e-4, rtol=0)
     assert not tensors["rollout_log_probs"][~model_tokens].any()
     assert "rollout_log_probs" not in run(make_loop(tokenizer), model, tokenizer, ["aaa"], [first], 40)[0]
 
@@ -148,8 +165,12 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
     response_mask = tensors["response_mask"].float()
     tool_tokens = tensors["attention_mask"][:, -160:].bool() & ~response_mask.bool()
     assert tool_tokens.sum() > 20
-    micro = dict(tensors, advantages=torch.randn(response_mask.shape) * response_mask,
-                 old_log_probs=torch.full(response_mask.shape, -4.0), ref_log_prob=torch.full(response_mask.shape, -4.5))
+    micro = dict(
+        tensors,
+        advantages=torch.randn(response_mask.shape) * response_mask,
+        old_log_probs=torch.full(response_mask.shape, -4.0),
+        ref_log_prob=torch.full(response_mask.shape, -4.5),
+    )
     config = actor_config(use_kl_loss=True, kl_loss_type="low_var_kl", entropy_coeff=0.01)
     actor = DataParallelPPOActor(model, None, None, config, use_remove_padding=remove_padding)
     captured = []
@@ -171,8 +192,9 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
     if remove_padding:
         from workers.packing import pack_batch, pack_width
 
-        packed = pack_batch(tensors["input_ids"], tensors["attention_mask"], 160,
-                            pack_width(model, tensors["attention_mask"]))
+        packed = pack_batch(
+            tensors["input_ids"], tensors["attention_mask"], 160, pack_width(model, tensors["attention_mask"])
+        )
         per_token = packed.unpack(packed.gather(grad).abs().sum(-1))
     else:
         per_token = grad.abs().sum(-1)

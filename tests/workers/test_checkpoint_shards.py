@@ -16,8 +16,10 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 def full_state(model, optimizer) -> dict:
     """Unsharded weights and Adam moments by name (a collective under FSDP; {} off rank 0 for the moments)."""
     optim = get_optimizer_state_dict(model, optimizer, options=FULL)
-    moments = {name: {k: v for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")}
-               for name, state in optim.get("state", {}).items()}
+    moments = {
+        name: {k: v for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")}
+        for name, state in optim.get("state", {}).items()
+    }
     return {"model": full_weights(model), "moments": moments}
 
 

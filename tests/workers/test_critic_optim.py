@@ -36,8 +36,9 @@ def test_values_are_masked_and_read_before_each_response_token(tiny_model_dir):
     b = data.batch
     values = critic.compute_values(data)
     with torch.no_grad():
-        full = critic.module(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                             position_ids=b["position_ids"]).logits[..., 0]
+        full = critic.module(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits[..., 0]
     torch.testing.assert_close(values, full[:, P - 1 : -1] * b["response_mask"], rtol=1e-5, atol=1e-5)
     assert (values[b["response_mask"] == 0] == 0).all()
 

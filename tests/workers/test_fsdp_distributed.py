@@ -76,8 +76,9 @@ def _uneven_rollout(model, plain, rank: int) -> dict:
 def _bf16_update(model_dir: str, data, fp32_log_probs: torch.Tensor) -> dict:
     """The same shard and update in bf16 (FSDP mixed precision): bf16 compute, fp32 sharded master weights."""
     param_dtype, reduce_dtype = fsdp.mixed_precision(CPU, "bf16")
-    model = fsdp.apply_fsdp(AutoModelForCausalLM.from_pretrained(model_dir), param_dtype=param_dtype,
-                            reduce_dtype=reduce_dtype)
+    model = fsdp.apply_fsdp(
+        AutoModelForCausalLM.from_pretrained(model_dir), param_dtype=param_dtype, reduce_dtype=reduce_dtype
+    )
     config = actor_config()
     actor = DataParallelPPOActor(model, build_optimizer(model, config.optim), None, config)
     b = data.batch
@@ -135,8 +136,11 @@ def _lora_grads(model_dir: str, data, checkpointing: bool) -> dict:
     totals = mini_batch_totals(data.batch["response_mask"]).global_batch()
     loss, _ = DataParallelPPOActor(model, None, None, actor_config())._micro_loss(dict(data.batch.items()), 1.0, totals)
     loss.backward()
-    grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-             for n, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
     return {"grads": grads, "mlp_calls": len(calls)}
 
 
@@ -211,8 +215,10 @@ def test_two_rank_update_equals_one_process_update_on_the_global_batch(results, 
         for name, value in r["updated"].items():
             torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5, msg=name)
     assert results[0]["metrics"]["actor/grad_norm"] == pytest.approx(results[1]["metrics"]["actor/grad_norm"])
-    assert any(not torch.equal(v, AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()[k])
-               for k, v in results[0]["updated"].items())
+    assert any(
+        not torch.equal(v, AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()[k])
+        for k, v in results[0]["updated"].items()
+    )
 
 
 def test_one_cpu_rank_is_left_unsharded(tiny_model_dir):

@@ -25,8 +25,9 @@ def groups(tiny_model_dir):
     arr = ActorRolloutRefConfig(
         model=ModelConfig(path=tiny_model_dir),
         actor=actor_config(ppo_mini_batch_size=PROMPTS),  # ×n / 2 ranks = 4 rows per rank, micro 2
-        rollout=RolloutConfig(n=N, prompt_length=P, response_length=R, log_prob_micro_batch_size_per_gpu=3,
-                              calculate_log_probs=True),
+        rollout=RolloutConfig(
+            n=N, prompt_length=P, response_length=R, log_prob_micro_batch_size_per_gpu=3, calculate_log_probs=True
+        ),
         ref=RefConfig(log_prob_micro_batch_size_per_gpu=3),
     )
     critic = critic_config(tiny_model_dir, ppo_mini_batch_size=PROMPTS, rollout_n=N)
@@ -72,10 +73,17 @@ def test_ppo_step_through_ray(groups):
     batch.batch["returns"] = batch.batch["advantages"].clone()
     actor_metrics = actor.update_actor(batch).meta_info["metrics"]
     critic_metrics = critic.update_critic(batch).meta_info["metrics"]
-    assert {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
-            "actor/lr"} <= set(actor_metrics)
-    assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm",
-            "critic/lr"} <= set(critic_metrics)
+    assert {
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/lr",
+    } <= set(actor_metrics)
+    assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= set(
+        critic_metrics
+    )
     for metrics in (actor_metrics, critic_metrics):
         assert all(math.isfinite(v) for values_ in metrics.values() for v in values_)
     assert len(actor_metrics["actor/grad_norm"]) == 2  # one mini-batch on each of the 2 ranks

@@ -57,16 +57,23 @@ def test_fused_equals_the_full_logits_in_values_and_gradients(tiny_model_dir, re
 
 
 def test_models_whose_logits_transform_the_head_output_keep_their_head():
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     model = AutoModelForCausalLM.from_config(config)
     assert output_head(model) is model.lm_head
     for key, value in (("final_logit_softcapping", 30.0), ("logit_scale", 0.0625)):
         setattr(model.config, key, value)
         assert output_head(model) is None
         setattr(model.config, key, None)
-    lora_head = lora.add_adapters(AutoModelForCausalLM.from_config(config),
-                                  ModelConfig(lora_rank=2, target_modules=["lm_head", "q_proj"]))
+    lora_head = lora.add_adapters(
+        AutoModelForCausalLM.from_config(config), ModelConfig(lora_rank=2, target_modules=["lm_head", "q_proj"])
+    )
     assert output_head(lora_head) is None  # a LoRA adapter on the head: the model applies it
 
 
@@ -110,6 +117,11 @@ def test_a_frozen_head_never_multiplies_a_batch_of_weight_copies(tiny_model_dir,
             stats = token_stats(model, batch, R, 1.0, remove_padding, fused)
             stats["log_probs"].sum().backward()
         with torch.no_grad():
-            generate_sequences(model, *(batch[k][:, :P] for k in ("input_ids", "attention_mask", "position_ids")),
-                               response_length=3, eos_token_id=None, pad_token_id=0)
+            generate_sequences(
+                model,
+                *(batch[k][:, :P] for k in ("input_ids", "attention_mask", "position_ids")),
+                response_length=3,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
     assert ours.calls == 0

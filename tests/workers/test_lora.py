@@ -32,8 +32,9 @@ ONE_CPU = SimpleNamespace(device=torch.device("cpu"), world_size=1)
 def _lora_role(path: str, fsdp_config: FSDPConfig | None = None, **lora_keys) -> TrainedRole:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model_config = ModelConfig(path=path, lora_rank=lora_keys.pop("lora_rank", 4), **lora_keys)
-    return TrainedRole(ONE_CPU, lora.add_adapters(model, model_config), fsdp_config or FSDPConfig(),
-                       actor_config().optim, 3)
+    return TrainedRole(
+        ONE_CPU, lora.add_adapters(model, model_config), fsdp_config or FSDPConfig(), actor_config().optim, 3
+    )
 
 
 def _log_probs(module, batch) -> torch.Tensor:
@@ -73,8 +74,10 @@ def test_only_the_adapters_are_trained(tiny_model_dir, base):
     assert len(names) == 2 * 7 * base.config.num_hidden_layers
     _update(role, make_update_batch(ROWS, P, R))
     frozen = {k: v for k, v in role.module.base_model.model.state_dict().items() if "lora_" not in k}
-    assert all(torch.equal(v.reshape(-1), base.state_dict()[k.replace(".base_layer", "")].reshape(-1))
-               for k, v in frozen.items())
+    assert all(
+        torch.equal(v.reshape(-1), base.state_dict()[k.replace(".base_layer", "")].reshape(-1))
+        for k, v in frozen.items()
+    )
 
 
 def test_exact_kl_to_the_adapters_disabled_reference_starts_at_zero(tiny_model_dir):
@@ -100,8 +103,13 @@ def test_checkpoint_holds_only_the_adapters_and_restores_them(tiny_model_dir, tm
     role = _lora_role(tiny_model_dir, fsdp_config)
     batch = make_update_batch(ROWS, P, R)
     _update(role, batch)
-    save_role(str(tmp_path), checkpointed(role.module, role.weights), role.optimizer, role.lr_scheduler,
-              AutoTokenizer.from_pretrained(tiny_model_dir))
+    save_role(
+        str(tmp_path),
+        checkpointed(role.module, role.weights),
+        role.optimizer,
+        role.lr_scheduler,
+        AutoTokenizer.from_pretrained(tiny_model_dir),
+    )
     saved = PlainReader(tmp_path).read_metadata().state_dict_metadata
     assert all(".lora_A." in k or ".lora_B." in k for k in saved if k.startswith("model."))  # no base weight
     assert (tmp_path / "adapter_config.json").exists()
@@ -114,12 +122,15 @@ def test_checkpoint_holds_only_the_adapters_and_restores_them(tiny_model_dir, tm
 
 def test_checkpoint_of_the_other_kind_or_rank_is_a_clear_error(tiny_model_dir, tmp_path):
     role = _lora_role(tiny_model_dir)
-    save_role(str(tmp_path), role.module, role.optimizer, role.lr_scheduler, AutoTokenizer.from_pretrained(tiny_model_dir))
+    save_role(
+        str(tmp_path), role.module, role.optimizer, role.lr_scheduler, AutoTokenizer.from_pretrained(tiny_model_dir)
+    )
     other = _lora_role(tiny_model_dir, lora_rank=2)
     with pytest.raises(ValueError, match="does not fit this model"):
         load_role(str(tmp_path), other.module, other.optimizer, other.lr_scheduler)
-    full = TrainedRole(ONE_CPU, AutoModelForCausalLM.from_pretrained(tiny_model_dir), FSDPConfig(),
-                       actor_config().optim, 3)
+    full = TrainedRole(
+        ONE_CPU, AutoModelForCausalLM.from_pretrained(tiny_model_dir), FSDPConfig(), actor_config().optim, 3
+    )
     with pytest.raises(ValueError, match="holds LoRA adapters, but actor_rollout_ref.model.lora_rank=0"):
         load_role(str(tmp_path), full.module, full.optimizer, full.lr_scheduler)
 
@@ -129,14 +140,20 @@ def test_lora_rank_is_checked_and_puts_the_reference_in_the_actor(tiny_model_dir
         ModelConfig(lora_rank=-1)
     with pytest.raises(ConfigError, match="lora_alpha"):
         ModelConfig(lora_alpha=0)
-    arr = ActorRolloutRefConfig(model=ModelConfig(path=tiny_model_dir, lora_rank=8),
-                                actor=actor_config(use_kl_loss=True),
-                                rollout=RolloutConfig(n=2, log_prob_micro_batch_size_per_gpu=4),
-                                ref=RefConfig(log_prob_micro_batch_size_per_gpu=4))
+    arr = ActorRolloutRefConfig(
+        model=ModelConfig(path=tiny_model_dir, lora_rank=8),
+        actor=actor_config(use_kl_loss=True),
+        rollout=RolloutConfig(n=2, log_prob_micro_batch_size_per_gpu=4),
+        ref=RefConfig(log_prob_micro_batch_size_per_gpu=4),
+    )
     cfg, plan = worker_config(arr)
     assert plan.use_reference_policy and plan.ref_in_actor
-    no_kl = dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(
-        cfg.actor_rollout_ref, actor=dataclasses.replace(cfg.actor_rollout_ref.actor, use_kl_loss=False)))
+    no_kl = dataclasses.replace(
+        cfg,
+        actor_rollout_ref=dataclasses.replace(
+            cfg.actor_rollout_ref, actor=dataclasses.replace(cfg.actor_rollout_ref.actor, use_kl_loss=False)
+        ),
+    )
     assert not make_plan(no_kl, 2).ref_in_actor  # no reference, nothing to hold
     assert not worker_config(dataclasses.replace(arr, model=ModelConfig(path=tiny_model_dir)))[1].ref_in_actor
 
@@ -155,8 +172,11 @@ def test_sampling_with_merged_adapters_is_the_adapted_policy_and_leaves_the_base
         want_tokens = generate_sequences(module, *prompts, **greedy)["responses"]
     want = _log_probs(module, batch)
     calls = []
-    hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for n, m in module.named_modules()
-             if n.endswith("lora_A.default")]
+    hooks = [
+        m.register_forward_hook(lambda *a: calls.append(1))
+        for n, m in module.named_modules()
+        if n.endswith("lora_A.default")
+    ]
     with fsdp.gathered_params(module), lora.merged_adapters(module):
         got_tokens = generate_sequences(module, *prompts, **greedy)["responses"]
         got = _log_probs(module, batch)

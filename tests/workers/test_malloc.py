@@ -36,8 +36,15 @@ print(max(faults[1:]))
 
 
 def run_steps(**env: str) -> tuple[str, int]:
-    result = subprocess.run([sys.executable, "-c", STEPS], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env},
-                            capture_output=True, text=True, timeout=60, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", STEPS],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     applied, faults = result.stdout.split()
     return applied, int(faults)
 

@@ -75,9 +75,11 @@ def _updates(rank: int, port: int, model_dir: str, out: str) -> None:
             weights.bind(optimizer)
         actor = DataParallelPPOActor(module, optimizer, None, config, mini_batch_size=ROWS)
         metrics = [actor.update_policy(data) for _ in range(2)]
-        results[name] = {"grad_norm": [m["actor/grad_norm"] for m in metrics],
-                         "state": full_weights(weights_module),
-                         "log_probs": actor.compute_log_prob(data, ROWS, 1.0)[0]}
+        results[name] = {
+            "grad_norm": [m["actor/grad_norm"] for m in metrics],
+            "state": full_weights(weights_module),
+            "log_probs": actor.compute_log_prob(data, ROWS, 1.0)[0],
+        }
     torch.save(results, out)
     dist.destroy_process_group()
 

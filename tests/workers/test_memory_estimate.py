@@ -24,8 +24,16 @@ from workers.memory_estimate import (
 from workers.optim import build_optimizer
 from workers.rollout import generate_sequences
 
-CONFIG = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
+CONFIG = LlamaConfig(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
 P, R, ROWS = 24, 40, 16
 
 
@@ -38,28 +46,43 @@ def _model(lora_rank: int = 0) -> torch.nn.Module:
 def _batch(group: int = 1) -> DataProto:
     """Random rows; with ``group`` > 1 the rows of each group repeat its first row's prompt."""
     g = torch.Generator().manual_seed(0)
-    prompt, response = torch.randint(P // 2, P + 1, (ROWS,), generator=g), torch.randint(R // 2, R + 1, (ROWS,),
-                                                                                         generator=g)
+    prompt, response = (
+        torch.randint(P // 2, P + 1, (ROWS,), generator=g),
+        torch.randint(R // 2, R + 1, (ROWS,), generator=g),
+    )
     prompt = prompt[torch.arange(ROWS) // group * group]
     columns = torch.arange(P + R)
     mask = ((columns >= P - prompt[:, None]) & (columns < P + response[:, None])).long()
     ids = torch.randint(0, CONFIG.vocab_size, (ROWS, P + R), generator=g)
     ids[:, :P] = ids[torch.arange(ROWS) // group * group, :P]
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(0),
-                                "responses": ids[:, P:], "response_mask": mask[:, P:],
-                                "advantages": torch.randn(ROWS, R, generator=g)})
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(0),
+            "responses": ids[:, P:],
+            "response_mask": mask[:, P:],
+            "advantages": torch.randn(ROWS, R, generator=g),
+        }
+    )
 
 
 @pytest.mark.parametrize("lora_rank", [0, 8])
 def test_sizes_are_the_models(lora_rank):
-    sizes, model = model_sizes(CONFIG, SimpleNamespace(lora_rank=lora_rank, lora_alpha=16,
-                                                       target_modules="all-linear")), _model(lora_rank)
+    sizes, model = (
+        model_sizes(CONFIG, SimpleNamespace(lora_rank=lora_rank, lora_alpha=16, target_modules="all-linear")),
+        _model(lora_rank),
+    )
     assert sizes.params == sum(p.numel() for p in model.parameters())
     assert sizes.trained == sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert sizes.adapter_width == 7 * lora_rank and sizes.kv_dim == 32 and sizes.layers == 3
     critic = model_sizes(CONFIG, value_head=True)
-    assert critic.params == sum(p.numel() for p in AutoModelForTokenClassification.from_config(
-        LlamaConfig(**{**CONFIG.to_dict(), "num_labels": 1})).parameters())
+    assert critic.params == sum(
+        p.numel()
+        for p in AutoModelForTokenClassification.from_config(
+            LlamaConfig(**{**CONFIG.to_dict(), "num_labels": 1})
+        ).parameters()
+    )
 
 
 @pytest.mark.parametrize("lora_rank, packed, group", [(0, False, 1), (8, True, 1), (8, True, 4)])
@@ -69,9 +92,15 @@ def test_an_updates_tensor_peak_is_within_a_loose_bound_of_the_estimate(lora_ran
     ``group``: groups of 4 rows share their prompt (``use_prefix_grouper``)."""
     model, data = _model(lora_rank), _batch(group)
     optimizer = build_optimizer(model, SimpleNamespace(lr=1e-4, betas=[0.9, 0.99], weight_decay=0.0))
-    actor = DataParallelPPOActor(model, optimizer, None, ActorConfig(ppo_mini_batch_size=ROWS,
-                                 ppo_micro_batch_size_per_gpu=ROWS), ROWS, use_remove_padding=packed,
-                                 use_prefix_grouper=group > 1)
+    actor = DataParallelPPOActor(
+        model,
+        optimizer,
+        None,
+        ActorConfig(ppo_mini_batch_size=ROWS, ppo_micro_batch_size_per_gpu=ROWS),
+        ROWS,
+        use_remove_padding=packed,
+        use_prefix_grouper=group > 1,
+    )
     actor.update_policy(data)  # the optimizer state exists before the measured update, as from step 2 on
     measured = allocated_peak_bytes(lambda: actor.update_policy(data))
 
@@ -79,8 +108,11 @@ def test_an_updates_tensor_peak_is_within_a_loose_bound_of_the_estimate(lora_ran
     prompt = int(data.batch["attention_mask"][:, :P].sum()) // ROWS
     response = int(data.batch["response_mask"].sum()) // ROWS
     tokens, width, head = Micro(ROWS, prompt, response, P + R, packed, group).geometry(sizes)
-    estimate = (activation_bytes(sizes, tokens, width, 4, uses_math_attention(sizes, "cpu", 4, width), False)
-                + logits_bytes(head, ROWS * response, sizes.vocab, 4, packed, backward=True) + 4 * sizes.trained)
+    estimate = (
+        activation_bytes(sizes, tokens, width, 4, uses_math_attention(sizes, "cpu", 4, width), False)
+        + logits_bytes(head, ROWS * response, sizes.vocab, 4, packed, backward=True)
+        + 4 * sizes.trained
+    )
     assert 2 / 3 < measured / estimate < 1.5, (measured, estimate)
 
 
@@ -92,8 +124,10 @@ def test_generations_tensor_peak_is_within_a_loose_bound_of_the_estimate():
     batch = data.batch
     prompts = [batch[k][:, :P] for k in ("input_ids", "attention_mask", "position_ids")]
     length = 200  # long responses: the cache outweighs the prefill
-    measured = allocated_peak_bytes(lambda: generate_sequences(model, *prompts, response_length=length,
-                                                               eos_token_id=None, pad_token_id=0))
-    estimate = (kv_cache_bytes(sizes, ROWS, P + length, 4) + forward_transient(sizes, ROWS * P, 4)
-                + 4 * ROWS * sizes.vocab * 4)
+    measured = allocated_peak_bytes(
+        lambda: generate_sequences(model, *prompts, response_length=length, eos_token_id=None, pad_token_id=0)
+    )
+    estimate = (
+        kv_cache_bytes(sizes, ROWS, P + length, 4) + forward_transient(sizes, ROWS * P, 4) + 4 * ROWS * sizes.vocab * 4
+    )
     assert 2 / 3 < measured / estimate < 1.5, (measured, estimate)

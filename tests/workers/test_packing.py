@@ -164,8 +164,14 @@ def _actor(model_dir, remove_padding=False, **cfg):
         with torch.no_grad():
             for p in ref.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-    return DataParallelPPOActor(model, torch.optim.SGD(model.parameters(), lr=1.0), None, config,
-                                use_remove_padding=remove_padding, ref_module=ref)
+    return DataParallelPPOActor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        None,
+        config,
+        use_remove_padding=remove_padding,
+        ref_module=ref,
+    )
 
 
 def _step(worker, update, data) -> tuple[dict[str, torch.Tensor], dict[str, list[float]]]:
@@ -179,7 +185,9 @@ def _assert_same_update(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
     """Equal up to float32 summation order: 1e-5 of each tensor's largest entry."""
     for name, expected in want.items():
         scale = float(expected.abs().max())
-        torch.testing.assert_close(got[name], expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            got[name], expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_packed_log_probs_match_padded_in_row_order(tiny_model_dir):
@@ -203,8 +211,12 @@ def test_rows_of_a_width_and_one_row_give_the_same_logits(tiny_model_dir):
     for width in (None, P + R):
         packed = pack_batch(data.batch["input_ids"], data.batch["attention_mask"], R, width)
         with torch.no_grad():
-            out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                        logits_to_keep=packed.keep_columns)
+            out = model(
+                input_ids=packed.input_ids,
+                position_ids=packed.position_ids,
+                use_cache=False,
+                logits_to_keep=packed.keep_columns,
+            )
         logits.append(packed.gather(out.logits))
     assert logits[0].shape[0] == int(data.batch["response_mask"].sum())
     torch.testing.assert_close(logits[1], logits[0], **TOL)
@@ -243,8 +255,9 @@ def _critic(model_dir, remove_padding=False, **cfg):
     with torch.no_grad():
         model.score.weight.normal_()  # a non-zero head, so values depend on the backbone
     model_config = CriticModelConfig(path=model_dir, use_remove_padding=remove_padding)
-    config = critic_config(model_dir, ppo_mini_batch_size=ROWS, grad_clip=1e9, cliprange_value=0.05,
-                           model=model_config, **cfg)
+    config = critic_config(
+        model_dir, ppo_mini_batch_size=ROWS, grad_clip=1e9, cliprange_value=0.05, model=model_config, **cfg
+    )
     return DataParallelPPOCritic(model, torch.optim.SGD(model.parameters(), lr=1.0), None, config)
 
 

@@ -13,8 +13,15 @@ B, S = 3, 10
 
 
 def _config(**overrides) -> LlamaConfig:
-    kwargs = dict(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, attn_implementation="eager")  # eager: the counter sees QKᵀ and AV
+    kwargs = dict(
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="eager",
+    )  # eager: the counter sees QKᵀ and AV
     return LlamaConfig(**{**kwargs, **overrides})
 
 

@@ -69,7 +69,9 @@ BF16_FSDP = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bf16"))
 
 def test_a_single_bf16_rank_runs_without_fsdp(tiny_model_dir):
     """Trained: a bf16 compute copy of fp32 masters; frozen: cast once. No FSDP, no process group needed."""
-    trained, weights = shard_role(ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP, trained=True)
+    trained, weights = shard_role(
+        ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP, trained=True
+    )
     assert weights is not None and trained is weights.module and not fsdp.is_fsdp(trained)
     assert trained.dtype == torch.bfloat16 and weights.master.dtype == torch.float32
     frozen, none = shard_role(ONE_RANK, AutoModelForCausalLM.from_pretrained(tiny_model_dir), BF16_FSDP)
@@ -97,8 +99,11 @@ def test_short_bf16_cpu_updates_take_the_math_attention_kernel(tiny_model_dir):
     with attention.sdpa_backend(model, CPU, torch.bfloat16, attention.MATH_MAX_SEQ_LEN):
         assert not torch.backends.cuda.flash_sdp_enabled()
     assert torch.backends.cuda.flash_sdp_enabled()  # restored on exit
-    for device, dtype, length in ((CPU, torch.float32, 16), (CPU, torch.bfloat16, attention.MATH_MAX_SEQ_LEN + 1),
-                                  (CUDA, torch.bfloat16, 16)):
+    for device, dtype, length in (
+        (CPU, torch.float32, 16),
+        (CPU, torch.bfloat16, attention.MATH_MAX_SEQ_LEN + 1),
+        (CUDA, torch.bfloat16, 16),
+    ):
         with attention.sdpa_backend(model, device, dtype, length):
             assert torch.backends.cuda.flash_sdp_enabled()
 

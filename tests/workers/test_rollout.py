@@ -65,17 +65,33 @@ def test_all_rows_stop_at_first_step_still_give_full_width(model):
 def test_greedy_matches_hf_generate(model):
     input_ids, attention_mask, position_ids = make_prompts(6, P, seed=3)
     ours = generate_sequences(
-        model, input_ids, attention_mask, position_ids, response_length=R, eos_token_id=None, pad_token_id=PAD,
+        model,
+        input_ids,
+        attention_mask,
+        position_ids,
+        response_length=R,
+        eos_token_id=None,
+        pad_token_id=PAD,
         do_sample=False,
     )["responses"]
     eos = int(ours[0, 3])  # stops row 0 (and maybe others) early in the run below
     ours = generate_sequences(
-        model, input_ids, attention_mask, position_ids, response_length=R, eos_token_id=eos, pad_token_id=PAD,
+        model,
+        input_ids,
+        attention_mask,
+        position_ids,
+        response_length=R,
+        eos_token_id=eos,
+        pad_token_id=PAD,
         temperature=0.0,
     )["responses"]
     hf = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=R, do_sample=False,
-        eos_token_id=eos, pad_token_id=PAD,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=R,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=PAD,
     )[:, P:]
     hf = torch.nn.functional.pad(hf, (0, R - hf.shape[1]), value=PAD)
     assert len(set(ours[:, 0].tolist())) > 1, "degenerate model: every prompt gives the same token"
@@ -92,8 +108,12 @@ def test_greedy_matches_hf_generate_when_ended_rows_leave_the_batch(model):
     lengths = ours["response_mask"].sum(-1)
     assert int((lengths <= 2).sum()) >= 4 and (lengths[6:] == R).all()  # half the rows leave after 2 tokens
     hf = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=R, do_sample=False,
-        eos_token_id=eos, pad_token_id=PAD,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=R,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=PAD,
     )[:, P:]
     assert torch.equal(ours["responses"], hf)
 
@@ -147,8 +167,9 @@ def _grouped_prompts(n=3, prompts=4, seed=5, extra_padding=0):
     return [t.repeat_interleave(n, dim=0) for t in (ids, mask, pos)]
 
 
-@pytest.mark.parametrize("sampling", [dict(do_sample=False), dict(temperature=0.8, top_k=10)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling", [dict(do_sample=False), dict(temperature=0.8, top_k=10)], ids=["greedy", "sampled"]
+)
 def test_a_prompt_group_shares_one_prefill_and_generates_the_same(model, monkeypatch, sampling):
     """n rows of a prompt: one prefill of the distinct prompts, packed without their left padding; the tokens are
     those of prefilling every row on its own (greedy, and sampled with the same generator)."""
@@ -189,11 +210,26 @@ def test_rollout_log_probs_match_a_recomputed_forward(model, remove_padding):
     recomputed old log-prob within 1e-5, rows that end early (and leave the decode batch) included."""
     ids, mask, pos = _grouped_prompts(n=2, prompts=5)
     g = torch.Generator().manual_seed(0)
-    eos = int(generate_sequences(model, ids, mask, pos, response_length=R, eos_token_id=None, pad_token_id=PAD,
-                                 generator=g)["responses"][:, 1].mode().values)
-    out = generate_sequences(model, ids, mask, pos, response_length=R, eos_token_id=eos, pad_token_id=PAD,
-                             temperature=0.7, top_k=8, generator=torch.Generator().manual_seed(1),
-                             return_log_probs=True)
+    eos = int(
+        generate_sequences(model, ids, mask, pos, response_length=R, eos_token_id=None, pad_token_id=PAD, generator=g)[
+            "responses"
+        ][:, 1]
+        .mode()
+        .values
+    )
+    out = generate_sequences(
+        model,
+        ids,
+        mask,
+        pos,
+        response_length=R,
+        eos_token_id=eos,
+        pad_token_id=PAD,
+        temperature=0.7,
+        top_k=8,
+        generator=torch.Generator().manual_seed(1),
+        return_log_probs=True,
+    )
     lengths = out["response_mask"].sum(-1)
     assert (lengths < R).any() and (lengths == R).any()
     actor = DataParallelPPOActor(model, None, None, actor_config(), use_remove_padding=remove_padding)
@@ -207,8 +243,17 @@ def test_bf16_rollout_log_probs_stay_within_a_stated_bound(model):
     forward; the rollout's log-probs stay within 0.1 of the recomputed ones (mean gap under 0.02)."""
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     ids, mask, pos = _grouped_prompts(n=2, prompts=4)
-    out = generate_sequences(bf16, ids, mask, pos, response_length=R, eos_token_id=None, pad_token_id=PAD,
-                             generator=torch.Generator().manual_seed(0), return_log_probs=True)
+    out = generate_sequences(
+        bf16,
+        ids,
+        mask,
+        pos,
+        response_length=R,
+        eos_token_id=None,
+        pad_token_id=PAD,
+        generator=torch.Generator().manual_seed(0),
+        return_log_probs=True,
+    )
     actor = DataParallelPPOActor(bf16, None, None, actor_config())
     recomputed, _ = actor.compute_log_prob(DataProto.from_dict(out), micro_batch_size=8)
     gap = (out["rollout_log_probs"] - recomputed).abs()
@@ -220,8 +265,11 @@ def test_the_plan_takes_old_log_probs_from_the_rollout(mini, in_reward, from_rol
     """rollout.calculate_log_probs: no old-log-prob forward; the update reads them. One on-policy optimizer step
     (mini-batch = batch) needs neither, unless the in-reward KL reads them."""
     rollout_config = RolloutConfig(n=2, calculate_log_probs=True, log_prob_micro_batch_size_per_gpu=4)
-    arr = ActorRolloutRefConfig(actor=actor_config(ppo_mini_batch_size=mini), rollout=rollout_config,
-                                ref=RefConfig(log_prob_micro_batch_size_per_gpu=4))
+    arr = ActorRolloutRefConfig(
+        actor=actor_config(ppo_mini_batch_size=mini),
+        rollout=rollout_config,
+        ref=RefConfig(log_prob_micro_batch_size_per_gpu=4),
+    )
     cfg, _ = worker_config(arr, n_workers=1, prompts=4)
     algorithm = dataclasses.replace(cfg.algorithm, use_kl_in_reward=in_reward)
     plan = make_plan(dataclasses.replace(cfg, algorithm=algorithm), 1)

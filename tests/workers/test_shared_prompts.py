@@ -47,8 +47,14 @@ def _grouped_batch() -> DataProto:
 def _actor(model_dir, attention, share, **cfg) -> DataParallelPPOActor:
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attention)
     config = actor_config(ppo_mini_batch_size=len(GROUPS), grad_clip=1e9, **cfg)
-    return DataParallelPPOActor(model, torch.optim.SGD(model.parameters(), lr=1.0), None, config,
-                                use_remove_padding=True, use_prefix_grouper=share)
+    return DataParallelPPOActor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        None,
+        config,
+        use_remove_padding=True,
+        use_prefix_grouper=share,
+    )
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

@@ -13,21 +13,42 @@ from workers.tools.parser import ToolCall, parse_tool_calls
 from workers.tools.runner import run_all, truncate
 
 
-@pytest.mark.parametrize("expression, value", [
-    ("1+2", "3"), ("(12 + 30) * 2", "84"), ("7/2", "3.5"), ("8/4", "2"), ("2**10", "1024"), ("-3 - -4", "1"),
-    ("17 // 5 + 17 % 5", "5"), ("1/3", "0.3333333333"),
-])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("1+2", "3"),
+        ("(12 + 30) * 2", "84"),
+        ("7/2", "3.5"),
+        ("8/4", "2"),
+        ("2**10", "1024"),
+        ("-3 - -4", "1"),
+        ("17 // 5 + 17 % 5", "5"),
+        ("1/3", "0.3333333333"),
+    ],
+)
 def test_the_calculator_computes_arithmetic(expression, value):
     assert calculate(expression) == value
 
 
-@pytest.mark.parametrize("expression, message", [
-    ("__import__('os').system('true')", "Call is not allowed"), ("x + 1", "Name is not allowed"),
-    ("'a' * 3", "Constant"), ("(1).real", "Attribute is not allowed"), ("9**9**9", "exponent"),
-    ("10**16", "too large"), ("99999999 * 99999999", "too large"), ("1/0", "division by zero"),
-    ("2^3", "use ** for powers"), ("1 +", "cannot parse"), ("1" * 201, "longer than 200"),
-    ("+".join(["1"] * 60), "more than 100 parts"), ("(-8) ** 0.5", "fractional power"), ("", "non-empty"),
-])
+@pytest.mark.parametrize(
+    "expression, message",
+    [
+        ("__import__('os').system('true')", "Call is not allowed"),
+        ("x + 1", "Name is not allowed"),
+        ("'a' * 3", "Constant"),
+        ("(1).real", "Attribute is not allowed"),
+        ("9**9**9", "exponent"),
+        ("10**16", "too large"),
+        ("99999999 * 99999999", "too large"),
+        ("1/0", "division by zero"),
+        ("2^3", "use ** for powers"),
+        ("1 +", "cannot parse"),
+        ("1" * 201, "longer than 200"),
+        ("+".join(["1"] * 60), "more than 100 parts"),
+        ("(-8) ** 0.5", "fractional power"),
+        ("", "non-empty"),
+    ],
+)
 def test_the_calculator_refuses_anything_else_before_computing_it(expression, message):
     start = time.perf_counter()
     with pytest.raises(CalculatorError, match=message.replace("(", r"\(").replace("*", r"\*")):
@@ -55,9 +76,11 @@ def test_the_answer_tool_is_verls_gsm8k_tool():
 
 
 def test_hermes_parsing_keeps_every_attempted_call():
-    text = ('think <tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call> <tool_call>{"name": "b", '
-            '"arguments": "{\\"y\\": 2}"}</tool_call><tool_call>[1]</tool_call><tool_call>{"name": "c", '
-            '"arguments": 3}</tool_call><tool_call>{"name": "d"')
+    text = (
+        'think <tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call> <tool_call>{"name": "b", '
+        '"arguments": "{\\"y\\": 2}"}</tool_call><tool_call>[1]</tool_call><tool_call>{"name": "c", '
+        '"arguments": 3}</tool_call><tool_call>{"name": "d"'
+    )
     calls = parse_tool_calls(text)
     assert calls[:2] == [ToolCall("a", {"x": 1}), ToolCall("b", {"y": 2})]  # arguments as a JSON string too
     assert [c.error is not None for c in calls] == [False, False, True, True, True]
@@ -79,8 +102,10 @@ def test_run_all_returns_values_errors_and_timeouts_without_waiting_for_a_hung_c
     assert "did not answer within 0.3 s" in outcomes[2].error
 
 
-@pytest.mark.parametrize("side, expected", [("left", "abcd...(truncated)"), ("right", "(truncated)...ghij"),
-                                             ("middle", "ab...(truncated)...ij")])
+@pytest.mark.parametrize(
+    "side, expected",
+    [("left", "abcd...(truncated)"), ("right", "(truncated)...ghij"), ("middle", "ab...(truncated)...ij")],
+)
 def test_tool_responses_are_truncated_on_verls_side(side, expected):
     assert truncate("abcdefghij", 4, side) == expected and truncate("abc", 4, side) == "abc"
 
@@ -93,7 +118,7 @@ TOOLS_YAML = """tools:
   - class_name: verl.tools.gsm8k_tool.Gsm8kTool
     config: {type: native}
 """
-USER_TOOLS = '''
+USER_TOOLS = """
 from workers.tools import BaseTool
 
 class CounterTool(BaseTool):
@@ -105,7 +130,7 @@ class CounterTool(BaseTool):
     def execute(self, instance_id, parameters, **kwargs):
         self.config["start"] += 1
         return str(self.config["start"]), 0.5
-'''
+"""
 FUNCTIONS = '''
 from workers.tools import function_tool
 
@@ -142,23 +167,33 @@ def test_verls_tool_yaml_user_classes_and_function_tools_load_and_run(tmp_path):
     calls = [ToolCall("add", {"a": 2, "b": 3}), ToolCall("shout", {"text": "hi"}), ToolCall("counter")]
     assert box.run_turn([(session, calls[:1]), (ToolSession(), calls[1:2])]) == [['{"sum": 5}'], ["HI"]]
     assert box.run_turn([(session, [calls[2]])]) == [["6"]] and session.step_reward == 0.5
-    assert box.run_turn([(session, [ToolCall("add", {"c": 1})])])[0][0].startswith("Error: the tool 'add' failed: TypeError")
+    assert box.run_turn([(session, [ToolCall("add", {"c": 1})])])[0][0].startswith(
+        "Error: the tool 'add' failed: TypeError"
+    )
     box.finish([session])
     assert session.reward_scores == {"add": 0.0, "counter": 0.0} and session.errors == 1 and session.calls == 3
 
 
-@pytest.mark.parametrize("yaml_text, message", [
-    ("tools: 3", "expected a top-level 'tools:' list"),
-    ("tools:\n  - class_name: no.such.Module\n", "cannot import 'no.such'"),
-    ("tools:\n  - class_name: workers.tools.calculator.Nope\n", "has no class 'Nope'"),
-    ("tools:\n  - class_name: workers.tools.calculator.CalculatorTool\n    config: {type: mcp}\n", "only native"),
-    ("tools:\n  - class_name: workers.tools.base.BaseTool\n", "no tool_schema"),
-    ("tools:\n  - class_name: workers.tools.calculator.CalculatorTool\n    tool_schema: {function: {}}\n",
-     "function.name"),
-    ("tools:\n  - class_name: workers.tools.calculator.CalculatorTool\n"
-     "  - class_name: workers.tools.calculator.CalculatorTool\n", "two tools are named 'calculator'"),
-    ("tools: [", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        ("tools: 3", "expected a top-level 'tools:' list"),
+        ("tools:\n  - class_name: no.such.Module\n", "cannot import 'no.such'"),
+        ("tools:\n  - class_name: workers.tools.calculator.Nope\n", "has no class 'Nope'"),
+        ("tools:\n  - class_name: workers.tools.calculator.CalculatorTool\n    config: {type: mcp}\n", "only native"),
+        ("tools:\n  - class_name: workers.tools.base.BaseTool\n", "no tool_schema"),
+        (
+            "tools:\n  - class_name: workers.tools.calculator.CalculatorTool\n    tool_schema: {function: {}}\n",
+            "function.name",
+        ),
+        (
+            "tools:\n  - class_name: workers.tools.calculator.CalculatorTool\n"
+            "  - class_name: workers.tools.calculator.CalculatorTool\n",
+            "two tools are named 'calculator'",
+        ),
+        ("tools: [", "not valid YAML"),
+    ],
+)
 def test_a_bad_tool_config_is_one_line_naming_the_problem(tmp_path, yaml_text, message):
     (tmp_path / "tools.yaml").write_text(yaml_text)
     with pytest.raises(ToolConfigError, match=message):

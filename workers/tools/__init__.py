@@ -9,5 +9,13 @@ from workers.tools.base import BaseTool, ToolConfigError, ToolResponse, ToolSche
 from workers.tools.registry import function_tool, load_tools
 from workers.tools.session import ToolBox, ToolSession
 
-__all__ = ["BaseTool", "ToolBox", "ToolConfigError", "ToolResponse", "ToolSchema", "ToolSession", "function_tool",
-           "load_tools"]
+__all__ = [
+    "BaseTool",
+    "ToolBox",
+    "ToolConfigError",
+    "ToolResponse",
+    "ToolSchema",
+    "ToolSession",
+    "function_tool",
+    "load_tools",
+]

@@ -54,23 +54,29 @@ class ToolSchema:
     def from_dict(cls, schema: Any, where: str = "tool_schema") -> ToolSchema:
         """Parse and check a schema dict; ToolConfigError names ``where`` and the missing or wrong part."""
         if not isinstance(schema, dict) or not isinstance(schema.get("function"), dict):
-            raise ToolConfigError(f"{where}: expected {{type: function, function: {{name, description, parameters}}}}, "
-                                  f"got {schema!r}")
+            raise ToolConfigError(
+                f"{where}: expected {{type: function, function: {{name, description, parameters}}}}, got {schema!r}"
+            )
         function = schema["function"]
         name = function.get("name")
         if not isinstance(name, str) or not name:
             raise ToolConfigError(f"{where}.function.name: a non-empty string is required, got {name!r}")
         parameters = function.get("parameters") or {"type": "object", "properties": {}, "required": []}
         if not isinstance(parameters, dict) or not isinstance(parameters.get("properties", {}), dict):
-            raise ToolConfigError(f"{where}.function.parameters: expected a JSON-schema object with 'properties', "
-                                  f"got {parameters!r}")
-        return cls(FunctionSchema(name, str(function.get("description") or ""), parameters),
-                   str(schema.get("type", "function")))
+            raise ToolConfigError(
+                f"{where}.function.parameters: expected a JSON-schema object with 'properties', got {parameters!r}"
+            )
+        return cls(
+            FunctionSchema(name, str(function.get("description") or ""), parameters),
+            str(schema.get("type", "function")),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         f = self.function
-        return {"type": self.type,
-                "function": {"name": f.name, "description": f.description, "parameters": f.parameters}}
+        return {
+            "type": self.type,
+            "function": {"name": f.name, "description": f.description, "parameters": f.parameters},
+        }
 
 
 class BaseTool:

@@ -22,8 +22,13 @@ MAX_MAGNITUDE = 1e15  # numbers and every intermediate result
 MAX_EXPONENT = 64
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _HINTS = {ast.BitXor: "use ** for powers", ast.MatMult: "use * to multiply"}
@@ -46,7 +51,7 @@ def _power(base: float | int, exponent: float | int) -> float | int:
         raise CalculatorError("0 cannot be raised to a negative power")
     if base != 0 and exponent * math.log10(abs(base)) > math.log10(MAX_MAGNITUDE):  # refused before computing
         raise CalculatorError(f"a result is too large (the limit is {MAX_MAGNITUDE:.0e})")
-    result = base ** exponent
+    result = base**exponent
     if isinstance(result, complex):
         raise CalculatorError("a negative number cannot be raised to a fractional power")
     return result
@@ -65,7 +70,9 @@ def _evaluate(node: ast.AST) -> float | int:
             raise CalculatorError("division by zero")
         return _bounded(_BINARY[type(node.op)](left, right))
     what = type(getattr(node, "op", node))
-    raise CalculatorError(f"{what.__name__} is not allowed; {_HINTS.get(what, 'only numbers, + - * / // % ** and ( )')}")
+    raise CalculatorError(
+        f"{what.__name__} is not allowed; {_HINTS.get(what, 'only numbers, + - * / // % ** and ( )')}"
+    )
 
 
 def calculate(expression: str) -> str:

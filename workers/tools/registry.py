@@ -62,8 +62,10 @@ def load_class(spec: str) -> type:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:
-            raise ToolConfigError(f"class_name {spec!r}: cannot import {module_name!r} ({type(exc).__name__}: "
-                                  f"{exc}); use an importable module or path/to/file.py:ClassName") from None
+            raise ToolConfigError(
+                f"class_name {spec!r}: cannot import {module_name!r} ({type(exc).__name__}: "
+                f"{exc}); use an importable module or path/to/file.py:ClassName"
+            ) from None
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
         raise ToolConfigError(f"class_name {spec!r}: {module.__name__!r} has no class {name!r}")
@@ -84,8 +86,9 @@ def _tool_from_entry(entry: Any, where: str) -> BaseTool:
     except ToolConfigError as exc:
         raise ToolConfigError(f"{where}: {exc}") from None
     except Exception as exc:  # the user's constructor
-        raise ToolConfigError(f"{where}: {entry['class_name']}(config, tool_schema) raised "
-                              f"{type(exc).__name__}: {exc}") from None
+        raise ToolConfigError(
+            f"{where}: {entry['class_name']}(config, tool_schema) raised {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(tool, BaseTool):
         raise ToolConfigError(f"{where}: {entry['class_name']} is not a subclass of workers.tools.BaseTool")
     return tool
@@ -106,8 +109,7 @@ def load_tool_config(path: str) -> list[BaseTool]:
     return [_tool_from_entry(entry, f"{path}: tools[{i}]") for i, entry in enumerate(entries)]
 
 
-def function_tool(function: Callable | None = None, name: str | None = None,
-                  schema: dict | None = None) -> Any:
+def function_tool(function: Callable | None = None, name: str | None = None, schema: dict | None = None) -> Any:
     """Mark a function as a tool: ``@function_tool``, ``@function_tool("name")`` or ``@function_tool(schema=...)``."""
     if isinstance(function, str):
         function, name = None, function
@@ -129,8 +131,10 @@ class FunctionTool(BaseTool):
             try:
                 schema = get_json_schema(function)
             except Exception as exc:
-                raise ToolConfigError(f"function tool {function.__name__!r}: {exc} (give it type hints and a "
-                                      "docstring with Args:, or pass schema=)") from None
+                raise ToolConfigError(
+                    f"function tool {function.__name__!r}: {exc} (give it type hints and a "
+                    "docstring with Args:, or pass schema=)"
+                ) from None
         schema = dict(schema, function=dict(schema.get("function", {}), name=name))
         super().__init__({}, schema)
         self.function = function
@@ -160,8 +164,10 @@ def load_function_tools(path: str) -> list[BaseTool]:
 def load_tools(tool_config_path: str | None, function_tool_path: str | None) -> dict[str, BaseTool]:
     """Name -> tool of both sources; the same name twice is an error. ToolConfigError.key names the source."""
     tools: list[BaseTool] = []
-    for key, path, load in (("tool_config_path", tool_config_path, load_tool_config),
-                            ("function_tool_path", function_tool_path, load_function_tools)):
+    for key, path, load in (
+        ("tool_config_path", tool_config_path, load_tool_config),
+        ("function_tool_path", function_tool_path, load_function_tools),
+    ):
         try:
             tools += load(path) if path else []
         except ToolConfigError as exc:
@@ -169,7 +175,10 @@ def load_tools(tool_config_path: str | None, function_tool_path: str | None) -> 
     by_name: dict[str, BaseTool] = {}
     for tool in tools:
         if tool.name in by_name:
-            raise ToolConfigError(f"two tools are named {tool.name!r} (tool_config_path={tool_config_path}, "
-                                  f"function_tool_path={function_tool_path})", "tool_config_path")
+            raise ToolConfigError(
+                f"two tools are named {tool.name!r} (tool_config_path={tool_config_path}, "
+                f"function_tool_path={function_tool_path})",
+                "tool_config_path",
+            )
         by_name[tool.name] = tool
     return by_name

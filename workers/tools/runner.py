@@ -52,7 +52,9 @@ def run_all(functions: list[Callable[[], Any]], timeout_s: float) -> list[Outcom
         except Exception as exc:  # the tool's own failure: reported to the model, never raised here
             outcomes[i] = Outcome(error=f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=target, args=(i,), daemon=True, name="colorl-tool") for i in range(len(functions))]
+    threads = [
+        threading.Thread(target=target, args=(i,), daemon=True, name="colorl-tool") for i in range(len(functions))
+    ]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout_s

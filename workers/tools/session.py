@@ -76,8 +76,11 @@ class ToolBox:
         for row, (session, calls) in enumerate(turns):
             for slot, call in enumerate(calls[: self.max_parallel_calls]):
                 session.calls += 1
-                problem = call.error or (None if call.name in self.tools else
-                                         f"unknown tool {call.name!r}; the tools are {sorted(self.tools)}")
+                problem = call.error or (
+                    None
+                    if call.name in self.tools
+                    else f"unknown tool {call.name!r}; the tools are {sorted(self.tools)}"
+                )
                 if problem:
                     session.errors += 1
                     texts[row][slot] = f"Error: {problem}"
@@ -140,13 +143,19 @@ class ToolBox:
         owned = [(s, name, instance) for s in sessions for name, instance in s.instances.items()]
 
         def stage(method: str) -> list[Outcome]:
-            return run_all([(lambda s=s, n=n, i=i: getattr(self.tools[n], method)(i, **s.kwargs(n, method)))
-                            for s, n, i in owned], self.timeout_s)
+            return run_all(
+                [(lambda s=s, n=n, i=i: getattr(self.tools[n], method)(i, **s.kwargs(n, method))) for s, n, i in owned],
+                self.timeout_s,
+            )
 
         for (session, name, _), outcome in zip(owned, stage("calc_reward")):
             value = outcome.value
-            valid = outcome.error is None and isinstance(value, (int, float)) and not isinstance(value, bool) \
+            valid = (
+                outcome.error is None
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
                 and math.isfinite(value)
+            )
             session.reward_scores[name] = float(value) if valid else 0.0
             session.errors += not valid
         for (session, _, _), outcome in zip(owned, stage("release")):
