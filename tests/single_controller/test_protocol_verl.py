@@ -1,25 +1,24 @@
-"""verl's DataProto API beyond the trainer's, on ColoRL's TensorBatch storage (no Ray): reordering and repeating
-rows, unfolding columns, uneven chunks, the concat/union rules, TensorDict conversions, verl's encodings."""
+"""verl's DataProto API beyond the trainer's, on ColoRL's TensorBatch storage (no Ray): reordering, repeating and
+selecting rows, padding to a divisor, unfolding columns, uneven chunks, the concat/union rules. The TensorDict form
+and verl's tensor encodings: test_protocol_verl_tensordict.py."""
 
 import pickle
 
 import numpy as np
 import pytest
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict
+from tensordict import TensorDict
 
 from single_controller import DataProto, DataProtoConfig
-from single_controller.errors import ContractError
 from single_controller.protocol import (
-    deserialize_single_tensor,
-    deserialize_tensordict,
+    ContractError,
     fold_batch_dim,
     list_of_dict_to_dict_of_list,
-    serialize_single_tensor,
-    serialize_tensordict,
+    pad_dataproto_to_divisor,
     unfold_batch_dim,
     union_numpy_dict,
     union_tensor_dict,
+    unpad_dataproto,
 )
 
 
@@ -157,59 +156,149 @@ def test_union_helpers_compare_deeply_and_merge_in_place():
     assert list_of_dict_to_dict_of_list([{"a": 1}, {"a": 2}]) == {"a": [1, 2]}
 
 
-# ---------------------------------------------------------------------------- TensorDict
-def test_tensordict_round_trip_is_exact_and_shares_the_tensors():
-    d = DataProto.from_dict(
-        {"ids": torch.arange(8).view(4, 2), "lp": torch.randn(4, 3, dtype=torch.bfloat16)},
-        {
-            "turns": np.array([1, 2, 3, 4], dtype=np.int32),
-            "acc": np.array([1.0, 0.0, 0.5, 1.0]),
-            "pairs": [[1, 2], [3, 4], [5, 6], [7, 8]],
-            "msgs": np.array([[{"r": "u"}], [], [{"r": "u"}, {"r": "a"}], [{"r": "u"}]], dtype=object),
-            "tag": ["a", "b", "c", "d"],
-        },
-        {"step": 3, "temperature": 0.7},
+# ---------------------------------------------------------------------------- padding for dispatch
+@pytest.mark.parametrize("n", [1, 3, 5])
+@pytest.mark.parametrize("divisor", [1, 2, 3, 4, 7])
+def test_pad_to_divisor_wraps_rows_from_the_start_and_unpad_undoes_it(n, divisor):
+    d = DataProto.from_dict({"v": torch.arange(10, 10 + n)}, {"tag": [chr(97 + i) for i in range(n)]}, {"seed": 7})
+    padded, pad = pad_dataproto_to_divisor(d, divisor)
+    assert pad == (-n) % divisor and len(padded) == n + pad and len(d) == n  # the original is left as it was
+    order = [i % n for i in range(n + pad)]  # more pad rows than rows: the batch comes round again
+    assert padded.batch["v"].tolist() == [10 + i for i in order]
+    assert padded.non_tensor_batch["tag"].tolist() == [chr(97 + i) for i in order] and padded.meta_info == {"seed": 7}
+    back = unpad_dataproto(padded, pad)
+    assert back.batch["v"].tolist() == d.batch["v"].tolist() and back.non_tensor_batch["tag"].tolist() == list(
+        d.non_tensor_batch["tag"]
     )
-    td = d.to_tensordict()
-    assert isinstance(td.get("turns"), NonTensorStack) and td["tag"] == ["a", "b", "c", "d"]
-    assert isinstance(td.get("step"), NonTensorData) and td["step"] == 3
-    assert td["ids"].data_ptr() == d.batch["ids"].data_ptr()  # shared, not copied
-    back = DataProto.from_tensordict(td)
-    assert back.batch["lp"].data_ptr() == d.batch["lp"].data_ptr() and back.meta_info == d.meta_info
-    for key, column in d.non_tensor_batch.items():
-        assert back.non_tensor_batch[key].dtype == column.dtype and back.non_tensor_batch[key].shape == column.shape, (
-            key
-        )
-        assert back.non_tensor_batch[key].tolist() == column.tolist(), key
+    assert back.meta_info == {"seed": 7}
 
 
-def test_tensordict_chunks_are_views_that_pickle_only_their_rows():
-    td = TensorDict({"x": torch.randn(64, 256)}, batch_size=[64])
-    parts = DataProto.from_tensordict(td).chunk(8)
-    assert parts[3].batch["x"].data_ptr() == td["x"][24:32].data_ptr()  # views: no per-chunk copy of the batch
-    assert parts[3].to_tensordict()["x"].data_ptr() == td["x"][24:32].data_ptr()
-    assert len(pickle.dumps(parts[3])) < len(pickle.dumps(DataProto.from_tensordict(td))) / 6
-
-
-def test_to_tensordict_refuses_a_key_in_two_places():
-    d = DataProto.from_dict({"a": torch.zeros(2)}, {"b": ["x", "y"]}, {"b": 1})
-    with pytest.raises(ValueError, match=r"keys \['b'\] of meta_info"):
-        d.to_tensordict()
-
-
-# ---------------------------------------------------------------------------- verl's encodings
+# ---------------------------------------------------------------------------- selections
 @pytest.mark.parametrize(
-    "t",
-    [torch.randn(3, 4).bfloat16(), torch.tensor([[True, False]]), torch.zeros(0, 2), torch.arange(6).view(2, 3).t()],
+    "index",
+    [
+        np.array([4, 0, 4]),
+        torch.tensor([2, 1]),
+        [3, 3, 0],
+        np.array([False, True, True, False, True]),
+        torch.tensor([True, False, False, False, True]),
+        [True, True, False, False, False],
+    ],
+    ids=["np-int", "torch-int", "list-int", "np-bool", "torch-bool", "list-bool"],
 )
-def test_serialize_single_tensor_round_trips_any_dtype_and_layout(t):
-    back = deserialize_single_tensor(serialize_single_tensor(t))
-    assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
+def test_indexing_by_any_array_selects_those_rows_of_every_column(index):
+    d = rows(5)
+    picked = np.arange(5)[np.asarray(index)]  # numpy's reading of the same index
+    out = d[index]
+    assert out.batch["x"].tolist() == picked.tolist() and out.batch["y"].tolist() == d.batch["y"][picked].tolist()
+    assert out.non_tensor_batch["s"].tolist() == [f"s{i}" for i in picked] and out.meta_info == {"t": 1}
+    assert out.batch.batch_size == torch.Size([len(picked)]) and all(type(n) is int for n in out.batch.batch_size)
+    assert [p.batch["x"].tolist() for p in out.chunk(len(picked))] == [[i] for i in picked]  # chunks as any batch
 
 
-def test_serialize_tensordict_keeps_batch_size_device_and_nested_tensors():
-    nested = torch.nested.as_nested_tensor([torch.arange(2.0), torch.arange(3.0)], layout=torch.jagged)
-    td = TensorDict({"a": torch.ones(2, 3, 4), "n": nested}, batch_size=[2], device="cpu")
-    back = deserialize_tensordict(serialize_tensordict(td))
-    assert back.batch_size == td.batch_size and str(back.device) == "cpu" and back["n"].layout == torch.jagged
-    assert [t.tolist() for t in back["n"].unbind()] == [[0.0, 1.0], [0.0, 1.0, 2.0]]
+def test_a_batch_of_columns_only_selects_pops_and_counts():
+    d = DataProto.from_dict(non_tensors={"q": ["u", "v", "w"], "r": [1, 2, 3]}, meta_info={"m": 1})
+    assert d.batch is None and len(d) == 3 and len(DataProto(non_tensor_batch={})) == 0
+    assert d.select(non_tensor_batch_keys=["q"]).non_tensor_batch["q"].tolist() == ["u", "v", "w"]
+    taken = d.pop(non_tensor_batch_keys=["r"], meta_info_keys=["m"])
+    assert taken.non_tensor_batch["r"].tolist() == [1, 2, 3] and taken.meta_info == {"m": 1}
+    assert list(d.non_tensor_batch) == ["q"] and d.meta_info == {}
+
+
+def test_pop_takes_meta_info_keys_too():
+    d = rows(2)
+    d.meta_info["lr"] = 0.1
+    taken = d.pop(batch_keys=["y"], meta_info_keys=["lr"])
+    assert list(taken.batch.keys()) == ["y"] and taken.meta_info == {"lr": 0.1}
+    assert list(d.batch.keys()) == ["x"] and d.meta_info == {"t": 1}
+
+
+def test_chunks_and_repeats_keep_the_meta_info():
+    d = rows(6)
+    assert [c.meta_info for c in d.chunk(3)] == [{"t": 1}] * 3
+    assert d.repeat(3, interleave=False).meta_info == {"t": 1}
+    assert d.sample_level_repeat([1] * 6).meta_info == {"t": 1}
+
+
+class Tagged(DataProto):
+    """A user's DataProto subclass: verl's constructors build the subclass, not a plain DataProto."""
+
+
+def test_constructors_build_the_subclass_they_are_called_on():
+    assert type(Tagged.from_single_dict({"a": torch.zeros(2)})) is Tagged
+    assert type(Tagged.from_dict({"a": torch.zeros(2)})) is Tagged
+    assert type(Tagged.from_dict({"a": torch.zeros(2)}).to_tensordict()) is TensorDict
+    assert type(Tagged.from_tensordict(TensorDict({"a": torch.zeros(2)}, [2]))) is Tagged
+
+
+# ---------------------------------------------------------------------------- unfolding columns
+def test_unfold_column_chunks_splits_non_tensor_columns_and_higher_dims():
+    pairs = DataProto.from_dict(
+        {"img": torch.arange(24).view(2, 4, 3)},
+        {"who": [["p0", "p1"], ["q0", "q1"]], "name": ["p", "q"]},
+        {"t": 1},
+    )
+    out = pairs.unfold_column_chunks(2, split_keys=["img", "who"])
+    assert out.batch["img"].shape == (4, 2, 3) and torch.equal(out.batch["img"].reshape(2, 4, 3), pairs.batch["img"])
+    assert out.non_tensor_batch["who"].tolist() == [["p0"], ["p1"], ["q0"], ["q1"]]
+    assert out.non_tensor_batch["name"].tolist() == ["p", "p", "q", "q"] and out.meta_info == {"t": 1}
+
+
+def test_unfold_column_chunks_without_split_keys_repeats_everything():
+    d = rows(2)
+    out = d.unfold_column_chunks(3, split_keys=None)
+    assert out.batch["y"].tolist() == [[0, 1]] * 3 + [[2, 3]] * 3
+    assert out.non_tensor_batch["s"].tolist() == ["s0"] * 3 + ["s1"] * 3
+
+
+# ---------------------------------------------------------------------------- joining (verl's concat rules)
+def test_concat_keeps_every_parts_meta_keys_and_metrics_wherever_they_are():
+    parts = [
+        DataProto.from_dict({"x": torch.zeros(2)}, meta_info={"phase": "gen"}),  # the first part has no metrics
+        DataProto.from_dict({"x": torch.ones(2)}, meta_info={"metrics": {"kl": 0.1}, "phase": "gen", "mb": 4}),
+        DataProto.from_dict({"x": torch.ones(1)}, meta_info={"metrics": [{"kl": 0.3}, {"kl": 0.2}], "seed": 9}),
+    ]
+    assert DataProto.concat(parts).meta_info == {"phase": "gen", "mb": 4, "seed": 9, "metrics": {"kl": [0.1, 0.3, 0.2]}}
+
+
+def test_union_tensor_dict_refuses_a_shared_key_with_other_values():
+    left = TensorDict({"obs": torch.arange(3.0)}, [3])
+    union_tensor_dict(left, TensorDict({"obs": torch.arange(3.0), "rew": torch.ones(3)}, [3]))  # equal: merged
+    with pytest.raises(AssertionError, match="rew"):
+        union_tensor_dict(left, TensorDict({"rew": torch.zeros(3)}, [3]))
+
+
+def _cycle() -> np.ndarray:
+    a = np.array([None], dtype=object)
+    a[0] = a
+    return a
+
+
+@pytest.mark.parametrize(
+    ("left", "right", "equal"),
+    [
+        (np.arange(24).reshape(2, 3, 4), np.arange(24).reshape(2, 3, 4), True),
+        (np.arange(24).reshape(2, 3, 4), np.arange(24).reshape(2, 3, 4) * 2, False),
+        (np.array([2.0, np.nan]), np.array([2.0, np.nan]), True),
+        (np.array([2.0, np.nan]), np.array([np.nan, 2.0]), False),
+        (np.array([float("nan"), "nan"], dtype=object), np.array([float("nan"), "nan"], dtype=object), True),
+        (np.array([[np.arange(2), "w"], [None, 1.5]], dtype=object), None, True),  # None: a deep copy of left
+        (
+            np.array([[np.arange(2), "w"], [None, 1.5]], dtype=object),
+            np.array([[np.arange(2), "w"], [None, 2.5]], dtype=object),
+            False,
+        ),
+        (np.array([[[[np.arange(3)]]]], dtype=object), np.array([[[[np.arange(3) + 1]]]], dtype=object), False),
+        (_cycle(), _cycle(), True),
+        (_cycle(), np.array([None], dtype=object), False),
+    ],
+)
+def test_union_numpy_dict_compares_columns_by_value(left, right, equal):
+    import copy
+
+    right = copy.deepcopy(left) if right is None else right
+    if equal:
+        assert union_numpy_dict({"c": left}, {"c": right})["c"] is right
+    else:
+        with pytest.raises(AssertionError, match="`c` in tensor_dict1"):
+            union_numpy_dict({"c": left}, {"c": right})
