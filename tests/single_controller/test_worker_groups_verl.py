@@ -1,5 +1,6 @@
-"""verl's worker-group API beyond the trainer's, on a real Ray cluster: split pools, the environment workers see,
-fused colocated classes, n-d meshes declared per role, how group methods are named, and verl's class options."""
+"""verl's worker-group API beyond the trainer's, on a real Ray cluster: split pools (and splits of splits, each group
+its own torch.distributed world), the environment workers see, fused colocated classes, n-d meshes declared per role
+or copied between workers under per-method names, how group methods are named, and verl's class options."""
 
 import os
 import threading
@@ -17,6 +18,7 @@ from single_controller.ray import (
     RayResourcePool,
     RayWorkerGroup,
     create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
     create_colocated_worker_raw_cls,
     split_resource_pool,
 )
@@ -58,6 +60,10 @@ class Probe(Worker):
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def tagged_rank(self) -> int:
+        return self.rank + self.tag
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def gathered(self) -> list:
         self.init_process_group()
         data = DataProto.from_dict(
@@ -76,6 +82,10 @@ class Scale(Worker):
     def scale(self, x: float) -> float:
         return x * self.factor
 
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def scale_each(self, x: float) -> float:
+        return x * self.factor
+
     def peek(self) -> float:  # not registered: reachable with execute_all_sync on a role view
         return self.factor
 
@@ -87,7 +97,7 @@ class Chain(
 ):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def scaled_rank(self) -> float:
-        return self.scale.scale(self.probe.rank + self.fused_worker_dict["probe"].tag)
+        return self.scale.scale(self.fused_worker_dict["probe"].tagged_rank())
 
 
 @pytest.fixture(scope="module")
@@ -132,14 +142,20 @@ def test_split_and_worker_env_refuse_what_cannot_work(pool):
         split_resource_pool(pool, 3)
     with pytest.raises(ValueError, match=r"may not set \['RANK'\]"):
         RayWorkerGroup(pool, RayClassWithInitArgs(Probe), worker_env={"RANK": "7"})
+    with pytest.raises(ValueError, match=r"may not set \['RAY_LOCAL_WORLD_SIZE', 'WORLD_SIZE'\]"):
+        RayWorkerGroup(pool, RayClassWithInitArgs(Probe), worker_env={"WORLD_SIZE": "9", "RAY_LOCAL_WORLD_SIZE": "9"})
 
 
 # ---------------------------------------------------------------------------- colocation and method names
 def test_fused_class_chains_roles_and_fuse_adds_role_views(pool):
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(Chain), name_prefix="fused")
+    cls = RayClassWithInitArgs(Chain)
+    cls.fused_worker_used = True  # verl's flag for a fused class: accepted, and ColoRL needs no flag
+    group = RayWorkerGroup(pool, cls, name_prefix="fused")
     assert group.scaled_rank() == [10.0, 12.0, 14.0, 16.0]  # (rank + tag 5) * factor 2, in one call per rank
     assert not hasattr(group, "scale") and not hasattr(group, "probe_add_tag")  # fused: no <role>_<method> names
     group.fuse(["probe", "scale"])
+    # the same chain through the driver: one role's per-rank answers, item i to rank i of the other role
+    assert group.scale.scale_each(group.probe.tagged_rank()) == group.scaled_rank()
     assert group.scale.scale(1.5) == [3.0] * 4 and group.probe.rank_later() == [0, 1, 2, 3]
     assert group.scale.execute_all_sync("peek") == [2.0] * 4  # any method of the role, registered or not
     shutdown_worker_group(group)
@@ -163,6 +179,17 @@ def test_worker_dict_names_role_methods_and_views_see_their_role_only(pool):
     assert out.batch["n"].tolist() == [2, 2, 2] and out.batch["rank"].tolist() == [0, 0, 2]
     with pytest.raises(ValueError, match="'judge' is not a role of WorkerDict"):
         group.spawn(["judge"])
+    shutdown_worker_group(group)
+
+
+def test_fused_class_from_the_helper_runs_roles_side_by_side(pool):
+    roles = {"probe": RayClassWithInitArgs(Probe, tag=3), "scale": RayClassWithInitArgs(Scale, factor=10.0)}
+    cls = create_colocated_worker_cls_fused(roles)
+    group = RayWorkerGroup(split_resource_pool(pool, 2)[0], cls, name_prefix="fused_helper")
+    group.fuse(roles.keys())
+    assert group.scale.scale_each(group.probe.tagged_rank()) == [30.0, 40.0]
+    # each role reaches the others of its process, as verl's get_fused_worker_by_name does
+    assert [probe.tag for probe in group.scale.execute_all_sync("get_fused_worker_by_name", "probe")] == [3, 3]
     shutdown_worker_group(group)
 
 
@@ -209,3 +236,111 @@ def test_the_device_is_the_gpu_ray_assigned(ray_cluster):
         and on_cpu.execute_all_sync("env")[0]["device"] == "cpu"
     )
     shutdown_worker_group(on_gpu)
+
+
+# ---------------------------------------------------------------------------- dispatch meshes declared per method
+def test_a_worker_takes_another_workers_mesh_under_a_new_name(monkeypatch):
+    for key, value in {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(key, value)  # a worker outside a group, set up as torchrun would
+    rollout, ref, host = Worker(), Worker(), Worker()
+    rollout._register_dispatch_collect_info("infer", dp_rank=3, is_collect=False)
+    ref._register_dispatch_collect_info("infer", dp_rank=1, is_collect=True)
+    host.set_dispatch_collect("rollout", **rollout.get_dispatch_collect())
+    host.set_dispatch_collect("ref", **ref.get_dispatch_collect())
+    assert (host.query_collect_info("rollout"), host.query_collect_info("ref")) == (False, True)
+    assert host.get_dispatch_collect() == {
+        "dispatch_dp_rank": {"rollout": 3, "ref": 1},
+        "collect_dp_rank": {"rollout": False, "ref": True},
+    }
+    with pytest.raises(AssertionError, match="'ref' has been registered already"):
+        host.set_dispatch_collect("ref", **rollout.get_dispatch_collect())
+    with pytest.raises(AssertionError, match="declared no mesh 'critic'"):
+        host.query_collect_info("critic")
+
+
+class TwoMeshes(Probe):
+    """Holds two inner workers with different layouts and takes each one's mesh under its own method's name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        blocks, stripes = Worker(), Worker()
+        blocks._register_dispatch_collect_info("mesh", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
+        stripes._register_dispatch_collect_info("mesh", dp_rank=self.rank % 2, is_collect=self.rank < 2)
+        self.set_dispatch_collect("blocks", **blocks.get_dispatch_collect())
+        self.set_dispatch_collect("stripes", **stripes.get_dispatch_collect())
+
+    def _rows(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"x": data.batch["x"], "rank": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("blocks"))
+    def by_blocks(self, data: DataProto) -> DataProto:
+        return self._rows(data)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("stripes"))
+    def by_stripes(self, data: DataProto) -> DataProto:
+        return self._rows(data)
+
+
+def test_whole_pool_env_and_per_method_meshes(pool):
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(TwoMeshes), name_prefix="meshes")
+    envs = group.execute_all_sync("env")  # two simulated nodes of two: local ranks count per node
+    assert [(e["RANK"], e["LOCAL_RANK"], e["RAY_LOCAL_RANK"]) for e in envs] == [
+        ("0", "0", "0"),
+        ("1", "1", "1"),
+        ("2", "0", "0"),
+        ("3", "1", "1"),
+    ]
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["RAY_LOCAL_WORLD_SIZE"], e["WG_PREFIX"]) for e in envs} == {
+        ("4", "2", "2", "meshes")
+    }
+    data = DataProto.from_dict({"x": torch.arange(4)})
+    blocks = group.by_blocks(data)  # dp = rank // 2: rows 0-1 to ranks 0, 1 and rows 2-3 to ranks 2, 3; 0 and 2 report
+    assert blocks.batch["x"].tolist() == [0, 1, 2, 3] and blocks.batch["rank"].tolist() == [0, 0, 2, 2]
+    stripes = group.by_stripes(data)  # dp = rank % 2: rows 0-1 to ranks 0, 2 and rows 2-3 to ranks 1, 3; 0 and 1 report
+    assert stripes.batch["x"].tolist() == [0, 1, 2, 3] and stripes.batch["rank"].tolist() == [0, 0, 1, 1]
+    shutdown_worker_group(group)
+
+
+# ---------------------------------------------------------------------------- split pools, each its own world
+class Member(Worker):
+    """Joins its own group's torch.distributed world when it starts (as verl's workers do in __init__)."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__()
+        self.offset = offset
+        self.init_process_group(timeout_s=60)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def shift(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"v": data.batch["v"] + self.offset + self.rank})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def world(self) -> tuple[int, int, str]:
+        total = torch.tensor([self.rank + self.offset])
+        torch.distributed.all_reduce(total)  # over this group's ranks only
+        return torch.distributed.get_world_size(), int(total), os.environ["MASTER_PORT"]
+
+
+def test_halves_of_a_pool_run_side_by_side_in_their_own_worlds(pool):
+    halves = split_resource_pool(pool, 2)
+    groups = [RayWorkerGroup(half, RayClassWithInitArgs(Member, offset=100 * i)) for i, half in enumerate(halves)]
+    data = DataProto.from_dict({"v": torch.zeros(4, dtype=torch.long)})
+    assert [g.shift(data).batch["v"].tolist() for g in groups] == [[0, 0, 1, 1], [100, 100, 101, 101]]
+    worlds = [g.world() for g in groups]
+    assert [[(size, total) for size, total, _ in w] for w in worlds] == [[(2, 1)] * 2, [(2, 201)] * 2]
+    assert len({port for w in worlds for _, _, port in w}) == 2  # one rendezvous per group
+    for g in groups:
+        shutdown_worker_group(g)
+
+
+def test_a_split_of_a_split_gives_every_bundle_its_own_group(pool):
+    first, middle, last = split_resource_pool(pool, [1, 2, 1])
+    inner = split_resource_pool(middle, 1)  # bundles 1 and 2 of the pool, a pool of one each
+    pieces = [first, *inner, last]
+    assert [(b.pg.id, b.index) for p in pieces for b in p.bundles()] == [(b.pg.id, b.index) for b in pool.bundles()]
+    groups = [RayWorkerGroup(p, RayClassWithInitArgs(Probe, tag=10 * i)) for i, p in enumerate(inner)]
+    assert [g.world_size for g in groups] == [1, 1]
+    data = DataProto.from_dict({"x": torch.zeros(2)})
+    assert [g.add_tag(data).batch["x"].tolist() for g in groups] == [[0.0, 0.0], [10.0, 10.0]]  # rank 0 of each
+    for g in groups:
+        shutdown_worker_group(g)
