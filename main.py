@@ -51,7 +51,7 @@ def _train(cfg: PPOConfig, plan: StepPlan) -> int:
     # deferred: torch, Ray and transformers take seconds to import, and a config mistake is reported before that;
     # a dry run reads only the models' configs, so it imports neither Ray nor the trainer
     if cfg.trainer.dry_run:
-        from trainer.dry_run import dry_run as run
+        from trainer.preflight.dry_run import dry_run as run
     else:
         from trainer.run import run_command_line as run
     try:

@@ -6,7 +6,7 @@
 Each allocator runs in its own process, one after the other: the preset's actor (its model, LoRA and loss) does
 ``--iterations`` forward + backward passes of one micro-batch of ``--micro`` random sequences, as long as the
 preset's mean arithmetic problem (73 prompt and 40 response tokens in rows of 96 + 64; remove-padding packs them).
-``mimalloc`` is what the trainer preloads into its CPU workers (``workers/malloc.py``); ``glibc-kept`` its fallback,
+``mimalloc`` is what the trainer preloads into its CPU workers (``workers/runtime/malloc.py``); ``glibc-kept`` its fallback,
 glibc with ``keep_freed_memory``; ``glibc-returned`` glibc with a fixed 128 KiB mmap threshold (every block above
 it handed back to the kernel on free). Prints JSON per allocator: RSS after the model loads, the peak over the
 passes (VmHWM) and the median seconds of the passes after the first.
@@ -28,7 +28,7 @@ PROMPT, RESPONSE, PROMPT_WIDTH, RESPONSE_WIDTH = 73, 40, 96, 64
 
 
 def allocator_env(name: str) -> dict[str, str]:
-    from workers import malloc
+    from workers.runtime import malloc
 
     if name == "mimalloc":
         return malloc.worker_env("cpu")
@@ -42,10 +42,11 @@ def passes(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
     from config import load_with_plan
-    from workers import lora, malloc, perf
-    from workers.actor import DataParallelPPOActor
-    from workers.fsdp_workers import load_causal_lm
-    from workers.packing import mini_batch_totals
+    from workers.compute.actor import DataParallelPPOActor
+    from workers.compute.packing import mini_batch_totals
+    from workers.parallel import lora
+    from workers.roles.fsdp_workers import load_causal_lm
+    from workers.runtime import malloc, perf
 
     torch.set_num_threads(os.cpu_count() or 1)
     malloc.keep_freed_memory()  # as a CPU worker does: the fallback, a no-op under mimalloc

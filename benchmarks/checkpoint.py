@@ -3,9 +3,9 @@
     python -m benchmarks.checkpoint [--hidden 512 --layers 8] [--world 1 2] [--repeats 3] [--dir /tmp]
 
 Each world size runs in fresh spawned processes (gloo on CPU): build the built-in Llama of the given size
-(33.6 M parameters by default), place it as a worker does (``workers.role.shard_role``: FSDP over the ranks,
+(33.6 M parameters by default), place it as a worker does (``workers.roles.role.shard_role``: FSDP over the ranks,
 a world of one unsharded), give AdamW its state with one step; then, ``--repeats`` times:
-``workers.checkpoint.save_role`` into a checkpoint's staging directory, which rank 0 commits as the driver does
+``workers.checkpoint.shards.save_role`` into a checkpoint's staging directory, which rank 0 commits as the driver does
 (``CheckpointManager.commit``) and verifies as a resume does (``check_checkpoint``), then ``load_role`` from it.
 Per rank: the median seconds of each, and the peak RSS above the RSS just before save/load (the kernel's VmHWM,
 reset before each call): the host memory the checkpoint code itself needs (a lower bound: memory that malloc
@@ -46,7 +46,7 @@ def _build(args: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """(module, optimizer, scheduler, tokenizer) as a trainer rank holds them, AdamW state filled by one step."""
     from config.roles import FSDPConfig
     from data.builtin import build_char_tokenizer, build_tiny_model
-    from workers.role import shard_role
+    from workers.roles.role import shard_role
 
     tokenizer = build_char_tokenizer()
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
@@ -80,7 +80,7 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
     import torch.distributed as dist
 
     from trainer.checkpoint import CheckpointManager, check_checkpoint
-    from workers import checkpoint
+    from workers.checkpoint import shards
 
     torch.set_num_threads(1)
     if world > 1:
@@ -94,13 +94,13 @@ def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> Non
         if rank == 0:
             manager.make_staging(staging)
         save_s, save_mb = _measured(
-            lambda: checkpoint.save_role(str(staging / "actor"), model, optimizer, scheduler, tokenizer)
+            lambda: shards.save_role(str(staging / "actor"), model, optimizer, scheduler, tokenizer)
         )
         # the driver's part, here on rank 0: checksum + fsync everything, rename; and verify before a resume
         commit_s, _ = _measured(lambda: manager.commit(staging, step, {"global_step": step}) if rank == 0 else None)
         final = Path(manager.root) / f"global_step_{step}"
         verify_s, _ = _measured(lambda: check_checkpoint(final) if rank == 0 else None)
-        load_s, load_mb = _measured(lambda: checkpoint.load_role(str(final / "actor"), model, optimizer, scheduler))
+        load_s, load_mb = _measured(lambda: shards.load_role(str(final / "actor"), model, optimizer, scheduler))
         size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
         rows.append(
             {

@@ -16,7 +16,7 @@ Prints JSON: every round's s/step, the per-round ratios and their medians:
 
 Each round also keeps the per-phase medians (``phases_s``) of the floor and of every ColoRL run, so a ratio
 can be traced to the phase that moved, and their model FLOPs utilisation (``mfu``: the floor's and each
-ColoRL run's whole step, ``workers.perf``; on a CPU against a measured matmul rate, on a known GPU its
+ColoRL run's whole step, ``workers.runtime.perf``; on a CPU against a measured matmul rate, on a known GPU its
 datasheet peak). ``best_ratios`` are the same ratios taken between each contender's
 fastest round (its lowest s/step): on a shared machine other processes only ever add time, so the minimum is
 the least disturbed estimate of each contender's own cost (``timeit``'s rule); the medians are the default.
@@ -28,7 +28,7 @@ times TRL's throughput" directly.
 
 LoRA: ``--set actor_rollout_ref.model.lora_rank=16 --set actor_rollout_ref.model.lora_alpha=32`` reaches every
 benchmark of the round, so the floor then does a LoRA step's work too: the same peft adapters
-(``workers.lora.add_adapters``), AdamW over them only, and with a KL the reference log-probs from the policy
+(``workers.parallel.lora.add_adapters``), AdamW over them only, and with a KL the reference log-probs from the policy
 with its adapters off instead of a second model; TRL trains peft adapters of the same rank, alpha and target
 modules (``benchmarks.trl``). The same command without those two flags gives the full fine-tuning figures;
 ``overrides`` in the output tells the runs apart. Every setting TRL gets comes from the same ColoRL config

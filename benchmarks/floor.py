@@ -4,15 +4,15 @@
                                [--response-length 8] [--threads N] [--steps 20 --warmup 3] [--device cpu|cuda]
 
 Same model (the same HF dir as ``benchmarks.step``), same batches (the trainer's dataloader, repeated n
-times), same code: ``workers.rollout.generate_sequences`` on the plain module (LoRA under
+times), same code: ``workers.compute.rollout.generate_sequences`` on the plain module (LoRA under
 ``lora.merged_adapters``), the actor's ``compute_log_prob`` (old; ref with ``--kl``; with
 ``rollout.calculate_log_probs`` the rollout's log-probs are the update's old ones, as in the trainer, and the
 forward is timed only for ``gen_fwd_train``), the critic's ``compute_values`` (ppo), and the actor's (and
 critic's) ``update_*``: forward + backward + grad clip + AdamW, one optimizer step over the whole batch.
 Rewards and advantages come from the trainer's reward function and ``algos.compute_advantage``. With
 ``actor_rollout_ref.model.lora_rank`` > 0 (``--set``) the policy carries the workers' adapters
-(``workers.lora.add_adapters``), AdamW steps only them, and the reference is the policy with its adapters
-disabled (``workers.lora.as_reference``), as in the trainer.
+(``workers.parallel.lora.add_adapters``), AdamW steps only them, and the reference is the policy with its adapters
+disabled (``workers.parallel.lora.as_reference``), as in the trainer.
 
 Prints JSON: the median of each phase (reward and adv too, though the floors leave them out), and the
 per-step sums gen+train (no extra forwards), gen+fwd+train (with old/ref log-prob and value forwards) and
@@ -26,7 +26,7 @@ phase's peak RSS (``memory_breakdown``). ``--vocab-size`` (with ``--model-path``
 with another vocabulary and random weights.
 Precision follows each role's ``fsdp_config.mixed_precision`` as in the workers (bf16 on CUDA by default, fp32 on
 CPU): in bf16 the models compute with bf16 weights and activations, and the optimizer steps fp32 master weights
-(``workers.master_weights.MasterWeights``, as a single worker rank does; FSDP's mixed precision without FSDP).
+(``workers.parallel.master_weights.MasterWeights``, as a single worker rank does; FSDP's mixed precision without FSDP).
 
 Threads: the default (all cores in one process) matches the trainer's workers × threads. On a machine that
 other busy processes share, OpenMP threads spin while they wait on a descheduled sibling and a 2-thread run
@@ -63,12 +63,14 @@ from benchmarks.common import (
 from benchmarks.memory import PhasePeaks, reset_peak_rss, storage_bytes
 from config.plan import uses_full_kl
 from single_controller import DataProto
-from workers import attention, fsdp, lora, malloc, perf
-from workers.actor import DataParallelPPOActor
-from workers.critic import DataParallelPPOCritic, load_value_model
-from workers.fsdp_workers import load_causal_lm
-from workers.master_weights import on_one_rank, optimizer_for
-from workers.rollout import eos_token_ids, generate_sequences
+from workers.compute import attention
+from workers.compute.actor import DataParallelPPOActor
+from workers.compute.critic import DataParallelPPOCritic, load_value_model
+from workers.compute.rollout import eos_token_ids, generate_sequences
+from workers.parallel import fsdp, lora
+from workers.parallel.master_weights import on_one_rank, optimizer_for
+from workers.roles.fsdp_workers import load_causal_lm
+from workers.runtime import malloc, perf
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 FORWARD_PHASES = ("old_log_prob", "ref", "values")
@@ -214,7 +216,7 @@ class Floor:
     def _attention(
         self, module: torch.nn.Module, dtype: torch.dtype, data: DataProto
     ) -> contextlib.AbstractContextManager:
-        """The SDPA backend the workers' updates use (``workers.attention``)."""
+        """The SDPA backend the workers' updates use (``workers.compute.attention``)."""
         return attention.sdpa_backend(module, self.device, dtype, data.batch["input_ids"].shape[1])
 
     def _generate(self, prompts: DataProto) -> DataProto:

@@ -4,7 +4,7 @@
                                 [--world 2] [--updates 2] [--device cpu|cuda]
 
 Each configuration runs in fresh processes (spawned, so one's memory never counts for another): load the
-policy, shard it with ``workers.fsdp.apply_fsdp`` (FSDP run only), build AdamW, then on the rank's share of a
+policy, shard it with ``workers.parallel.fsdp.apply_fsdp`` (FSDP run only), build AdamW, then on the rank's share of a
 batch of prompts·n random sequences: a log-prob forward (``DataParallelPPOActor.compute_log_prob``) and
 ``--updates`` update steps (forward + backward + clip + AdamW; the optimizer state appears at the first).
 
@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import add_model_args, default_device, emit, machine, run_ranks, stdout_to_stderr
-from workers import malloc, perf
+from workers.runtime import malloc, perf
 
 MB = 2**20
 
@@ -206,9 +206,9 @@ def _build_actor(args: dict[str, Any], device: torch.device, world: int) -> tupl
     from transformers import AutoModelForCausalLM
 
     from config.roles import ActorConfig, FSDPConfig, WrapPolicyConfig
-    from workers.actor import DataParallelPPOActor
-    from workers.master_weights import optimizer_for
-    from workers.role import shard_role
+    from workers.compute.actor import DataParallelPPOActor
+    from workers.parallel.master_weights import optimizer_for
+    from workers.roles.role import shard_role
 
     model = AutoModelForCausalLM.from_pretrained(args["model_path"], dtype=torch.float32)
     fsdp_config = FSDPConfig(wrap_policy=WrapPolicyConfig(min_num_params=args["min_num_params"]))

@@ -1,4 +1,4 @@
-"""The memory estimate (``trainer.dry_run``'s, ``workers/memory_estimate.py``) against the measured peak per worker.
+"""The memory estimate (``trainer.dry_run``'s, ``trainer/preflight/memory_estimate.py``) against the measured peak per worker.
 
     python -m benchmarks.memory_estimate [--config-name demo] [--steps 2] [--set KEY=VALUE ...]
 
@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def phases_gib(estimate: Any) -> dict[str, dict[str, float]]:
-    from workers.memory_estimate import GiB
+    from trainer.preflight.memory_estimate import GiB
 
     return {
         p.name: {**{k: round(v / GiB, 3) for k, v in sorted(p.terms.items())}, "total": round(p.total / GiB, 3)}
@@ -48,8 +48,8 @@ def phases_gib(estimate: Any) -> dict[str, dict[str, float]]:
 def estimates(cfg: Any, plan: Any, measured: list[dict[str, float]]) -> dict[str, Any]:
     """The estimate at the maximum lengths and at the observed mean lengths (GiB per phase and peak)."""
     from data.builtin import demo_model_config
-    from trainer.dry_run import load_model_sizes
-    from workers.memory_phases import Lengths, estimate_memory
+    from trainer.preflight.dry_run import load_model_sizes
+    from trainer.preflight.memory_phases import Lengths, estimate_memory
 
     models = load_model_sizes(cfg, plan, lambda: demo_model_config(cfg.builtin))
     observed = Lengths(

@@ -33,7 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from benchmarks.common import emit, machine, stdout_to_stderr
 from config.roles import ActorConfig, OptimConfig
 from single_controller import DataProto
-from workers.actor import DataParallelPPOActor
+from workers.compute.actor import DataParallelPPOActor
 
 VARIANTS = {  # name -> (remove_padding, dynamic batch size, shared prompts)
     "padded": (False, False, False),

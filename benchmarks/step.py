@@ -9,9 +9,9 @@ Prints JSON: medians of ``timing_s/step`` and of every phase (``timing_s/*``: dr
 phase, including dispatch; ``worker_*``: time inside the workers), s/step, and response tokens/s
 (= mean response length × prompts·n / step time, per step, then the median: the non-pad tokens sampled);
 ``peak_rss_gb_per_worker``: a worker process's peak resident memory over its life up to the last step
-(``workers.perf.peak_rss_bytes``; the mean over workers); ``perf``: the workers' MFU of the updates
+(``workers.runtime.perf.peak_rss_bytes``; the mean over workers); ``perf``: the workers' MFU of the updates
 (``mfu/actor``, ``mfu/critic``), their peak and memory, and ``mfu/step``, the whole step's model FLOPs over
-step time × workers × peak (``workers/perf.py``).
+step time × workers × peak (``workers/runtime/perf.py``).
 """
 
 from __future__ import annotations
@@ -73,15 +73,15 @@ def run_steps(trainer: Any, warmup: int, steps: int) -> list[dict[str, float]]:
 def flops_model(
     path: str, value_model: bool = False, lora_rank: int = 0, target_modules: str | tuple[str, ...] = "all-linear"
 ) -> Any:
-    """The ``workers.perf.FlopsModel`` of the checkpoint at ``path`` (a value model: its scalar head, no lm_head),
+    """The ``workers.runtime.perf.FlopsModel`` of the checkpoint at ``path`` (a value model: its scalar head, no lm_head),
     with the workers' LoRA adapters where ``lora_rank`` > 0 (its frozen base computes no weight gradients)."""
     from types import SimpleNamespace
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from workers import lora
-    from workers.perf import FlopsModel
+    from workers.parallel import lora
+    from workers.runtime.perf import FlopsModel
 
     config = AutoConfig.from_pretrained(path, **({"num_labels": 1} if value_model else {}))
     auto_class = AutoModelForTokenClassification if value_model else AutoModelForCausalLM

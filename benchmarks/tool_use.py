@@ -4,7 +4,7 @@
                                   [--limit 64] [--response-length 160] [--batch-size 16] [--threads 2] [--show 3]
 
 Prompts are rendered as ``RLHFDataset`` renders them (``tool_agent`` rows with the tools' schemas), rolled out by
-``workers.agent_loop`` exactly as in training (tool turns, limits, parsing) and scored by the trainer's reward
+``workers.compute.agent_loop`` exactly as in training (tool turns, limits, parsing) and scored by the trainer's reward
 manager (``data.tasks.default_compute_score``: strict ``#### N`` for the arithmetic problems). Without
 ``--tool-config`` every tool call is answered "unknown tool". Prints JSON: ``accuracy`` (mean strict score), the
 mean of every extra value the score gives (``flexible``), ``tool_call_rate`` (share of problems with a call),
@@ -30,8 +30,8 @@ from config.roles import MultiTurnConfig
 from data.dataset import RLHFDataset
 from data.reward import RewardManager
 from single_controller import DataProto
-from workers.agent_loop import AgentLoop
-from workers.rollout import eos_token_ids
+from workers.compute.agent_loop import AgentLoop
+from workers.compute.rollout import eos_token_ids
 from workers.tools import ToolBox, load_tools
 
 

@@ -60,7 +60,7 @@ def grpo_settings(cfg: Any, device: str, kl: bool, steps: int, output_dir: str) 
     the same batch, sampling, optimizer, loss and precision (see the module docstring)."""
     import torch
 
-    from workers import fsdp
+    from workers.parallel import fsdp
 
     arr, data = cfg.actor_rollout_ref, cfg.data
     actor, rollout, model, optim = arr.actor, arr.rollout, arr.model, arr.actor.optim

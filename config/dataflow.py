@@ -10,7 +10,7 @@ writes. ``Dataflow.of`` derives every worker phase's ``Route`` from that, so not
 - ``give``: keys it writes that a later driver phase reads: returned to the driver.
 
 With colocation every role of a rank lives in one process, so one store per process serves them all
-(``workers/step_store.py``). A read that no earlier phase writes is an error here, when the plan is made.
+(``workers/compute/step_store.py``). A read that no earlier phase writes is an error here, when the plan is made.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     use_remove_padding: bool = True  # log-prob and update forwards on packed rows (no pad tokens computed)
     # log-probs, entropy and the exact KL from hidden states in chunks of tokens, logits recomputed in backward:
-    # never the (tokens, vocabulary) logits (workers/logprob.py); verl's key, whose default is false
+    # never the (tokens, vocabulary) logits (workers/compute/logprob.py); verl's key, whose default is false
     use_fused_kernels: bool = True
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of the full model
     lora_alpha: float = 16
@@ -186,7 +186,7 @@ class ActorConfig:
     loss_agg_mode: LossAggMode = "token-mean"
     loss_scale_factor: float | None = None  # seq-mean-token-sum-norm's divisor; null -> the response length
     # with model.use_remove_padding, the rows of a micro-batch that repeat a prompt (a GRPO group) run it once, its
-    # responses after it in one packed row: the same log-probs and gradients, less compute (workers.packing)
+    # responses after it in one packed row: the same log-probs and gradients, less compute (workers.compute.packing)
     use_prefix_grouper: bool = False
     calculate_sum_pi_squared: bool = False  # return Σπ² with the old log-probs (on anyway when the estimator needs it)
     ulysses_sequence_parallel_size: int = 1  # verl's sequence parallelism; ColoRL runs whole sequences per rank
@@ -236,7 +236,7 @@ class ValKwargs:
 
 @dataclass(frozen=True)
 class MultiTurnConfig:
-    """Tool-calling rollouts (``workers.agent_loop``): verl's ``rollout.multi_turn`` keys with verl's meaning.
+    """Tool-calling rollouts (``workers.compute.agent_loop``): verl's ``rollout.multi_turn`` keys with verl's meaning.
 
     Rows whose ``agent_name`` (or ``rollout.agent.default_agent_loop``) is ``tool_agent`` generate assistant
     turns, call the tools of ``tool_config_path`` / ``function_tool_path`` (docs/tools.md) and continue until an

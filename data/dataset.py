@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 logger = logging.getLogger(__name__)
 
 NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt", "agent_name", "tools_kwargs")
-TOOL_AGENT = "tool_agent"  # verl's agent_name of the multi-turn tool loop (workers.agent_loop)
+TOOL_AGENT = "tool_agent"  # verl's agent_name of the multi-turn tool loop (workers.compute.agent_loop)
 
 
 def _load_file(path: str, columns: dict[str, str]) -> datasets.Dataset:

@@ -17,10 +17,10 @@ from config.verl import ignored_key_warnings
 from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
 from data.reward import RewardManager, load_custom_compute_score
-from trainer.dry_run import check_models, preflight
 from trainer.ppo_trainer import RayPPOTrainer
-from workers.agent_loop import check_tools
-from workers.lora import check_target_modules
+from trainer.preflight.dry_run import check_models, preflight
+from workers.compute.agent_loop import check_tools
+from workers.parallel.lora import check_target_modules
 from workers.tools import ToolConfigError
 
 

@@ -4,7 +4,7 @@ Layout under ``trainer.default_local_dir``::
 
     global_step_6/
         actor/            model + optimizer shards (DCP: .metadata, __<r>_0.distcp), config.json, tokenizer,
-                          extra.pt, rng_rank<r>.pt   (written by the workers: workers/checkpoint.py)
+                          extra.pt, rng_rank<r>.pt   (written by the workers: workers/checkpoint/shards.py)
         critic/           the same for the value model (when there is a critic)
         driver.pt         step, data position, KL controller, wandb run id, the resolved config (trainer.fingerprint)
         COMPLETE          size and SHA-256 of every file above: written last, verified on load
@@ -15,7 +15,7 @@ Layout under ``trainer.default_local_dir``::
 A checkpoint is written into a hidden staging directory, every file and directory of it flushed to disk (fsync),
 and only then renamed into place; older checkpoints are pruned once the rename itself is on disk. So a crash, a
 power cut or a full disk at any moment leaves the previous checkpoint untouched and loadable (the file-safety
-helpers: ``workers.safe_files``).
+helpers: ``workers.checkpoint.safe_files``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from workers.safe_files import (
+from workers.checkpoint.safe_files import (
     WRITE_ERRORS,
     UnsafeCheckpointError,
     damage,

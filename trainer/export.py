@@ -30,7 +30,7 @@ from transformers import (
 
 from trainer.checkpoint import LATEST, PREFIX, CheckpointError, CheckpointManager, check_checkpoint
 from trainer.run_dir import LOCK
-from workers.checkpoint import PlainLoadPlanner, PlainReader, check_fits
+from workers.checkpoint.shards import PlainLoadPlanner, PlainReader, check_fits
 
 RUN_FILES = (LATEST, "metrics.jsonl", LOCK)  # what a run directory holds besides its checkpoints
 

@@ -6,7 +6,7 @@ Every checkpoint records the resolved config it was saved with (``config_record`
 - ``MAY_CHANGE``: how long and how often (steps, epochs, frequencies), where and how it logs and saves, what counts
   as a failure, and where and how the work runs (workers, micro-batches, offloading, kernels, validation): free;
 - ``OPTIMIZER``: the optimizer's hyper-parameters: the new values are applied from the next update (the optimizer's
-  moments and the schedule's step are kept: ``workers.checkpoint.load_role``) and each change is printed;
+  moments and the schedule's step are kept: ``workers.checkpoint.shards.load_role``) and each change is printed;
 - everything else (the model and its architecture, the data, the batch arithmetic, the algorithm): refused in one
   line that lists the differing keys, unless ``trainer.resume_accept_changes`` names them (or a prefix of them).
 

@@ -112,7 +112,7 @@ def compute_throughput_metrics(
 
 
 def multi_turn_metrics(rows: Mapping[str, Any]) -> dict[str, float]:
-    """Tool-use statistics of a multi-turn rollout from its per-row values (``workers.agent_loop``); {} without.
+    """Tool-use statistics of a multi-turn rollout from its per-row values (``workers.compute.agent_loop``); {} without.
 
     verl's ``num_turns/{mean,min,max}`` (user, assistant and tool turns) and ``tool_call_counts/{mean,min,max}``
     per trajectory; ColoRL's ``multi_turn/``: tool errors and tool-output tokens per trajectory, the share of

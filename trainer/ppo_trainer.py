@@ -42,12 +42,12 @@ from trainer.metrics import (
     validation_metrics,
 )
 from trainer.preemption import StopSignals
+from trainer.routing import request, take_back
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
-from workers import malloc
-from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
-from workers.step_store import request, take_back
+from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from workers.runtime import malloc
 
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
 
@@ -125,7 +125,7 @@ class RayPPOTrainer:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
         if cfg.reward_model.enable:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
-        # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/malloc.py)
+        # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
             pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
         )
@@ -334,7 +334,7 @@ class RayPPOTrainer:
         flow: str = STEP_FLOW,
         meta_info: dict | None = None,
     ) -> dict[str, float]:
-        """Worker ``phase`` of ``flow`` on ``batch``, moving what its route says (workers/step_store.py); returns
+        """Worker ``phase`` of ``flow`` on ``batch``, moving what its route says (trainer/routing.py); returns
         the phase's metrics."""
         route = self.plan.flows[flow].route(phase)
         out = method(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))

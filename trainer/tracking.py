@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from config.checks import ConfigError
 from config.schema import LoggerBackend
-from workers.safe_files import write_atomically
+from workers.checkpoint.safe_files import write_atomically
 
 LOGGER_BACKENDS = get_args(LoggerBackend)
 

@@ -391,7 +391,7 @@ def test_tensordict_storage_compares_both_storages():
     run_benchmark("tensordict_storage", "--rows", "64", "--width", "16", "--repeats", "1")
 
 
-@pytest.mark.slow  # training runs: ~27 s (the estimate: tests/workers/test_memory_estimate.py)
+@pytest.mark.slow  # training runs: ~27 s (the estimate: tests/trainer/test_memory_estimate.py)
 def test_memory_estimate_compares_the_estimate_with_the_workers_peak(cache_dir):
     tiny = {
         "builtin.hidden_size": 32,

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from workers import step_store
+from workers.compute import step_store
 
 READS: dict[str, set[str]] = {}  # phase -> keys used, in this worker process
 _MOVES = {torch.Tensor.__getitem__, torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.contiguous, torch.Tensor.detach}

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from config import load_config
 from tests.e2e.test_checkpoint import run
 from tests.e2e.test_ppo_e2e import read_jsonl
-from workers.checkpoint import PlainLoadPlanner, PlainReader
+from workers.checkpoint.shards import PlainLoadPlanner, PlainReader
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,8 +11,8 @@ from single_controller import DataProto
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.wandb_offline import history, run_file, wandb_records
 from trainer.build import build_trainer
-from workers import malloc
-from workers.fsdp import fsdp_modules
+from workers.parallel.fsdp import fsdp_modules
+from workers.runtime import malloc
 
 REQUIRED = [
     "critic/score/mean",

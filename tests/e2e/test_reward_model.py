@@ -15,7 +15,7 @@ from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_rea
 from tests.e2e.test_ppo_e2e import CRITIC_REQUIRED, REQUIRED, read_jsonl, tiny_config
 from tests.workers.helpers import PAD, VOCAB, make_update_batch
 from trainer.build import build_trainer
-from workers.reward_model import compute_rm_scores, load_reward_model
+from workers.compute.reward_model import compute_rm_scores, load_reward_model
 
 P, R = 6, 5
 CONSTANT = 100.0  # the score of the hand-built constant RM; rule rewards lie in [0, 1]

@@ -15,8 +15,8 @@ from config.roles import FSDPConfig
 from tests.reliability.conftest import tmpfs
 from tests.workers.helpers import build_tiny_checkpoint, free_port, init_gloo
 from trainer.checkpoint import CheckpointManager
-from workers import checkpoint, safe_files
-from workers.role import shard_role
+from workers.checkpoint import safe_files, shards
+from workers.roles.role import shard_role
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def build_role(model_dir: str):
 def _rank(rank: int, world: int, port: int, model_dir: str, target: str, results) -> None:
     init_gloo(rank, world, port, timeout_s=60)
     try:
-        checkpoint.save_role(target, *build_role(model_dir))
+        shards.save_role(target, *build_role(model_dir))
         results.put((rank, "saved"))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
         results.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -68,7 +68,7 @@ def model_dir(tmp_path_factory) -> str:
 def sizes(model_dir, tmp_path_factory) -> dict[str, int]:
     """Each file's size in a checkpoint of the tiny model, written on an ordinary disk."""
     target = tmp_path_factory.mktemp("sizes") / "actor"
-    checkpoint.save_role(str(target), *build_role(model_dir))
+    shards.save_role(str(target), *build_role(model_dir))
     return {p.name: p.stat().st_size for p in target.iterdir()}
 
 

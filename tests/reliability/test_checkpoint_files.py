@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.workers.helpers import build_tiny_checkpoint
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager, check_checkpoint, load_driver_state
 from trainer.export import export
-from workers import checkpoint, safe_files
+from workers.checkpoint import safe_files, shards
 
 
 class Payload:
@@ -41,10 +41,10 @@ def role(tmp_path_factory):
 
 def test_rng_state_round_trips_through_plain_files(tmp_path):
     torch.manual_seed(3), np.random.seed(3), random.seed(3)
-    torch.save(checkpoint.rng_state(), tmp_path / "rng.pt")
+    torch.save(shards.rng_state(), tmp_path / "rng.pt")
     expected = torch.rand(3), np.random.rand(3), random.random()
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
-    checkpoint.set_rng_state(safe_files.load_plain(tmp_path / "rng.pt"))
+    shards.set_rng_state(safe_files.load_plain(tmp_path / "rng.pt"))
     got = torch.rand(3), np.random.rand(3), random.random()
     assert torch.equal(expected[0], got[0]) and np.array_equal(expected[1], got[1]) and expected[2] == got[2]
 
@@ -69,11 +69,11 @@ def craft(role_dir: Path, name: str, payload: Payload, model, optimizer) -> None
 @pytest.mark.parametrize("name", [".metadata", "__0_0.distcp", "extra.pt", "rng_rank0.pt"])
 def test_a_crafted_pickle_in_a_role_is_refused_and_runs_nothing(role, tmp_path, name):
     model, optimizer, scheduler, tokenizer = role
-    checkpoint.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
+    shards.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
     marker = tmp_path / "pwned"
     craft(tmp_path / "actor", name, Payload(marker), model, optimizer)
     with pytest.raises(safe_files.UnsafeCheckpointError, match="refusing to load .*(not part of|holds pickled)"):
-        checkpoint.load_role(str(tmp_path / "actor"), model, optimizer, scheduler)
+        shards.load_role(str(tmp_path / "actor"), model, optimizer, scheduler)
     assert not marker.exists()
 
 
@@ -110,7 +110,7 @@ def committed(manager: CheckpointManager, step: int, role=None) -> Path:
         (staging / "actor").mkdir()
         (staging / "actor" / "model.safetensors").write_bytes(bytes(range(256)) * 8)
     else:
-        checkpoint.save_role(str(staging / "actor"), *role)
+        shards.save_role(str(staging / "actor"), *role)
     return manager.commit(staging, step, {"global_step": step})
 
 
@@ -252,11 +252,11 @@ def test_export_overwrite_never_deletes_a_run_and_checks_the_checkpoint_first(tm
 def test_a_resume_loads_the_saved_state_but_keeps_the_configured_hyper_parameters(role, tmp_path):
     """Weights and Adam moments are the checkpoint's; lr, betas and weight decay this run's (the driver says so)."""
     model, optimizer, scheduler, tokenizer = role
-    checkpoint.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
+    shards.save_role(str(tmp_path / "actor"), model, optimizer, scheduler, tokenizer)
     fresh = AutoModelForCausalLM.from_pretrained(tokenizer.name_or_path)
     optim = torch.optim.AdamW(fresh.parameters(), lr=5e-3, betas=(0.8, 0.99), weight_decay=0.1)
     warmup = torch.optim.lr_scheduler.LambdaLR(optim, lambda step: min(1.0, (step + 1) / 4))
-    checkpoint.load_role(str(tmp_path / "actor"), fresh, optim, warmup)
+    shards.load_role(str(tmp_path / "actor"), fresh, optim, warmup)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), fresh.parameters()))
     saved, loaded = optimizer.state_dict()["state"], optim.state_dict()["state"]
     assert all(torch.equal(saved[i][k], loaded[i][k]) for i in saved for k in ("step", "exp_avg", "exp_avg_sq"))

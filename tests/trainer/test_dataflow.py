@@ -1,5 +1,5 @@
 """Per-token data declared once (config.plan.declare_flows): the routes derived from it, and the workers' step store
-that keeps a step's tensors where they are next read (workers/step_store.py)."""
+that keeps a step's tensors where they are next read (workers/compute/step_store.py)."""
 
 import pytest
 import torch
@@ -7,7 +7,8 @@ import torch
 from config import load_config, make_plan
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase
 from single_controller import DataProto
-from workers.step_store import ROWS, STEP, StepCall, StepStore, StepStoreError, request, take_back
+from trainer.routing import request, take_back
+from workers.compute.step_store import ROWS, STEP, StepCall, StepStore, StepStoreError
 
 ROLLOUT = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 

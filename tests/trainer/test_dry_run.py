@@ -11,7 +11,7 @@ import pytest
 
 from config import ConfigError, load_config, make_plan, num_workers, replace_keys
 from tests.verl import commands
-from trainer.dry_run import phase_batches, preflight
+from trainer.preflight.dry_run import phase_batches, preflight
 
 REPO = Path(__file__).resolve().parent.parent.parent
 QWEN2_5_0_5B = {  # Qwen2.5-0.5B-Instruct's config.json, the fields that size it

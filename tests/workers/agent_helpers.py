@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from config.roles import MultiTurnConfig
 from tests.data.gsm8k_fixture import printable_tokenizer
-from workers.agent_loop import AgentLoop
+from workers.compute.agent_loop import AgentLoop
 from workers.tools import BaseTool, ToolBox
 from workers.tools.calculator import CalculatorTool
 

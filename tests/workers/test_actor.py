@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM
 
 from algos import entropy_from_logits
 from tests.workers.helpers import actor_config, make_update_batch
-from workers.actor import DataParallelPPOActor
-from workers.optim import build_optimizer
-from workers.role import TrainedRole
+from workers.compute.actor import DataParallelPPOActor
+from workers.roles.optim import build_optimizer
+from workers.roles.role import TrainedRole
 
 P, R = 6, 5
 

@@ -156,8 +156,8 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
     """Policy loss, entropy bonus and KL loss over a multi-turn batch: the gradient reaching the logits that
     predict tool tokens is exactly zero, and it is not zero on the model's tokens."""
     from tests.workers.helpers import actor_config
-    from workers.actor import DataParallelPPOActor
-    from workers.packing import mini_batch_totals
+    from workers.compute.actor import DataParallelPPOActor
+    from workers.compute.packing import mini_batch_totals
 
     loop = make_loop(tokenizer)
     turns = [[call("calculator", expression="6*7"), "#### 42"], [call("boom"), "no"]]
@@ -190,7 +190,7 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
     # the head's output (hidden states with the fused head) at each row that predicts a response token
     # (padded: the R predictor positions, kept in order)
     if remove_padding:
-        from workers.packing import pack_batch, pack_width
+        from workers.compute.packing import pack_batch, pack_width
 
         packed = pack_batch(
             tensors["input_ids"], tensors["attention_mask"], 160, pack_width(model, tensors["attention_mask"])

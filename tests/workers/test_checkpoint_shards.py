@@ -8,7 +8,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 
 from tests.reliability.test_checkpoint_disk import build_role
 from tests.workers.helpers import build_tiny_checkpoint, free_port, full_weights, init_gloo
-from workers import checkpoint
+from workers.checkpoint import shards
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -28,9 +28,9 @@ def _rank(rank: int, world: int, port: int, model_dir: str, role_dir: str, mode:
     torch.manual_seed(rank)
     model, optimizer, scheduler, tokenizer = build_role(model_dir)
     if mode == "save":
-        checkpoint.save_role(role_dir, model, optimizer, scheduler, tokenizer)
+        shards.save_role(role_dir, model, optimizer, scheduler, tokenizer)
     else:
-        checkpoint.load_role(role_dir, model, optimizer, scheduler)
+        shards.load_role(role_dir, model, optimizer, scheduler)
     state = full_state(model, optimizer)
     if rank == 0:
         torch.save(state, out)
@@ -58,13 +58,13 @@ def test_two_ranks_write_a_shard_each_and_one_rank_loads_them(tmp_path):
     model_dir = build_tiny_checkpoint(tmp_path / "model", hidden=64)
     role_dir = tmp_path / "actor"
     run_ranks(2, model_dir, str(role_dir), "save", str(tmp_path / "saved.pt"))
-    shards = sorted(role_dir.glob("*.distcp"))
-    assert [p.name for p in shards] == ["__0_0.distcp", "__1_0.distcp"]
-    sizes = [p.stat().st_size for p in shards]
+    files = sorted(role_dir.glob("*.distcp"))
+    assert [p.name for p in files] == ["__0_0.distcp", "__1_0.distcp"]
+    sizes = [p.stat().st_size for p in files]
     assert max(sizes) < 0.75 * sum(sizes)  # each rank wrote its own part, not the whole model
 
     model, optimizer, scheduler, _ = build_role(model_dir)  # one process, unsharded, its own different state
-    checkpoint.load_role(str(role_dir), model, optimizer, scheduler)
+    shards.load_role(str(role_dir), model, optimizer, scheduler)
     assert_same(full_state(model, optimizer), torch.load(tmp_path / "saved.pt"))
 
 
@@ -72,6 +72,6 @@ def test_one_rank_writes_and_two_ranks_load(tmp_path):
     model_dir = build_tiny_checkpoint(tmp_path / "model", hidden=64)
     role_dir = tmp_path / "actor"
     model, optimizer, scheduler, tokenizer = build_role(model_dir)
-    checkpoint.save_role(str(role_dir), model, optimizer, scheduler, tokenizer)
+    shards.save_role(str(role_dir), model, optimizer, scheduler, tokenizer)
     run_ranks(2, model_dir, str(role_dir), "load", str(tmp_path / "loaded.pt"))
     assert_same(torch.load(tmp_path / "loaded.pt"), full_state(model, optimizer))

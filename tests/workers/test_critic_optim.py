@@ -7,8 +7,8 @@ import torch
 
 from config.roles import OptimConfig
 from tests.workers.helpers import critic_config, make_update_batch
-from workers.critic import DataParallelPPOCritic, load_value_model
-from workers.optim import build_lr_scheduler, build_optimizer
+from workers.compute.critic import DataParallelPPOCritic, load_value_model
+from workers.roles.optim import build_lr_scheduler, build_optimizer
 
 P, R = 6, 5
 

@@ -25,12 +25,13 @@ from tests.workers.helpers import (
     make_prompts,
     make_update_batch,
 )
-from workers import fsdp, lora, perf
-from workers.actor import DataParallelPPOActor
-from workers.optim import build_optimizer
-from workers.packing import mini_batch_totals
-from workers.role import shard_role
-from workers.rollout import generate_sequences
+from workers.compute.actor import DataParallelPPOActor
+from workers.compute.packing import mini_batch_totals
+from workers.compute.rollout import generate_sequences
+from workers.parallel import fsdp, lora
+from workers.roles.optim import build_optimizer
+from workers.roles.role import shard_role
+from workers.runtime import perf
 
 WORLD = 2
 P, R = 6, 5

@@ -13,7 +13,7 @@ from config.roles import ActorRolloutRefConfig, ModelConfig, RefConfig, RolloutC
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from tests.workers.helpers import actor_config, critic_config, make_prompts, worker_config
-from workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 P, R, N, PROMPTS = 6, 5, 2, 4  # 4 prompts × n=2 = 8 rows, 4 per rank
 

@@ -1,4 +1,4 @@
-"""Token statistics from hidden states (workers.logprob): the fused head equals the full logits, through LoRA and
+"""Token statistics from hidden states (workers.compute.logprob): the fused head equals the full logits, through LoRA and
 the exact KL, padded and packed; which heads it applies to; the LM-head override."""
 
 import pytest
@@ -8,9 +8,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from config.roles import ModelConfig
 from tests.workers.helpers import make_update_batch
-from workers import lora
-from workers.logprob import hidden_states_out, output_head, token_stats
-from workers.rollout import generate_sequences
+from workers.compute.logprob import hidden_states_out, output_head, token_stats
+from workers.compute.rollout import generate_sequences
+from workers.parallel import lora
 
 P, R, ROWS = 6, 5, 6
 

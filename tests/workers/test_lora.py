@@ -18,12 +18,12 @@ from config.roles import (
     RolloutConfig,
 )
 from tests.workers.helpers import actor_config, make_update_batch, worker_config
-from workers import fsdp, lora
-from workers.actor import DataParallelPPOActor
-from workers.checkpoint import PlainReader, load_role, save_role
-from workers.master_weights import checkpointed
-from workers.role import TrainedRole
-from workers.rollout import generate_sequences
+from workers.checkpoint.shards import PlainReader, load_role, save_role
+from workers.compute.actor import DataParallelPPOActor
+from workers.compute.rollout import generate_sequences
+from workers.parallel import fsdp, lora
+from workers.parallel.master_weights import checkpointed
+from workers.roles.role import TrainedRole
 
 P, R, ROWS = 6, 5, 4
 ONE_CPU = SimpleNamespace(device=torch.device("cpu"), world_size=1)

@@ -1,4 +1,4 @@
-"""``workers.malloc``: mimalloc preloaded into CPU workers; glibc's fallback keeps freed activation-sized blocks
+"""``workers.runtime.malloc``: mimalloc preloaded into CPU workers; glibc's fallback keeps freed activation-sized blocks
 resident for the next step."""
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workers import malloc
+from workers.runtime import malloc
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 # backward. Prints the minor page faults of each step after the first.
 STEPS = """
 import ctypes, resource
-from workers import malloc
+from workers.runtime import malloc
 print(malloc.keep_freed_memory())
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

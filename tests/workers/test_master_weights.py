@@ -6,10 +6,10 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
 from tests.workers.helpers import actor_config, free_port, full_weights, init_gloo, make_update_batch
-from workers import fsdp
-from workers.actor import DataParallelPPOActor
-from workers.master_weights import MasterWeights, cast_parameters
-from workers.optim import build_optimizer
+from workers.compute.actor import DataParallelPPOActor
+from workers.parallel import fsdp
+from workers.parallel.master_weights import MasterWeights, cast_parameters
+from workers.roles.optim import build_optimizer
 
 BF16 = torch.bfloat16
 P, R, ROWS = 6, 5, 8

@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 from algos import LOSS_AGG_MODES, agg_loss
 from config.roles import CriticModelConfig
 from tests.workers.helpers import actor_config, critic_config, free_port, init_gloo, make_update_batch
-from workers.actor import DataParallelPPOActor
-from workers.critic import DataParallelPPOCritic, load_value_model
-from workers.packing import (
+from workers.compute.actor import DataParallelPPOActor
+from workers.compute.critic import DataParallelPPOCritic, load_value_model
+from workers.compute.packing import (
     BatchTotals,
     best_fit_decreasing,
     micro_batch_indices,

@@ -7,7 +7,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, LlamaConfig
 
-from workers import lora, perf
+from workers.parallel import lora
+from workers.runtime import perf
 
 B, S = 3, 10
 

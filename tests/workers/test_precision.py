@@ -23,10 +23,11 @@ from config.roles import (
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from tests.workers.helpers import actor_config, free_port, init_gloo, make_prompts, worker_config
-from workers import attention, fsdp
-from workers.checkpoint import PlainReader
-from workers.fsdp_workers import ActorRolloutRefWorker
-from workers.role import shard_role
+from workers.checkpoint.shards import PlainReader
+from workers.compute import attention
+from workers.parallel import fsdp
+from workers.roles.fsdp_workers import ActorRolloutRefWorker
+from workers.roles.role import shard_role
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 P, R, N, PROMPTS = 6, 5, 2, 4

@@ -13,9 +13,9 @@ from config.plan import STEP_FLOW
 from config.roles import ActorRolloutRefConfig, RefConfig, RolloutConfig
 from single_controller import DataProto
 from tests.workers.helpers import PAD, VOCAB, actor_config, make_prompts, worker_config
-from workers import rollout
-from workers.actor import DataParallelPPOActor
-from workers.rollout import filter_logits, generate_sequences, sample_next_token
+from workers.compute import rollout
+from workers.compute.actor import DataParallelPPOActor
+from workers.compute.rollout import filter_logits, generate_sequences, sample_next_token
 
 P, R = 6, 8
 

@@ -7,8 +7,8 @@ from transformers import AutoModelForCausalLM
 
 from single_controller import DataProto
 from tests.workers.helpers import actor_config, make_update_batch
-from workers.actor import DataParallelPPOActor
-from workers.packing import PromptUnits, pack_batch, pack_for
+from workers.compute.actor import DataParallelPPOActor
+from workers.compute.packing import PromptUnits, pack_batch, pack_for
 
 P, R = 6, 5
 GROUPS = [0, 0, 0, 4, 4, 4, 4, 7]  # the prompt each row repeats: groups of 3 and 4, and one row alone

@@ -15,14 +15,14 @@ dtype's bytes, T tokens through the model, N response tokens, V the vocabulary, 
 - **activations**: what backward keeps per token and block of a Llama-style block (gated MLP), counted with
   saved-tensor hooks on Llama and Qwen2 blocks: ``6h + 2·kv + 4i`` values, ``+2h`` when the norms train (not under
   LoRA), ``+r`` per LoRA-adapted linear, ``+W`` for an explicit attention mask over rows of W tokens, ``+2·heads·W``
-  under math attention (a bf16 CPU update of short rows, ``workers.attention``); the norms keep their inputs in fp32.
+  under math attention (a bf16 CPU update of short rows, ``workers.compute.attention``); the norms keep their inputs in fp32.
   With gradient checkpointing a block keeps its input (h) and one block is recomputed at a time. On a CPU this is
-  the resident memory too, with the workers' allocator (mimalloc, ``workers/malloc.py``); glibc's heap, the
+  the resident memory too, with the workers' allocator (mimalloc, ``workers/runtime/malloc.py``); glibc's heap, the
   fallback where mimalloc is not installed, fragments (a peak 1.5–3× larger: docs/benchmarks.md), which the
   estimate does not model.
 - **logits**: the LM head's output over the kept positions (``logits_to_keep``), its fp32 copy scaled by the
   temperature (N·V·4), logsumexp's temporary; in the update also the entropy's softmax and product and backward's
-  gradients (4·N·V), as ``workers.logprob`` computes them with fused kernels off; with them on
+  gradients (4·N·V), as ``workers.compute.logprob`` computes them with fused kernels off; with them on
   (``model.use_fused_kernels``, the default) one chunk of tokens' logits (``algos.linear_logprob``) and its fp32
   temporaries, whatever N and V.
 - **kv_cache**: the rollout's ``StaticCache``: 2·L·rows·kv·(prompt + response)·c for every row of the worker at once.
@@ -44,8 +44,9 @@ import torch
 from torch import nn
 
 from algos.linear_logprob import chunk_rows
-from workers import attention, fsdp, lora
-from workers.packing import PromptUnits, pack_batch, pack_width, takes_dense_mask
+from workers.compute import attention
+from workers.compute.packing import PromptUnits, pack_batch, pack_width, takes_dense_mask
+from workers.parallel import fsdp, lora
 
 GiB = 2**30
 FP32 = 4
@@ -130,7 +131,7 @@ class Placement:
     offload_optimizer: bool
 
     def persistent(self, m: ModelSizes, trained: bool) -> int:
-        """Parameter bytes held between phases (``workers.role.shard_role``)."""
+        """Parameter bytes held between phases (``workers.roles.role.shard_role``)."""
         if self.shards > 1:
             return FP32 * m.params // self.shards
         if self.compute_bytes == FP32:
@@ -153,7 +154,7 @@ class Placement:
 
 
 def placement(device: str, n_workers: int, fsdp_config: Any, trained: bool) -> Placement:
-    """The placement ``workers.role.shard_role`` picks for a role's ``fsdp_config`` section."""
+    """The placement ``workers.roles.role.shard_role`` picks for a role's ``fsdp_config`` section."""
     param_dtype, _ = fsdp.role_precision(torch.device(device), fsdp_config.mixed_precision)
     compute = FP32 if param_dtype is None else param_dtype.itemsize
     offload = device == "cuda" and bool(fsdp_config.param_offload)
@@ -246,7 +247,7 @@ def kv_cache_bytes(m: ModelSizes, rows: int, length: int, compute_bytes: int) ->
 
 
 def uses_math_attention(m: ModelSizes, device: str, compute_bytes: int, width: int) -> bool:
-    """Whether an update's SDPA runs the math kernel (``workers.attention.sdpa_backend``'s own rule)."""
+    """Whether an update's SDPA runs the math kernel (``workers.compute.attention.sdpa_backend``'s own rule)."""
     dtype = torch.bfloat16 if compute_bytes == 2 else torch.float32
     return not isinstance(attention.sdpa_backend(m.module, torch.device(device), dtype, width), nullcontext)
 

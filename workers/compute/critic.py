@@ -16,8 +16,8 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from algos import compute_value_loss
 from config.plan import forward_keys
 from single_controller import DataProto
-from workers.packing import pack_batch, pack_width, restore_order
-from workers.update import configured_update, micro_batches, model_device
+from workers.compute.packing import pack_batch, pack_width, restore_order
+from workers.compute.update import configured_update, micro_batches, model_device
 
 HEAD_PREFIXES = ("score.", "classifier.")  # token-classification head names in HF models
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForSequenceClassification
 
 from config.plan import SEQUENCE
 from single_controller import DataProto
-from workers.update import model_device
+from workers.compute.update import model_device
 
 
 def load_reward_model(path: str) -> nn.Module:

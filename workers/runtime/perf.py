@@ -20,7 +20,7 @@ import psutil
 import torch
 from torch import Tensor, nn
 
-from workers import attention
+from workers.compute import attention
 
 GiB = 2**30
 

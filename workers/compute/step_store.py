@@ -5,8 +5,9 @@ store per process (``STORE``) serves them all: the rollout's sequences stay wher
 phases read them, and the driver gets only what it computes with. Which keys are sent, fetched, kept and given
 back is each phase's ``Route`` (``config.dataflow``, derived from ``config.plan.declare_flows``).
 
-A routed call (``request``, on the driver) carries ``meta_info[STEP] = StepCall(token, route)`` and the global
-index of each of its rows (``ROWS``); ``take_back`` merges the answer into the driver's batch. The first phase
+A routed call (``trainer.routing.request``, on the driver) carries ``meta_info[STEP] = StepCall(token, route)``
+and the global index of each of its rows (``ROWS``); ``trainer.routing.take_back`` merges the answer into the
+driver's batch. The first phase
 of a step that keeps something opens the store for that token and those rows; a phase that fetches must come
 with the same token and rows, else it fails loudly (a worker restarted, a run resumed on another world size, a
 call from another step) instead of computing on foreign data. A call without ``meta_info[STEP]`` (verl's way:
@@ -99,21 +100,6 @@ class StepStore:
                 f"phase {step.route.phase!r} of step {step.token} is for rows {_span(rows)}, but "
                 f"this worker holds rows {_span(self.rows)}"
             )
-
-
-def request(batch: DataProto, token: str, route: Route, meta_info: dict | None = None) -> DataProto:
-    """The driver's call of ``route``'s phase on ``batch``: each row's index, the keys the phase reads that the driver
-    holds, and the non-tensor columns it reads that ``batch`` has; ``meta_info`` goes along (sampling settings)."""
-    tensors = {ROWS: torch.arange(len(batch)), **{k: batch.batch[k] for k in route.send}}
-    columns = {k: batch.non_tensor_batch[k] for k in route.columns if k in batch.non_tensor_batch}
-    return DataProto.from_dict(tensors, columns, meta_info={**(meta_info or {}), STEP: StepCall(token, route)})
-
-
-def take_back(batch: DataProto, route: Route, out: DataProto) -> None:
-    """Into the driver's ``batch``, what ``route``'s phase answered: the keys it rewrote go, those it gave come in."""
-    for key in route.writes:
-        batch.batch.pop(key, None)
-    batch.union(out)
 
 
 def _span(rows: Tensor | None) -> str:

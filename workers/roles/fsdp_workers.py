@@ -4,7 +4,7 @@ Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remot
 method runs on every rank with that rank's chunk of the batch. Each data method is one phase of
 ``config.plan.declare_flows``: it takes its inputs from ``STORE.inputs`` (what the call carries, plus what an
 earlier phase of the step kept in this process) and hands what it computed to ``STORE.outputs``, which keeps
-what a later worker phase reads and returns what the driver reads (``workers/step_store.py``), as CPU tensors.
+what a later worker phase reads and returns what the driver reads (``workers/compute/step_store.py``), as CPU tensors.
 The config sections and the step plan they are built with are the typed ones of ``config``.
 """
 
@@ -23,14 +23,15 @@ from config.plan import PROMPT, StepPlan, uses_full_kl
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
-from workers import fsdp, lora, malloc
-from workers.actor import DataParallelPPOActor
-from workers.agent_loop import build_agent_loop
-from workers.critic import DataParallelPPOCritic, load_value_model
-from workers.reward_model import compute_rm_scores, load_reward_model
-from workers.role import FrozenRole, TrainedRole
-from workers.rollout import eos_token_ids, generate_sequences
-from workers.step_store import STORE
+from workers.compute.actor import DataParallelPPOActor
+from workers.compute.agent_loop import build_agent_loop
+from workers.compute.critic import DataParallelPPOCritic, load_value_model
+from workers.compute.reward_model import compute_rm_scores, load_reward_model
+from workers.compute.rollout import eos_token_ids, generate_sequences
+from workers.compute.step_store import STORE
+from workers.parallel import fsdp, lora
+from workers.roles.role import FrozenRole, TrainedRole
+from workers.runtime import malloc
 
 ROLES = ("actor_rollout", "ref", "actor_rollout_ref")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
@@ -40,7 +41,7 @@ def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
     """CPU threads (workers × threads ≤ cores) and malloc, per-rank seed, determinism, the torch.distributed world."""
     if worker.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // worker.local_world_size))
-        malloc.keep_freed_memory()  # glibc only: the trainer preloads mimalloc where installed (workers/malloc.py)
+        malloc.keep_freed_memory()  # glibc only: the trainer preloads mimalloc where installed (workers/runtime/malloc.py)
     torch.manual_seed(seed + worker.rank)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -70,7 +71,7 @@ class ActorRolloutRefWorker(Worker):
     FSDP module (no second copy of the weights); ``ref`` holds a separate frozen copy. ``actor_rollout_ref``
     holds both in one object, which ``kl_loss_type=full`` needs: its loss reads the reference logits. With
     ``model.lora_rank`` > 0 the reference is the actor's own module with its adapters disabled
-    (``workers.lora``), so a LoRA actor is always ``actor_rollout_ref`` when there is a reference.
+    (``workers.parallel.lora``), so a LoRA actor is always ``actor_rollout_ref`` when there is a reference.
     """
 
     def __init__(self, config: Any, role: str, plan: StepPlan) -> None:
@@ -144,7 +145,7 @@ class ActorRolloutRefWorker(Worker):
         position_ids and response_mask, and with ``rollout.calculate_log_probs`` rollout_log_probs (the sampled
         tokens' log-probs under this very policy, which are also the old log-probs when the plan takes them from
         the rollout); with ``rollout.multi_turn.enable`` the agent loop's tensors instead (log-probs 0 on tool
-        tokens), and its per-row non-tensors (``workers.agent_loop``), reading
+        tokens), and its per-row non-tensors (``workers.compute.agent_loop``), reading
         ``raw_prompt``/``agent_name``/``tools_kwargs``.
         """
         inputs = STORE.inputs(prompts)

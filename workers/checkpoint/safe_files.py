@@ -1,7 +1,7 @@
 """File safety for checkpoints and run directories: nothing half-written is ever taken for whole, nothing read back
 can run code.
 
-Both sides of a checkpoint use these: the workers writing their shards (``workers.checkpoint``) and the driver
+Both sides of a checkpoint use these: the workers writing their shards (``workers.checkpoint.shards``) and the driver
 sealing, committing and verifying a checkpoint directory (``trainer.checkpoint``).
 
 - :func:`fsync`, :func:`write_atomically`: data on disk before anything that vouches for it (a rename, a marker);

@@ -14,16 +14,16 @@ from torch import Tensor, nn
 from algos import aggregate, compute_policy_loss, kl_penalty
 from config.plan import forward_keys, is_single_step, uses_full_kl
 from single_controller import DataProto
-from workers.logprob import token_stats
-from workers.packing import restore_order
-from workers.update import configured_update, micro_batches, model_device
+from workers.compute.logprob import token_stats
+from workers.compute.packing import restore_order
+from workers.compute.update import configured_update, micro_batches, model_device
 
 
 class DataParallelPPOActor:
     """Computes log-probs and runs PPO updates for ``module`` on this rank's share of the batch.
 
     Args:
-        module: the policy (sharded with ``workers.fsdp.apply_fsdp`` or plain).
+        module: the policy (sharded with ``workers.parallel.fsdp.apply_fsdp`` or plain).
         optimizer / lr_scheduler: None for a frozen reference policy.
         config: the ``actor_rollout_ref.actor`` config (``use_dynamic_bsz`` / ``ppo_max_token_len_per_gpu``
             set the update's micro-batches).
@@ -31,7 +31,7 @@ class DataParallelPPOActor:
             ``ppo_mini_batch_size``·n / world size); None means ``config.ppo_mini_batch_size`` as is.
         use_remove_padding: run every forward on packed rows (``actor_rollout_ref.model.use_remove_padding``).
         use_fused_kernels: log-probs, entropies and the exact KL from hidden states in chunks of tokens, never the
-            full-vocabulary logits (``actor_rollout_ref.model.use_fused_kernels``; ``workers.logprob``).
+            full-vocabulary logits (``actor_rollout_ref.model.use_fused_kernels``; ``workers.compute.logprob``).
         use_prefix_grouper: with remove-padding, the rows of a micro-batch that repeat a prompt run it once
             (``actor_rollout_ref.actor.use_prefix_grouper``, verl's key; ``packing.PromptUnits``).
         ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
@@ -91,7 +91,7 @@ class DataParallelPPOActor:
         ref_module: nn.Module | None = None,
         entropy_grad: bool = True,
     ) -> dict[str, Tensor]:
-        """``log_probs`` (B, R) plus the per-position statistics named in ``stats`` (``workers.logprob.STATS``), and
+        """``log_probs`` (B, R) plus the per-position statistics named in ``stats`` (``workers.compute.logprob.STATS``), and
         with ``ref_module`` the exact KL to it (``kl``)."""
         return token_stats(
             self.module,
@@ -133,7 +133,7 @@ class DataParallelPPOActor:
         max_token_len: int | None = None,
         stats: tuple[str, ...] = (),
     ) -> dict[str, Tensor]:
-        """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``workers.logprob.STATS``), each
+        """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``workers.compute.logprob.STATS``), each
         (B, R)."""
         self.module.eval()
         tensors = {k: data.batch[k] for k in forward_keys(self.use_remove_padding)}

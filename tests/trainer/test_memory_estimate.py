@@ -10,9 +10,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, 
 from benchmarks.memory import allocated_peak_bytes
 from config.roles import ActorConfig
 from single_controller import DataProto
-from workers import lora
-from workers.actor import DataParallelPPOActor
-from workers.memory_estimate import (
+from trainer.preflight.memory_estimate import (
     Micro,
     activation_bytes,
     forward_transient,
@@ -21,8 +19,10 @@ from workers.memory_estimate import (
     model_sizes,
     uses_math_attention,
 )
-from workers.optim import build_optimizer
-from workers.rollout import generate_sequences
+from workers.compute.actor import DataParallelPPOActor
+from workers.compute.rollout import generate_sequences
+from workers.parallel import lora
+from workers.roles.optim import build_optimizer
 
 CONFIG = LlamaConfig(
     vocab_size=512,
@@ -118,7 +118,7 @@ def test_an_updates_tensor_peak_is_within_a_loose_bound_of_the_estimate(lora_ran
 
 def test_generations_tensor_peak_is_within_a_loose_bound_of_the_estimate():
     """Every row decodes at once over a StaticCache of prompt + response positions, after a prefill of the
-    prompts; the estimate's generate phase (workers.memory_phases) adds the sampled positions' logits."""
+    prompts; the estimate's generate phase (trainer.preflight.memory_phases) adds the sampled positions' logits."""
     model, data = _model(), _batch()
     sizes = model_sizes(CONFIG)
     batch = data.batch

@@ -97,7 +97,7 @@ def apply_fsdp(
     reduce, which over gloo outweighs the memory small blocks save; the price is that a unit's parameters and
     gradients are unsharded together (docs/benchmarks.md, "FSDP units").
 
-    On one rank (``workers.role.shard_role`` sends only an offloaded bf16 role here) the whole model is one
+    On one rank (``workers.roles.role.shard_role`` sends only an offloaded bf16 role here) the whole model is one
     group: FSDP then only casts and moves it, and per-block groups would add hooks and graph breaks under
     ``torch.compile``.
     """

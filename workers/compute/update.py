@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workers.fsdp import clip_grad_norm_, is_fsdp
-from workers.packing import micro_batch_indices, mini_batch_totals
+from workers.compute.packing import micro_batch_indices, mini_batch_totals
+from workers.parallel.fsdp import clip_grad_norm_, is_fsdp
 
 # (micro-batch on the model's device, the mini-batch's agg_loss keywords: BatchTotals.global_batch) ->
 # (the micro-batch's share of the mini-batch's loss, metrics as scalar tensors)

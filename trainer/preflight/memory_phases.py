@@ -1,8 +1,8 @@
 """The phases of a run on one worker and what each holds at its peak: the memory estimate of a config.
 
-A worker holds every role the step plan places on it (``workers.fsdp_workers``): the actor (+ rollout), the
+A worker holds every role the step plan places on it (``workers.roles.fsdp_workers``): the actor (+ rollout), the
 reference unless the actor is its own (LoRA), the critic, the reward model. Each phase adds its own terms
-(``workers.memory_estimate``) to what persists; the phases are the step's (generation, log-probs, values, the
+(``trainer.preflight.memory_estimate``) to what persists; the phases are the step's (generation, log-probs, values, the
 updates), validation's generation, and loading. Every phase knows the key that sizes its batch, so a refusal
 can name what to lower.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.plan import StepPlan, uses_full_kl
-from workers.memory_estimate import (
+from trainer.preflight.memory_estimate import (
     FP32,
     RUNTIME_CPU_BYTES,
     MemoryEstimate,

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from config.plan import PROMPT
-from workers.rollout import _rollout_batch, next_token_logits, prefill, sample_next_token, token_log_probs
+from workers.compute.rollout import _rollout_batch, next_token_logits, prefill, sample_next_token, token_log_probs
 from workers.tools import ToolBox, ToolConfigError, ToolSession, load_tools
 from workers.tools.parser import parse_tool_calls
 
@@ -162,7 +162,7 @@ class AgentLoop:
         """Roll out every row of ``batch`` (input_ids, attention_mask, position_ids (B, P)).
 
         ``non_tensors`` may hold ``raw_prompt``, ``agent_name`` and ``tools_kwargs`` per row. Returns the rollout
-        tensors (as ``workers.rollout.generate_sequences``: with ``return_log_probs`` rollout_log_probs, 0 on tool
+        tensors (as ``workers.compute.rollout.generate_sequences``: with ``return_log_probs`` rollout_log_probs, 0 on tool
         tokens), per-row non-tensors (``__num_turns__``,
         ``tool_call_counts``, ``tool_error_counts``, ``tool_rewards``, ``reward_scores``,
         ``tool_response_tokens``, ``stop_reason``, ``tokenization_mismatch``) and worker metrics.

@@ -3,7 +3,7 @@ estimate, and every run checks before any model loads that the estimate fits the
 
 Both come from the typed config, the step plan and the models' configs (``config.json``, or the built-in demo's
 config; the models are built on the meta device, so no weights are read): no Ray, no data loading, seconds.
-The memory model is ``workers.memory_estimate``'s; its phases ``workers.memory_phases``'.
+The memory model is ``trainer.preflight.memory_estimate``'s; its phases ``trainer.preflight.memory_phases``'.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from config import ConfigError, PPOConfig, StepPlan
-from workers.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
-from workers.memory_phases import estimate_memory
+from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
+from trainer.preflight.memory_phases import estimate_memory
 
 ARR = "actor_rollout_ref"
 

@@ -26,8 +26,8 @@ from torch import Tensor, nn
 
 from algos import entropy_from_logits, kl_full, logprobs_from_logits, sum_pi_squared_from_logits
 from algos.linear_logprob import head_logits, linear_log_probs
-from workers.lora import as_reference
-from workers.packing import model_attention_mask, pack_for
+from workers.compute.packing import model_attention_mask, pack_for
+from workers.parallel.lora import as_reference
 
 # per-position statistics of the policy a forward can return beside the log-probs: logits (..., V) -> (...)
 STATS: dict[str, Callable[[Tensor], Tensor]] = {

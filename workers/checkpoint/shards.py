@@ -6,7 +6,7 @@ A role directory holds:
   it: each rank writes only its own shards, all ranks at once, keyed by parameter name, so that it loads into any
   number of ranks (DCP reshards on load) and no rank ever holds the whole model;
 - ``config.json`` (+ ``generation_config.json``) and the tokenizer files: what ``trainer.export`` needs to turn
-  the shards into a Hugging Face model directory; for a LoRA model (``workers.lora``) the shards hold only the
+  the shards into a Hugging Face model directory; for a LoRA model (``workers.parallel.lora``) the shards hold only the
   adapters (the trainable parameters: the frozen base is the pretrained model) and ``adapter_config.json`` names
   the base model;
 - ``extra.pt``: the LR-scheduler state and the world size;
@@ -42,8 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from workers import fsdp, lora
-from workers.safe_files import (
+from workers.checkpoint.safe_files import (
     WRITE_ERRORS,
     CheckpointWriteError,
     UnsafeCheckpointError,
@@ -51,6 +50,7 @@ from workers.safe_files import (
     load_plain,
     write_error,
 )
+from workers.parallel import fsdp, lora
 
 
 def _rank() -> int:

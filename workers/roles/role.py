@@ -17,9 +17,12 @@ from typing import Any
 from torch import nn
 
 from single_controller import DataProto
-from workers import attention, checkpoint, fsdp, perf
-from workers.master_weights import MasterWeights, checkpointed, on_one_rank, optimizer_for
-from workers.optim import build_lr_scheduler
+from workers.checkpoint import shards
+from workers.compute import attention
+from workers.parallel import fsdp
+from workers.parallel.master_weights import MasterWeights, checkpointed, on_one_rank, optimizer_for
+from workers.roles.optim import build_lr_scheduler
+from workers.runtime import perf
 
 
 def shard_role(
@@ -135,11 +138,11 @@ class TrainedRole:
     def save(self, path: str, tokenizer: Any) -> None:
         """An HF model directory plus optimizer, scheduler and RNG state under ``path`` (fp32 masters if any)."""
         with self.onloaded(with_optimizer=True):
-            checkpoint.save_role(
+            shards.save_role(
                 path, checkpointed(self.module, self.weights), self.optimizer, self.lr_scheduler, tokenizer
             )
 
     def load(self, path: str) -> None:
         """Restore what ``save`` wrote, from any world size."""
         with self.onloaded(with_optimizer=True):
-            checkpoint.load_role(path, checkpointed(self.module, self.weights), self.optimizer, self.lr_scheduler)
+            shards.load_role(path, checkpointed(self.module, self.weights), self.optimizer, self.lr_scheduler)

@@ -18,7 +18,7 @@ multi-turn, tool-calling rollout): :func:`prefill`, :func:`next_token_logits`, :
   costs as much as a live one (a compiled model then adds one graph with a dynamic batch size).
 - **Log-probs on the way.** With ``return_log_probs`` each sampled token's log-prob under the temperature-scaled
   policy (before top-k / top-p filtering: the policy's, not the sampler's) comes back as ``rollout_log_probs``.
-- **The LM head on the last position only**, as a (rows, hidden) matmul (``workers.logprob.hidden_states_out``).
+- **The LM head on the last position only**, as a (rows, hidden) matmul (``workers.compute.logprob.hidden_states_out``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, StaticCache
 
-from workers.logprob import hidden_states_out, output_head
-from workers.packing import (
+from workers.compute.logprob import hidden_states_out, output_head
+from workers.compute.packing import (
     best_fit_decreasing,
     block_causal_mask,
     model_attention_mask,

@@ -1,0 +1,2 @@
+"""How a model is spread and trained over ranks: FSDP2 (``fsdp``, the one module with FSDP code), LoRA adapters
+(``lora``) and fp32 master weights for low-precision parameters (``master_weights``)."""
