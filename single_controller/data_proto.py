@@ -9,7 +9,7 @@ A DataProto holds three things that share one leading (batch) dimension:
 
 Everything a worker group does with data (chunking over ranks, padding, concatenating the answers) is
 expressed with the methods here. The methods that only verl code uses (``reorder``, ``to_tensordict``, ...)
-live in single_controller/compat/data_proto.py.
+live in single_controller/compat/data_proto.py, and single_controller/__init__.py adds them to the class.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from single_controller.compat.data_proto import VerlDataProtoMethods
 from single_controller.errors import ContractError
 from single_controller.merge import merge_meta, union_numpy_dict, union_tensor_dict
 from single_controller.padding import AUTO_PADDING_KEY, padding_choice
@@ -44,7 +43,7 @@ def _as_column(values: Any) -> np.ndarray:
 
 
 @dataclass
-class DataProto(VerlDataProtoMethods):
+class DataProto:
     """A batch of rows: tensors, numpy arrays and shared meta information."""
 
     batch: TensorBatch | None = None

@@ -1,23 +1,10 @@
-"""``@register``: mark a worker method as a worker-group method, with how its calls are dispatched and collected.
+"""verl's import path for ``@register`` and the dispatch modes (``verl.single_controller.base.decorator``).
 
-``register`` only *records* the modes on the method (under ``MAGIC_ATTR``). A worker group reads the record
-when it is built (``registered_methods`` here, ``single_controller/ray/binding.py`` there) and makes each
-marked method a group method: dispatch -> execute on the ranks -> wait -> collect.
-
-The trainer uses ``Dispatch.ONE_TO_ALL`` and ``Dispatch.DP_COMPUTE_PROTO`` (single_controller/base/dispatch.py);
-the other modes are the seeds' and verl's (single_controller/compat/dispatch.py). Both sets of functions are
-importable from here, verl's import path.
+It only re-exports: ``register``, ``Dispatch``, ``Execute`` and the registry of modes are in base/register.py,
+the trainer's dispatch functions in base/dispatch.py, the seeds' and verl's other modes in compat/dispatch.py.
 """
 
-from __future__ import annotations
-
-import functools
-import inspect
-from collections.abc import Callable
-from enum import Enum
-from typing import Any
-
-from single_controller.base.dispatch import (  # noqa: F401  (verl's import path for the dispatch functions)
+from single_controller.base.dispatch import (
     collect_all_to_all,
     collect_dp_compute_data_proto,
     dispatch_all_to_all,
@@ -25,7 +12,19 @@ from single_controller.base.dispatch import (  # noqa: F401  (verl's import path
     dispatch_one_to_all,
     proto_pad_size,
 )
-from single_controller.compat.dispatch import (  # noqa: F401  (verl's and the seeds' import path)
+from single_controller.base.register import (
+    DISPATCH_MODE_FNS,
+    MAGIC_ATTR,
+    PADDED_MODES,
+    Dispatch,
+    Execute,
+    add_dispatch_mode,
+    get_dispatch_fns,
+    is_padded,
+    register,
+    registered_methods,
+)
+from single_controller.compat.dispatch import (
     collect_dp_compute,
     collect_megatron_compute,
     collect_megatron_compute_data_proto,
@@ -37,134 +36,30 @@ from single_controller.compat.dispatch import (  # noqa: F401  (verl's and the s
 )
 from single_controller.future import DataProtoFuture
 
-MAGIC_ATTR = (
-    "_colorl_register"  # the attribute @register sets on a method: {"dispatch_mode", "execute_mode", "blocking"}
-)
-
-
-class Dispatch(Enum):
-    """Built-in ways to spread a call's arguments over the ranks of a worker group."""
-
-    # used by the trainer (single_controller/base/dispatch.py)
-    ONE_TO_ALL = "one_to_all"  # every rank gets the same arguments
-    DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments are chunked over ranks, results concatenated
-    ALL_TO_ALL = "all_to_all"  # @register's default: arguments pass through; per-rank lists are split by execute
-    # the seeds' and verl's (single_controller/compat/dispatch.py)
-    DP_COMPUTE = "dp_compute"  # every argument is a list with one item per rank
-    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"  # first argument is a function sent to every rank
-    DP_COMPUTE_METRIC = "dp_compute_metric"  # chunked like DP_COMPUTE_PROTO, results returned as a list
-    MEGATRON_COMPUTE = "megatron_compute"  # lists of length dp_size; see single_controller.ray.megatron
-    MEGATRON_COMPUTE_PROTO = "megatron_compute_proto"
-
-
-class Execute(Enum):
-    ALL = "all"  # run on every rank
-    RANK_ZERO = "rank_zero"  # run on rank 0 only and return its single result
-
-
-DISPATCH_MODE_FNS: dict[Dispatch, dict[str, Callable]] = {
-    Dispatch.ONE_TO_ALL: {"dispatch_fn": dispatch_one_to_all, "collect_fn": collect_all_to_all},
-    Dispatch.DP_COMPUTE_PROTO: {
-        "dispatch_fn": dispatch_dp_compute_data_proto,
-        "collect_fn": collect_dp_compute_data_proto,
-    },
-    Dispatch.ALL_TO_ALL: {"dispatch_fn": dispatch_all_to_all, "collect_fn": collect_all_to_all},
-    Dispatch.DP_COMPUTE: {"dispatch_fn": dispatch_dp_compute, "collect_fn": collect_dp_compute},
-    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {
-        "dispatch_fn": dispatch_dp_compute_data_proto_with_func,
-        "collect_fn": collect_dp_compute_data_proto,
-    },
-    Dispatch.DP_COMPUTE_METRIC: {"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": collect_dp_compute},
-    Dispatch.MEGATRON_COMPUTE: {"dispatch_fn": dispatch_megatron_compute, "collect_fn": collect_megatron_compute},
-    Dispatch.MEGATRON_COMPUTE_PROTO: {
-        "dispatch_fn": dispatch_megatron_compute_data_proto,
-        "collect_fn": collect_megatron_compute_data_proto,
-    },
-}
-
-# Modes that pad their DataProto arguments and whose result the group trims back. DP modes pad to a
-# multiple of world_size, MEGATRON_COMPUTE_PROTO to one of dp_size: dp_size divides world_size, so
-# whenever the latter pads the group's world-size check sees padding too and trims.
-PADDED_MODES = (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, Dispatch.MEGATRON_COMPUTE_PROTO)
-
-
-def get_dispatch_fns(dispatch_mode: Dispatch | dict) -> dict[str, Callable]:
-    """The ``{"dispatch_fn", "collect_fn"}`` pair of a mode (custom modes are such a dict already)."""
-    if isinstance(dispatch_mode, dict):
-        return dispatch_mode
-    if dispatch_mode not in DISPATCH_MODE_FNS:
-        raise NotImplementedError(f"{dispatch_mode} has no dispatch functions in this worker group")
-    return DISPATCH_MODE_FNS[dispatch_mode]
-
-
-def _check_modes(dispatch_mode, execute_mode) -> None:
-    if isinstance(dispatch_mode, dict):
-        missing = {"dispatch_fn", "collect_fn"} - set(dispatch_mode)
-        if missing or not all(callable(dispatch_mode[k]) for k in ("dispatch_fn", "collect_fn")):
-            raise ValueError(
-                f"a custom dispatch_mode must be {{'dispatch_fn': f, 'collect_fn': g}} with callables; missing {sorted(missing)}"
-            )
-    elif not isinstance(dispatch_mode, Dispatch):
-        valid = ", ".join(f"Dispatch.{m.name}" for m in Dispatch)
-        raise ValueError(
-            f"unknown dispatch_mode {dispatch_mode!r}; valid: {valid}, or a dict with dispatch_fn/collect_fn"
-        )
-    if not isinstance(execute_mode, Execute):
-        raise ValueError(f"unknown execute_mode {execute_mode!r}; valid: Execute.ALL, Execute.RANK_ZERO")
-
-
-# ---------------------------------------------------------------------------- register
-def _materialize(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Resolve DataProtoFuture arguments inside the worker (the driver never fetched them)."""
-    get = lambda v: v.get() if isinstance(v, DataProtoFuture) else v  # noqa: E731
-    return tuple(get(a) for a in args), {k: get(v) for k, v in kwargs.items()}
-
-
-def register(
-    dispatch_mode: Dispatch | dict = Dispatch.ALL_TO_ALL,
-    execute_mode: Execute = Execute.ALL,
-    blocking: bool = True,
-    materialize_futures: bool = True,
-):
-    """Mark a worker method as a worker-group method with the given dispatch/execute modes.
-
-    ``blocking=False`` makes the group method return futures (a ``DataProtoFuture`` for DataProto modes)
-    that a following DataProto-dispatched call accepts as is; the worker resolves such futures before the
-    method runs unless ``materialize_futures=False``.
-    """
-    _check_modes(dispatch_mode, execute_mode)
-
-    def decorator(func):
-        resolve = _materialize if materialize_futures else (lambda args, kwargs: (args, kwargs))
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def wrapper(*args, **kwargs):
-                args, kwargs = resolve(args, kwargs)
-                return await func(*args, **kwargs)
-        else:
-
-            @functools.wraps(func)
-            def wrapper(*args, **kwargs):
-                args, kwargs = resolve(args, kwargs)
-                return func(*args, **kwargs)
-
-        setattr(
-            wrapper, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking}
-        )
-        return wrapper
-
-    return decorator
-
-
-def registered_methods(cls: type) -> dict[str, dict[str, Any]]:
-    """``{name: modes}`` for every method of ``cls`` that ``@register`` marked.
-
-    ``dir()``, not ``cls.__dict__``: a class inherits registered methods (``Worker``'s own, a base role's).
-    """
-    methods = {}
-    for name in dir(cls):
-        attrs = getattr(getattr(cls, name, None), MAGIC_ATTR, None)
-        if attrs is not None:
-            methods[name] = attrs
-    return methods
+__all__ = [
+    "DISPATCH_MODE_FNS",
+    "MAGIC_ATTR",
+    "PADDED_MODES",
+    "DataProtoFuture",
+    "Dispatch",
+    "Execute",
+    "add_dispatch_mode",
+    "collect_all_to_all",
+    "collect_dp_compute",
+    "collect_dp_compute_data_proto",
+    "collect_megatron_compute",
+    "collect_megatron_compute_data_proto",
+    "dispatch_all_to_all",
+    "dispatch_dp_compute",
+    "dispatch_dp_compute_data_proto",
+    "dispatch_dp_compute_data_proto_with_func",
+    "dispatch_megatron_compute",
+    "dispatch_megatron_compute_data_proto",
+    "dispatch_one_to_all",
+    "get_dispatch_fns",
+    "is_padded",
+    "make_nd_compute_dataproto_dispatch_fn",
+    "proto_pad_size",
+    "register",
+    "registered_methods",
+]

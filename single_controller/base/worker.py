@@ -14,16 +14,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from single_controller.compat.worker import VerlWorkerMethods
-
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-class Worker(VerlWorkerMethods):
+class Worker:
     """Base class for worker-group processes: rank, world size, device, process-group set-up.
 
-    verl's further Worker methods (n-d dispatch meshes, ``execute_func_rank_zero``, ...) come from
-    single_controller/compat/worker.py.
+    verl's further Worker methods (n-d dispatch meshes, ``execute_func_rank_zero``, ...) are written in
+    single_controller/compat/worker.py; single_controller/__init__.py adds them to the class.
     """
 
     def __init__(self) -> None:

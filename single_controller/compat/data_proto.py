@@ -1,6 +1,7 @@
 """The part of verl's DataProto API that only code ported from verl uses (the trainer never calls it).
 
-``DataProto`` (single_controller/data_proto.py) inherits these methods from :class:`VerlDataProtoMethods`:
+single_controller/__init__.py adds the methods of :class:`VerlDataProtoMethods` to ``DataProto``
+(single_controller/data_proto.py):
 ``reorder``, ``sample_level_repeat``, ``unfold_column_chunks``, ``select_idxs``, ``to_tensordict`` /
 ``from_tensordict``, ``print_size``, ``print_summary`` and ``get_data_info``. The module functions ``fold_batch_dim`` /
 ``unfold_batch_dim`` reshape the batch dim, and ``all_gather_data_proto`` gathers a batch over ranks, as verl's do.
@@ -24,7 +25,7 @@ __all__ = ["VerlDataProtoMethods", "all_gather_data_proto", "column_from_rows", 
 
 
 class VerlDataProtoMethods:
-    """verl's DataProto methods beyond what the trainer uses; mixed into ``DataProto``."""
+    """verl's DataProto methods beyond what the trainer uses; added to ``DataProto``."""
 
     def reorder(self, indices: torch.Tensor) -> None:
         """Put the rows in the order ``indices`` gives, in place (meta_info unchanged)."""

@@ -1,8 +1,8 @@
 """Dispatch modes the trainer does not use: the seeds' and verl's (``Dispatch.DP_COMPUTE``, ``DP_COMPUTE_METRIC``,
 ``DP_COMPUTE_PROTO_WITH_FUNC``, ``MEGATRON_COMPUTE(_PROTO)``) and verl's n-d mesh dispatch.
 
-Each is a ``dispatch_fn``/``collect_fn`` pair as described in single_controller/base/dispatch.py; the
-``Dispatch`` enum and its table of modes are in single_controller/base/decorator.py.
+Each is a ``dispatch_fn``/``collect_fn`` pair as described in single_controller/base/dispatch.py, registered
+for its ``Dispatch`` name at the end of this module (``add_dispatch_mode``, single_controller/base/register.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from single_controller.base.dispatch import (
     per_rank,
     proto_pad_size,
 )
+from single_controller.base.register import Dispatch, add_dispatch_mode
 from single_controller.future import DataProtoFuture
 
 __all__ = [
@@ -157,3 +158,21 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict[str, Callable]
         return max(worker_group.query_mesh(mesh_name)[0]) + 1
 
     return {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn, "pad_divisor": pad_divisor}
+
+
+# ---------------------------------------------------------------------------- the modes, registered
+add_dispatch_mode(Dispatch.DP_COMPUTE, dispatch_dp_compute, collect_dp_compute)
+add_dispatch_mode(
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
+    dispatch_dp_compute_data_proto_with_func,
+    collect_dp_compute_data_proto,
+    padded=True,
+)
+add_dispatch_mode(Dispatch.DP_COMPUTE_METRIC, dispatch_dp_compute_data_proto, collect_dp_compute)
+add_dispatch_mode(Dispatch.MEGATRON_COMPUTE, dispatch_megatron_compute, collect_megatron_compute)
+add_dispatch_mode(
+    Dispatch.MEGATRON_COMPUTE_PROTO,
+    dispatch_megatron_compute_data_proto,
+    collect_megatron_compute_data_proto,
+    padded=True,
+)

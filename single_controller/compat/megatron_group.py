@@ -8,7 +8,8 @@ rank 0 of the last pipeline stage of each dp group reports back.
 from __future__ import annotations
 
 from single_controller.compat.megatron_worker import DistGlobalInfo, DistRankInfo, TensorParallelWorker
-from single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from single_controller.ray.group import RayWorkerGroup
+from single_controller.ray.placement import RayClassWithInitArgs, RayResourcePool
 
 __all__ = ["TensorParallelRayWorkerGroup", "NVMegatronRayWorkerGroup"]
 
@@ -23,7 +24,7 @@ class TensorParallelRayWorkerGroup(RayWorkerGroup):
                 f"got {ray_cls_with_init.user_cls.__name__}"
             )
         super().__init__(resource_pool, ray_cls_with_init, **kwargs)
-        # Read by the MEGATRON dispatch and collect functions (single_controller.base.decorator).
+        # Read by the MEGATRON dispatch and collect functions (single_controller/compat/dispatch.py).
         self._megatron_rank_info: list[DistRankInfo] = self.execute_all_sync("get_megatron_rank_info")
         self._megatron_global_info: DistGlobalInfo = self.execute_rank_zero_sync("get_megatron_global_info")
 

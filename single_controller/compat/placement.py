@@ -1,4 +1,5 @@
-"""verl's ``RayClassWithInitArgs`` methods that the trainer does not use; the class inherits them."""
+"""verl's ``RayClassWithInitArgs`` methods that the trainer does not use; single_controller/ray/__init__.py adds
+them to the class."""
 
 from __future__ import annotations
 

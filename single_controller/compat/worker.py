@@ -1,4 +1,4 @@
-"""verl's Worker methods that the trainer does not use; ``Worker`` (single_controller/base/worker.py) inherits them.
+"""verl's Worker methods that the trainer does not use; single_controller/__init__.py adds them to ``Worker``.
 
 - n-d dispatch meshes: a rank declares its dp rank in a named mesh and whether its results are collected
   (``_register_dispatch_collect_info``); worker groups ask with ``_query_dispatch_info`` /
@@ -14,14 +14,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from single_controller.base.decorator import Dispatch, Execute, register
+from single_controller.base.register import Dispatch, Execute, register
 from single_controller.errors import ContractError
 
 __all__ = ["VerlWorkerMethods"]
 
 
 class VerlWorkerMethods:
-    """verl's Worker methods beyond what the trainer uses; mixed into ``Worker``."""
+    """verl's Worker methods beyond what the trainer uses; added to ``Worker`` (``extension.add_methods``)."""
 
     # ---------------------------------------------------------------- n-d dispatch meshes
     def _meshes(self) -> tuple[dict[str, int], dict[str, bool]]:

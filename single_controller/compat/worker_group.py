@@ -1,4 +1,5 @@
-"""verl's worker-group methods that the trainer does not use; ``RayWorkerGroup`` inherits them.
+"""verl's worker-group methods that the trainer does not use; single_controller/ray/__init__.py adds them to
+``RayWorkerGroup``.
 
 - ``from_detached``: a group of running workers found by name or handle;
 - ``fuse``: a fused group's role views as attributes (single_controller/compat/fused.py);
@@ -15,7 +16,7 @@ __all__ = ["VerlWorkerGroupMethods"]
 
 
 class VerlWorkerGroupMethods:
-    """verl's RayWorkerGroup methods beyond what the trainer uses; mixed into ``RayWorkerGroup``."""
+    """verl's RayWorkerGroup methods beyond what the trainer uses; added to ``RayWorkerGroup``."""
 
     @classmethod
     def from_detached(

@@ -2,7 +2,7 @@
 
 A worker method marked ``@register`` is a method of every group of that worker, under the same name:
 ``critic_wg.compute_values(batch)`` runs ``compute_values`` in each critic process. ``method_table`` decides
-the names, from the worker class (``registered_methods``: the one ``dir()`` scan, in base/decorator.py):
+the names, from the worker class (``registered_methods``: the one ``dir()`` scan, in base/register.py):
 
 - a group of a worker class: each registered method of the class, run on the worker object;
 - a role view of a colocated group (``spawn``/``fuse``): each registered method of that role's class, run on
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from single_controller.base.decorator import PADDED_MODES, Execute, get_dispatch_fns, proto_pad_size, registered_methods
+from single_controller.base.dispatch import proto_pad_size
+from single_controller.base.register import Execute, get_dispatch_fns, is_padded, registered_methods
+from single_controller.data_proto import DataProto
 from single_controller.future import DataProtoFuture
-from single_controller.protocol import DataProto
 from single_controller.ray.health import get_alive
 
 __all__ = ["GroupMethod", "Target", "method_table"]
@@ -59,9 +60,7 @@ class GroupMethod:
         self.fns = get_dispatch_fns(attrs["dispatch_mode"])
         self.rank_zero = attrs["execute_mode"] is Execute.RANK_ZERO
         # rows are padded to a multiple of pad_divisor(group): a custom mode may name one (the n-d mode does)
-        self.pad_divisor = self.fns.get("pad_divisor") or (
-            _world_size if attrs["dispatch_mode"] in PADDED_MODES else None
-        )
+        self.pad_divisor = self.fns.get("pad_divisor") or (_world_size if is_padded(attrs["dispatch_mode"]) else None)
         # e.g. "critic.compute_values", in error reports and in the driver's list of calls in flight
         self.call_name = f"{target.role or group.ray_cls_with_init.user_cls.__name__}.{target.method}"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 
-from single_controller.base.decorator import registered_methods
+from single_controller.base.register import registered_methods
 from single_controller.base.worker import Worker
 from single_controller.ray.placement import RayClassWithInitArgs
 

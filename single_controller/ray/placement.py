@@ -14,8 +14,6 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from single_controller.compat.placement import VerlClassOptions
-
 __all__ = ["Bundle", "ResourceUnavailableError", "RayResourcePool", "RayClassWithInitArgs"]
 
 
@@ -139,10 +137,11 @@ def _cpu_gpu(resources: dict) -> dict:
     return {k: resources.get(k, 0) for k in ("CPU", "GPU")}
 
 
-class RayClassWithInitArgs(VerlClassOptions):
+class RayClassWithInitArgs:
     """A worker class (``ray.remote`` or plain) and the arguments to construct it with.
 
-    verl's ``update_options`` / ``set_additional_resource``: single_controller/compat/placement.py.
+    verl's ``update_options`` / ``set_additional_resource`` are written in single_controller/compat/placement.py;
+    single_controller/ray/__init__.py adds them to the class.
     """
 
     def __init__(self, cls: Any, *args, **kwargs) -> None:

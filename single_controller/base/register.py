@@ -1,0 +1,166 @@
+"""``@register``: mark a worker method as a worker-group method, with how its calls are dispatched and collected.
+
+``register`` only *records* the modes on the method (under ``MAGIC_ATTR``). A worker group reads the record
+when it is built (``registered_methods`` here, ``single_controller/ray/binding.py`` there) and makes each
+marked method a group method: dispatch -> execute on the ranks -> wait -> collect.
+
+A mode's functions are found in a registry (``add_dispatch_mode``): the trainer's modes, ``Dispatch.ONE_TO_ALL``
+and ``Dispatch.DP_COMPUTE_PROTO`` (and ``ALL_TO_ALL``, the default), are registered here with their functions
+from single_controller/base/dispatch.py; the seeds' and verl's modes register themselves in
+single_controller/compat/dispatch.py. verl's import path for all of it is single_controller/base/decorator.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from single_controller.base.dispatch import (
+    collect_all_to_all,
+    collect_dp_compute_data_proto,
+    dispatch_all_to_all,
+    dispatch_dp_compute_data_proto,
+    dispatch_one_to_all,
+)
+from single_controller.future import DataProtoFuture
+
+MAGIC_ATTR = (
+    "_colorl_register"  # the attribute @register sets on a method: {"dispatch_mode", "execute_mode", "blocking"}
+)
+
+
+class Dispatch(Enum):
+    """verl's names of the ways to spread a call's arguments over the ranks of a worker group.
+
+    A mode works once its functions are registered (``add_dispatch_mode``): the first three below here, the others
+    by single_controller/compat/dispatch.py, which single_controller/__init__.py imports, so every mode is
+    registered before any code can name it.
+    """
+
+    # used by the trainer (single_controller/base/dispatch.py)
+    ONE_TO_ALL = "one_to_all"  # every rank gets the same arguments
+    DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments are chunked over ranks, results concatenated
+    ALL_TO_ALL = "all_to_all"  # @register's default: arguments pass through; per-rank lists are split by execute
+    # the seeds' and verl's (single_controller/compat/dispatch.py)
+    DP_COMPUTE = "dp_compute"  # every argument is a list with one item per rank
+    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"  # first argument is a function sent to every rank
+    DP_COMPUTE_METRIC = "dp_compute_metric"  # chunked like DP_COMPUTE_PROTO, results returned as a list
+    MEGATRON_COMPUTE = "megatron_compute"  # lists of length dp_size; see single_controller.ray.megatron
+    MEGATRON_COMPUTE_PROTO = "megatron_compute_proto"
+
+
+class Execute(Enum):
+    ALL = "all"  # run on every rank
+    RANK_ZERO = "rank_zero"  # run on rank 0 only and return its single result
+
+
+DISPATCH_MODE_FNS: dict[Dispatch, dict[str, Callable]] = {}  # mode -> {"dispatch_fn", "collect_fn"}
+
+# Modes that pad their DataProto arguments and whose result the group trims back. DP modes pad to a
+# multiple of world_size, MEGATRON_COMPUTE_PROTO to one of dp_size: dp_size divides world_size, so
+# whenever the latter pads the group's world-size check sees padding too and trims.
+PADDED_MODES: set[Dispatch] = set()
+
+
+def add_dispatch_mode(mode: Dispatch, dispatch_fn: Callable, collect_fn: Callable, padded: bool = False) -> None:
+    """Register ``mode``'s functions (``padded``: it pads DataProto arguments, and the group trims the result)."""
+    if mode in DISPATCH_MODE_FNS:
+        raise ValueError(f"{mode} has dispatch functions already")
+    DISPATCH_MODE_FNS[mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
+    if padded:
+        PADDED_MODES.add(mode)
+
+
+add_dispatch_mode(Dispatch.ONE_TO_ALL, dispatch_one_to_all, collect_all_to_all)
+add_dispatch_mode(Dispatch.DP_COMPUTE_PROTO, dispatch_dp_compute_data_proto, collect_dp_compute_data_proto, padded=True)
+add_dispatch_mode(Dispatch.ALL_TO_ALL, dispatch_all_to_all, collect_all_to_all)
+
+
+def is_padded(dispatch_mode: Dispatch | dict) -> bool:
+    """Whether ``dispatch_mode`` pads its DataProto arguments (a custom mode names its own ``pad_divisor``)."""
+    return isinstance(dispatch_mode, Dispatch) and dispatch_mode in PADDED_MODES
+
+
+def get_dispatch_fns(dispatch_mode: Dispatch | dict) -> dict[str, Callable]:
+    """The ``{"dispatch_fn", "collect_fn"}`` pair of a mode (custom modes are such a dict already)."""
+    if isinstance(dispatch_mode, dict):
+        return dispatch_mode
+    if dispatch_mode not in DISPATCH_MODE_FNS:
+        raise NotImplementedError(f"{dispatch_mode} has no dispatch functions in this worker group")
+    return DISPATCH_MODE_FNS[dispatch_mode]
+
+
+def _check_modes(dispatch_mode, execute_mode) -> None:
+    if isinstance(dispatch_mode, dict):
+        missing = {"dispatch_fn", "collect_fn"} - set(dispatch_mode)
+        if missing or not all(callable(dispatch_mode[k]) for k in ("dispatch_fn", "collect_fn")):
+            raise ValueError(
+                f"a custom dispatch_mode must be {{'dispatch_fn': f, 'collect_fn': g}} with callables; missing {sorted(missing)}"
+            )
+    elif not isinstance(dispatch_mode, Dispatch):
+        valid = ", ".join(f"Dispatch.{m.name}" for m in Dispatch)
+        raise ValueError(
+            f"unknown dispatch_mode {dispatch_mode!r}; valid: {valid}, or a dict with dispatch_fn/collect_fn"
+        )
+    if not isinstance(execute_mode, Execute):
+        raise ValueError(f"unknown execute_mode {execute_mode!r}; valid: Execute.ALL, Execute.RANK_ZERO")
+
+
+# ---------------------------------------------------------------------------- register
+def _materialize(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Resolve DataProtoFuture arguments inside the worker (the driver never fetched them)."""
+    get = lambda v: v.get() if isinstance(v, DataProtoFuture) else v  # noqa: E731
+    return tuple(get(a) for a in args), {k: get(v) for k, v in kwargs.items()}
+
+
+def register(
+    dispatch_mode: Dispatch | dict = Dispatch.ALL_TO_ALL,
+    execute_mode: Execute = Execute.ALL,
+    blocking: bool = True,
+    materialize_futures: bool = True,
+):
+    """Mark a worker method as a worker-group method with the given dispatch/execute modes.
+
+    ``blocking=False`` makes the group method return futures (a ``DataProtoFuture`` for DataProto modes)
+    that a following DataProto-dispatched call accepts as is; the worker resolves such futures before the
+    method runs unless ``materialize_futures=False``.
+    """
+    _check_modes(dispatch_mode, execute_mode)
+
+    def decorator(func):
+        resolve = _materialize if materialize_futures else (lambda args, kwargs: (args, kwargs))
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def wrapper(*args, **kwargs):
+                args, kwargs = resolve(args, kwargs)
+                return await func(*args, **kwargs)
+        else:
+
+            @functools.wraps(func)
+            def wrapper(*args, **kwargs):
+                args, kwargs = resolve(args, kwargs)
+                return func(*args, **kwargs)
+
+        setattr(
+            wrapper, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking}
+        )
+        return wrapper
+
+    return decorator
+
+
+def registered_methods(cls: type) -> dict[str, dict[str, Any]]:
+    """``{name: modes}`` for every method of ``cls`` that ``@register`` marked.
+
+    ``dir()``, not ``cls.__dict__``: a class inherits registered methods (``Worker``'s own, a base role's).
+    """
+    methods = {}
+    for name in dir(cls):
+        attrs = getattr(getattr(cls, name, None), MAGIC_ATTR, None)
+        if attrs is not None:
+            methods[name] = attrs
+    return methods
