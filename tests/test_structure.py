@@ -15,8 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("single_controller", "algos", "config", "workers", "data", "trainer", "main")
 # verl's and the seeds' import paths: they only re-export, and may import both the core and compat/
@@ -117,7 +115,6 @@ def test_verl_paths_only_re_export():
         assert defined == [], f"{name} defines {defined}; move them to a core or a compat module"
 
 
-@pytest.mark.timeout(300)
 def test_every_module_imports_first_in_a_fresh_process():
     """Each module of the layers, imported before any other of the project's modules (tests/fresh_imports.py).
 
@@ -128,7 +125,7 @@ def test_every_module_imports_first_in_a_fresh_process():
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=540,  # mostly one import of torch, Ray and transformers; the margin is for a loaded machine
     )
     assert out.returncode == 0, out.stderr[-3000:]
     failures = json.loads(out.stdout.strip().splitlines()[-1])
