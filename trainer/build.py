@@ -20,6 +20,7 @@ from data.reward import RewardManager, load_custom_compute_score
 from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import check_models, preflight
 from workers.compute.agent_loop import check_tools
+from workers.compute.vllm_rollout import check_vllm
 from workers.parallel.lora import check_target_modules
 from workers.tools import ToolConfigError
 
@@ -33,6 +34,7 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     check_models(cfg, plan)  # before the memory check reads the models' configs
     preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # the memory check
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
+    check_vllm(cfg.actor_rollout_ref.rollout, cfg.trainer.device, plan.n_workers)
     for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
     compute_score = _load_compute_score(cfg)

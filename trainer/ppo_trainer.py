@@ -38,6 +38,7 @@ from trainer.metrics import (
     multi_turn_metrics,
     reduce_metrics,
     reward_group_metrics,
+    rollout_probs_diff,
     timed,
     validation_metrics,
 )
@@ -314,6 +315,7 @@ class RayPPOTrainer:
                 with self._phase("update_actor", timing):
                     metrics.update(self._call(self.actor_rollout_wg.update_actor, batch, "update_actor"))
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
+        metrics.update(rollout_probs_diff(batch.batch))
         metrics.update(compute_timing_metrics(batch.batch, timing))
         metrics.update(compute_throughput_metrics(batch.batch, timing, self.plan.n_workers))
         metrics["training/global_step"] = self.global_step

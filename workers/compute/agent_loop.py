@@ -26,6 +26,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -175,8 +176,9 @@ class AgentLoop:
         ]
         self.response_length, seconds = response_length, self.toolbox.seconds
         try:
-            responses, model_mask, valid, finished, log_probs = decode_with_turns(
-                model,
+            # the actor's own module decodes in lockstep; a rollout engine (workers.vllm_rollout) turn by turn
+            decode = partial(decode_with_turns, model) if isinstance(model, nn.Module) else model.decode_with_turns
+            responses, model_mask, valid, finished, log_probs = decode(
                 batch["input_ids"],
                 batch["attention_mask"],
                 batch["position_ids"],
