@@ -11,9 +11,11 @@ import pytest
 
 from config import ConfigError, load_config, make_plan, num_workers, replace_keys
 from tests.verl import commands
-from trainer.preflight.dry_run import phase_batches, preflight
+from trainer.preflight.dry_run import _estimate, phase_batches, preflight
+from workers.compute.vllm_rollout import cpu_kv_cache_bytes
 
 REPO = Path(__file__).resolve().parent.parent.parent
+HF = "actor_rollout_ref.rollout.name=hf"
 QWEN2_5_0_5B = {  # Qwen2.5-0.5B-Instruct's config.json, the fields that size it
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
@@ -124,7 +126,8 @@ def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_load
     args = commands.overrides(
         commands.GRPO, model=qwen_config_dir, train=str(tmp_path / "train.parquet"), val=str(tmp_path / "test.parquet")
     )
-    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000"], tmp_path)
+    # the HF rollout's cache holds every row at once (vLLM's, capped by its reservation, queues them instead)
+    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000", HF], tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("colorl: config error: the estimated peak memory per worker, ")
@@ -134,6 +137,30 @@ def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_load
     assert "to bring it down: data.train_batch_size or actor_rollout_ref.rollout.n or data.max_response_length" in line
     assert line.endswith("trainer.check_memory=false skips this check")
     assert "Started a local Ray instance" not in result.stdout + result.stderr
+
+
+def test_the_estimate_counts_the_vllm_engines_reservation(qwen_config_dir):
+    """rollout.name=vllm on a CPU: the engine's weights stay beside the actor's shards in every phase, its KV cache
+    is its reservation (the step's rows in whole blocks, within gpu_memory_utilization of RAM over the workers),
+    and the sync gathers one unit at a time instead of the whole model."""
+    args = [
+        *commands.overrides(commands.GRPO, model=qwen_config_dir, train="t.parquet", val="v.parquet"),
+        "trainer.device=cpu",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    ]
+    vllm_cfg, hf_cfg = load_config(args), load_config([*args, HF])
+    (models, vllm), (_, hf) = (_estimate(c, make_plan(c, num_workers(c)), None) for c in (vllm_cfg, hf_cfg))
+    phases = {name: {p.name: p for p in e.phases} for name, e in (("vllm", vllm), ("hf", hf))}
+    layers, kv_dim = 24, 2 * 64  # Qwen2.5-0.5B: 2 KV heads of 64
+    engine = 4 * models["actor"].params  # the engine's fp32 copy (a CPU computes in fp32 by default)
+    rollout, rows = vllm_cfg.actor_rollout_ref.rollout, 16 * 5 // 2
+    assert phases["vllm"]["generate"].terms["kv_cache"] == cpu_kv_cache_bytes(rollout, layers, kv_dim, 4, rows, 2)
+    for name in ("load", "update_actor"):
+        assert phases["vllm"][name].terms["weights"] == phases["hf"][name].terms["weights"] + engine
+        assert phases["vllm"][name].terms["runtime"] > phases["hf"][name].terms["runtime"]
+    assert phases["vllm"]["generate"].terms["weights"] < phases["hf"]["generate"].terms["weights"] + engine
 
 
 def test_the_check_is_switched_off_by_its_key(qwen_config_dir):

@@ -176,7 +176,7 @@ class AgentLoop:
         ]
         self.response_length, seconds = response_length, self.toolbox.seconds
         try:
-            # the actor's own module decodes in lockstep; a rollout engine (workers.vllm_rollout) turn by turn
+            # the actor's own module decodes in lockstep; a rollout engine (workers.compute.vllm_rollout) turn by turn
             decode = partial(decode_with_turns, model) if isinstance(model, nn.Module) else model.decode_with_turns
             responses, model_mask, valid, finished, log_probs = decode(
                 batch["input_ids"],
