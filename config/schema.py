@@ -133,10 +133,12 @@ class HealthConfig:
     max_clip_ratio: float = 0.5  # share of responses cut at data.max_response_length
     max_all_equal_share: float = 0.9  # share of prompt groups whose responses all got the same reward
     divergence_validations: int = 2  # the training score rose and a held-out score fell, validation after validation
+    # mean |π_rollout − π_actor| of the sampled tokens (training/rollout_probs_diff_mean) above which it warns at once
+    max_rollout_probs_diff: float = 0.05
 
     def __post_init__(self) -> None:
         positive_int(self, "patience", "divergence_validations")
-        unit_interval(self, "entropy_collapse_ratio", "max_clip_ratio", "max_all_equal_share")
+        unit_interval(self, "entropy_collapse_ratio", "max_clip_ratio", "max_all_equal_share", "max_rollout_probs_diff")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ VLLM = (
     "actor_rollout_ref.rollout.enforce_eager=true",
     "trainer.save_freq=2",
 )
+pytestmark = pytest.mark.timeout(1800)  # two engines start (~15 s each on a quiet 2-core machine)
 DIFF = [f"training/rollout_probs_diff_{k}" for k in ("valid", "max", "mean", "std")]
 
 
