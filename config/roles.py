@@ -346,6 +346,7 @@ class RolloutConfig:
             "tensor_model_parallel_size",
         )
         optional_positive_int(self, "log_prob_micro_batch_size_per_gpu")
+        check(self, ["gpu_memory_utilization"], lambda v: is_number(v) and 0 < v <= 1, "must be in (0, 1]")
 
 
 @dataclass(frozen=True)
