@@ -63,7 +63,7 @@ def load_causal_lm(model_config: Any) -> nn.Module:
         model_config.path, dtype=torch.float32, trust_remote_code=model_config.trust_remote_code
     )
     if model_config.enable_gradient_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 
@@ -295,7 +295,7 @@ class CriticWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         model = load_value_model(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         if cfg.model.enable_gradient_checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.trained = TrainedRole(self, model, cfg.fsdp_config, cfg.optim, total_training_steps)
         self.critic = DataParallelPPOCritic(
             self.trained.module,
