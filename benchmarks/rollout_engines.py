@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, engine: str) -> dict[str, Any]:
 def summarize(steps: list[dict[str, float]]) -> dict[str, Any]:
     """Medians over the steps after the first; the peak RSS over all of them."""
     measured = steps[1:] or steps
-    median = lambda values: round(statistics.median(values), 4)  # noqa: E731
+    median = lambda values: float(f"{statistics.median(values):.4g}")  # noqa: E731
     out = {
         "gen_s": median([s["timing_s/gen"] for s in measured]),
         # timing_per_token_ms/gen: the phase's milliseconds per response token (tool turns included)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     rounds = [{engine: run(args, engine) for engine in ENGINES} for _ in range(args.rounds)]
     medians = {
         engine: {
-            key: round(statistics.median(r[engine][key] for r in rounds), 4)
+            key: float(f"{statistics.median(r[engine][key] for r in rounds):.4g}")
             for key in rounds[0][engine]
             if all(key in r[engine] for r in rounds)
         }
