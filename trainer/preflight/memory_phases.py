@@ -167,7 +167,7 @@ class _Estimator:
 
     def vllm_generate(self, m: ModelSizes, c: int, rows: int) -> dict[str, int]:
         """The vLLM engine's rollout: the sync gathers one FSDP unit at a time; the KV cache is its reservation (a
-        CPU's for the step's rows, ``workers.vllm_rollout``; on CUDA gpu_memory_utilization of the device, its
+        CPU's for the step's rows, ``workers.compute.vllm_rollout``; on CUDA gpu_memory_utilization of the device, its
         weights included, which sleep mode frees between rollouts); vLLM prefills at most
         ``max_num_batched_tokens`` tokens a step and samples ``max_num_seqs`` rows at once."""
         rollout = self.cfg.actor_rollout_ref.rollout
