@@ -178,9 +178,9 @@ def gathered_params(model: nn.Module) -> Iterator[nn.Module]:
 
 def gathered_units(model: nn.Module) -> Iterator[list[tuple[str, Tensor]]]:
     """The full parameters of ``model``, one FSDP unit at a time: each list holds (name, full tensor) of the
-    parameters one unit's gather made whole (named as in ``model``), and is valid until the next is asked for,
-    when the unit is resharded. So a consumer (the vLLM engine's weight load) never sees more than one unit's
-    full tensors at once beside the shards. All ranks must iterate together (each gather is a collective).
+    parameters one unit's gather made whole (named as in ``model``; copies under FSDP, since the unit is resharded
+    before the next is gathered). So a consumer (the vLLM engine's weight load) holds one unit's full tensors at a
+    time beside the shards, plus any it keeps. All ranks must iterate together (each gather is a collective).
     A plain module is one unit with its parameters as they are."""
     done: set[str] = set()
     for unit in fsdp_modules(model) or [model]:
@@ -189,9 +189,12 @@ def gathered_units(model: nn.Module) -> Iterator[list[tuple[str, Tensor]]]:
         if isinstance(unit, FSDPModule):
             unit.unshard()
         try:
-            named = [
+            full = [
                 (n, p.detach()) for n, p in model.named_parameters() if n not in done and not isinstance(p, DTensor)
             ]
+            # copies under FSDP: the reshard frees the gathered storage, and a consumer may keep a tensor longer
+            # (vLLM defers a vocabulary layer padded beyond the checkpoint's rows to the end of the load)
+            named = [(n, p.clone()) for n, p in full] if isinstance(unit, FSDPModule) else full
             done.update(n for n, _ in named)
             yield named
         finally:
