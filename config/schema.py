@@ -126,17 +126,35 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class HealthConfig:
     """When the run's health warnings fire (``trainer.health``): a pattern must hold ``patience`` steps in a row
-    (the reward-against-held-out one ``divergence_validations`` validations in a row); each warns once."""
+    (the reward-against-held-out one ``divergence_validations`` validations in a row); each warns once. The
+    entropy, length-limit and all-equal-groups patterns count only while the training score has stalled: it has
+    not risen over the last ``stall_window`` steps and stays below ``converged_share`` of the way from the lowest
+    to the highest response score of those steps (a run that learns, or has converged, is healthy)."""
 
     patience: int = 10
     entropy_collapse_ratio: float = 0.1  # actor/entropy below this share of its first value
     max_clip_ratio: float = 0.5  # share of responses cut at data.max_response_length
     max_all_equal_share: float = 0.9  # share of prompt groups whose responses all got the same reward
     divergence_validations: int = 2  # the training score rose and a held-out score fell, validation after validation
+    stall_window: int = 100  # steps over which a training score that does not rise significantly has stalled
+    converged_share: float = 0.8  # a score this far up its window's response range has converged, not stalled
 
     def __post_init__(self) -> None:
         positive_int(self, "patience", "divergence_validations")
-        unit_interval(self, "entropy_collapse_ratio", "max_clip_ratio", "max_all_equal_share")
+        check(self, ["stall_window"], lambda v: is_int(v) and v >= 3, "must be an integer of at least 3 steps")
+        unit_interval(self, "entropy_collapse_ratio", "max_clip_ratio", "max_all_equal_share", "converged_share")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The run report (``trainer.report``): ``<default_local_dir>/report.html``, written at each validation and at
+    the end, and the sampled trajectories it shows (``<default_local_dir>/samples/``, ``trainer.generations``)."""
+
+    enable: bool = True
+    samples_per_step: int = 8  # responses kept per step and per validation for the trajectory browser
+
+    def __post_init__(self) -> None:
+        check(self, ["samples_per_step"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
 
 
 @dataclass(frozen=True)
@@ -172,9 +190,15 @@ class TrainerConfig:
     dry_run: bool = False  # print a step's batch arithmetic and the memory estimate per worker, then exit
     check_memory: bool = True  # refuse to start when the estimated peak memory per worker exceeds the device's
     health: HealthConfig = field(default_factory=HealthConfig)
+    # verl's generation dumps: one JSONL file per step (trainer.generations); null: none
+    rollout_data_dir: str | None = None  # every training response of each step: <dir>/<step>.jsonl
+    validation_data_dir: str | None = None  # every validation response: <dir>/<step>.jsonl
+    log_val_generations: int = 0  # validation samples printed (console) and logged as wandb's val/generations table
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def __post_init__(self) -> None:
         positive_int(self, "n_gpus_per_node", "nnodes", "total_epochs")
+        check(self, ["log_val_generations"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
         check(self, ["critic_warmup"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
         optional_positive_int(self, "total_training_steps")
         check(self, ["max_wall_time_s"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
