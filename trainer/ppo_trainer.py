@@ -30,6 +30,7 @@ from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.advantage import compute_advantage
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.fingerprint import config_record
+from trainer.generations import GenerationLog
 from trainer.health import HealthMonitor
 from trainer.metrics import (
     compute_data_metrics,
@@ -42,6 +43,7 @@ from trainer.metrics import (
     validation_metrics,
 )
 from trainer.preemption import StopSignals
+from trainer.report import RunReport
 from trainer.routing import request, take_back
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
@@ -92,6 +94,7 @@ class RayPPOTrainer:
         self.wandb_run_id: str | None = None
         self.nonfinite_streak = self.nonfinite_total = 0
         self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
+        self.generations = GenerationLog(config.trainer, tokenizer)  # dumps and the report's samples
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir,
             config.trainer.max_actor_ckpt_to_keep,
@@ -149,6 +152,7 @@ class RayPPOTrainer:
         """Train (or resume) up to ``total_training_steps``; returns the last step's metrics."""
         cfg = self.config.trainer
         resumed = self.load_checkpoint()
+        self.generations.drop_steps_after(self.global_step)  # a resumed run computes the later steps again
         self.logger = Tracking(
             project_name=cfg.project_name,
             experiment_name=cfg.experiment_name,
@@ -160,10 +164,12 @@ class RayPPOTrainer:
             resume_step=self.global_step,  # steps logged after it are computed again: one history
         )
         self.wandb_run_id = self.logger.wandb_run_id
+        self.report = RunReport(self.config)  # <default_local_dir>/report.html, at each validation and the end
         start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
                 self.logger.log(self.health.observe(self.validate(), self.global_step), step=self.global_step)
+                self.report.write(self.logger.records(), self.health.fired)
             batches = self._batches()
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
@@ -172,7 +178,10 @@ class RayPPOTrainer:
                 self._check_finite(last)
                 done = self.global_step >= self.total_training_steps
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
-                if self.val_dataloader is not None and (done or out_of_time or _every(cfg.test_freq, self.global_step)):
+                validated = self.val_dataloader is not None and (
+                    done or out_of_time or _every(cfg.test_freq, self.global_step)
+                )
+                if validated:
                     testing: dict[str, float] = {}
                     with timed("testing", testing):
                         last.update(self.validate())
@@ -185,11 +194,14 @@ class RayPPOTrainer:
                     last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
                 last = self.health.observe(last, self.global_step)  # health metrics; warns once when a pattern holds
                 self.logger.log(last, step=self.global_step)
+                if validated:
+                    self.report.write(self.logger.records(), self.health.fired)
                 if out_of_time or preempted:
                     break
         finally:
             stop.restore()
             self.logger.finish()
+            self.report.write(self.logger.records(), self.health.fired)
         if stop.signal and self.global_step < self.total_training_steps:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
@@ -290,6 +302,7 @@ class RayPPOTrainer:
                 with self._phase("gen_max", timing):
                     batch.batch["reward_baselines"] = self._greedy_reward(batch)
             batch = batch.repeat(n, interleave=True)
+            prompts = batch.batch["input_ids"]  # the rollout rewrites input_ids as prompt + response
             with self._phase("gen", timing):
                 metrics.update(self._generate(batch))
             with self._phase("reward", timing):
@@ -313,6 +326,8 @@ class RayPPOTrainer:
             if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
                 with self._phase("update_actor", timing):
                     metrics.update(self._call(self.actor_rollout_wg.update_actor, batch, "update_actor"))
+            with timed("dump_rollout_generations", timing):  # verl's timer name
+                self.generations.training_step(batch, prompts, reward_extras, self.global_step)
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
         metrics.update(compute_timing_metrics(batch.batch, timing))
         metrics.update(compute_throughput_metrics(batch.batch, timing, self.plan.n_workers))
@@ -377,12 +392,16 @@ class RayPPOTrainer:
         rewards: list[float] = []
         answers: list[tuple[int, ...]] = []
         extras: dict[str, list[float]] = {}
+        parts = []  # (batch, prompts, reward extras) of each validation batch, for the dumps
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict, meta_info={STEP_TOKEN: uuid.uuid4().hex})
             batch = batch.repeat(n, interleave=True)
+            prompts = batch.batch["input_ids"]
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 self._generate(batch, VALIDATION_FLOW, val_kwargs)
                 reward, reward_extras = self.val_reward_fn(batch)
+            batch.batch["token_level_scores"] = reward
+            parts.append((batch, prompts, {"reward": reward.sum(-1).tolist(), **reward_extras}))
             reward_extras.update(
                 {k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch}
             )
@@ -395,6 +414,7 @@ class RayPPOTrainer:
                 tuple(ids[mask.bool()].tolist())
                 for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])
             ]
+        self.generations.validation(parts, self.global_step, getattr(self, "logger", None))
         return validation_metrics(sources, rewards, answers, n, extras)
 
 

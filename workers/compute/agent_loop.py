@@ -165,7 +165,7 @@ class AgentLoop:
         tensors (as ``workers.compute.rollout.generate_sequences``: with ``return_log_probs`` rollout_log_probs, 0 on tool
         tokens), per-row non-tensors (``__num_turns__``,
         ``tool_call_counts``, ``tool_error_counts``, ``tool_rewards``, ``reward_scores``,
-        ``tool_response_tokens``, ``stop_reason``, ``tokenization_mismatch``) and worker metrics.
+        ``tool_response_tokens``, ``stop_reason``, ``tokenization_mismatch``, ``messages``) and worker metrics.
         """
         size = batch["input_ids"].shape[0]
         column = lambda key, default: non_tensors.get(key, [default] * size)  # noqa: E731
@@ -319,6 +319,7 @@ class AgentLoop:
             "tool_response_tokens": column([t.tool_tokens for t in ts]),
             "stop_reason": column([t.stop for t in ts]),
             "tokenization_mismatch": column([t.mismatch for t in ts]),
+            "messages": column([t.messages for t in ts]),  # the conversation (prompt, turns, tool answers)
         }
 
 
