@@ -48,6 +48,11 @@ def rollout_log_probs(cfg: Any) -> bool:
     return bool(cfg.actor_rollout_ref.rollout.calculate_log_probs)
 
 
+def samples_tokens(cfg: Any) -> bool:
+    """Whether the driver writes sampled responses token by token: the run report's, or verl's rollout dumps."""
+    return bool(cfg.trainer.report.enable and cfg.trainer.report.samples_per_step) or bool(cfg.trainer.rollout_data_dir)
+
+
 def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
     return ppo_epochs == 1 and mini_batch_size >= rows
@@ -134,6 +139,8 @@ def declare_flows(
                 *when(critic, "values"),
             ),
         ),
+        # the sampled responses of the generation dumps and the run report show each token's log-prob
+        *when(has_old and samples_tokens(cfg), Phase("dump_rollout_generations", DRIVER, reads=("old_log_probs",))),
     )
     side = (prompts, gen, Phase("reward", DRIVER, reads=scored))
     return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of(side), GREEDY_FLOW: Dataflow.of(side)}

@@ -35,7 +35,6 @@ import torch
 
 from single_controller import DataProto
 
-VERL_FIELDS = ("input", "output", "gts", "score", "step")
 ROW_COLUMNS = {  # the multi-turn rollout's per-row columns (workers.agent_loop) -> their name in a record
     "messages": "messages",
     "__num_turns__": "num_turns",
@@ -43,7 +42,6 @@ ROW_COLUMNS = {  # the multi-turn rollout's per-row columns (workers.agent_loop)
     "tool_error_counts": "tool_error_counts",
     "stop_reason": "stop_reason",
 }
-TOKEN_FIELDS = ("token_ids", "tokens", "trained", "advantages", "log_probs")
 SAMPLES_DIR = "samples"  # under trainer.default_local_dir: train/<step>.jsonl and val/<step>.jsonl
 
 
@@ -125,8 +123,7 @@ def pick_samples(
 
 
 class GenerationLog:
-    """The driver's writer of dumps and report samples. ``trainer`` is ``config.trainer``; ``max_response_length``
-    ``data.max_response_length``."""
+    """The driver's writer of dumps and report samples; ``trainer`` is ``config.trainer``."""
 
     def __init__(self, trainer: Any, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -160,7 +157,7 @@ class GenerationLog:
         extras = {k: v for k, v in extras.items() if len(v) == len(batch)}
         records = self._write(batch, prompts, extras, step, self.validation_dir, "val")
         if self.log_val_generations > 0 and logger is not None:
-            samples = sorted((r["input"], r["output"], r["score"]) for r in records)
+            samples = sorted(((r["input"], r["output"], r["score"]) for r in records), key=lambda s: s[0])
             order = np.random.RandomState(42).permutation(len(samples))
             logger.log_generations([samples[i] for i in order[: self.log_val_generations]], step)
 
