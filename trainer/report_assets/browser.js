@@ -71,7 +71,7 @@ class Browser {
       h("label", {}, "show ", select("pick-filter", Object.entries(FILTERS).map(([k, v]) => [k, v[0]]), this.filter, v => { this.filter = v; this.render(); })),
       h("label", {}, "colour tokens by ", select("pick-colour", Object.entries(COLOURINGS), this.colour, v => { this.colour = v; this.render(); })),
     );
-    legend.textContent = "Tokens: " + COLOURINGS[this.colour] + ". Grey turns are masked out of the loss (tool answers, the chat template around them); hover a token for its id, advantage and log-prob.";
+    legend.textContent = "Tokens: " + COLOURINGS[this.colour] + ". Grey turns are masked out of the loss (tool answers, the chat template around them); hover a token for its text, advantage and log-prob.";
     list.innerHTML = "";
     list.className = "mode-" + this.colour;
     const samples = this.samples();
@@ -136,9 +136,8 @@ class Browser {
 
   token(s, i, text, trained, scale) {
     const adv = s.advantages ? s.advantages[i] : null, lp = s.log_probs ? s.log_probs[i] : null;
-    const id = s.token_ids ? ` (id ${s.token_ids[i]})` : "";
     const shown = text.replace(/\n/g, "↵\n");  // a newline token stays visible
-    const span = h("span", { class: "tok " + (trained ? "trained" : "masked"), title: `${JSON.stringify(text)}${id} · ${trained ? "trained" : "masked"} · advantage ${fmt(adv)} · log p ${fmt(lp)}` }, shown);
+    const span = h("span", { class: "tok " + (trained ? "trained" : "masked"), title: `${JSON.stringify(text)} · ${trained ? "trained" : "masked"} · advantage ${fmt(adv)} · log p ${fmt(lp)}` }, shown);
     if (trained && this.colour === "advantage" && adv !== null) {
       const a = Math.min(1, Math.abs(adv) / scale);
       span.style.background = adv >= 0 ? `rgba(30,100,220,${0.1 + 0.6 * a})` : `rgba(210,40,40,${0.1 + 0.6 * a})`;
