@@ -133,8 +133,10 @@ class GenerationLog:
         self.log_val_generations = trainer.log_val_generations
 
     def drop_steps_after(self, step: int) -> None:
-        """Remove what an earlier attempt wrote for the steps after ``step`` (a resumed run computes them again)."""
-        for directory in (self.samples_dir / "train", self.samples_dir / "val", self.rollout_dir, self.validation_dir):
+        """Remove what an earlier attempt wrote for the steps after ``step`` (a resumed run computes them again);
+        a fresh run (step 0) leaves the dump directories, which may be shared, as verl does."""
+        dumps = (self.rollout_dir, self.validation_dir) if step > 0 else ()
+        for directory in (self.samples_dir / "train", self.samples_dir / "val", *dumps):
             if directory is not None:
                 drop_steps_after(directory, step)
 

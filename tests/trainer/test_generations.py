@@ -123,9 +123,13 @@ def test_a_resumed_run_drops_what_an_earlier_attempt_wrote_after_its_checkpoint(
         write_generations(tmp_path / "dump", step, [{"step": step}])
         write_generations(tmp_path / "run" / "samples" / "train", step, [{"step": step}])
     (tmp_path / "dump" / "notes.jsonl").write_text("kept\n")
+    GenerationLog(cfg, tokenizer).drop_steps_after(0)  # a fresh run: only its own samples go
+    assert sorted(read_generations(tmp_path / "dump")) == [1, 2, 3]
+    assert read_generations(tmp_path / "run" / "samples" / "train") == {}
+    write_generations(tmp_path / "run" / "samples" / "train", 3, [{"step": 3}])
     GenerationLog(cfg, tokenizer).drop_steps_after(2)
     assert sorted(read_generations(tmp_path / "dump")) == [1, 2] and (tmp_path / "dump" / "notes.jsonl").exists()
-    assert sorted(read_generations(tmp_path / "run" / "samples" / "train")) == [1, 2]
+    assert read_generations(tmp_path / "run" / "samples" / "train") == {}
 
 
 def test_a_partial_line_is_skipped_when_reading(tmp_path):
