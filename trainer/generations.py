@@ -42,6 +42,7 @@ ROW_COLUMNS = {  # the multi-turn rollout's per-row columns (workers.agent_loop)
     "tool_error_counts": "tool_error_counts",
     "stop_reason": "stop_reason",
 }
+Prompts = tuple[torch.Tensor, torch.Tensor]  # the left-padded prompts' ids and attention mask (B, P)
 SAMPLES_DIR = "samples"  # under trainer.default_local_dir: train/<step>.jsonl and val/<step>.jsonl
 
 
@@ -140,18 +141,19 @@ class GenerationLog:
             if directory is not None:
                 drop_steps_after(directory, step)
 
-    def training_step(self, batch: DataProto, prompts: torch.Tensor, extras: dict[str, list], step: int) -> None:
+    def training_step(self, batch: DataProto, prompts: Prompts, extras: dict[str, list], step: int) -> None:
         """Write step ``step``'s dump (``rollout_data_dir``) and report samples. ``batch`` is the step's, after the
-        advantages; ``prompts`` the left-padded prompt ids (B, P) the rollout was given."""
+        advantages; ``prompts`` the left-padded prompts the rollout was given, ids and attention mask (B, P)."""
         self._write(batch, prompts, extras, step, self.rollout_dir, "train")
 
-    def validation(self, parts: list[tuple[DataProto, torch.Tensor, dict[str, list]]], step: int, logger: Any) -> None:
+    def validation(self, parts: list[tuple[DataProto, Prompts, dict[str, list]]], step: int, logger: Any) -> None:
         """Write a validation's dump (``validation_data_dir``) and samples, and hand ``log_val_generations`` of them
         to ``logger`` (verl's choice: sorted by prompt, shuffled with seed 42, the first N)."""
         if not parts:
             return
         batch = DataProto.concat([p[0] for p in parts])
-        prompts = torch.cat([p[1] for p in parts])  # every batch is padded to data.max_prompt_length
+        # every batch is padded to data.max_prompt_length
+        prompts = (torch.cat([p[1][0] for p in parts]), torch.cat([p[1][1] for p in parts]))
         extras: dict[str, list] = {}
         for _, _, part_extras in parts:
             for key, values in part_extras.items():
@@ -166,7 +168,7 @@ class GenerationLog:
     def _write(
         self,
         batch: DataProto,
-        prompts: torch.Tensor,
+        prompts: Prompts,
         extras: dict[str, list],
         step: int,
         dump_dir: str | None,
@@ -207,23 +209,31 @@ class GenerationLog:
 def _clipped(batch: DataProto) -> torch.Tensor:
     """(B,) True where the response used every position: cut at the length limit (``response_length/clip_ratio``)."""
     width = batch.batch["responses"].shape[-1]
-    return batch.batch["attention_mask"][:, -width:].sum(-1) == width
+    return _response_tokens(batch).sum(-1) == width
+
+
+def _response_tokens(batch: DataProto) -> torch.Tensor:
+    """(B, R) 1 on every real response token, tool turns included (the rollout's attention mask over the
+    response; its response mask where a stand-in rollout gives no attention mask)."""
+    tensors = batch.batch
+    if "attention_mask" not in tensors:
+        return tensors["response_mask"]
+    return tensors["attention_mask"][:, -tensors["responses"].shape[-1] :]
 
 
 def _fill_text(
     records: dict[int, dict[str, Any]],
     batch: DataProto,
-    prompts: torch.Tensor,
+    prompts: Prompts,
     extras: dict[str, list],
     step: int,
     tokenizer: Any,
 ) -> None:
     """verl's fields and ColoRL's per-row ones into ``records`` (row -> record), one batched decode each."""
     rows = list(records)
-    width = batch.batch["responses"].shape[-1]
-    valid = batch.batch["attention_mask"][:, -width:].bool()
-    prompt_valid = batch.batch["attention_mask"][:, :-width].bool()[:, -prompts.shape[-1] :]
-    inputs = tokenizer.batch_decode([prompts[i][prompt_valid[i]].tolist() for i in rows], skip_special_tokens=True)
+    valid = _response_tokens(batch).bool()
+    ids, mask = prompts
+    inputs = tokenizer.batch_decode([ids[i][mask[i].bool()].tolist() for i in rows], skip_special_tokens=True)
     responses = batch.batch["responses"]
     outputs = tokenizer.batch_decode([responses[i][valid[i]].tolist() for i in rows], skip_special_tokens=True)
     rewards = batch.batch["token_level_scores"].sum(-1).tolist() if "token_level_scores" in batch.batch else None
@@ -253,8 +263,7 @@ def _fill_text(
 def _token_fields(batch: DataProto, row: int, tokenizer: Any) -> dict[str, Any]:
     """Row ``row``'s response tokens as training saw them (see the module's docstring)."""
     tensors = batch.batch
-    width = tensors["responses"].shape[-1]
-    length = int(tensors["attention_mask"][row, -width:].sum())  # the real tokens are a prefix of the response
+    length = int(_response_tokens(batch)[row].sum())  # the real tokens are a prefix of the response
     ids = tensors["responses"][row, :length].tolist()
     fields: dict[str, Any] = {
         "token_ids": ids,

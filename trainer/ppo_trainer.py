@@ -302,7 +302,7 @@ class RayPPOTrainer:
                 with self._phase("gen_max", timing):
                     batch.batch["reward_baselines"] = self._greedy_reward(batch)
             batch = batch.repeat(n, interleave=True)
-            prompts = batch.batch["input_ids"]  # the rollout rewrites input_ids as prompt + response
+            prompts = batch.batch["input_ids"], batch.batch["attention_mask"]  # the rollout rewrites both
             with self._phase("gen", timing):
                 metrics.update(self._generate(batch))
             with self._phase("reward", timing):
@@ -396,7 +396,7 @@ class RayPPOTrainer:
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict, meta_info={STEP_TOKEN: uuid.uuid4().hex})
             batch = batch.repeat(n, interleave=True)
-            prompts = batch.batch["input_ids"]
+            prompts = batch.batch["input_ids"], batch.batch["attention_mask"]
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 self._generate(batch, VALIDATION_FLOW, val_kwargs)
                 reward, reward_extras = self.val_reward_fn(batch)

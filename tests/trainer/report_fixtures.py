@@ -21,12 +21,13 @@ TURNS = [
 REWARDS = [1.0, 0.0, 1.0, 0.0]
 
 
-def rollout_step(tokenizer, model) -> tuple[DataProto, torch.Tensor, dict[str, list]]:
-    """(the step's batch after the advantages, the prompt ids (B, P), the reward function's extras) of one GRPO
+def rollout_step(tokenizer, model) -> tuple[DataProto, tuple[torch.Tensor, torch.Tensor], dict[str, list]]:
+    """(the step's batch after the advantages, the prompts' ids and mask (B, P), the reward function's extras) of one GRPO
     step over ``QUESTIONS`` (two prompt groups of two), as the driver holds them."""
     loop = make_loop(tokenizer)
     tensors, stats, _ = run(loop, model, tokenizer, QUESTIONS, TURNS, RESPONSE_LENGTH, return_log_probs=True)
-    prompts = prompt_batch(tokenizer, QUESTIONS, loop.toolbox.schemas)["input_ids"]
+    prompt = prompt_batch(tokenizer, QUESTIONS, loop.toolbox.schemas)
+    prompts = prompt["input_ids"], prompt["attention_mask"]
     valid = tensors["attention_mask"][:, -RESPONSE_LENGTH:]
     scores = torch.zeros(len(QUESTIONS), RESPONSE_LENGTH)
     scores[torch.arange(len(QUESTIONS)), valid.sum(-1) - 1] = torch.tensor(REWARDS)

@@ -39,7 +39,7 @@ def test_the_rollout_dump_holds_every_response_in_verls_layout(tmp_path, tokeniz
     for i, record in enumerate(records):
         assert list(record)[:5] == VERL_FIELDS  # verl's fields first, then the reward function's extras
         assert record["step"] == 7 and record["score"] == REWARDS[i] and record["acc"] == (REWARDS[i] > 0)
-        assert record["input"] == tokenizer.decode(prompts[i], skip_special_tokens=True)  # verl decodes so
+        assert record["input"] == tokenizer.decode(prompts[0][i], skip_special_tokens=True)  # verl decodes so
         assert record["output"] == tokenizer.decode(batch.batch["responses"][i], skip_special_tokens=True)
     assert [r["gts"] for r in records] == ["42", "42", "5", "5"]
     assert [r["clipped"] for r in records] == [False, False, False, True]
@@ -93,8 +93,8 @@ def test_validation_dumps_and_log_val_generations_print_and_log_a_wandb_table(tm
     log = GenerationLog(cfg, tokenizer)
     half = len(batch) // 2
     parts = [
-        (batch[:half], prompts[:half], {"reward": REWARDS[:half], "acc": [True, False]}),
-        (batch[half:], prompts[half:], {"reward": REWARDS[half:], "acc": [True, False]}),
+        (batch[:half], (prompts[0][:half], prompts[1][:half]), {"reward": REWARDS[:half], "acc": [True, False]}),
+        (batch[half:], (prompts[0][half:], prompts[1][half:]), {"reward": REWARDS[half:], "acc": [True, False]}),
     ]
     log.validation(parts, 0, logger)
     log.validation(parts, 2, logger)

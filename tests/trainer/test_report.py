@@ -135,7 +135,7 @@ def test_writing_a_steps_dump_and_samples_takes_well_under_a_second(tmp_path, ch
     big = type(batch).concat([batch] * 8)  # 32 rows of up to 200 tokens, as a SmolLM2 step has
     log = GenerationLog(cfg.trainer, tokenizer)
     start = time.perf_counter()
-    log.training_step(big, prompts.repeat(8, 1), {k: v * 8 for k, v in extras.items()}, 1)
+    log.training_step(big, tuple(p.repeat(8, 1) for p in prompts), {k: v * 8 for k, v in extras.items()}, 1)
     assert time.perf_counter() - start < 1.0
 
 
