@@ -112,7 +112,9 @@ class Browser {
       s.data_source ? h("span", { class: "badge" }, s.data_source) : null,
       s.gts !== undefined && s.gts !== null ? h("span", { class: "badge" }, "ground truth: " + (typeof s.gts === "string" ? s.gts : JSON.stringify(s.gts))) : null,
     );
-    const prompt = h("details", {}, h("summary", {}, "prompt"), h("div", { class: "prompt" }, this.data.prompts[s.prompt] ?? ""));
+    const text = this.data.prompts[s.prompt] ?? "";
+    const prompt = h("details", {}, h("summary", {}, "prompt"), h("div", { class: "prompt" }, text));
+    if (text.length < 200) prompt.open = true;  // a short prompt is shown; a long one (a system message) folded
     const body = s.tokens ? this.turns(s, scale) : [h("div", { class: "turn" }, s.output || "")];
     const messages = s.messages && s.messages.length ? h("details", { class: "messages" }, h("summary", {}, `conversation (${s.messages.length} messages)`),
       ...s.messages.map(m => h("div", { class: "msg" }, h("b", {}, m.role), h("pre", {}, typeof m.content === "string" ? m.content : JSON.stringify(m.content))))) : null;
