@@ -14,6 +14,7 @@ samples exceed ``SAMPLE_BUDGET`` bytes only every k-th step keeps its samples (t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -69,13 +70,19 @@ class RunReport:
         disabled or the disk refused it (a warning says so: the run goes on)."""
         if not self.enabled:
             return None
+        path = self.local_dir / REPORT_FILE
+        staging = path.with_suffix(".html.tmp")
         try:
-            return self._write(records, warnings or {})
-        except OSError as exc:
+            staging.write_text(self._page(records, warnings or {}), encoding="utf-8")
+            staging.replace(path)
+            return path
+        except OSError as exc:  # a full disk: the previous report stays, the run goes on
+            with contextlib.suppress(OSError):
+                staging.unlink(missing_ok=True)
             print(f"colorl: warning: cannot write the run report ({exc})", file=sys.stderr)
             return None
 
-    def _write(self, records: list[dict[str, Any]], warnings: dict[str, tuple[int, str]]) -> Path:
+    def _page(self, records: list[dict[str, Any]], warnings: dict[str, tuple[int, str]]) -> str:
         config, config_diff = self.config, self.config_diff
         panels = [
             {"title": p.title, "left": _panel_keys(p.left, records), "right": _panel_keys(p.right, records)}
@@ -96,11 +103,7 @@ class RunReport:
             "prompts": prompts,
             "samples": SAMPLES_SLOT,
         }
-        path = self.local_dir / REPORT_FILE
-        staging = path.with_suffix(".html.tmp")
-        staging.write_text(_render(data, samples), encoding="utf-8")
-        staging.replace(path)
-        return path
+        return _render(data, samples)
 
     def _samples(self) -> tuple[str, dict[str, str]]:
         """The samples as inlined JSON, ``{"train": {step: [...]}, "val": {...}}``, and the prompts they name

@@ -225,3 +225,11 @@ def test_the_config_is_compared_with_the_closest_preset():
 def test_a_disabled_report_writes_nothing(tmp_path):
     cfg = load_config([f"trainer.default_local_dir={tmp_path}", "trainer.report.enable=false"])
     assert write_report(metrics(2), cfg) is None and not (tmp_path / "report.html").exists()
+
+
+def test_a_report_the_disk_refuses_leaves_the_previous_one_and_the_run_goes_on(tmp_path, capsys):
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}"])
+    first = write_report(metrics(2), cfg).read_text()
+    (tmp_path / "report.html.tmp").mkdir()  # the staging file cannot be written
+    assert write_report(metrics(3), cfg) is None and (tmp_path / "report.html").read_text() == first
+    assert "cannot write the run report" in capsys.readouterr().err
