@@ -13,8 +13,8 @@ from trainer.build import build_trainer
 REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info):
     if extra_info["index"] % 2 == 0:
-        return {"score": 0.5, "acc": 0.0}
-    return {"score": (sum(map(ord, solution_str)) % 997) / 997, "acc": 1.0}
+        return 0.5
+    return (sum(map(ord, solution_str)) % 997) / 997
 """
 DS_METRICS = ["train/num_gen_batches", "training/filter_groups/evicted_samples"]
 
@@ -38,7 +38,7 @@ def config(tmp_path, steps: int):
             "actor_rollout_ref.actor.use_kl_loss=true",  # and the reference's
             "algorithm.adv_estimator=grpo",
             "algorithm.filter_groups.enable=true",
-            "algorithm.filter_groups.metric=acc",
+            "algorithm.filter_groups.metric=acc",  # a plain number's acc is its score (verl's dapo manager)
             f"custom_reward_function.path={reward}",
             "trainer.n_gpus_per_node=2",
             "trainer.device=cpu",

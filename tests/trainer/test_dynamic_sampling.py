@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from algos import ADV_ESTIMATORS
 from config import ConfigError, load_config, load_with_plan
 from config.dapo import FilterGroupsConfig
 from config.dataflow import DRIVER
@@ -17,6 +18,7 @@ from trainer.dynamic_sampling import (
     groups_with_signal,
     metric_values,
 )
+from trainer.fingerprint import check_resume, config_record
 
 N = 2  # responses per prompt in these batches
 
@@ -142,3 +144,45 @@ def test_the_dry_run_explains_the_arithmetic():
     assert "until data.train_batch_size=4 prompt groups are collected: 1 batch(es) a step at least" in text
     assert "max_num_gen_batches=5 a step (40 prompts): a step fails when fewer than 10% of its groups" in text
     assert dynamic_sampling_lines(*load_with_plan(DEMO)) == []
+
+
+EXTRA = {"gdpo": ["algorithm.gdpo_reward_keys=[score]"]}
+
+
+@pytest.mark.parametrize("estimator", sorted(ADV_ESTIMATORS))
+@pytest.mark.parametrize(
+    "variant",
+    [
+        [],
+        ["actor_rollout_ref.rollout.calculate_log_probs=true"],  # the rollout's log-probs are the old ones
+        ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.skip_on_policy_old_log_prob=false"],
+        ["actor_rollout_ref.rollout.multi_turn.enable=true", "algorithm.use_kl_in_reward=true"],
+    ],
+)
+def test_every_estimator_trains_on_the_filtered_rows_own_tensors(estimator, variant):
+    cfg, plan = load_with_plan(
+        [*DEMO, f"algorithm.adv_estimator={estimator}", "algorithm.filter_groups.enable=true", "data.gen_batch_size=2"]
+        + EXTRA.get(estimator, [])
+        + variant
+    )
+    flow = plan.flows["step"]
+    names = [phase.name for phase in flow.phases]
+    selection = flow.phase("filter_groups")
+    written_before = {key for phase in flow.phases[: names.index("filter_groups")] for key in phase.writes}
+    for later in flow.phases[names.index("filter_groups") + 1 :]:
+        assert not (set(later.reads) & written_before) - set(selection.writes), later.name  # all selected rows
+    for route in flow.routes:
+        if names.index(route.phase) > names.index("filter_groups"):
+            assert not set(route.fetch) & written_before, route  # none read from a generation batch's store
+
+
+def test_a_run_stopped_by_the_cap_resumes_with_a_higher_cap_but_not_other_batches(tmp_path):
+    saved = config_record(load_config([*DEMO, "algorithm.filter_groups.enable=true"]))
+    raised = load_config(
+        [*DEMO, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=20"]
+    )
+    assert check_resume(saved, raised, tmp_path) == []
+    with pytest.raises(ConfigError, match=r"data\.gen_batch_size"):  # the data position counts its batches
+        check_resume(
+            saved, load_config([*DEMO, "algorithm.filter_groups.enable=true", "data.gen_batch_size=2"]), tmp_path
+        )
