@@ -89,6 +89,12 @@ def collect(
         if batches:
             if 0 < cap <= batches:
                 raise DynamicSamplingError(_short_message(filter_groups, batches, drawn, groups, train_batch_size))
+            limit = f" of at most {cap}" if cap > 0 else ""
+            print(  # as verl's loop says: a step that keeps generating shows why
+                f"[colorl] dynamic sampling: {groups} of {train_batch_size} prompt groups after {batches} generation "
+                f"batch(es){limit}; drawing another",
+                flush=True,
+            )
             first = next(more, None) if more is not None else None
             if first is None:
                 raise DynamicSamplingError(f"{groups} of {train_batch_size} prompt groups and no batch left to draw")
@@ -104,7 +110,8 @@ def collect(
         groups += len(rows) // n
         dropped += (len(batch) - len(rows)) // n
     batch = DataProto.concat([b for b, _, _ in kept])[: train_batch_size * n]
-    extras = {k: [v for _, e, _ in kept for v in e.get(k, [])][: len(batch)] for k in kept[0][1]}
+    keys = dict.fromkeys(k for _, e, _ in kept for k in e)  # a value some batch lacks is 0 there, as within one
+    extras = {k: [v for p, e, _ in kept for v in e.get(k, [0.0] * len(p))][: len(batch)] for k in keys}
     metrics = _mean([m for _, _, m in kept])
     metrics["train/num_gen_batches"] = float(batches)
     if filter_groups.enable:

@@ -10,6 +10,7 @@ from algos import ADV_ESTIMATORS
 from config import ConfigError, load_config, load_with_plan
 from config.dapo import FilterGroupsConfig
 from config.dataflow import DRIVER
+from config.verl import ignored_key_warnings
 from single_controller import DataProto
 from trainer.dynamic_sampling import (
     DynamicSamplingError,
@@ -65,7 +66,7 @@ def test_metrics_come_from_the_scores_or_the_reward_functions_values():
         metric_values(batch, "correct", extras)
 
 
-def test_batches_are_drawn_until_enough_groups_have_signal_and_the_surplus_is_dropped():
+def test_batches_are_drawn_until_enough_groups_have_signal_and_the_surplus_is_dropped(capsys):
     # batch 0: no group with signal; batch 1: two of three; batch 2: both -> 4 groups, 3 trained (1 surplus)
     batch, extras, metrics = run([[0, 0], [1, 1]], [[0, 1], [1, 1], [1, 0]], [[0, 1], [0.5, 1]], train_batch_size=3)
     assert len(batch) == 3 * N
@@ -80,6 +81,7 @@ def test_batches_are_drawn_until_enough_groups_have_signal_and_the_surplus_is_dr
     assert metrics["training/filter_groups/discarded_surplus_samples"] == 1
     assert metrics["training/filter_groups/frac_reward_zero_std"] == 0.0
     assert metrics["health/frac_reward_zero_std"] == 0.5  # each batch's own metrics, averaged
+    assert "2 of 3 prompt groups after 2 generation batch(es); drawing another" in capsys.readouterr().out
 
 
 def test_the_cap_says_how_far_short_and_what_to_change():
@@ -88,6 +90,18 @@ def test_the_cap_says_how_far_short_and_what_to_change():
     message = str(raised.value)
     assert "max_num_gen_batches=2: 2 generation batches (4 prompts) left 1 of the data.train_batch_size=3" in message
     assert "2 short (25% of groups had signal)" in message and "Raise max_num_gen_batches (0: no limit)" in message
+
+
+def test_reward_values_follow_their_rows_across_batches():
+    first, more, lookup = source([[0, 1]], [[1, 0]])
+
+    def sample(batch):  # only the second batch's function returns a "format" value
+        batch, extras, metrics = lookup(id(batch))
+        second = batch.meta_info["step_token"] == "token10"
+        return batch, ({**extras, "format": [0.25, 0.75]} if second else extras), metrics
+
+    _, extras, _ = collect(first, more, sample, 2, N, FilterGroupsConfig(enable=True))
+    assert extras["acc"] == [0, 1, 1, 0] and extras["format"] == [0.0, 0.0, 0.25, 0.75]
 
 
 def test_without_filtering_every_group_of_smaller_generation_batches_is_kept():
@@ -186,3 +200,11 @@ def test_a_run_stopped_by_the_cap_resumes_with_a_higher_cap_but_not_other_batche
         check_resume(
             saved, load_config([*DEMO, "algorithm.filter_groups.enable=true", "data.gen_batch_size=2"]), tmp_path
         )
+
+
+def test_verls_asynchronous_sampler_key_is_accepted_and_warns():
+    lines = ignored_key_warnings(load_config([*DEMO, "algorithm.filter_groups.max_inflight_gen_batches=4"]))
+    assert lines == [
+        "algorithm.filter_groups.max_inflight_gen_batches=4: dynamic sampling generates one batch at a time; "
+        "set algorithm.filter_groups.max_inflight_gen_batches=1 to silence this"
+    ]
