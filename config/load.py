@@ -144,6 +144,10 @@ def _typed(owner: type, tp: Any, value: Any, key: str) -> Any:
         if not isinstance(value, (ListConfig, list)):
             raise ConfigError.invalid(key, value, f"expected {_type_name(tp)}")
         return [_typed(owner, args[0], item, f"{key}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:  # named entries of one kind (distillation.teacher_models.<name>)
+        if not isinstance(value, (DictConfig, dict)):
+            raise ConfigError.invalid(key, value, "expected a config group of named entries")
+        return {str(name): _typed(owner, args[1], value[name], f"{key}.{name}") for name in value}
     if tp is Any:
         return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
     return _scalar(tp, value, key)

@@ -65,13 +65,22 @@ def forward_keys(remove_padding: bool) -> tuple[str, ...]:
 
 
 def declare_flows(
-    cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool, sum_pi_squared: bool, from_rollout: bool = False
+    cfg: Any,
+    critic: bool,
+    old_log_prob: bool,
+    ref_log_prob: bool,
+    sum_pi_squared: bool,
+    from_rollout: bool = False,
+    dynamic_sampling: bool = False,
 ) -> dict[str, Dataflow]:
     """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
 
     ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run;
     ``sum_pi_squared``: whether the old-log-prob forward also writes Σπ²; ``from_rollout``: the rollout's
-    log-probs are the old ones (the rollout writes ``old_log_probs``).
+    log-probs are the old ones (the rollout writes ``old_log_probs``); ``dynamic_sampling``: the phases up to the
+    reward run once per generation batch, then the driver's ``filter_groups`` keeps some rows of each
+    (``trainer.dynamic_sampling``). It rewrites every key a later phase reads, so those travel to the driver and
+    back: the kept rows come from several generation batches, whose tensors no single worker holds.
     """
     actor, algo, rm = cfg.actor_rollout_ref.actor, cfg.algorithm, cfg.reward_model.enable
     policy = forward_keys(cfg.actor_rollout_ref.model.use_remove_padding)  # actor and reference
@@ -142,8 +151,18 @@ def declare_flows(
         # the sampled responses of the generation dumps and the run report show each token's log-prob
         *when(has_old and samples_tokens(cfg), Phase("dump_rollout_generations", DRIVER, reads=("old_log_probs",))),
     )
+    if dynamic_sampling:  # after the reward (prompts, gen, rm_score, reward): the filter selects the rows
+        cut = 3 + int(rm)
+        step = (*step[:cut], _selection("filter_groups", step[:cut], step[cut:]), *step[cut:])
     side = (prompts, gen, Phase("reward", DRIVER, reads=scored))
     return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of(side), GREEDY_FLOW: Dataflow.of(side)}
+
+
+def _selection(name: str, before: tuple[Phase, ...], after: tuple[Phase, ...]) -> Phase:
+    """A driver phase that keeps some rows of every key written ``before`` it and read ``after`` it."""
+    written = dict.fromkeys(key for phase in before for key in phase.writes)
+    carried = tuple(key for key in written if any(key in phase.reads for phase in after))
+    return Phase(name, DRIVER, reads=carried, writes=carried)
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,12 @@ class StepPlan:
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
+    gen_batch_size: int  # prompts per generation batch (data.gen_batch_size, else data.train_batch_size)
+    # algorithm.filter_groups.metric when groups are filtered (else None); with it, or with generation batches of
+    # another size than the training batch, a step draws generation batches until it has data.train_batch_size
+    # prompts (trainer.dynamic_sampling)
+    filter_metric: str | None
+    dynamic_sampling: bool
     flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
 
 
@@ -191,6 +216,8 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
             f"trainer.nnodes); make the product a multiple of {n_workers}"
         )
     _check_estimator(cfg)
+    gen_batch_size, filter_metric = _check_dynamic_sampling(cfg, n_workers)
+    dynamic_sampling = filter_metric is not None or gen_batch_size != data.train_batch_size
     critic = uses_critic(cfg)
     use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
     lora = cfg.actor_rollout_ref.model.lora_rank > 0
@@ -246,6 +273,9 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         )
         if critic
         else 0,
+        gen_batch_size=gen_batch_size,
+        filter_metric=filter_metric,
+        dynamic_sampling=dynamic_sampling,
         flows=declare_flows(
             cfg,
             critic=critic,
@@ -253,6 +283,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
             ref_log_prob=ref_log_prob,
             sum_pi_squared=sum_pi_squared,
             from_rollout=from_rollout,
+            dynamic_sampling=dynamic_sampling,
         ),
     )
 
@@ -324,3 +355,30 @@ def _check_estimator(cfg: Any) -> None:
             "the critic will be trained for nothing",
             stacklevel=3,
         )
+
+
+def _check_dynamic_sampling(cfg: Any, n_workers: int) -> tuple[int, str | None]:
+    """(prompts per generation batch, the filter's metric or None), after checking that a generation batch's
+    sequences divide over the workers and that the metric can be computed before the KL phases."""
+    data, n, groups = cfg.data, cfg.actor_rollout_ref.rollout.n, cfg.algorithm.filter_groups
+    gen_batch_size = data.gen_batch_size or data.train_batch_size
+    if gen_batch_size * n % n_workers:
+        raise ConfigError(
+            f"data.gen_batch_size={gen_batch_size} × actor_rollout_ref.rollout.n={n} = {gen_batch_size * n} "
+            f"sequences per generation batch cannot be split evenly across {n_workers} workers; make the product a "
+            f"multiple of {n_workers}"
+        )
+    if not groups.enable:
+        return gen_batch_size, None
+    if groups.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError(
+            "algorithm.filter_groups.metric=seq_final_reward: with algorithm.use_kl_in_reward=true it would need the "
+            "KL phases before the filter, which ColoRL runs after it; use seq_reward (the same without the KL)"
+        )
+    if n == 1:
+        warnings.warn(
+            "algorithm.filter_groups.enable=true with actor_rollout_ref.rollout.n=1: a group of one response has "
+            "no spread to measure and is always kept (verl's rule), so nothing is filtered",
+            stacklevel=3,
+        )
+    return gen_batch_size, groups.metric

@@ -25,6 +25,8 @@ from config.checks import (
     positive_int,
     unit_interval,
 )
+from config.dapo import FilterGroupsConfig, RewardConfig
+from config.distillation import DistillationConfig
 from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, RolloutCorrectionConfig
 
 AdvEstimator = Literal[tuple(ADV_ESTIMATORS)]  # type: ignore[valid-type]
@@ -37,6 +39,9 @@ class DataConfig:
     train_files: Any = None  # str or list[str] of parquet/jsonl; null -> the built-in task's files
     val_files: Any = None
     train_batch_size: int = 1024  # prompts per step
+    # prompts per generation batch (null: train_batch_size); with algorithm.filter_groups, batches are drawn until
+    # train_batch_size prompt groups have signal
+    gen_batch_size: int | None = None
     val_batch_size: int | None = None  # null -> the whole validation set in one batch
     max_prompt_length: int = 512
     max_response_length: int = 512
@@ -60,7 +65,7 @@ class DataConfig:
             lambda v: is_int(v) and (v == -1 or v > 0),
             "must be -1 (all) or a positive number of prompts",
         )
-        optional_positive_int(self, "val_batch_size")
+        optional_positive_int(self, "val_batch_size", "gen_batch_size")
         check(self, ["train_files", "val_files"], is_files, "must be null, a path or a list of paths")
 
 
@@ -106,6 +111,7 @@ class AlgorithmConfig:
     gdpo_reward_keys: list[str] | None = None  # gdpo: the compute_score dict's entries normalised one by one
     gdpo_reward_weights: list[float] | None = None  # gdpo: their weights (null: 1 each)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO's dynamic sampling
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
 
@@ -260,3 +266,5 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)

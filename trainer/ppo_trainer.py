@@ -10,11 +10,11 @@ call sends only what the driver holds of what the phase reads, and takes back on
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,10 @@ from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWork
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.advantage import compute_advantage
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.data_position import DataPosition
+from trainer.dynamic_sampling import collect
 from trainer.fingerprint import config_record
-from trainer.generations import GenerationLog
+from trainer.generations import GenerationLog, prompt_part
 from trainer.health import HealthMonitor
 from trainer.metrics import (
     compute_data_metrics,
@@ -89,8 +91,7 @@ class RayPPOTrainer:
         steps_per_epoch = len(train_dataloader)
         self.total_training_steps = config.trainer.total_training_steps or steps_per_epoch * config.trainer.total_epochs
         self.global_step = 0
-        # data position, saved with checkpoints: epoch, batches taken in it, sampler RNG at its start
-        self.epoch, self.batch_in_epoch, self._epoch_start_rng = 0, 0, None
+        self.data = DataPosition(train_dataloader)  # saved with checkpoints: a resumed run draws the same batches
         self.wandb_run_id: str | None = None
         self.nonfinite_streak = self.nonfinite_total = 0
         self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
@@ -170,13 +171,13 @@ class RayPPOTrainer:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
                 self.logger.log(self.health.observe(self.validate(), self.global_step), step=self.global_step)
                 self.report.write(self.logger.records(), self.health.fired)
-            batches = self._batches()
+            batches = self.data.batches()
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
-                last = self.train_step(DataProto.from_single_dict(next(batches)))
-                last["training/epoch"] = float(self.epoch)
+                last = self.train_step(next(batches), batches)
+                last["training/epoch"] = float(self.data.epoch)
                 self._check_finite(last)
-                done = self.global_step >= self.total_training_steps
+                done = self.global_step >= self.total_training_steps or self._data_used_up()
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
                 validated = self.val_dataloader is not None and (
                     done or out_of_time or _every(cfg.test_freq, self.global_step)
@@ -221,19 +222,13 @@ class RayPPOTrainer:
                 "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
             )
 
-    def _batches(self) -> Iterator[dict]:
-        """Training batches across epochs, keeping the data position that checkpoints save."""
-        generator = getattr(self.train_dataloader.sampler, "generator", None)
-        while True:
-            if generator is not None:  # the sampler draws the epoch's order from this generator
-                if self._epoch_start_rng is None:
-                    self._epoch_start_rng = generator.get_state()
-                else:
-                    generator.set_state(self._epoch_start_rng)
-            for batch_dict in islice(self.train_dataloader, self.batch_in_epoch, None):
-                self.batch_in_epoch += 1
-                yield batch_dict
-            self.epoch, self.batch_in_epoch, self._epoch_start_rng = self.epoch + 1, 0, None
+    def _data_used_up(self) -> bool:
+        """With dynamic sampling and no ``total_training_steps``, a run also ends once it has drawn
+        ``total_epochs`` passes over the data (verl's DAPO loop), which may come before the step count."""
+        trainer = self.config.trainer
+        if not self.plan.dynamic_sampling or trainer.total_training_steps is not None:
+            return False
+        return self.data.epochs_drawn() >= trainer.total_epochs
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
@@ -256,9 +251,7 @@ class RayPPOTrainer:
     def _driver_state(self) -> dict[str, Any]:
         return {
             "global_step": self.global_step,
-            "epoch": self.epoch,
-            "batch_in_epoch": self.batch_in_epoch,
-            "epoch_start_rng": self._epoch_start_rng,
+            **self.data.state(),
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
             "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
@@ -279,34 +272,34 @@ class RayPPOTrainer:
         except (ValueError, FileNotFoundError) as exc:  # raised in a worker: a different model, missing files
             raise CheckpointError(f"cannot resume from {path}: {getattr(exc, 'cause', exc)}") from exc
         state = load_driver_state(path)
-        self.global_step, self.epoch, self.batch_in_epoch = (
-            state["global_step"],
-            state["epoch"],
-            state["batch_in_epoch"],
-        )
-        self._epoch_start_rng = state["epoch_start_rng"]
+        self.global_step = state["global_step"]
+        self.data.load(state)
         self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
         self.wandb_run_id = state["wandb_run_id"]
         print(f"[colorl] resumed from {path} (step {self.global_step})", flush=True)
         return True
 
-    def train_step(self, batch: DataProto) -> dict[str, float]:
-        """One PPO iteration on a batch of prompts: each phase one line, each timed."""
+    def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
+        """One PPO iteration on a batch of prompts: each phase one line, each timed. With dynamic sampling
+        (``trainer.dynamic_sampling``) ``batch`` is the first generation batch and ``more`` gives the next ones."""
         timing: dict[str, float] = {}
         metrics: dict[str, Any] = {}
-        n = self.config.actor_rollout_ref.rollout.n
         with timed("step", timing):
-            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this step is under it
-            if self.plan.compute_greedy_baseline:  # ReMax's baseline: the greedy answer's reward
-                with self._phase("gen_max", timing):
-                    batch.batch["reward_baselines"] = self._greedy_reward(batch)
-            batch = batch.repeat(n, interleave=True)
-            prompts = batch.batch["input_ids"], batch.batch["attention_mask"]  # the rollout rewrites both
-            with self._phase("gen", timing):
-                metrics.update(self._generate(batch))
-            with self._phase("reward", timing):
-                reward_extras = self._reward(batch, metrics)
+            sample = functools.partial(self._sample, timing=timing)
+            if self.plan.dynamic_sampling:  # generation batches until the step's prompts are collected
+                cfg = self.config
+                batch, reward_extras, sampled = collect(
+                    batch,
+                    more,
+                    sample,
+                    cfg.data.train_batch_size,
+                    cfg.actor_rollout_ref.rollout.n,
+                    cfg.algorithm.filter_groups,
+                )
+                batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
+            else:
+                batch, reward_extras, sampled = sample(batch)
+            metrics.update(sampled)
             if self.plan.recompute_old_log_prob:
                 with self._phase("old_log_prob", timing):
                     self._call(self.actor_rollout_wg.compute_log_prob, batch, "old_log_prob")
@@ -327,6 +320,7 @@ class RayPPOTrainer:
                 with self._phase("update_actor", timing):
                     metrics.update(self._call(self.actor_rollout_wg.update_actor, batch, "update_actor"))
             with timed("dump_rollout_generations", timing):  # verl's timer name
+                prompts = prompt_part(batch, self.config.data.max_prompt_length)
                 self.generations.training_step(batch, prompts, reward_extras, self.global_step)
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
         metrics.update(compute_timing_metrics(batch.batch, timing))
@@ -335,6 +329,22 @@ class RayPPOTrainer:
         return {k: float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ phases
+    def _sample(self, batch: DataProto, timing: dict[str, float]) -> tuple[DataProto, dict[str, list], dict]:
+        """A batch of prompts through generation and reward: (its n responses a prompt, the reward function's
+        per-row extras, the phases' metrics)."""
+        metrics: dict[str, Any] = {}
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this batch is under it
+        if self.plan.compute_greedy_baseline:  # ReMax's baseline: the greedy answer's reward
+            with self._phase("gen_max", timing):
+                batch.batch["reward_baselines"] = self._greedy_reward(batch)
+        batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+        with self._phase("gen", timing):
+            metrics.update(self._generate(batch))
+        with self._phase("reward", timing):
+            reward_extras = self._reward(batch, metrics)
+        return batch, reward_extras, metrics
+
     @contextmanager
     def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
         """``timed(name, timing)`` under the hang watchdog's deadline for the phase."""

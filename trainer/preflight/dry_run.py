@@ -22,8 +22,10 @@ from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from config import ConfigError, PPOConfig, StepPlan
+from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
+from trainer.preflight.teacher_checks import check_teachers
 
 ARR = "actor_rollout_ref"
 
@@ -47,7 +49,8 @@ def phase_batches(cfg: PPOConfig, plan: StepPlan) -> list[PhaseBatch]:
     arr, data = cfg.actor_rollout_ref, cfg.data
     rows = data.train_batch_size * arr.rollout.n // plan.n_workers
     length = data.max_prompt_length + data.max_response_length
-    out = [PhaseBatch("generate", rows, rows, 1, None, 0, rows * length)]
+    gen_rows = plan.gen_batch_size * arr.rollout.n // plan.n_workers  # a generation batch's (dynamic sampling)
+    out = [PhaseBatch("generate", gen_rows, gen_rows, 1, None, 0, gen_rows * length)]
 
     def forward(name: str, micro: int | None, dynamic_budget: int | None) -> PhaseBatch:
         size = max(1, dynamic_budget // length) if dynamic_budget else micro or rows
@@ -136,10 +139,12 @@ def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
         _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
     if cfg.reward_model.enable:
         _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
+    check_teachers(cfg, _check_model)  # distillation: causal LMs with the student's vocabulary
 
 
 def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) -> None:
-    """Fail before Ray starts when ``path`` is not a model directory (or, for the actor, not a causal LM)."""
+    """Fail before Ray starts when ``path`` is not a model directory (or, for the actor or a teacher, not a causal
+    LM)."""
     if not os.path.isdir(path) and (os.path.isabs(path) or path.startswith(".") or path.count("/") != 1):
         raise ConfigError.invalid(
             key,
@@ -154,7 +159,7 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
         raise ConfigError.invalid(
             key,
             path,
-            f"a {config.model_type!r} model is not a causal LM; the policy needs one "
+            f"a {config.model_type!r} model is not a causal LM; the {'teacher' if 'teacher' in key else 'policy'} needs one "
             "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)",
         )
 
@@ -310,7 +315,7 @@ def training_steps(cfg: PPOConfig) -> tuple[int | None, float | None, int | None
     """(total steps, epochs they make, prompts per epoch) as the trainer counts them; None where the data's size
     is unknown (a file missing)."""
     prompts = prompt_count(cfg, "train")
-    batch = cfg.data.train_batch_size
+    batch = cfg.data.gen_batch_size or cfg.data.train_batch_size  # the dataloader's batches
     per_epoch = (
         None if prompts is None else (prompts // batch if cfg.data.dataloader_drop_last else math.ceil(prompts / batch))
     )
@@ -335,12 +340,14 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
         )
     steps = "unknown (the training files cannot be read)" if total is None else f"{total}"
     if epochs is not None:
-        steps += f" = {epochs:.2f} epochs of {total / epochs:.0f} steps ({prompts} prompts / data.train_batch_size)"
+        key = "data.gen_batch_size" if cfg.data.gen_batch_size else "data.train_batch_size"
+        steps += f" = {epochs:.2f} epochs of {total / epochs:.0f} steps ({prompts} prompts / {key})"
     lines += [
         f"training steps: {steps}",
         f"a step: {data.train_batch_size} prompts × {arr.rollout.n} responses = "
         f"{data.train_batch_size * arr.rollout.n} sequences, {rows} per worker, each up to "
         f"{data.max_prompt_length} + {data.max_response_length} tokens",
+        *dynamic_sampling_lines(cfg, plan),
         "",
         "batch per worker and step   rows  micro-batch  micro-batches  grad. accum.  optimizer steps   tokens",
     ]

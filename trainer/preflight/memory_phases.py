@@ -91,7 +91,11 @@ class _Estimator:
         ref = "ref" if "ref" in self.roles else "actor"
         return [
             self.load(),
-            self.generate("generate", self.rows, f"data.train_batch_size × {ARR}.rollout.n"),
+            self.generate(
+                "generate",
+                plan.gen_batch_size * arr.rollout.n // plan.n_workers,
+                f"data.{'gen' if plan.dynamic_sampling else 'train'}_batch_size × {ARR}.rollout.n",
+            ),
             self.generate("validate", val_rows, "data.val_batch_size") if val_rows else None,
             self.log_prob("old_log_prob", "actor", arr.rollout, f"{ARR}.rollout")
             if plan.recompute_old_log_prob
