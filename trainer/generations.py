@@ -221,15 +221,6 @@ def _response_tokens(batch: DataProto) -> torch.Tensor:
     return tensors["attention_mask"][:, -tensors["responses"].shape[-1] :]
 
 
-def prompt_part(batch: DataProto, prompt_length: int) -> Prompts:
-    """The left-padded prompts (B, P) the rollout was given: the first ``prompt_length`` columns of ``input_ids`` and
-    ``attention_mask``, which the rollout writes as prompt + response (the dataloader pads every prompt to
-    ``data.max_prompt_length``)."""
-    ids = batch.batch["input_ids"][:, :prompt_length]
-    mask = batch.batch["attention_mask"][:, :prompt_length] if "attention_mask" in batch.batch.keys() else None
-    return ids, torch.ones_like(ids) if mask is None else mask
-
-
 def _fill_text(
     records: dict[int, dict[str, Any]],
     batch: DataProto,

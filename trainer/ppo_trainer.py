@@ -32,7 +32,7 @@ from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_s
 from trainer.data_position import DataPosition
 from trainer.dynamic_sampling import collect
 from trainer.fingerprint import config_record
-from trainer.generations import GenerationLog, prompt_part
+from trainer.generations import GenerationLog
 from trainer.health import HealthMonitor
 from trainer.metrics import (
     compute_data_metrics,
@@ -320,7 +320,7 @@ class RayPPOTrainer:
                 with self._phase("update_actor", timing):
                     metrics.update(self._call(self.actor_rollout_wg.update_actor, batch, "update_actor"))
             with timed("dump_rollout_generations", timing):  # verl's timer name
-                prompts = prompt_part(batch, self.config.data.max_prompt_length)
+                prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
                 self.generations.training_step(batch, prompts, reward_extras, self.global_step)
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
         metrics.update(compute_timing_metrics(batch.batch, timing))
@@ -339,6 +339,11 @@ class RayPPOTrainer:
             with self._phase("gen_max", timing):
                 batch.batch["reward_baselines"] = self._greedy_reward(batch)
         batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+        # the prompts as given, for the dumps (verl's "prompts"): the rollout rewrites input_ids and attention_mask
+        batch.batch["prompts"], batch.batch["prompt_attention_mask"] = (
+            batch.batch["input_ids"],
+            batch.batch["attention_mask"],
+        )
         with self._phase("gen", timing):
             metrics.update(self._generate(batch))
         with self._phase("reward", timing):
