@@ -35,7 +35,7 @@ import torch
 
 from single_controller import DataProto
 
-ROW_COLUMNS = {  # the multi-turn rollout's per-row columns (workers.agent_loop) -> their name in a record
+ROW_COLUMNS = {  # the multi-turn rollout's per-row columns (workers.compute.agent_loop) -> their name in a record
     "messages": "messages",
     "__num_turns__": "num_turns",
     "tool_call_counts": "tool_call_counts",
