@@ -115,13 +115,7 @@ class HFTurnSampler(TurnSampler):
                 out.log_probs[rows, t] = scored.masked_fill(~sampled, 0.0)
             ended = rows[sampled & torch.isin(token, eos)].tolist()
             if ended:
-                turns = {row: out.responses[row, turn_start[row] : t + 1].tolist() for row in ended}
-                for row, ids in end_turns(turns).items():
-                    if ids is None:
-                        out.finished[row] = True
-                    else:
-                        forced[row, t + 1 : t + 1 + len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
-                        turn_start[row] = t + 1 + len(ids)
+                _end_turns(end_turns, ended, t, out, forced, turn_start)
             live = ~out.finished[rows]
             if t == length - 1 or not live.any():
                 return out
@@ -139,3 +133,17 @@ class HFTurnSampler(TurnSampler):
             step_pos = positions[:, -1:]
             logits = next_token_logits(model, torch.cat([token[:, None], chunk], dim=-1), full_mask, positions, cache)
             t += span
+
+
+def _end_turns(
+    end_turns: EndTurns, ended: list[int], t: int, out: SampledTurns, forced: Tensor, turn_start: list[int]
+) -> None:
+    """Hand the turns that ended at position t to ``end_turns``; finish the rows it says, plan the others' tool
+    turns as forced positions from t + 1."""
+    turns = {row: out.responses[row, turn_start[row] : t + 1].tolist() for row in ended}
+    for row, ids in end_turns(turns).items():
+        if ids is None:
+            out.finished[row] = True
+        else:
+            forced[row, t + 1 : t + 1 + len(ids)] = torch.tensor(ids, dtype=torch.long, device=forced.device)
+            turn_start[row] = t + 1 + len(ids)

@@ -57,8 +57,6 @@ class _Model:
             out[f.name] = value
         return out
 
-    to_dict = model_dump
-
 
 def _plain(value: Any) -> Any:
     if isinstance(value, _Model):
