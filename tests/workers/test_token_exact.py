@@ -17,8 +17,8 @@ from tests.workers.agent_helpers import (
     prompt_batch,
     run,
 )
-from workers.tools.turns import TurnBuilder
 from workers.compute.turn_sampler import HFTurnSampler, TurnSampler
+from workers.tools.turns import TurnBuilder
 
 CALC = call("calculator", expression="1+2")
 # the tool turn after a call answered "3": the rest of the turn end, the tool turn, the next generation prompt

@@ -311,3 +311,16 @@ def test_verls_tool_files_run_with_verls_own_classes_when_verl_is_installed(verl
     assert out["bases"] == ["verl.tools.base_tool.BaseTool"] and out["schema_type"] == "verl.tools.schemas"
     assert out["verl_modules_before"] == []  # ColoRL's own tools never import verl
     assert not any(name.startswith("verl.experimental") for name in out["verl_modules"])  # only what files import
+
+
+def test_the_arithmetic_calculators_tool_turn_never_scores_by_itself():
+    """The reward reads tool turns too: the benchmark calculator's reminder must not hold a scorable answer."""
+    import yaml
+
+    from data.rewards.arith import compute_score
+
+    path = Path(__file__).resolve().parents[2] / "conf/tools/arith_calculator.yaml"
+    (tool,) = yaml.safe_load(path.read_text())["tools"]
+    turn = tool["config"]["result_template"].format(result="44")
+    assert "44" in turn  # the result itself is there
+    assert compute_score("colorl/arith", f"Let me compute. {turn}", "44")["score"] == 0.0

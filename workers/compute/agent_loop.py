@@ -28,11 +28,11 @@ from torch import Tensor, nn
 
 from config.plan import PROMPT
 from workers.compute.rollout import _rollout_batch
+from workers.compute.turn_sampler import HFTurnSampler, LogitsProcessor, TurnSampler
 from workers.tools import AgentData, ToolBox, ToolConfigError, load_tools
 from workers.tools.parser import parse_tool_calls
 from workers.tools.session import schema_of
 from workers.tools.turns import TemplateError, TurnBuilder
-from workers.compute.turn_sampler import HFTurnSampler, LogitsProcessor, TurnSampler
 
 TOOL_AGENT = "tool_agent"
 
