@@ -37,3 +37,21 @@ def test_config_error_exits_with_one_line(tmp_path, args, expected):
     for part in expected:
         assert part in result.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written in the working directory
+
+
+# a value's range (the schema), and the step plan's check of the estimator (the algorithms' registry)
+@pytest.mark.parametrize(
+    "args", [["data.train_batch_size=0"], ["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"]]
+)
+def test_a_config_error_is_reported_without_importing_torch(tmp_path, args):
+    """Loading, checking and planning a config (the registries' metadata included) needs no torch: a mistake is
+    said in well under the seconds torch takes to import."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); import main; status = main.main({args!r}); "
+        "print(status, 'torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=os.environ
+    )
+    assert result.stdout.split() == ["2", "False"], result.stderr
+    assert result.stderr.startswith("colorl: config error: ") and len(result.stderr.strip().splitlines()) == 1

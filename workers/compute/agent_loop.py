@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from config.plan import PROMPT
+from config.phases import PROMPT
 from workers.compute.rollout import _rollout_batch, next_token_logits, prefill, sample_next_token, token_log_probs
 from workers.tools import ToolBox, ToolConfigError, ToolSession, load_tools
 from workers.tools.parser import parse_tool_calls
