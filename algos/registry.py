@@ -2,8 +2,8 @@
 
 Each advantage estimator and policy loss is one line here: its name (verl's), the name of its function, the batch
 inputs it needs (so the step plan knows which phases must produce them) and the config keys it reads.
-``algos.advantages.ADV_ESTIMATORS`` and ``algos.losses.POLICY_LOSSES`` attach the functions by those names. The
-KL types and the loss aggregation modes are listed here too. Loading, checking and planning a config reads only
+``algos.advantages.ADV_ESTIMATORS``, ``algos.losses.POLICY_LOSSES`` and ``algos.distillation.DISTILLATION_LOSSES``
+attach the functions by those names. The KL types and the loss aggregation modes are listed here too. Loading, checking and planning a config reads only
 this module, so a config mistake is reported before torch loads (``main.py``).
 """
 
@@ -123,3 +123,17 @@ def policy_loss_spec(loss_mode: str) -> PolicyLossSpec:
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_LOSS_TYPES = (*KL_PENALTY_TYPES, "full")  # "full" needs both models' logits: only the actor's KL loss has them
+
+
+class DistillationLossSpec(NamedTuple):
+    """An on-policy distillation loss: its per-token function's name (in ``algos.distillation``) and whether it
+    reads the teacher's top-k log-probs (else: the sampled token's)."""
+
+    fn: str
+    uses_topk: bool
+
+
+DISTILLATION_LOSS_SPECS: dict[str, DistillationLossSpec] = {
+    **{mode: DistillationLossSpec("sampled_token_kl", uses_topk=False) for mode in KL_PENALTY_TYPES},
+    "forward_kl_topk": DistillationLossSpec("forward_kl_topk", uses_topk=True),
+}

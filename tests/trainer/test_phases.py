@@ -33,6 +33,7 @@ PLANS = {
         "reward_model.model.path=/no/model/is/read",
     ],
     "remax": ["algorithm.adv_estimator=remax"],
+    "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=24", "trainer.rollout_data_dir=/no/dumps"],
 }
 WORKER_CLASSES = {
     "actor": ActorRolloutRefWorker,
