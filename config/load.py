@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
@@ -144,6 +143,10 @@ def _typed(owner: type, tp: Any, value: Any, key: str) -> Any:
         if not isinstance(value, (ListConfig, list)):
             raise ConfigError.invalid(key, value, f"expected {_type_name(tp)}")
         return [_typed(owner, args[0], item, f"{key}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:  # named entries of one kind (distillation.teacher_models.<name>)
+        if not isinstance(value, (DictConfig, dict)):
+            raise ConfigError.invalid(key, value, "expected a config group of named entries")
+        return {str(name): _typed(owner, args[1], value[name], f"{key}.{name}") for name in value}
     if tp is Any:
         return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
     return _scalar(tp, value, key)
@@ -206,6 +209,8 @@ def _type_name(tp: Any) -> str:
 
 def resolve_device(cfg: PPOConfig) -> str:
     """trainer.device as a concrete "cuda" or "cpu" ("auto" picks CUDA when a device is visible)."""
+    import torch  # here, not above: loading a config (and reporting its mistakes) imports no torch
+
     requested = cfg.trainer.device
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return "cpu"

@@ -4,141 +4,33 @@ The driver reads it to decide which phases run and which tensors each worker cal
 per-rank batch sizes from it. Both import it from here (below them), so the decision is made in one place.
 Computing the plan checks the batch arithmetic: every error names the keys and values that do not divide.
 
-``declare_flows`` is the one declaration of per-token data: which keys each phase of a step (and of validation,
-and of ReMax's greedy baseline) reads and writes. What the driver sends and keeps, what the workers keep for a
-later phase and what they return all follow from it (``config.dataflow``). A new per-token quantity is one edit
-there: add it to the writes of the phase that makes it and to the reads of each phase that uses it.
+The plan's decisions (which phases run, per-rank batch sizes) select the entries of the phase table
+(``config.phases``), whose declared reads and writes give each flow's routes (``config.phases.declare_flows``):
+what the driver sends and keeps, what the workers keep for a later phase and what they return. A new per-token
+quantity is one edit there: add it to the writes of the phase that makes it and to the reads of each phase that
+uses it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from algos.advantages import estimator_needs, estimator_needs_critic
-from algos.losses import validate_policy_loss
+from algos.registry import estimator_needs, estimator_needs_critic, policy_loss_spec
 from config.checks import ConfigError, is_int
-from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
+from config.dataflow import Dataflow
+from config.phases import PHASES, STEP_FLOW, declare_flows, rollout_log_probs, uses_full_kl, uses_ref_log_prob
 
 ROLLOUT_LOG_PROBS = (
     "needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (verl's key)"
 )
 
-PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
-SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
-AGENT_KEYS = ("raw_prompt", "agent_name", "tools_kwargs")  # non-tensors the multi-turn rollout reads, when present
-WORKER_ESTIMATOR_INPUTS = ("values", "old_log_probs", "sum_pi_squared")  # what workers compute for an estimator
-STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
-
-
-def uses_full_kl(actor: Any) -> bool:
-    """``kl_loss_type=full`` reads reference logits in the update: the ref model lives in the actor's process."""
-    return bool(actor.use_kl_loss) and actor.kl_loss_type == "full"
-
-
-def uses_ref_log_prob(actor: Any) -> bool:
-    """The sampled-token KL losses (k1, k2, k3, abs) read the reference log-probs the ref worker computed."""
-    return bool(actor.use_kl_loss) and not uses_full_kl(actor)
-
-
-def rollout_log_probs(cfg: Any) -> bool:
-    """The rollout returns rollout_log_probs: ``rollout.calculate_log_probs`` (multi-turn too: 0 on tool tokens,
-    which no loss reads)."""
-    return bool(cfg.actor_rollout_ref.rollout.calculate_log_probs)
-
 
 def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
     return ppo_epochs == 1 and mini_batch_size >= rows
-
-
-def forward_keys(remove_padding: bool) -> tuple[str, ...]:
-    """What a forward over the responses reads (``responses``: their width R); packed rows (remove-padding) take
-    their positions from the attention mask."""
-    return ("input_ids", "attention_mask", *when(not remove_padding, "position_ids"), "responses")
-
-
-def declare_flows(
-    cfg: Any, critic: bool, old_log_prob: bool, ref_log_prob: bool, sum_pi_squared: bool, from_rollout: bool = False
-) -> dict[str, Dataflow]:
-    """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
-
-    ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run;
-    ``sum_pi_squared``: whether the old-log-prob forward also writes Σπ²; ``from_rollout``: the rollout's
-    log-probs are the old ones (the rollout writes ``old_log_probs``).
-    """
-    actor, algo, rm = cfg.actor_rollout_ref.actor, cfg.algorithm, cfg.reward_model.enable
-    policy = forward_keys(cfg.actor_rollout_ref.model.use_remove_padding)  # actor and reference
-    value = forward_keys(cfg.critic.model.use_remove_padding)
-    estimator = [k for k in WORKER_ESTIMATOR_INPUTS if estimator_needs(algo.adv_estimator, k)]
-    prompts = Phase("prompts", DRIVER, writes=PROMPT)  # the dataloader's batch
-    sampled = (*when(rollout_log_probs(cfg), "rollout_log_probs"), *when(from_rollout, "old_log_probs"))
-    gen = Phase(
-        "gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask", *sampled), columns=AGENT_KEYS
-    )
-    has_old = old_log_prob or from_rollout
-    # the reward function (with tool turns, a response's length is its attended tokens), and validation's answers
-    scored = ("responses", "response_mask", "attention_mask")
-    step = (
-        prompts,
-        gen,
-        *when(rm, Phase("rm_score", WORKER, reads=(*SEQUENCE, "response_mask"), writes=("rm_scores",))),
-        Phase("reward", DRIVER, reads=(*scored, *when(rm, "rm_scores")), writes=("token_level_scores",)),
-        *when(
-            old_log_prob,
-            Phase(
-                "old_log_prob", WORKER, reads=policy, writes=("old_log_probs", *when(sum_pi_squared, "sum_pi_squared"))
-            ),
-        ),
-        *when(ref_log_prob, Phase("ref", WORKER, reads=policy, writes=("ref_log_prob",))),
-        *when(critic, Phase("values", WORKER, reads=(*value, "response_mask"), writes=("values",))),
-        # the estimator's inputs; the in-reward KL penalty and actor/ref_kl read both log-probs when both exist
-        Phase(
-            "adv",
-            DRIVER,
-            reads=(
-                "token_level_scores",
-                "response_mask",
-                *when(critic, "values"),
-                *estimator,
-                *when(has_old and ref_log_prob, "old_log_probs", "ref_log_prob"),
-            ),
-            writes=("token_level_rewards", "advantages", "returns"),
-        ),
-        *when(critic, Phase("update_critic", WORKER, reads=(*value, "response_mask", "values", "returns"))),
-        # without old_log_probs the update is on-policy (see is_single_step); the policy loss may need more
-        Phase(
-            "update_actor",
-            WORKER,
-            reads=(
-                *policy,
-                "response_mask",
-                "advantages",
-                *when(has_old, "old_log_probs"),
-                *when(uses_ref_log_prob(actor), "ref_log_prob"),
-                *validate_policy_loss(actor.policy_loss.loss_mode).needs,
-            ),
-        ),
-        Phase(
-            "metrics",
-            DRIVER,
-            reads=(
-                "responses",
-                "response_mask",
-                "attention_mask",
-                "token_level_scores",
-                "token_level_rewards",
-                "advantages",
-                "returns",
-                *when(critic, "values"),
-                # the sampler's log-probs against the learner's (training/rollout_probs_diff_*)
-                *when(old_log_prob and rollout_log_probs(cfg), "rollout_log_probs", "old_log_probs"),
-            ),
-        ),
-    )
-    side = (prompts, gen, Phase("reward", DRIVER, reads=scored))
-    return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of(side), GREEDY_FLOW: Dataflow.of(side)}
 
 
 @dataclass(frozen=True)
@@ -159,8 +51,20 @@ class StepPlan:
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
-    rollout_rows: int  # sequences each worker samples in a training step (the vLLM engine's KV cache is sized by it)
+    gen_batch_size: int  # prompts per generation batch (data.gen_batch_size, else data.train_batch_size)
+    gen_rows: int  # sequences each worker generates at once: its share of a generation batch's × rollout.n
+    # algorithm.filter_groups.metric when groups are filtered (else None); with it, or with generation batches of
+    # another size than the training batch, a step draws generation batches until it has data.train_batch_size
+    # prompts (trainer.dynamic_sampling)
+    filter_metric: str | None
+    dynamic_sampling: bool
     flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
+
+    def runs(self, phase: str) -> bool:
+        """Whether a step of this plan runs ``phase`` (a name of ``config.phases.STEP_PHASES``)."""
+        if phase not in PHASES:
+            raise KeyError(f"no phase {phase!r} in config.phases.STEP_PHASES: {list(PHASES)}")
+        return any(p.name == phase for p in self.flows[STEP_FLOW].phases)
 
 
 def num_workers(cfg: Any) -> int:
@@ -187,6 +91,8 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
             f"trainer.nnodes); make the product a multiple of {n_workers}"
         )
     _check_estimator(cfg)
+    gen_batch_size, filter_metric = _check_dynamic_sampling(cfg, n_workers)
+    dynamic_sampling = filter_metric is not None or gen_batch_size != data.train_batch_size
     critic = uses_critic(cfg)
     use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
     lora = cfg.actor_rollout_ref.model.lora_rank > 0
@@ -224,7 +130,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         critic and not cfg.critic.use_dynamic_bsz,
         "critic.use_dynamic_bsz",
     )
-    return StepPlan(
+    plan = StepPlan(
         n_workers=n_workers,
         use_critic=critic,
         use_reference_policy=use_reference_policy,
@@ -241,21 +147,18 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
             data.train_batch_size,
             n_workers,
         ),
-        rollout_rows=sequences // n_workers,
         critic_mini_batch_size=_mini_batch_per_rank(
             "critic", cfg.critic, ("critic.rollout_n", cfg.critic.rollout_n), data.train_batch_size, n_workers
         )
         if critic
         else 0,
-        flows=declare_flows(
-            cfg,
-            critic=critic,
-            old_log_prob=recompute,
-            ref_log_prob=ref_log_prob,
-            sum_pi_squared=sum_pi_squared,
-            from_rollout=from_rollout,
-        ),
+        gen_batch_size=gen_batch_size,
+        gen_rows=gen_batch_size * rollout.n // n_workers,
+        filter_metric=filter_metric,
+        dynamic_sampling=dynamic_sampling,
+        flows={},
     )
+    return dataclasses.replace(plan, flows=declare_flows(cfg, plan))  # the flows follow the plan's decisions
 
 
 def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch_size: int, n_workers: int) -> int:
@@ -293,7 +196,7 @@ def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) 
 def _check_estimator(cfg: Any) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
     loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if "rollout_log_probs" in validate_policy_loss(loss_mode).needs and not rollout_log_probs(cfg):
+    if "rollout_log_probs" in policy_loss_spec(loss_mode).needs and not rollout_log_probs(cfg):
         raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: {ROLLOUT_LOG_PROBS}")
     corr = cfg.algorithm.rollout_correction
     for key in ("bypass_mode", "rollout_is", "rollout_rs"):
@@ -325,3 +228,30 @@ def _check_estimator(cfg: Any) -> None:
             "the critic will be trained for nothing",
             stacklevel=3,
         )
+
+
+def _check_dynamic_sampling(cfg: Any, n_workers: int) -> tuple[int, str | None]:
+    """(prompts per generation batch, the filter's metric or None), after checking that a generation batch's
+    sequences divide over the workers and that the metric can be computed before the KL phases."""
+    data, n, groups = cfg.data, cfg.actor_rollout_ref.rollout.n, cfg.algorithm.filter_groups
+    gen_batch_size = data.gen_batch_size or data.train_batch_size
+    if gen_batch_size * n % n_workers:
+        raise ConfigError(
+            f"data.gen_batch_size={gen_batch_size} × actor_rollout_ref.rollout.n={n} = {gen_batch_size * n} "
+            f"sequences per generation batch cannot be split evenly across {n_workers} workers; make the product a "
+            f"multiple of {n_workers}"
+        )
+    if not groups.enable:
+        return gen_batch_size, None
+    if groups.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError(
+            "algorithm.filter_groups.metric=seq_final_reward: with algorithm.use_kl_in_reward=true it would need the "
+            "KL phases before the filter, which ColoRL runs after it; use seq_reward (the same without the KL)"
+        )
+    if n == 1:
+        warnings.warn(
+            "algorithm.filter_groups.enable=true with actor_rollout_ref.rollout.n=1: a group of one response has "
+            "no spread to measure and is always kept (verl's rule), so nothing is filtered",
+            stacklevel=3,
+        )
+    return gen_batch_size, groups.metric

@@ -12,8 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from algos.kl import KL_LOSS_TYPES
-from algos.losses import LOSS_AGG_MODES, POLICY_LOSSES
+from algos.registry import KL_LOSS_TYPES, LOSS_AGG_MODES, POLICY_LOSS_SPECS
 from config.checks import (
     ConfigError,
     check,
@@ -31,7 +30,7 @@ from config.checks import (
 ParamDtype = Literal["auto", "native", "bf16", "fp32", "bfloat16", "float32"]
 ReduceDtype = Literal["fp32", "bf16", "float32", "bfloat16"]
 LossAggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]
-PolicyLossMode = Literal[tuple(POLICY_LOSSES)]  # type: ignore[valid-type]
+PolicyLossMode = Literal[tuple(POLICY_LOSS_SPECS)]  # type: ignore[valid-type]
 KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
 
 
@@ -135,7 +134,7 @@ class RolloutCorrectionConfig:
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
-    """``actor.policy_loss``: which loss (``algos.losses.POLICY_LOSSES``) and the options only some losses read."""
+    """``actor.policy_loss``: which loss (``algos.registry.POLICY_LOSS_SPECS``) and the options only some read."""
 
     loss_mode: PolicyLossMode = "vanilla"
     clip_cov_ratio: float = 0.0002  # clip_cov: the fraction of tokens detached
@@ -250,11 +249,11 @@ class MultiTurnConfig:
     max_user_turns: int | None = None  # tool-response turns count as user turns (verl)
     max_parallel_calls: int = 1  # calls run per assistant turn; later ones in the same turn are dropped
     max_tool_response_length: int = 256  # characters of one tool response; the rest is cut on truncate_side
-    # which part is cut: left keeps the start, right keeps the end, middle keeps both ends (verl's meaning)
+    # which side is cut (verl 0.9): left keeps the end, right keeps the start, middle keeps both ends
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
     interaction_config_path: str | None = None  # verl's simulated user: refused (not in ColoRL)
     use_inference_chat_template: bool = False  # false: later turns see the recorded token ids (ColoRL always)
-    # compare the turn-by-turn token ids with a tokenization of the whole conversation at the end of each rollout
+    # compare each row's training ids with the ids its turns were built from (token-exact: sampled, tool turns)
     tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = "strict"
     format: Literal["hermes"] = "hermes"  # <tool_call>{"name": ..., "arguments": ...}</tool_call>
     num_repeat_rollouts: int | None = None  # verl's per-row repeats; ColoRL repeats prompts with rollout.n

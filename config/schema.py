@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from algos.advantages import ADV_ESTIMATORS
-from algos.kl import KL_PENALTY_TYPES
+from algos.registry import ESTIMATORS, KL_PENALTY_TYPES
 from config.checks import (
     ConfigError,
     check,
@@ -25,9 +24,11 @@ from config.checks import (
     positive_int,
     unit_interval,
 )
+from config.dapo import FilterGroupsConfig, RewardConfig
+from config.distillation import DistillationConfig
 from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, RolloutCorrectionConfig
 
-AdvEstimator = Literal[tuple(ADV_ESTIMATORS)]  # type: ignore[valid-type]
+AdvEstimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]
 KLPenaltyType = Literal[KL_PENALTY_TYPES]  # type: ignore[valid-type]
 LoggerBackend = Literal["console", "wandb", "file"]
 
@@ -37,6 +38,9 @@ class DataConfig:
     train_files: Any = None  # str or list[str] of parquet/jsonl; null -> the built-in task's files
     val_files: Any = None
     train_batch_size: int = 1024  # prompts per step
+    # prompts per generation batch (null: train_batch_size); with algorithm.filter_groups, batches are drawn until
+    # train_batch_size prompt groups have signal
+    gen_batch_size: int | None = None
     val_batch_size: int | None = None  # null -> the whole validation set in one batch
     max_prompt_length: int = 512
     max_response_length: int = 512
@@ -60,7 +64,7 @@ class DataConfig:
             lambda v: is_int(v) and (v == -1 or v > 0),
             "must be -1 (all) or a positive number of prompts",
         )
-        optional_positive_int(self, "val_batch_size")
+        optional_positive_int(self, "val_batch_size", "gen_batch_size")
         check(self, ["train_files", "val_files"], is_files, "must be null, a path or a list of paths")
 
 
@@ -106,6 +110,7 @@ class AlgorithmConfig:
     gdpo_reward_keys: list[str] | None = None  # gdpo: the compute_score dict's entries normalised one by one
     gdpo_reward_weights: list[float] | None = None  # gdpo: their weights (null: 1 each)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO's dynamic sampling
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
 
@@ -126,19 +131,44 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class HealthConfig:
     """When the run's health warnings fire (``trainer.health``): a pattern must hold ``patience`` steps in a row
-    (the reward-against-held-out one ``divergence_validations`` validations in a row); each warns once."""
+    (the reward-against-held-out one ``divergence_validations`` validations in a row); each warns once. The
+    entropy, length-limit and all-equal-groups patterns count only while the training score has stalled: it has
+    not risen over the last ``stall_window`` steps and stays below ``converged_share`` of the way from the lowest
+    to the highest response score of those steps (a run that learns, or has converged, is healthy)."""
 
     patience: int = 10
     entropy_collapse_ratio: float = 0.1  # actor/entropy below this share of its first value
     max_clip_ratio: float = 0.5  # share of responses cut at data.max_response_length
     max_all_equal_share: float = 0.9  # share of prompt groups whose responses all got the same reward
     divergence_validations: int = 2  # the training score rose and a held-out score fell, validation after validation
+    stall_window: int = 100  # steps over which a training score that does not rise significantly has stalled
+    converged_share: float = 0.8  # a score this far up its window's response range has converged, not stalled
     # mean |π_rollout − π_actor| of the sampled tokens (training/rollout_probs_diff_mean) above which it warns at once
     max_rollout_probs_diff: float = 0.05
 
     def __post_init__(self) -> None:
         positive_int(self, "patience", "divergence_validations")
-        unit_interval(self, "entropy_collapse_ratio", "max_clip_ratio", "max_all_equal_share", "max_rollout_probs_diff")
+        check(self, ["stall_window"], lambda v: is_int(v) and v >= 3, "must be an integer of at least 3 steps")
+        unit_interval(
+            self,
+            "entropy_collapse_ratio",
+            "max_clip_ratio",
+            "max_all_equal_share",
+            "converged_share",
+            "max_rollout_probs_diff",
+        )
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The run report (``trainer.report``): ``<default_local_dir>/report.html``, written at each validation and at
+    the end, and the sampled trajectories it shows (``<default_local_dir>/samples/``, ``trainer.generations``)."""
+
+    enable: bool = True
+    samples_per_step: int = 8  # responses kept per step and per validation for the trajectory browser
+
+    def __post_init__(self) -> None:
+        check(self, ["samples_per_step"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
 
 
 @dataclass(frozen=True)
@@ -174,9 +204,15 @@ class TrainerConfig:
     dry_run: bool = False  # print a step's batch arithmetic and the memory estimate per worker, then exit
     check_memory: bool = True  # refuse to start when the estimated peak memory per worker exceeds the device's
     health: HealthConfig = field(default_factory=HealthConfig)
+    # verl's generation dumps: one JSONL file per step (trainer.generations); null: none
+    rollout_data_dir: str | None = None  # every training response of each step: <dir>/<step>.jsonl
+    validation_data_dir: str | None = None  # every validation response: <dir>/<step>.jsonl
+    log_val_generations: int = 0  # validation samples printed (console) and logged as wandb's val/generations table
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def __post_init__(self) -> None:
         positive_int(self, "n_gpus_per_node", "nnodes", "total_epochs")
+        check(self, ["log_val_generations"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
         check(self, ["critic_warmup"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
         optional_positive_int(self, "total_training_steps")
         check(self, ["max_wall_time_s"], lambda v: v is None or (is_number(v) and v > 0), "must be null or > 0")
@@ -238,3 +274,5 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)

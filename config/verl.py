@@ -9,6 +9,8 @@ they are checked (e.g. ``rollout.multi_turn.interaction_config_path``, in ``conf
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Sequence
 from functools import reduce
 from typing import Any
@@ -47,6 +49,7 @@ IGNORED = {
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": "FSDP shards each model over all workers",
     "actor_rollout_ref.model.use_shm": "the model is read from its directory",
     "trainer.default_hdfs_dir": "checkpoints stay in trainer.default_local_dir",
+    "algorithm.filter_groups.max_inflight_gen_batches": "dynamic sampling generates one batch at a time",
     "trainer.use_legacy_worker_impl": "ColoRL has one worker implementation",
 }
 
@@ -72,7 +75,9 @@ VLLM_KEYS = {
 
 
 def rewrite_aliases(overrides: Sequence[str]) -> list[str]:
-    """Command-line overrides with verl's key paths (``ALIASES``) moved to ColoRL's; ``+``/``~`` prefixes kept."""
+    """Command-line overrides with verl's key paths (``ALIASES``) moved to ColoRL's; ``+``/``~`` prefixes kept,
+    except a ``+`` on a key the schema has: verl's scripts add keys its YAML lacks (``+reward.reward_kwargs.*``),
+    which ColoRL's schema declares, so there the override is a plain one."""
     out = []
     for override in overrides:
         sign = override[: len(override) - len(override.lstrip("+~"))]
@@ -80,8 +85,20 @@ def rewrite_aliases(overrides: Sequence[str]) -> list[str]:
         for verl_prefix, colorl_prefix in ALIASES.items():
             if body.startswith(verl_prefix):
                 body = colorl_prefix + body[len(verl_prefix) :]
+        if sign == "+" and _in_schema(body.partition("=")[0]):
+            sign = ""
         out.append(sign + body)
     return out
+
+
+def _in_schema(key: str) -> bool:
+    node: Any = PPOConfig
+    for part in key.split("."):
+        fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+        if part not in fields:
+            return False
+        node = typing.get_type_hints(node)[part]
+    return True
 
 
 def _value(cfg: Any, key: str) -> Any:

@@ -105,12 +105,14 @@ class RewardManager:
                     num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i]
                 )
             result, error = self._score(sources[i], solution, reward_models[i]["ground_truth"], extra_info)
+            reward, shaping = self.shape(result["score"], len(ids))
+            result.update(shaping)
             if error is not None:  # this trajectory scores 0; the others keep theirs
                 errors.append(f"{error} (row {i}, data_source={sources[i]!r}, response={solution!r:.200})")
             results.append(result)
             tool_reward = float(rollout["tool_rewards"][i]) if rollout["tool_rewards"] is not None else 0.0
             if ids:  # an empty response has no token to carry its score
-                reward_tensor[i, len(ids) - 1] = result["score"] + tool_reward
+                reward_tensor[i, len(ids) - 1] = reward + tool_reward
         self.last_errors = len(errors)
         if errors and len(errors) == len(rows):  # failing on every response is a broken function, not a response
             raise RewardError(f"{errors[0]}; it failed on all {len(rows)} responses of the batch")
@@ -124,6 +126,11 @@ class RewardManager:
         keys = dict.fromkeys(k for result in results for k in result)
         extras = {k: [result.get(k, 0.0) for result in results] for k in keys}
         return reward_tensor, extras
+
+    def shape(self, score: float, length: int) -> tuple[float, dict[str, Any]]:
+        """The reward of a response of ``length`` tokens that scored ``score``, and values to record beside the
+        score: the score itself and nothing here (a manager that shapes rewards overrides this)."""
+        return score, {}
 
     def _score(
         self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict
@@ -141,6 +148,35 @@ class RewardManager:
             return {"score": 0.0}, f"reward function {self.name!r} returned {result!r:.80}; {VALID_RESULT}"
         extras = {k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {}
         return {"score": score, **extras}, None
+
+
+class DAPORewardManager(RewardManager):
+    """verl's "dapo" reward manager: the naive manager's scores plus DAPO's overlong penalty.
+
+    With ``overlong_buffer_cfg.enable``, a response of L tokens is rewarded its score plus
+    ``min(−(L − (max_resp_len − len)) / len · penalty_factor, 0)``: nothing until ``len`` tokens before
+    ``max_resp_len``, then a penalty growing linearly to ``−penalty_factor`` at the limit. The recorded ``score``
+    stays the function's (dynamic sampling's ``acc``/``score`` metrics read it); with ``log``, each row also
+    reports ``overlong_reward`` (the penalty) and ``overlong`` (whether it applied), as verl's manager does
+    (validation shows them under ``val-aux/<source>/overlong_reward/mean@n``).
+    """
+
+    def __init__(self, *args: Any, overlong_buffer_cfg: Any = None, max_resp_len: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.overlong, self.max_resp_len = overlong_buffer_cfg, max_resp_len
+
+    def shape(self, score: float, length: int) -> tuple[float, dict[str, Any]]:
+        buffer = self.overlong
+        if buffer is None or not buffer.enable:
+            return score, {}
+        penalty = overlong_penalty(length, self.max_resp_len, buffer.len, buffer.penalty_factor)
+        return score + penalty, ({"overlong_reward": penalty, "overlong": penalty < 0} if buffer.log else {})
+
+
+def overlong_penalty(length: int, max_resp_len: int, buffer_len: int, penalty_factor: float) -> float:
+    """DAPO's soft overlong penalty: min(−(length − (max_resp_len − buffer_len)) / buffer_len · factor, 0)."""
+    exceed = length - (max_resp_len - buffer_len)
+    return min(-exceed / buffer_len * penalty_factor, 0.0)
 
 
 def score_of(result: Any) -> float | None:

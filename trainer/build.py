@@ -13,10 +13,12 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
+from config.distillation import teacher_warnings
 from config.verl import ignored_key_warnings
 from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
-from data.reward import RewardManager, load_custom_compute_score
+from data.reward import load_custom_compute_score
+from data.reward_managers import make_reward_manager
 from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import check_models, preflight
 from workers.compute.agent_loop import check_tools
@@ -35,15 +37,19 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # the memory check
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     check_vllm(cfg.actor_rollout_ref.rollout, cfg.trainer.device, plan.n_workers)
-    for line in ignored_key_warnings(cfg):  # verl keys of machinery ColoRL does not have
+    for line in ignored_key_warnings(cfg) + teacher_warnings(cfg.distillation):  # verl machinery ColoRL lacks
         print(f"colorl: warning: {line}", file=sys.stderr)
+    if cfg.distillation.enabled:  # the losses and keys exist (algos.distillation); the teacher's forward does not yet
+        raise ConfigError.invalid(
+            "distillation.enabled", True, "the teacher role is not part of the step yet; set distillation.enabled=false"
+        )
     compute_score = _load_compute_score(cfg)
     cfg = _fill_paths(cfg)
     model = cfg.actor_rollout_ref.model
     check_target_modules(model)
     tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer, _tool_schemas(cfg, tokenizer))
-    reward_fn = RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key)
+    reward_fn = make_reward_manager(cfg, tokenizer, compute_score)
     if compute_score is not None:  # the user's function, tried once on the first prompt before any model loads
         reward_fn.probe(train_dataloader.dataset[0], "custom_reward_function.name")
     return RayPPOTrainer(
@@ -52,7 +58,7 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
         train_dataloader=train_dataloader,
         val_dataloader=val_dataloader,
         reward_fn=reward_fn,
-        val_reward_fn=RewardManager(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key),
+        val_reward_fn=make_reward_manager(cfg, tokenizer, compute_score),
         plan=plan,
     )
 
@@ -169,12 +175,16 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any, tool_schemas: list[dict] 
         return built
 
     train = dataset("train_files", data.train_max_samples)
+    # a step draws batches of data.gen_batch_size prompts when set (dynamic sampling), else one of train_batch_size
+    key, size = (
+        ("gen_batch_size", data.gen_batch_size) if data.gen_batch_size else ("train_batch_size", data.train_batch_size)
+    )
     train_dataloader = make_dataloader(
-        train, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=data.dataloader_drop_last
+        train, size, shuffle=data.shuffle, seed=data.seed, drop_last=data.dataloader_drop_last
     )
     if len(train_dataloader) == 0:
         raise ConfigError(
-            f"data.train_batch_size={data.train_batch_size}: larger than the {len(train)} training "
+            f"data.{key}={size}: larger than the {len(train)} training "
             "prompts (with data.dataloader_drop_last=true no batch is left)"
         )
     if data.val_files is None:

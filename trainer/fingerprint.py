@@ -69,6 +69,13 @@ MAY_CHANGE = (
     "actor_rollout_ref.rollout.enforce_eager",
     "actor_rollout_ref.rollout.free_cache_engine",
     "actor_rollout_ref.rollout.enable_chunked_prefill",
+    # dynamic sampling's cap only decides when a step gives up: raising it after a failure and resuming is the fix
+    "algorithm.filter_groups.max_num_gen_batches",
+    "algorithm.filter_groups.max_inflight_gen_batches",
+    "distillation.n_gpus_per_node",  # verl's teacher pool and inference server: ColoRL's teacher is colocated
+    "distillation.nnodes",
+    "distillation.teacher_models.*.num_replicas",
+    "distillation.teacher_models.*.inference.*",
 )
 OPTIMIZER = ("actor_rollout_ref.actor.optim.*", "critic.optim.*")
 # A model's shape: compared between the checkpoint's config.json and the model it would be loaded into.

@@ -2,19 +2,21 @@
 
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
 the reference policy and the critic (colocation). The driver calls them phase by phase and computes rewards
-and advantages, which are cheap tensor maths over the whole batch. Tensors stay where they are next read: each
-call sends only what the driver holds of what the phase reads, and takes back only what a driver phase reads
-(the routes of ``config.plan.declare_flows``); the rest stays in the workers' step store.
+and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the phases of the table
+``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and method come from its
+entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
+and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``); the rest stays in
+the workers' step store.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +24,18 @@ import numpy as np
 import torch
 
 import algos
-from config.plan import GREEDY_FLOW, STEP_FLOW, VALIDATION_FLOW, StepPlan
+from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW, VALIDATION_FLOW
+from config.plan import StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.advantage import compute_advantage
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.data_position import DataPosition
+from trainer.dynamic_sampling import collect
 from trainer.fingerprint import config_record
+from trainer.generations import GenerationLog
 from trainer.health import HealthMonitor
 from trainer.metrics import (
     compute_data_metrics,
@@ -43,6 +49,7 @@ from trainer.metrics import (
     validation_metrics,
 )
 from trainer.preemption import StopSignals
+from trainer.report import RunReport
 from trainer.routing import request, take_back
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
@@ -88,11 +95,11 @@ class RayPPOTrainer:
         steps_per_epoch = len(train_dataloader)
         self.total_training_steps = config.trainer.total_training_steps or steps_per_epoch * config.trainer.total_epochs
         self.global_step = 0
-        # data position, saved with checkpoints: epoch, batches taken in it, sampler RNG at its start
-        self.epoch, self.batch_in_epoch, self._epoch_start_rng = 0, 0, None
+        self.data = DataPosition(train_dataloader)  # saved with checkpoints: a resumed run draws the same batches
         self.wandb_run_id: str | None = None
         self.nonfinite_streak = self.nonfinite_total = 0
         self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
+        self.generations = GenerationLog(config.trainer, tokenizer)  # dumps and the report's samples
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir,
             config.trainer.max_actor_ckpt_to_keep,
@@ -140,6 +147,13 @@ class RayPPOTrainer:
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
+        # the worker group that computes each role's phases (config.phases.ROLES), by the role's name
+        self.role_groups = {
+            "actor": self.actor_rollout_wg,
+            "ref": self.ref_wg,
+            "critic": self.critic_wg,
+            "rm": self.rm_wg,
+        }
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
             for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
                 if wg is not None:
@@ -150,6 +164,7 @@ class RayPPOTrainer:
         """Train (or resume) up to ``total_training_steps``; returns the last step's metrics."""
         cfg = self.config.trainer
         resumed = self.load_checkpoint()
+        self.generations.drop_steps_after(self.global_step)  # a resumed run computes the later steps again
         self.logger = Tracking(
             project_name=cfg.project_name,
             experiment_name=cfg.experiment_name,
@@ -161,19 +176,24 @@ class RayPPOTrainer:
             resume_step=self.global_step,  # steps logged after it are computed again: one history
         )
         self.wandb_run_id = self.logger.wandb_run_id
+        self.report = RunReport(self.config)  # <default_local_dir>/report.html, at each validation and the end
         start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
                 self.logger.log(self.health.observe(self.validate(), self.global_step), step=self.global_step)
-            batches = self._batches()
+                self.report.write(self.logger.records(), self.health.fired)
+            batches = self.data.batches()
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
-                last = self.train_step(DataProto.from_single_dict(next(batches)))
-                last["training/epoch"] = float(self.epoch)
+                last = self.train_step(next(batches), batches)
+                last["training/epoch"] = float(self.data.epoch)
                 self._check_finite(last)
-                done = self.global_step >= self.total_training_steps
+                done = self.global_step >= self.total_training_steps or self._data_used_up()
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
-                if self.val_dataloader is not None and (done or out_of_time or _every(cfg.test_freq, self.global_step)):
+                validated = self.val_dataloader is not None and (
+                    done or out_of_time or _every(cfg.test_freq, self.global_step)
+                )
+                if validated:
                     testing: dict[str, float] = {}
                     with timed("testing", testing):
                         last.update(self.validate())
@@ -186,11 +206,14 @@ class RayPPOTrainer:
                     last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
                 last = self.health.observe(last, self.global_step)  # health metrics; warns once when a pattern holds
                 self.logger.log(last, step=self.global_step)
+                if validated:
+                    self.report.write(self.logger.records(), self.health.fired)
                 if out_of_time or preempted:
                     break
         finally:
             stop.restore()
             self.logger.finish()
+            self.report.write(self.logger.records(), self.health.fired)
         if stop.signal and self.global_step < self.total_training_steps:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
@@ -210,19 +233,13 @@ class RayPPOTrainer:
                 "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
             )
 
-    def _batches(self) -> Iterator[dict]:
-        """Training batches across epochs, keeping the data position that checkpoints save."""
-        generator = getattr(self.train_dataloader.sampler, "generator", None)
-        while True:
-            if generator is not None:  # the sampler draws the epoch's order from this generator
-                if self._epoch_start_rng is None:
-                    self._epoch_start_rng = generator.get_state()
-                else:
-                    generator.set_state(self._epoch_start_rng)
-            for batch_dict in islice(self.train_dataloader, self.batch_in_epoch, None):
-                self.batch_in_epoch += 1
-                yield batch_dict
-            self.epoch, self.batch_in_epoch, self._epoch_start_rng = self.epoch + 1, 0, None
+    def _data_used_up(self) -> bool:
+        """With dynamic sampling and no ``total_training_steps``, a run also ends once it has drawn
+        ``total_epochs`` passes over the data (verl's DAPO loop), which may come before the step count."""
+        trainer = self.config.trainer
+        if not self.plan.dynamic_sampling or trainer.total_training_steps is not None:
+            return False
+        return self.data.epochs_drawn() >= trainer.total_epochs
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
@@ -245,9 +262,7 @@ class RayPPOTrainer:
     def _driver_state(self) -> dict[str, Any]:
         return {
             "global_step": self.global_step,
-            "epoch": self.epoch,
-            "batch_in_epoch": self.batch_in_epoch,
-            "epoch_start_rng": self._epoch_start_rng,
+            **self.data.state(),
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
             "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
@@ -268,52 +283,48 @@ class RayPPOTrainer:
         except (ValueError, FileNotFoundError) as exc:  # raised in a worker: a different model, missing files
             raise CheckpointError(f"cannot resume from {path}: {getattr(exc, 'cause', exc)}") from exc
         state = load_driver_state(path)
-        self.global_step, self.epoch, self.batch_in_epoch = (
-            state["global_step"],
-            state["epoch"],
-            state["batch_in_epoch"],
-        )
-        self._epoch_start_rng = state["epoch_start_rng"]
+        self.global_step = state["global_step"]
+        self.data.load(state)
         self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
         self.wandb_run_id = state["wandb_run_id"]
         print(f"[colorl] resumed from {path} (step {self.global_step})", flush=True)
         return True
 
-    def train_step(self, batch: DataProto) -> dict[str, float]:
-        """One PPO iteration on a batch of prompts: each phase one line, each timed."""
+    def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
+        """One PPO iteration on a batch of prompts: the phases of ``config.phases.STEP_PHASES`` in their order, one
+        timed line each; a phase this plan does not run is skipped (``StepPlan.runs``). With dynamic sampling
+        (``trainer.dynamic_sampling``) ``batch`` is the first generation batch and ``more`` gives the next ones."""
         timing: dict[str, float] = {}
         metrics: dict[str, Any] = {}
-        n = self.config.actor_rollout_ref.rollout.n
         with timed("step", timing):
-            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this step is under it
-            if self.plan.compute_greedy_baseline:  # ReMax's baseline: the greedy answer's reward
-                with self._phase("gen_max", timing):
-                    batch.batch["reward_baselines"] = self._greedy_reward(batch)
-            batch = batch.repeat(n, interleave=True)
-            with self._phase("gen", timing):
-                metrics.update(self._generate(batch))
-            with self._phase("reward", timing):
-                reward_extras = self._reward(batch, metrics)
-            if self.plan.recompute_old_log_prob:
-                with self._phase("old_log_prob", timing):
-                    self._call(self.actor_rollout_wg.compute_log_prob, batch, "old_log_prob")
-            if self.plan.compute_ref_log_prob:
-                with self._phase("ref", timing):
-                    self._call(self.ref_wg.compute_ref_log_prob, batch, "ref")
-            if self.plan.use_critic:
-                with self._phase("values", timing):
-                    self._call(self.critic_wg.compute_values, batch, "values")
+            sample = functools.partial(self._sample, timing=timing)
+            if self.plan.dynamic_sampling:  # generation batches until the step's prompts are collected
+                cfg = self.config
+                batch, reward_extras, sampled = collect(
+                    batch,
+                    more,
+                    sample,
+                    cfg.data.train_batch_size,
+                    cfg.actor_rollout_ref.rollout.n,
+                    cfg.algorithm.filter_groups,
+                )
+                batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
+            else:
+                batch, reward_extras, sampled = sample(batch)
+            metrics.update(sampled)
+            metrics.update(self._worker("old_log_prob", batch, timing))
+            metrics.update(self._worker("ref", batch, timing))
+            metrics.update(self._worker("values", batch, timing))
             with self._phase("adv", timing):
                 compute_advantage(
                     batch, self.config.algorithm, self.plan, self.kl_ctrl_in_reward, metrics, reward_extras
                 )
-            if self.plan.use_critic:
-                with self._phase("update_critic", timing):
-                    metrics.update(self._call(self.critic_wg.update_critic, batch, "update_critic"))
+            metrics.update(self._worker("update_critic", batch, timing))
             if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
-                with self._phase("update_actor", timing):
-                    metrics.update(self._call(self.actor_rollout_wg.update_actor, batch, "update_actor"))
+                metrics.update(self._worker("update_actor", batch, timing))
+            with self._phase("dump_rollout_generations", timing):  # verl's timer name
+                prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
+                self.generations.training_step(batch, prompts, reward_extras, self.global_step)
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
         metrics.update(rollout_probs_diff(batch.batch))
         metrics.update(compute_timing_metrics(batch.batch, timing))
@@ -322,23 +333,47 @@ class RayPPOTrainer:
         return {k: float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ phases
+    def _sample(self, batch: DataProto, timing: dict[str, float]) -> tuple[DataProto, dict[str, list], dict]:
+        """A batch of prompts through generation and reward: (its n responses a prompt, the reward function's
+        per-row extras, the phases' metrics)."""
+        metrics: dict[str, Any] = {}
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this batch is under it
+        if self.plan.runs("gen_max"):  # ReMax's baseline: the greedy answer's reward
+            with self._phase("gen_max", timing):
+                batch.batch["reward_baselines"] = self._greedy_reward(batch)
+        batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+        # the prompts as given, for the dumps (verl's "prompts"): the rollout rewrites input_ids and attention_mask
+        batch.batch["prompts"], batch.batch["prompt_attention_mask"] = (
+            batch.batch["input_ids"],
+            batch.batch["attention_mask"],
+        )
+        with self._phase("gen", timing):
+            metrics.update(self._generate(batch))
+        with self._phase("reward", timing):
+            reward_extras = self._reward(batch, metrics)
+        return batch, reward_extras, metrics
+
     @contextmanager
     def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
         """``timed(name, timing)`` under the hang watchdog's deadline for the phase."""
         with self.watchdog.phase(name), timed(name, timing):
             yield
 
+    def _worker(self, phase: str, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+        """Worker ``phase`` of the step, timed, when the plan runs it; its metrics."""
+        if not self.plan.runs(phase):
+            return {}
+        with self._phase(phase, timing):
+            return self._call(phase, batch)
+
     def _call(
-        self,
-        method: Callable[[DataProto], DataProto],
-        batch: DataProto,
-        phase: str,
-        flow: str = STEP_FLOW,
-        meta_info: dict | None = None,
+        self, phase: str, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None
     ) -> dict[str, float]:
-        """Worker ``phase`` of ``flow`` on ``batch``, moving what its route says (trainer/routing.py); returns
-        the phase's metrics."""
-        route = self.plan.flows[flow].route(phase)
+        """Worker ``phase`` of ``flow`` on ``batch``: its entry's method on its role's workers, moving what its
+        route says (trainer/routing.py); returns the phase's metrics."""
+        entry, route = PHASES[phase], self.plan.flows[flow].route(phase)
+        method = getattr(self.role_groups[entry.role], entry.method)
         out = method(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
         metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
         take_back(batch, route, out)
@@ -346,7 +381,7 @@ class RayPPOTrainer:
 
     def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
         """Responses to ``batch``'s prompts (its gen phase in ``flow``); the rollout's metrics, multi-turn's too."""
-        metrics = self._call(self.actor_rollout_wg.generate_sequences, batch, "gen", flow, meta_info)
+        metrics = self._call("gen", batch, flow, meta_info)
         return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}
 
     def _reward(self, batch: DataProto, metrics: dict) -> dict[str, list]:
@@ -355,8 +390,8 @@ class RayPPOTrainer:
         scores, reward_extras = self.reward_fn(batch)
         if getattr(self.reward_fn, "last_errors", 0):  # responses the user's function failed on, scored 0
             metrics["reward/errors"] = self.reward_fn.last_errors
-        if self.rm_wg is not None:
-            self._call(self.rm_wg.compute_rm_score, batch, "rm_score")
+        if self.plan.runs("rm_score"):  # timed within the reward, as verl does
+            self._call("rm_score", batch)
             scores = scores + batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores
         metrics.update(reward_group_metrics(scores.sum(-1), batch.non_tensor_batch["uid"]))
@@ -379,12 +414,16 @@ class RayPPOTrainer:
         rewards: list[float] = []
         answers: list[tuple[int, ...]] = []
         extras: dict[str, list[float]] = {}
+        parts = []  # (batch, prompts, reward extras) of each validation batch, for the dumps
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict, meta_info={STEP_TOKEN: uuid.uuid4().hex})
             batch = batch.repeat(n, interleave=True)
+            prompts = batch.batch["input_ids"], batch.batch["attention_mask"]
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 self._generate(batch, VALIDATION_FLOW, val_kwargs)
                 reward, reward_extras = self.val_reward_fn(batch)
+            batch.batch["token_level_scores"] = reward
+            parts.append((batch, prompts, {"reward": reward.sum(-1).tolist(), **reward_extras}))
             reward_extras.update(
                 {k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch}
             )
@@ -397,6 +436,7 @@ class RayPPOTrainer:
                 tuple(ids[mask.bool()].tolist())
                 for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])
             ]
+        self.generations.validation(parts, self.global_step, getattr(self, "logger", None))
         return validation_metrics(sources, rewards, answers, n, extras)
 
 

@@ -15,12 +15,13 @@ from data.reward import RewardError
 from single_controller.ray.health import WorkerDiedError
 from trainer.build import build_trainer
 from trainer.checkpoint import CheckpointError
+from trainer.dynamic_sampling import DynamicSamplingError
 from trainer.faults import FaultError
 from trainer.ppo_trainer import NonFiniteLossError
 from trainer.preemption import EXIT_PREEMPTED, Preempted, signals_left_to_driver
 from trainer.restarts import fit_with_restarts
 
-EXIT_FAILED = 1  # a dead worker, a worker's exception, NaN losses, a checkpoint or reward failure
+EXIT_FAILED = 1  # a dead worker, a worker's exception, NaN losses, a checkpoint or reward failure, too few groups
 
 
 def run_ppo(cfg: PPOConfig, plan: StepPlan | None = None) -> dict[str, float]:
@@ -43,7 +44,7 @@ def run_command_line(cfg: PPOConfig, plan: StepPlan) -> int:
     try:
         run_ppo(cfg, plan)
     # the run is over and the workers are torn down: say what went wrong, not where the driver was
-    except (WorkerDiedError, FaultError, NonFiniteLossError, CheckpointError, RewardError) as exc:
+    except (WorkerDiedError, FaultError, NonFiniteLossError, CheckpointError, RewardError, DynamicSamplingError) as exc:
         print(f"colorl: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except Preempted as exc:  # SIGTERM/SIGINT: the step was finished and checkpointed

@@ -7,6 +7,8 @@ Backends (``trainer.logger``):
   the same file, which then holds one history: the steps logged after the checkpoint it continues from (by an
   attempt that crashed or was killed; all of them when it left no checkpoint) are removed first, since they are
   computed again, and so is a partial last line (a full disk, a crash mid-write).
+``log_generations`` shows validation samples (``trainer.log_val_generations``): printed on the console, and in wandb
+as verl's ``val/generations`` table (a row per validation: the step, then each sample's input, output and score).
 ``finish()`` also draws ``<local_dir>/reward_curve.png``: a grid of the run's health against step (reward and
 validation, response length, entropy and KL, prompt groups with all-equal rewards).
 """
@@ -32,6 +34,7 @@ from workers.checkpoint.safe_files import write_atomically
 LOGGER_BACKENDS = get_args(LoggerBackend)
 
 TRAIN_SCORE = "critic/score/mean"
+GENERATION_COLUMNS = ("input", "output", "score")  # each sample's columns in wandb's val/generations (verl's)
 VAL_REWARD = re.compile(r"val-core/(.+)/reward/mean@1")  # group 1: the data source
 # (metric, label) pairs shown on the console line when present
 CONSOLE_METRICS = (
@@ -65,7 +68,7 @@ class Tracking:
         self.local_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.local_dir / "metrics.jsonl"
         self.plot_path = self.local_dir / "reward_curve.png"
-        self._history: list[dict[str, Any]] = []  # this run's plotted values, for the plot when there is no file
+        self._history: list[dict[str, Any]] = []  # this run's numbers, for the plot and report when there is no file
         self._bar = tqdm(total=total_steps, desc=experiment_name, unit="step") if "console" in backends else None
         self._to_file = "file" in backends
         self._file = self._open_history(resume_step) if self._to_file else None
@@ -74,6 +77,7 @@ class Tracking:
         if "wandb" in backends:
             self._wandb_run = self._init_wandb(project_name, experiment_name, config, resume_id)
             self.wandb_run_id = self._wandb_run.id
+        self._generations_table: list[list[Any]] = []  # the wandb table's rows so far (verl's layout)
         self._finished = False
 
     def _open_history(self, resume_step: int) -> Any:
@@ -115,7 +119,7 @@ class Tracking:
         """Record ``metrics`` (name -> number) for ``step`` in every backend."""
         values = {k: _plain(v) for k, v in metrics.items()}
         record = {"step": step, **values}
-        self._history.append({k: v for k, v in record.items() if k == "step" or _is_plotted(k)})
+        self._history.append({k: v for k, v in record.items() if _is_number(v)})
         if self._file is not None:
             try:
                 self._file.write(json.dumps(record) + "\n")
@@ -132,6 +136,21 @@ class Tracking:
             self._bar.update(max(0, step - self._bar.n))
             self._bar.write(_console_line(record))
 
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """Validation samples (input, output, score) of ``step``: printed on the console, and with wandb the
+        ``val/generations`` table logged again with this validation's row added (verl's columns)."""
+        if self._bar is not None:
+            for i, (prompt, output, score) in enumerate(samples, start=1):
+                self._bar.write(f"[val sample {i}/{len(samples)} step {step} score {score:.4g}]\n{prompt}\n→ {output}")
+        if self._wandb_run is not None:
+            import wandb
+
+            columns = ["step"] + [f"{name}_{i}" for i in range(1, len(samples) + 1) for name in GENERATION_COLUMNS]
+            self._generations_table.append([step, *(value for sample in samples for value in sample)])
+            self._wandb_run.log(
+                {"val/generations": wandb.Table(columns=columns, data=self._generations_table)}, step=step
+            )
+
     def finish(self) -> None:
         """Close every backend and write the reward plot; calling it twice is harmless."""
         if self._finished:
@@ -142,12 +161,17 @@ class Tracking:
             self._bar.close()
         if self._wandb_run is not None:
             self._wandb_run.finish()
-        # metrics.jsonl also holds the steps of earlier (resumed) runs, so it plots the whole curve
-        records = read_metrics(self.metrics_path) if self._to_file else self._history
         try:
-            plot_reward_curve(records, self.plot_path)
+            plot_reward_curve(self.records(), self.plot_path)
         except OSError as exc:  # a full disk must not hide how the run ended
             print(f"colorl: warning: cannot write {self.plot_path} ({exc})", file=sys.stderr)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every step logged so far; with the file backend those of earlier (resumed) attempts too, so that the
+        plots show the whole run."""
+        if self._to_file and self.metrics_path.exists():
+            return read_metrics(self.metrics_path)
+        return self._history
 
     def _close_file(self) -> None:
         try:
@@ -289,12 +313,13 @@ def _draw_series(
             markersize=3,
             linestyle=linestyle,
             color=f"C{color_offset + i}",
-            label=_label(key),
+            label=series_label(key),
         )
     return len(keys)
 
 
-def _label(key: str) -> str:
+def series_label(key: str) -> str:
+    """A metric's name in a legend."""
     if key == TRAIN_SCORE:
         return "train score"
     if match := VAL_REWARD.fullmatch(key):

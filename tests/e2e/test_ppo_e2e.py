@@ -108,7 +108,12 @@ def read_jsonl(path) -> list[dict]:
 @pytest.fixture(scope="module")
 def gae_run(ray_cluster, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("gae")
-    trainer = build_trainer(tiny_config(tmp_path, "gae", logger="[file,wandb]"))
+    dumps = (  # verl's generation dumps and validation samples in wandb, on top of the run report
+        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+        f"trainer.validation_data_dir={tmp_path / 'validations'}",
+        "trainer.log_val_generations=2",
+    )
+    trainer = build_trainer(tiny_config(tmp_path, "gae", logger="[file,wandb]", extra=dumps))
     trainer.init_workers()
     trainer.fused_wg.execute_all_sync("__ray_call__", record_reads)
     before = trainer.fused_wg.execute_all_sync("__ray_call__", local_param_sums)
@@ -128,6 +133,26 @@ def test_gae_metrics_are_logged_finite_and_complete(gae_run):
         assert not missing, f"step {record['step']} lacks {missing}"
         assert all(math.isfinite(v) for k, v in record.items()), record
     assert (tmp_path / "reward_curve.png").stat().st_size > 0
+
+
+def test_generation_dumps_samples_and_the_report(gae_run):
+    trainer, tmp_path, *_ = gae_run
+    rollouts = {p.name: read_jsonl(p) for p in (tmp_path / "rollouts").iterdir()}
+    assert sorted(rollouts) == ["1.jsonl", "2.jsonl"] and all(len(rows) == 8 for rows in rollouts.values())
+    assert all(list(row)[:5] == ["input", "output", "gts", "score", "step"] for row in rollouts["2.jsonl"])
+    validations = sorted(p.name for p in (tmp_path / "validations").iterdir())
+    assert (
+        validations == ["0.jsonl", "1.jsonl", "2.jsonl"] and len(read_jsonl(tmp_path / "validations" / "2.jsonl")) == 6
+    )
+    samples = read_jsonl(tmp_path / "samples" / "train" / "2.jsonl")
+    assert samples and all(len(s["tokens"]) == len(s["log_probs"]) == s["response_length"] for s in samples)
+    assert '"2":[' in (tmp_path / "report.html").read_text()  # step 2's samples are in the report
+    rows = [
+        row
+        for row in history(wandb_records(run_file(tmp_path, trainer.logger.wandb_run_id)))
+        if "val/generations.nrows" in row
+    ]
+    assert [row["val/generations.nrows"] for row in rows] == [1, 2, 3]  # a row per validation (verl's table)
 
 
 def test_cpu_workers_allocate_with_mimalloc(gae_run):

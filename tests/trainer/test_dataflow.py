@@ -1,4 +1,4 @@
-"""Per-token data declared once (config.plan.declare_flows): the routes derived from it, and the workers' step store
+"""Per-token data declared once (config.phases.declare_flows): the routes derived from it, and the workers' step store
 that keeps a step's tensors where they are next read (workers/compute/step_store.py)."""
 
 import pytest
@@ -124,3 +124,15 @@ def test_a_direct_call_carries_every_input_and_gets_every_output():
     assert store.inputs(data) is data
     out = store.outputs(data, {"a": torch.ones(2, requires_grad=True), "b": torch.zeros(2)})
     assert set(out.batch) == {"a", "b"} and not out.batch["a"].requires_grad and store.token is None
+
+
+def test_the_old_log_probs_come_to_the_driver_only_for_the_sampled_tokens():
+    """The run report (and trainer.rollout_data_dir) show each sampled token's log-prob: then the rollout's come back."""
+    on = make_plan(load_config([], config_name="smollm2_arith"), 1).flows["step"]
+    assert "old_log_probs" in on.route("gen").give and on.phase("dump_rollout_generations").reads == ("old_log_probs",)
+    off = make_plan(load_config(["trainer.report.enable=false"], config_name="smollm2_arith"), 1).flows["step"]
+    assert "old_log_probs" not in off.route("gen").give
+    dumps = ["trainer.report.enable=false", "trainer.rollout_data_dir=dumps"]
+    assert (
+        "old_log_probs" in make_plan(load_config(dumps, config_name="smollm2_arith"), 1).flows["step"].route("gen").give
+    )

@@ -19,7 +19,7 @@ from tests.data.gsm8k_fixture import printable_tokenizer  # noqa: E402
 from tests.workers.agent_helpers import TEMPLATE, call, make_loop, objects, prompt_batch  # noqa: E402
 from tests.workers.test_agent_loop import model_text, tool_text  # noqa: E402
 from workers.compute.rollout import generate_sequences, token_log_probs  # noqa: E402
-from workers.compute.vllm_rollout import VLLMRollout  # noqa: E402
+from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler  # noqa: E402
 from workers.parallel import lora  # noqa: E402
 
 P, R, ROWS = 6, 8, 8
@@ -267,7 +267,7 @@ def test_a_forced_tool_call_runs_through_the_agent_loop_turn_by_turn(engine, act
     try:
         with engine.awake(actor):
             tensors, stats, _ = loop.generate(
-                engine,
+                VLLMTurnSampler(engine),
                 batch,
                 non_tensors,
                 response_length=128,

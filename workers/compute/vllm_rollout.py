@@ -9,7 +9,9 @@ parallel within the worker group on GPUs, 1 on a CPU) beside its FSDP actor. A r
    (``lora.merged_weights``), and forgets the prefix cache (it was computed with the old weights),
 3. brings its KV cache back (CUDA: ``wake_up(["kv_cache"])``; CPU, which has no sleep mode: the freed
    storage is reallocated at its size),
-4. samples from the prompts' token ids, with each sampled token's log-prob when asked,
+4. samples from the prompts' token ids, with each sampled token's log-prob when asked (the multi-turn agent loop:
+   turn by turn through ``VLLMTurnSampler``, each turn's prompt the row's ids so far, prefilled from the prefix
+   cache but for its new tokens),
 5. frees the KV cache again (``rollout.free_cache_engine``; CUDA: ``sleep(level=2)``), so the update has the
    memory.
 
@@ -37,7 +39,7 @@ import importlib.util
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,6 +50,7 @@ from torch import Tensor, nn
 
 from config import ConfigError
 from workers.compute.rollout import _rollout_batch
+from workers.compute.turn_sampler import EndTurns, SampledTurns, TurnSampler
 from workers.parallel import fsdp, lora
 
 # the in-process engine (no engine-core process, so the worker's own torch.distributed world is vLLM's), and
@@ -285,7 +288,18 @@ class VLLMRollout:
             out["rollout_log_probs"] = log_probs
         return out
 
-    def decode_with_turns(
+
+class VLLMTurnSampler(TurnSampler):
+    """The agent loop's ``TurnSampler`` on a vLLM engine, turn by turn: each live row's next assistant turn is one
+    request whose prompt is the row's token ids so far (prompt, earlier turns as sampled, the tool turns fed), so
+    with the prefix cache (``rollout.enable_prefix_caching``) a turn prefills only the tokens the engine has not
+    seen (whole KV blocks are reused). The turns that ended in one round go to ``end_turns`` together (their tools
+    run at once); a turn cut by the budget leaves its row unfinished."""
+
+    def __init__(self, engine: VLLMRollout) -> None:
+        self.engine = engine
+
+    def __call__(
         self,
         input_ids: Tensor,
         attention_mask: Tensor,
@@ -294,48 +308,47 @@ class VLLMRollout:
         response_length: int,
         eos_token_id: Sequence[int],
         pad_token_id: int,
-        end_turns: Callable[[list[int], int, Tensor], dict[int, list[int] | None]],
+        end_turns: EndTurns,
         sampling: dict[str, Any],
         return_log_probs: bool = False,
-        logits_processor: Any = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """``workers.agent_loop.decode_with_turns``'s contract, turn by turn: each live row's next assistant turn is
-        one request whose prompt is the row's conversation so far (prompt, earlier turns, the tool turn just
-        appended), so with the prefix cache it prefills only the tokens it has not seen; ``end_turns`` runs
-        the tools of the rows whose turn ended at the same position together."""
-        if logits_processor is not None:
-            raise ValueError("logits_processor scripts the HF rollout; vLLM takes engine_kwargs.vllm.logits_processors")
+    ) -> SampledTurns:
         rows, width = len(input_ids), response_length
-        responses = torch.full((rows, width), pad_token_id, dtype=torch.long)
-        model_mask, valid = torch.zeros_like(responses), torch.zeros_like(responses)
-        log_probs = torch.zeros((rows, width), dtype=torch.float32)
-        finished = torch.zeros(rows, dtype=torch.bool)
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+        out = SampledTurns(
+            responses=torch.full((rows, width), pad_token_id, dtype=torch.long),
+            model_mask=torch.zeros((rows, width), dtype=torch.long),
+            valid=torch.zeros((rows, width), dtype=torch.long),
+            finished=torch.zeros(rows, dtype=torch.bool),
+            log_probs=torch.zeros((rows, width), dtype=torch.float32),
+        )
+        # each row's ids so far; extended by new lists, never in place (a request keeps its prompt's list)
+        streams = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
         length, live, eos = [0] * rows, list(range(rows)), set(eos_token_id)
         while live:
-            params = [self.sampling_params(sampling, width - length[r], eos_token_id, return_log_probs) for r in live]
-            results = self.sample([prompts[r] + responses[r, : length[r]].tolist() for r in live], params)
-            ended: dict[int, list[int]] = {}  # position of the EOS -> rows whose turn ended there
-            for row, (ids, scores) in zip(live, results):
+            params = [
+                self.engine.sampling_params(sampling, width - length[r], eos_token_id, return_log_probs) for r in live
+            ]
+            ended: dict[int, list[int]] = {}
+            for row, (ids, scores) in zip(live, self.engine.sample([streams[r] for r in live], params)):
                 turn = slice(length[row], length[row] + len(ids))
-                responses[row, turn] = torch.tensor(ids, dtype=torch.long)
-                model_mask[row, turn], valid[row, turn] = 1, 1
-                log_probs[row, turn.start : turn.start + len(scores)] = torch.tensor(scores)
+                out.responses[row, turn] = torch.tensor(ids, dtype=torch.long)
+                out.model_mask[row, turn], out.valid[row, turn] = 1, 1
+                out.log_probs[row, turn.start : turn.start + len(scores)] = torch.tensor(scores)
+                streams[row] = streams[row] + ids
                 length[row] = turn.stop
                 if ids and ids[-1] in eos:  # else the budget is used up: the row stays unfinished
-                    ended.setdefault(turn.stop - 1, []).append(row)
+                    ended[row] = ids
             live = []
-            for t, ended_rows in sorted(ended.items()):
-                for row, forced in end_turns(ended_rows, t, responses).items():
-                    if forced is None:
-                        finished[row] = True
-                        continue
-                    responses[row, t + 1 : t + 1 + len(forced)] = torch.tensor(forced, dtype=torch.long)
-                    valid[row, t + 1 : t + 1 + len(forced)] = 1
-                    length[row] = t + 1 + len(forced)
-                    live.append(row)
+            for row, fed in (end_turns(ended) if ended else {}).items():
+                if fed is None:
+                    out.finished[row] = True
+                    continue
+                out.responses[row, length[row] : length[row] + len(fed)] = torch.tensor(fed, dtype=torch.long)
+                out.valid[row, length[row] : length[row] + len(fed)] = 1
+                streams[row] = streams[row] + fed
+                length[row] += len(fed)
+                live.append(row)
             live.sort()
-        return responses, model_mask, valid, finished, log_probs
+        return out
 
 
 def _repack_vocab_layers(worker: Any) -> None:

@@ -2,7 +2,7 @@
 
 Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed
 method runs on every rank with that rank's chunk of the batch. Each data method is one phase of
-``config.plan.declare_flows``: it takes its inputs from ``STORE.inputs`` (what the call carries, plus what an
+``config.phases.declare_flows``: it takes its inputs from ``STORE.inputs`` (what the call carries, plus what an
 earlier phase of the step kept in this process) and hands what it computed to ``STORE.outputs``, which keeps
 what a later worker phase reads and returns what the driver reads (``workers/compute/step_store.py``), as CPU tensors.
 The config sections and the step plan they are built with are the typed ones of ``config``.
@@ -22,7 +22,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config.plan import PROMPT, StepPlan, uses_full_kl
+from config.phases import PROMPT, uses_full_kl
+from config.plan import StepPlan
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register
@@ -32,7 +33,7 @@ from workers.compute.critic import DataParallelPPOCritic, load_value_model
 from workers.compute.reward_model import compute_rm_scores, load_reward_model
 from workers.compute.rollout import eos_token_ids, generate_sequences
 from workers.compute.step_store import STORE
-from workers.compute.vllm_rollout import VLLMRollout
+from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler
 from workers.parallel import fsdp, lora
 from workers.roles.role import FrozenRole, TrainedRole
 from workers.runtime import malloc
@@ -133,7 +134,7 @@ class ActorRolloutRefWorker(Worker):
                     self.device,
                     self.trained.dtype,
                     seed=seed + self.rank,
-                    rows=self.plan.rollout_rows,
+                    rows=self.plan.gen_rows,
                     workers=self.local_world_size,
                 )
                 if cfg.rollout.name == "vllm"
@@ -178,7 +179,7 @@ class ActorRolloutRefWorker(Worker):
             ids = {"eos_token_id": eos_ids, "pad_token_id": pad_id if pad_id is not None else eos_ids[0]}
             if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools
                 out, rows, metrics = self.agent_loop.generate(
-                    module,
+                    module if self.engine is None else VLLMTurnSampler(module),
                     inputs.batch,
                     inputs.non_tensor_batch,
                     response_length=int(rollout.response_length),

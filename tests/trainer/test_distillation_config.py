@@ -1,0 +1,127 @@
+"""``distillation.*`` with verl 0.9.1's keys: accepted, checked in one line, the teacher's inference keys warn, and a
+teacher that is not a causal LM or lacks the student's vocabulary is refused before any model loads."""
+
+import pytest
+from transformers import DistilBertConfig
+
+from config import ConfigError, load_config, make_plan, num_workers
+from config.distillation import active_teachers, teacher_warnings
+from data.builtin import build_char_tokenizer, tiny_model_config
+from trainer.build import build_trainer
+from trainer.preflight.dry_run import check_models
+
+ON = ["distillation.enabled=true"]
+
+
+def model_dir(path, extra_tokens=(), causal=True):
+    """A model directory with a config and a tokenizer (no weights: nothing here loads them)."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_tokens(list(extra_tokens))
+    (tiny_model_config(tokenizer) if causal else DistilBertConfig()).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_verl_keys_load_with_verl_defaults():
+    cfg = load_config([])
+    loss = cfg.distillation.distillation_loss
+    assert not cfg.distillation.enabled and cfg.distillation.teacher_key == "data_source"
+    assert (loss.loss_mode, loss.topk, loss.use_policy_gradient, loss.loss_max_clamp) == ("k3", 32, False, None)
+    cfg = load_config(
+        ON
+        + [
+            "distillation.teacher_models.teacher_model.model_path=/models/teacher",
+            "distillation.distillation_loss.loss_mode=forward_kl_topk",
+            "distillation.distillation_loss.topk=8",
+            "distillation.distillation_loss.use_task_rewards=false",
+            "distillation.distillation_loss.log_prob_min_clamp=-10",
+            "distillation.distillation_loss.loss_max_clamp=10",
+            "distillation.distillation_loss.clip_ratio_high=0.28",
+            "distillation.n_gpus_per_node=4",
+            "distillation.nnodes=1",
+            "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=4",
+        ]
+    )
+    assert cfg.distillation.distillation_loss.topk == 8
+    warnings = teacher_warnings(cfg.distillation)
+    assert len(warnings) == 3 and all("colocated" not in w or "ColoRL" in w for w in warnings)
+    assert any(
+        w.startswith("distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=4")
+        for w in warnings
+    )
+
+
+def test_several_teachers_are_keyed():
+    teachers = [
+        "+distillation.teacher_models.math.model_path=/models/a",
+        "+distillation.teacher_models.math.key=openai/gsm8k",
+        "+distillation.teacher_models.code.model_path=/models/b",
+    ]
+    with pytest.raises(ConfigError, match=r"distillation\.teacher_models\.code\.key=null: with several teachers"):
+        load_config(ON + teachers)
+    cfg = load_config([*ON, *teachers, "+distillation.teacher_models.code.key=code"])
+    assert sorted(active_teachers(cfg.distillation)) == ["code", "math"]  # verl drops teacher_model then
+    with pytest.raises(ConfigError, match=r"teachers share the key\(s\) \['x'\]"):
+        load_config(
+            [*ON, *teachers[:1], teachers[2], "+distillation.teacher_models.math.key=x"]
+            + ["+distillation.teacher_models.code.key=x"]
+        )
+
+
+def test_loss_mistakes_are_one_line():
+    with pytest.raises(ConfigError, match=r"distillation\.teacher_models\.teacher_model\.model_path=null"):
+        load_config(ON)
+    with pytest.raises(ConfigError, match=r"distillation\.distillation_loss\.loss_mode='k1': backpropagated directly"):
+        load_config(["distillation.distillation_loss.loss_mode=k1"])
+    load_config(
+        ["distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=true"]
+    )
+    with pytest.raises(ConfigError, match=r"distillation_loss\.policy_loss_mode='gspo': must be one of vanilla"):
+        load_config(["distillation.distillation_loss.policy_loss_mode=gspo"])
+    with pytest.raises(ConfigError, match=r"distillation_loss\.topk=null: loss_mode=forward_kl_topk needs"):
+        load_config(
+            ["distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=null"]
+        )
+
+
+def test_a_teacher_must_be_a_causal_lm_with_the_students_vocabulary(tmp_path):
+    student = model_dir(tmp_path / "student")
+    same = model_dir(tmp_path / "same")
+    other_vocab = model_dir(tmp_path / "other", extra_tokens=["<think>"])
+    encoder = model_dir(tmp_path / "encoder", causal=False)
+
+    def check(teacher):
+        cfg = load_config(
+            [
+                *ON,
+                f"actor_rollout_ref.model.path={student}",
+                f"distillation.teacher_models.teacher_model.model_path={teacher}",
+            ],
+            "demo",  # the demo's batch settings with these models
+        )
+        check_models(cfg, make_plan(cfg, num_workers(cfg)))
+
+    check(same)
+    with pytest.raises(ConfigError) as raised:
+        check(other_vocab)
+    assert str(raised.value).startswith(f"distillation.teacher_models.teacher_model.model_path='{other_vocab}': its ")
+    assert "(49 tokens) differs from the student's (48 tokens" in str(raised.value) and "'<think>'" in str(raised.value)
+    with pytest.raises(ConfigError, match=r"'distilbert' model is not a causal LM; the teacher needs one"):
+        check(encoder)
+    with pytest.raises(ConfigError, match=r"model_path='/no/such/teacher': no such directory"):
+        check("/no/such/teacher")
+
+
+def test_a_run_with_distillation_on_stops_before_any_model_loads(tmp_path):
+    student = model_dir(tmp_path / "student")
+    cfg = load_config(
+        [
+            *ON,
+            f"actor_rollout_ref.model.path={student}",
+            f"distillation.teacher_models.teacher_model.model_path={student}",
+            "trainer.check_memory=false",
+        ],
+        "demo",
+    )
+    with pytest.raises(ConfigError, match=r"distillation\.enabled=True: the teacher role is not part of the step yet"):
+        build_trainer(cfg)
