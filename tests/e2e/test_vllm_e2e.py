@@ -17,6 +17,7 @@ VLLM = (
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
     "actor_rollout_ref.rollout.enforce_eager=true",
     "trainer.save_freq=2",
+    "builtin.hidden_size=128",  # vLLM's CPU attention takes head sizes of 32 and up (4 heads)
 )
 pytestmark = pytest.mark.timeout(1800)  # two engines start (~15 s each on a quiet 2-core machine)
 DIFF = [f"training/rollout_probs_diff_{k}" for k in ("valid", "max", "mean", "std")]
