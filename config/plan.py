@@ -20,6 +20,7 @@ from algos.advantages import estimator_needs, estimator_needs_critic
 from algos.losses import validate_policy_loss
 from config.checks import ConfigError, is_int
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
+from config.distillation import teacher_columns, teacher_outputs
 
 ROLLOUT_LOG_PROBS = (
     "needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (verl's key)"
@@ -75,7 +76,8 @@ def declare_flows(
 ) -> dict[str, Dataflow]:
     """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
 
-    ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run;
+    ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run
+    (the distillation teacher's runs with ``distillation.enabled``: it writes what the update's loss reads);
     ``sum_pi_squared``: whether the old-log-prob forward also writes Σπ²; ``from_rollout``: the rollout's
     log-probs are the old ones (the rollout writes ``old_log_probs``); ``dynamic_sampling``: the phases up to the
     reward run once per generation batch, then the driver's ``filter_groups`` keeps some rows of each
@@ -86,6 +88,7 @@ def declare_flows(
     policy = forward_keys(cfg.actor_rollout_ref.model.use_remove_padding)  # actor and reference
     value = forward_keys(cfg.critic.model.use_remove_padding)
     estimator = [k for k in WORKER_ESTIMATOR_INPUTS if estimator_needs(algo.adv_estimator, k)]
+    teacher = teacher_outputs(cfg.distillation)  # the teacher's scores, for the update's distillation loss
     prompts = Phase("prompts", DRIVER, writes=PROMPT)  # the dataloader's batch
     sampled = (*when(rollout_log_probs(cfg), "rollout_log_probs"), *when(from_rollout, "old_log_probs"))
     gen = Phase(
@@ -106,6 +109,10 @@ def declare_flows(
             ),
         ),
         *when(ref_log_prob, Phase("ref", WORKER, reads=policy, writes=("ref_log_prob",))),
+        *when(
+            cfg.distillation.enabled,
+            Phase("teacher", WORKER, reads=policy, writes=teacher, columns=teacher_columns(cfg.distillation)),
+        ),
         *when(critic, Phase("values", WORKER, reads=(*value, "response_mask"), writes=("values",))),
         # the estimator's inputs; the in-reward KL penalty and actor/ref_kl read both log-probs when both exist
         Phase(
@@ -132,6 +139,7 @@ def declare_flows(
                 *when(has_old, "old_log_probs"),
                 *when(uses_ref_log_prob(actor), "ref_log_prob"),
                 *validate_policy_loss(actor.policy_loss.loss_mode).needs,
+                *teacher,
             ),
         ),
         Phase(
@@ -179,6 +187,7 @@ class StepPlan:
     # rollout.calculate_log_probs: the rollout's log-probs of its samples are the old log-probs (no forward)
     old_log_prob_from_rollout: bool
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
+    compute_teacher: bool  # the distillation teachers score the responses (distillation.enabled)
     compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
     actor_mini_batch_size: int
@@ -232,10 +241,10 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     recompute = not (own_log_probs or from_rollout)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
     arr = "actor_rollout_ref"
-    _require_micro(
+    _require_micro(  # the teacher's forward is micro-batched as the old log-probs' (workers.roles.fsdp_workers)
         f"{arr}.rollout.log_prob_micro_batch_size_per_gpu",
         rollout.log_prob_micro_batch_size_per_gpu,
-        recompute and not rollout.log_prob_use_dynamic_bsz,
+        (recompute or cfg.distillation.enabled) and not rollout.log_prob_use_dynamic_bsz,
         f"{arr}.rollout.log_prob_use_dynamic_bsz",
     )
     ref = cfg.actor_rollout_ref.ref
@@ -259,6 +268,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         recompute_old_log_prob=recompute,
         old_log_prob_from_rollout=from_rollout,
         compute_ref_log_prob=ref_log_prob,
+        compute_teacher=cfg.distillation.enabled,
         compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
         compute_sum_pi_squared=sum_pi_squared,
         actor_mini_batch_size=_mini_batch_per_rank(

@@ -24,6 +24,8 @@ MEMORY_KEYS = {
     "with log_prob_use_dynamic_bsz)",
     "update_actor": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with "
     "use_dynamic_bsz)",
+    "compute_teacher_log_prob": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu "
+    "(log_prob_max_token_len_per_gpu with log_prob_use_dynamic_bsz), which size the distillation teacher's forwards",
     "compute_values": "critic.forward_micro_batch_size_per_gpu (forward_max_token_len_per_gpu with use_dynamic_bsz)",
     "update_critic": "critic.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with use_dynamic_bsz)",
     "compute_rm_score": "reward_model.micro_batch_size_per_gpu",

@@ -1,7 +1,7 @@
 """The PPO driver: one process that writes the RL dataflow as plain calls on worker groups.
 
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
-the reference policy and the critic (colocation). The driver calls them phase by phase and computes rewards
+the reference policy, the critic and the distillation teachers (colocation). The driver calls them phase by phase and computes rewards
 and advantages, which are cheap tensor maths over the whole batch. Tensors stay where they are next read: each
 call sends only what the driver holds of what the phase reads, and takes back only what a driver phase reads
 (the routes of ``config.plan.declare_flows``); the rest stays in the workers' step store.
@@ -50,7 +50,7 @@ from trainer.routing import request, take_back
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
 from workers.runtime import malloc
 
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
@@ -122,13 +122,21 @@ class RayPPOTrainer:
         # (adapters disabled): then one object holds actor and ref
         actor_role = "actor_rollout_ref" if plan.ref_in_actor else "actor_rollout"
         arr = cfg.actor_rollout_ref
-        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan)}
+        roles = {
+            "actor_rollout": RayClassWithInitArgs(
+                ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan, distillation=cfg.distillation
+            )
+        }
         if plan.use_reference_policy and not plan.ref_in_actor:
             roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role="ref", plan=plan)
         if plan.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
         if cfg.reward_model.enable:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
+        if plan.compute_teacher:  # on-policy distillation: frozen teachers, offloaded between their forwards
+            roles["teacher"] = RayClassWithInitArgs(
+                TeacherWorker, config=cfg.distillation, actor_rollout_ref=arr, plan=plan
+            )
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
             pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
@@ -143,8 +151,9 @@ class RayPPOTrainer:
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
+        self.teacher_wg = views.get("teacher")
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
-            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
+            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.teacher_wg, self.actor_rollout_wg):
                 if wg is not None:
                     wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
@@ -306,6 +315,9 @@ class RayPPOTrainer:
             if self.plan.compute_ref_log_prob:
                 with self._phase("ref", timing):
                     self._call(self.ref_wg.compute_ref_log_prob, batch, "ref")
+            if self.plan.compute_teacher:  # after the filter: the teachers score only the rows that train
+                with self._phase("teacher", timing):
+                    self._call(self.teacher_wg.compute_teacher_log_prob, batch, "teacher")
             if self.plan.use_critic:
                 with self._phase("values", timing):
                     self._call(self.critic_wg.compute_values, batch, "values")

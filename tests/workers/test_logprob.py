@@ -6,9 +6,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from algos.distillation import topk_log_probs_from_logits
 from config.roles import ModelConfig
 from tests.workers.helpers import make_update_batch
-from algos.distillation import topk_log_probs_from_logits
 from workers.compute.logprob import hidden_states_out, output_head, teacher_scores, token_stats
 from workers.compute.rollout import generate_sequences
 from workers.parallel import lora

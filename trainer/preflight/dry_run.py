@@ -8,6 +8,7 @@ The memory model is ``trainer.preflight.memory_estimate``'s; its phases ``traine
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -22,6 +23,7 @@ from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from config import ConfigError, PPOConfig, StepPlan
+from config.distillation import teacher_fsdp_config, teacher_roles
 from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
@@ -84,6 +86,13 @@ def phase_batches(cfg: PPOConfig, plan: StepPlan) -> list[PhaseBatch]:
                 budget(ref, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
             )
         )
+    if plan.compute_teacher:  # each teacher's forward, micro-batched as the old log-probs' (workers.compute.teacher)
+        teacher = forward(
+            "teacher",
+            rollout.log_prob_micro_batch_size_per_gpu,
+            budget(rollout, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+        )
+        out += [dataclasses.replace(teacher, name=name) for name in teacher_roles(cfg.distillation)]
     if plan.use_critic:
         out.append(
             forward(
@@ -165,7 +174,7 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
 
 
 def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
-    """The actor's (and critic's, reward model's) sizes from their ``config.json``; ``demo_config()`` gives the
+    """The actor's (and critic's, reward model's, teachers') sizes from their ``config.json``; ``demo_config()`` gives the
     built-in model's config when ``actor_rollout_ref.model.path`` is null."""
     arr = cfg.actor_rollout_ref
     actor_path = arr.model.path
@@ -186,6 +195,11 @@ def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], A
         sizes["rm"] = model_sizes(
             config, None, cfg.reward_model.fsdp_config.wrap_policy.min_num_params, value_head=True
         )
+    min_num_params, teachers = teacher_fsdp_config(arr).wrap_policy.min_num_params, cfg.distillation.teacher_models
+    for role, name in teacher_roles(cfg.distillation).items():  # distillation's frozen teachers
+        key = f"distillation.teacher_models.{name}.model_path"
+        config = _config(key, teachers[name].model_path, arr.model.trust_remote_code)
+        sizes[role] = model_sizes(config, None, min_num_params)
     return sizes
 
 

@@ -1,7 +1,8 @@
 """The phases of a run on one worker and what each holds at its peak: the memory estimate of a config.
 
 A worker holds every role the step plan places on it (``workers.roles.fsdp_workers``): the actor (+ rollout), the
-reference unless the actor is its own (LoRA), the critic, the reward model. Each phase adds its own terms
+reference unless the actor is its own (LoRA), the critic, the reward model, the distillation teachers (offloaded
+between their forwards on CUDA). Each phase adds its own terms
 (``trainer.preflight.memory_estimate``) to what persists; the phases are the step's (generation, log-probs, values, the
 updates), validation's generation, and loading. Every phase knows the key that sizes its batch, so a refusal
 can name what to lower.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from config.distillation import teacher_fsdp_config, teacher_roles, uses_topk
 from config.plan import StepPlan, uses_full_kl
 from trainer.preflight.memory_estimate import (
     FP32,
@@ -48,7 +50,8 @@ class Lengths:
 
 
 def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], device: str) -> dict[str, Role]:
-    """The roles one worker holds, with their sizes and placement; ``models`` has actor, critic and rm sizes."""
+    """The roles one worker holds, with their sizes and placement; ``models`` has actor, critic, rm and teacher
+    sizes (``trainer.preflight.dry_run.load_model_sizes``)."""
     arr, n = cfg.actor_rollout_ref, plan.n_workers
     roles = {"actor": Role(models["actor"], placement(device, n, arr.actor.fsdp_config, True), True)}
     if plan.use_reference_policy and arr.model.lora_rank == 0:  # a LoRA actor is its own reference
@@ -57,6 +60,8 @@ def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], dev
         roles["critic"] = Role(models["critic"], placement(device, n, cfg.critic.fsdp_config, True), True)
     if cfg.reward_model.enable:
         roles["rm"] = Role(models["rm"], placement(device, n, cfg.reward_model.fsdp_config, False), False)
+    for name in teacher_roles(cfg.distillation):
+        roles[name] = Role(models[name], placement(device, n, teacher_fsdp_config(arr), False), False)
     return roles
 
 
@@ -101,6 +106,8 @@ class _Estimator:
             if plan.recompute_old_log_prob
             else None,
             self.log_prob("ref", ref, arr.ref, f"{ARR}.ref") if plan.compute_ref_log_prob else None,
+            # each teacher's forward, micro-batched as the old log-probs' (workers.compute.teacher)
+            *(self.log_prob(name, name, arr.rollout, f"{ARR}.rollout") for name in teacher_roles(cfg.distillation)),
             self.values() if plan.use_critic else None,
             self.update_critic() if plan.use_critic else None,
             self.update_actor(),
@@ -259,6 +266,9 @@ class _Estimator:
         terms["logits"] = logits_bytes(
             head, n, vocab, c, micro.packed, backward=True, fused=fused, entropy_grad=arr.actor.entropy_coeff != 0
         )
+        distillation = self.cfg.distillation
+        if distillation.enabled and uses_topk(distillation):  # the teacher's k ids and log-probs, the student's
+            terms["logits"] += n * distillation.distillation_loss.topk * (8 + 3 * FP32)
         if uses_full_kl(arr.actor):  # the reference's logits and the exact KL's log-softmaxes beside them
             terms["logits"] += logits_bytes(head, n, vocab, c, micro.packed, backward=False, fused=fused) + (
                 0 if fused else 2 * n * vocab * FP32

@@ -188,14 +188,16 @@ def teacher_scores(
     fused: bool,
     topk: int | None = None,
     temperature: float = 1.0,
+    share_prompts: bool = False,
 ) -> dict[str, Tensor]:
     """A frozen teacher's scores of the sampled responses on a micro-batch (``token_stats``'s inputs): ``log_probs``
     (B, R) of the sampled tokens, and with ``topk`` its ``topk_ids`` (B, R, k) (int64) and ``topk_log_probs``
     (B, R, k); zero where there is no valid response token. ``fused``: the chunked head
-    (``algos.linear_logprob.linear_scores``), else the head's logits of the valid rows as one matrix."""
+    (``algos.linear_logprob.linear_scores``), else the head's logits of the valid rows as one matrix;
+    ``share_prompts``: ``response_rows``'."""
     head = output_head(module)
     with hidden_states_out(head):
-        rows = response_rows(module, micro, response_length, remove_padding)
+        rows = response_rows(module, micro, response_length, remove_padding, share_prompts)
     if fused and head is not None:
         out = linear_scores(rows.outputs, head.weight, rows.labels, head.bias, temperature, topk)
     else:
