@@ -13,10 +13,10 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from algos.distillation import DISTILLATION_LOSSES
+from algos.registry import DISTILLATION_LOSS_SPECS
 from config.checks import ConfigError, check, is_int, non_negative, positive
 
-DistillationLossMode = Literal[tuple(DISTILLATION_LOSSES)]  # type: ignore[valid-type]
+DistillationLossMode = Literal[tuple(DISTILLATION_LOSS_SPECS)]  # type: ignore[valid-type]
 DEFAULT_TEACHER = "teacher_model"  # verl's entry for a single teacher; dropped when other teachers are named
 # what the teacher's phase writes for the actor's update: the sampled tokens' log-probs (B, R), or its top-k ids
 # (int64) and log-probs (B, R, k): k values per token, never the vocabulary
@@ -45,7 +45,7 @@ class DistillationLossConfig:
         non_negative(self, "distillation_loss_coef")
         positive(self, "clip_ratio", "clip_ratio_low", "clip_ratio_high")
         check(self, ["loss_max_clamp"], lambda v: v is None or v > 0, "must be null or > 0")
-        if DISTILLATION_LOSSES[self.loss_mode].uses_topk and self.topk is None:
+        if DISTILLATION_LOSS_SPECS[self.loss_mode].uses_topk and self.topk is None:
             raise ConfigError.invalid("topk", self.topk, f"loss_mode={self.loss_mode} needs the teacher's top-k")
         if self.loss_mode in ("k1", "kl") and not self.use_policy_gradient:
             raise ConfigError.invalid(
@@ -169,7 +169,7 @@ def teacher_roles(config: DistillationConfig) -> dict[str, str]:
 
 def uses_topk(config: DistillationConfig) -> bool:
     """The loss reads the teacher's top-k (``forward_kl_topk``), not its sampled-token log-probs."""
-    return DISTILLATION_LOSSES[config.distillation_loss.loss_mode].uses_topk
+    return DISTILLATION_LOSS_SPECS[config.distillation_loss.loss_mode].uses_topk
 
 
 def teacher_outputs(config: DistillationConfig) -> tuple[str, ...]:

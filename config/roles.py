@@ -12,8 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from algos.kl import KL_LOSS_TYPES
-from algos.losses import LOSS_AGG_MODES, POLICY_LOSSES
+from algos.registry import KL_LOSS_TYPES, LOSS_AGG_MODES, POLICY_LOSS_SPECS
 from config.checks import (
     ConfigError,
     check,
@@ -31,7 +30,7 @@ from config.checks import (
 ParamDtype = Literal["auto", "native", "bf16", "fp32", "bfloat16", "float32"]
 ReduceDtype = Literal["fp32", "bf16", "float32", "bfloat16"]
 LossAggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]
-PolicyLossMode = Literal[tuple(POLICY_LOSSES)]  # type: ignore[valid-type]
+PolicyLossMode = Literal[tuple(POLICY_LOSS_SPECS)]  # type: ignore[valid-type]
 KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
 
 
@@ -135,7 +134,7 @@ class RolloutCorrectionConfig:
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
-    """``actor.policy_loss``: which loss (``algos.losses.POLICY_LOSSES``) and the options only some losses read."""
+    """``actor.policy_loss``: which loss (``algos.registry.POLICY_LOSS_SPECS``) and the options only some read."""
 
     loss_mode: PolicyLossMode = "vanilla"
     clip_cov_ratio: float = 0.0002  # clip_cov: the fraction of tokens detached

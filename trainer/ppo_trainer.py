@@ -1,10 +1,12 @@
 """The PPO driver: one process that writes the RL dataflow as plain calls on worker groups.
 
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
-the reference policy, the critic and the distillation teachers (colocation). The driver calls them phase by phase and computes rewards
-and advantages, which are cheap tensor maths over the whole batch. Tensors stay where they are next read: each
-call sends only what the driver holds of what the phase reads, and takes back only what a driver phase reads
-(the routes of ``config.plan.declare_flows``); the rest stays in the workers' step store.
+the reference policy, the critic and distillation's teachers (colocation). The driver calls them phase by phase and
+computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the phases of the table
+``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and method come from its
+entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
+and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``); the rest stays in
+the workers' step store.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import numpy as np
 import torch
 
 import algos
-from config.plan import GREEDY_FLOW, STEP_FLOW, VALIDATION_FLOW, StepPlan
+from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW, VALIDATION_FLOW
+from config.plan import StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
@@ -152,6 +155,14 @@ class RayPPOTrainer:
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
         self.teacher_wg = views.get("teacher")
+        # the worker group that computes each role's phases (config.phases.ROLES), by the role's name
+        self.role_groups = {
+            "actor": self.actor_rollout_wg,
+            "ref": self.ref_wg,
+            "critic": self.critic_wg,
+            "rm": self.rm_wg,
+            "teacher": self.teacher_wg,
+        }
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
             for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.teacher_wg, self.actor_rollout_wg):
                 if wg is not None:
@@ -289,7 +300,8 @@ class RayPPOTrainer:
         return True
 
     def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
-        """One PPO iteration on a batch of prompts: each phase one line, each timed. With dynamic sampling
+        """One PPO iteration on a batch of prompts: the phases of ``config.phases.STEP_PHASES`` in their order, one
+        timed line each; a phase this plan does not run is skipped (``StepPlan.runs``). With dynamic sampling
         (``trainer.dynamic_sampling``) ``batch`` is the first generation batch and ``more`` gives the next ones."""
         timing: dict[str, float] = {}
         metrics: dict[str, Any] = {}
@@ -309,29 +321,18 @@ class RayPPOTrainer:
             else:
                 batch, reward_extras, sampled = sample(batch)
             metrics.update(sampled)
-            if self.plan.recompute_old_log_prob:
-                with self._phase("old_log_prob", timing):
-                    self._call(self.actor_rollout_wg.compute_log_prob, batch, "old_log_prob")
-            if self.plan.compute_ref_log_prob:
-                with self._phase("ref", timing):
-                    self._call(self.ref_wg.compute_ref_log_prob, batch, "ref")
-            if self.plan.compute_teacher:  # after the filter: the teachers score only the rows that train
-                with self._phase("teacher", timing):
-                    self._call(self.teacher_wg.compute_teacher_log_prob, batch, "teacher")
-            if self.plan.use_critic:
-                with self._phase("values", timing):
-                    self._call(self.critic_wg.compute_values, batch, "values")
+            metrics.update(self._worker("old_log_prob", batch, timing))
+            metrics.update(self._worker("ref", batch, timing))
+            metrics.update(self._worker("teacher", batch, timing))  # after the filter: only the rows that train
+            metrics.update(self._worker("values", batch, timing))
             with self._phase("adv", timing):
                 compute_advantage(
                     batch, self.config.algorithm, self.plan, self.kl_ctrl_in_reward, metrics, reward_extras
                 )
-            if self.plan.use_critic:
-                with self._phase("update_critic", timing):
-                    metrics.update(self._call(self.critic_wg.update_critic, batch, "update_critic"))
+            metrics.update(self._worker("update_critic", batch, timing))
             if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
-                with self._phase("update_actor", timing):
-                    metrics.update(self._call(self.actor_rollout_wg.update_actor, batch, "update_actor"))
-            with timed("dump_rollout_generations", timing):  # verl's timer name
+                metrics.update(self._worker("update_actor", batch, timing))
+            with self._phase("dump_rollout_generations", timing):  # verl's timer name
                 prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
                 self.generations.training_step(batch, prompts, reward_extras, self.global_step)
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
@@ -347,7 +348,7 @@ class RayPPOTrainer:
         metrics: dict[str, Any] = {}
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this batch is under it
-        if self.plan.compute_greedy_baseline:  # ReMax's baseline: the greedy answer's reward
+        if self.plan.runs("gen_max"):  # ReMax's baseline: the greedy answer's reward
             with self._phase("gen_max", timing):
                 batch.batch["reward_baselines"] = self._greedy_reward(batch)
         batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
@@ -368,17 +369,20 @@ class RayPPOTrainer:
         with self.watchdog.phase(name), timed(name, timing):
             yield
 
+    def _worker(self, phase: str, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+        """Worker ``phase`` of the step, timed, when the plan runs it; its metrics."""
+        if not self.plan.runs(phase):
+            return {}
+        with self._phase(phase, timing):
+            return self._call(phase, batch)
+
     def _call(
-        self,
-        method: Callable[[DataProto], DataProto],
-        batch: DataProto,
-        phase: str,
-        flow: str = STEP_FLOW,
-        meta_info: dict | None = None,
+        self, phase: str, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None
     ) -> dict[str, float]:
-        """Worker ``phase`` of ``flow`` on ``batch``, moving what its route says (trainer/routing.py); returns
-        the phase's metrics."""
-        route = self.plan.flows[flow].route(phase)
+        """Worker ``phase`` of ``flow`` on ``batch``: its entry's method on its role's workers, moving what its
+        route says (trainer/routing.py); returns the phase's metrics."""
+        entry, route = PHASES[phase], self.plan.flows[flow].route(phase)
+        method = getattr(self.role_groups[entry.role], entry.method)
         out = method(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
         metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
         take_back(batch, route, out)
@@ -386,7 +390,7 @@ class RayPPOTrainer:
 
     def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
         """Responses to ``batch``'s prompts (its gen phase in ``flow``); the rollout's metrics, multi-turn's too."""
-        metrics = self._call(self.actor_rollout_wg.generate_sequences, batch, "gen", flow, meta_info)
+        metrics = self._call("gen", batch, flow, meta_info)
         return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}
 
     def _reward(self, batch: DataProto, metrics: dict) -> dict[str, list]:
@@ -395,8 +399,8 @@ class RayPPOTrainer:
         scores, reward_extras = self.reward_fn(batch)
         if getattr(self.reward_fn, "last_errors", 0):  # responses the user's function failed on, scored 0
             metrics["reward/errors"] = self.reward_fn.last_errors
-        if self.rm_wg is not None:
-            self._call(self.rm_wg.compute_rm_score, batch, "rm_score")
+        if self.plan.runs("rm_score"):  # timed within the reward, as verl does
+            self._call("rm_score", batch)
             scores = scores + batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores
         metrics.update(reward_group_metrics(scores.sum(-1), batch.non_tensor_batch["uid"]))

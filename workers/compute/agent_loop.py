@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
-from config.plan import PROMPT
+from config.phases import PROMPT
 from workers.compute.rollout import _rollout_batch
 from workers.compute.turn_sampler import HFTurnSampler, LogitsProcessor, TurnSampler
 from workers.tools import AgentData, ToolBox, ToolConfigError, load_tools

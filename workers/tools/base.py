@@ -24,10 +24,12 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from config.checks import ConfigError
 
-class ToolConfigError(ValueError):
-    """A tool configuration or tool class cannot be used; the message names the file and the fix, ``key`` the
-    ``rollout.multi_turn`` key whose value is at fault (when known)."""
+
+class ToolConfigError(ConfigError):
+    """A tool configuration or tool class cannot be used (a user's mistake, so a ``ConfigError``); the message names
+    the file and the fix, ``key`` the ``rollout.multi_turn`` key whose value is at fault (when known)."""
 
     def __init__(self, message: str, key: str | None = None) -> None:
         super().__init__(message)
