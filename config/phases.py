@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from algos.registry import estimator_needs, policy_loss_spec
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
+from config.distillation import teacher_columns, teacher_fsdp_config, teacher_outputs, teacher_roles
 
 if TYPE_CHECKING:
     from config.plan import StepPlan
@@ -43,8 +44,9 @@ ARR = "actor_rollout_ref"
 
 
 def lookup(cfg: Any, key: str) -> Any:
-    """The value (or section) at a dotted key of a config: ``lookup(cfg, "critic.model")``."""
-    return reduce(getattr, key.split("."), cfg)
+    """The value (or section) at a dotted key of a config: ``lookup(cfg, "critic.model")`` (and through a mapping's
+    entries: ``distillation.teacher_models.<name>.model_path``)."""
+    return reduce(lambda node, k: node[k] if isinstance(node, dict) else getattr(node, k), key.split("."), cfg)
 
 
 def forward_keys(remove_padding: bool) -> tuple[str, ...]:
@@ -138,7 +140,7 @@ class StepPhase:
     ``Step``; ``runs``: whether a plan runs it; ``memory``: the name of its estimate in
     ``trainer.preflight.memory_phases.ESTIMATORS`` (a worker phase's peak); ``advice``: what to lower when its
     worker method runs out of memory (default: its batch keys); ``timed``: ``train_step`` times it on its own line
-    (``timing_s/<name>``)."""
+    (``timing_s/<name>``); ``columns``: the non-tensor columns it reads (or a function of the ``Step``)."""
 
     name: str
     on: str
@@ -150,14 +152,16 @@ class StepPhase:
     memory: str | None = None
     batch: Batching | None = None
     advice: str | None = None
-    columns: tuple[str, ...] = ()
+    columns: Keys = ()
     timed: bool = True
     selects_rows: bool = False
 
     def declared(self, s: Step) -> Phase:
         """This phase's per-token reads and writes for ``s``."""
-        reads, writes = (keys(s) if callable(keys) else keys for keys in (self.reads, self.writes))
-        return Phase(self.name, self.on, reads, writes, self.columns)
+        reads, writes, columns = (
+            keys(s) if callable(keys) else keys for keys in (self.reads, self.writes, self.columns)
+        )
+        return Phase(self.name, self.on, reads, writes, columns)
 
     @property
     def oom_advice(self) -> str:
@@ -202,6 +206,7 @@ def _update_actor_reads(s: Step) -> tuple[str, ...]:
         *when(s.has_old, "old_log_probs"),
         *when(uses_ref_log_prob(actor), "ref_log_prob"),
         *policy_loss_spec(actor.policy_loss.loss_mode).needs,
+        *teacher_outputs(s.cfg.distillation),  # the distillation loss's
     )
 
 
@@ -271,6 +276,18 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         memory="forward",
         batch=_log_prob_batching(f"{ARR}.ref"),
     ),
+    StepPhase(  # on-policy distillation: the teachers score the rows that train (after the filter)
+        "teacher",
+        WORKER,
+        lambda s: s.policy,
+        lambda s: teacher_outputs(s.cfg.distillation),
+        runs=lambda s: s.plan.compute_teacher,
+        role="teacher",
+        method="compute_teacher_log_prob",
+        memory="forward",
+        batch=_log_prob_batching(f"{ARR}.rollout"),  # micro-batched as the old log-probs' (workers.compute.teacher)
+        columns=lambda s: teacher_columns(s.cfg.distillation),  # several teachers: the column that routes rows
+    ),
     StepPhase(
         "values",
         WORKER,
@@ -327,7 +344,9 @@ class WorkerRole:
     use_remove_padding, enable_gradient_checkpointing, where it has them), the section whose ``fsdp_config`` places
     it, whether it trains, whether it ends in a value head (one output, not the vocabulary), whether LoRA
     ``adapters`` apply, and whether a plan places it (``held``). ``shares``: the role whose model this is, which
-    computes its phases when it is not held (a LoRA actor is its own reference: its module, adapters disabled)."""
+    computes its phases when it is not held (a LoRA actor is its own reference: its module, adapters disabled).
+    ``instances``: a role of several models (distillation's teachers), each model's name -> the key of its path;
+    ``fsdp``: its ``fsdp_config`` when it is not ``placement``'s."""
 
     name: str
     path: str
@@ -338,6 +357,22 @@ class WorkerRole:
     adapters: bool = False
     shares: str | None = None
     held: Callable[[Step], bool] = lambda s: True
+    instances: Callable[[Any], dict[str, str]] | None = None
+    fsdp: Callable[[Any], Any] | None = None
+
+    def paths(self, cfg: Any) -> dict[str, str]:
+        """The models of this role on a worker: each one's name -> the key of its path."""
+        return self.instances(cfg) if self.instances else {self.name: self.path}
+
+    def fsdp_config(self, cfg: Any) -> Any:
+        """How this role's models are placed."""
+        return self.fsdp(cfg) if self.fsdp else lookup(cfg, self.placement).fsdp_config
+
+
+def _teachers(cfg: Any) -> dict[str, str]:
+    """Distillation's teachers: ``teacher`` for one, ``teacher.<name>`` for each of several."""
+    roles = teacher_roles(cfg.distillation)
+    return {role: f"distillation.teacher_models.{name}.model_path" for role, name in roles.items()}
 
 
 ROLES: tuple[WorkerRole, ...] = (
@@ -362,6 +397,16 @@ ROLES: tuple[WorkerRole, ...] = (
         trained=False,
         value_head=True,
         held=lambda s: s.reward_model,
+    ),
+    WorkerRole(  # frozen, offloaded between its forwards (config.distillation.teacher_fsdp_config)
+        "teacher",
+        "distillation.teacher_models",
+        f"{ARR}.model",
+        f"{ARR}.ref",
+        trained=False,
+        held=lambda s: s.plan.compute_teacher,
+        instances=_teachers,
+        fsdp=lambda cfg: teacher_fsdp_config(cfg.actor_rollout_ref),
     ),
 )
 ROLE = {role.name: role for role in ROLES}

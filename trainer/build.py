@@ -39,10 +39,6 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     check_vllm(cfg.actor_rollout_ref.rollout, cfg.trainer.device, plan.n_workers)
     for line in ignored_key_warnings(cfg) + teacher_warnings(cfg.distillation):  # verl machinery ColoRL lacks
         print(f"colorl: warning: {line}", file=sys.stderr)
-    if cfg.distillation.enabled:  # the losses and keys exist (algos.distillation); the teacher's forward does not yet
-        raise ConfigError.invalid(
-            "distillation.enabled", True, "the teacher role is not part of the step yet; set distillation.enabled=false"
-        )
     compute_score = _load_compute_score(cfg)
     cfg = _fill_paths(cfg)
     model = cfg.actor_rollout_ref.model

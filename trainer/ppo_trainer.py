@@ -1,8 +1,8 @@
 """The PPO driver: one process that writes the RL dataflow as plain calls on worker groups.
 
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
-the reference policy and the critic (colocation). The driver calls them phase by phase and computes rewards
-and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the phases of the table
+the reference policy, the critic and distillation's teachers (colocation). The driver calls them phase by phase and
+computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the phases of the table
 ``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and method come from its
 entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
 and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``); the rest stays in
@@ -54,7 +54,7 @@ from trainer.routing import request, take_back
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.watchdog import PhaseWatchdog
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
 from workers.runtime import malloc
 
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
@@ -126,13 +126,21 @@ class RayPPOTrainer:
         # (adapters disabled): then one object holds actor and ref
         actor_role = "actor_rollout_ref" if plan.ref_in_actor else "actor_rollout"
         arr = cfg.actor_rollout_ref
-        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan)}
+        roles = {
+            "actor_rollout": RayClassWithInitArgs(
+                ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan, distillation=cfg.distillation
+            )
+        }
         if plan.use_reference_policy and not plan.ref_in_actor:
             roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role="ref", plan=plan)
         if plan.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
         if cfg.reward_model.enable:
             roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
+        if plan.compute_teacher:  # on-policy distillation: frozen teachers, offloaded between their forwards
+            roles["teacher"] = RayClassWithInitArgs(
+                TeacherWorker, config=cfg.distillation, actor_rollout_ref=arr, plan=plan
+            )
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
             pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
@@ -147,15 +155,17 @@ class RayPPOTrainer:
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
+        self.teacher_wg = views.get("teacher")
         # the worker group that computes each role's phases (config.phases.ROLES), by the role's name
         self.role_groups = {
             "actor": self.actor_rollout_wg,
             "ref": self.ref_wg,
             "critic": self.critic_wg,
             "rm": self.rm_wg,
+            "teacher": self.teacher_wg,
         }
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
-            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
+            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.teacher_wg, self.actor_rollout_wg):
                 if wg is not None:
                     wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
@@ -314,6 +324,7 @@ class RayPPOTrainer:
             metrics.update(sampled)
             metrics.update(self._worker("old_log_prob", batch, timing))
             metrics.update(self._worker("ref", batch, timing))
+            metrics.update(self._worker("teacher", batch, timing))  # after the filter: only the rows that train
             metrics.update(self._worker("values", batch, timing))
             with self._phase("adv", timing):
                 compute_advantage(

@@ -19,7 +19,7 @@ from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import phase_batches
 from trainer.preflight.memory_estimate import model_sizes
 from trainer.preflight.memory_phases import ESTIMATORS, estimate_memory
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
 
 # between them, these plans run every phase of the table
 PLANS = {
@@ -34,12 +34,14 @@ PLANS = {
     ],
     "remax": ["algorithm.adv_estimator=remax"],
     "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=24", "trainer.rollout_data_dir=/no/dumps"],
+    "opd": ["distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/no/teacher/is/read"],
 }
 WORKER_CLASSES = {
     "actor": ActorRolloutRefWorker,
     "ref": ActorRolloutRefWorker,
     "critic": CriticWorker,
     "rm": RewardModelWorker,
+    "teacher": TeacherWorker,
 }
 
 
@@ -84,6 +86,7 @@ def test_the_memory_estimate_has_each_worker_phase_that_runs(planned):
         "actor": model_sizes(demo, cfg.actor_rollout_ref.model),
         "critic": model_sizes(demo, None, value_head=True),
         "rm": model_sizes(demo, None, value_head=True),
+        "teacher": model_sizes(demo, None),
     }
     estimate = estimate_memory(cfg, plan, models, "cpu", val_rows=4)
     worker = [p.name for p in STEP_PHASES if p.on == WORKER and plan.runs(p.name)]

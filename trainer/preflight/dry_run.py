@@ -110,6 +110,8 @@ def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
     the plan places (``config.phases.ROLES``) with a model of its own, other than the actor's."""
     step, actor_path = Step(cfg, plan), cfg.actor_rollout_ref.model.path
     for role in ROLES:
+        if role.instances:  # distillation's teachers: check_teachers, below
+            continue
         path = lookup(cfg, role.path)
         own = role.name == "actor" or path != actor_path
         if role.held(step) and role.shares is None and path is not None and own:
@@ -153,11 +155,13 @@ def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], A
     for role in ROLES:
         if not role.held(step) or role.shares is not None:
             continue
-        path, model = lookup(cfg, role.path), lookup(cfg, role.model)
+        model = lookup(cfg, role.model)
         trust = bool(getattr(model, "trust_remote_code", False))
-        config = actor_config if path in (None, actor_path) else _config(role.path, path, trust)
-        min_params = lookup(cfg, role.placement).fsdp_config.wrap_policy.min_num_params
-        sizes[role.name] = model_sizes(config, model if role.adapters else None, min_params, role.value_head)
+        min_params = role.fsdp_config(cfg).wrap_policy.min_num_params
+        for name, key in role.paths(cfg).items():  # one model, or each of distillation's teachers
+            path = lookup(cfg, key)
+            config = actor_config if path in (None, actor_path) else _config(key, path, trust)
+            sizes[name] = model_sizes(config, model if role.adapters else None, min_params, role.value_head)
     return sizes
 
 
