@@ -99,6 +99,9 @@ def test_what_cannot_run_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="must divide their 3"):
         check_vllm(tp2, "cuda", 3)
     check_vllm(tp2, "cuda", 2)  # within the worker group on GPUs
+    small_heads = tiny_config(tmp_path, "grpo", extra=("actor_rollout_ref.rollout.name=vllm",))  # 4 heads of 8
+    with pytest.raises(ConfigError, match=r"builtin.hidden_size=32\) has attention heads of size 8; .* takes 32, 64"):
+        build_trainer(small_heads)
     monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM not importable, as on a machine without the extra
     with pytest.raises(ConfigError) as missing:
         build_trainer(tiny_config(tmp_path, "grpo", extra=("actor_rollout_ref.rollout.name=vllm",)))

