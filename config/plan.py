@@ -72,6 +72,7 @@ def declare_flows(
     sum_pi_squared: bool,
     from_rollout: bool = False,
     dynamic_sampling: bool = False,
+    balance: bool = False,
 ) -> dict[str, Dataflow]:
     """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
 
@@ -80,9 +81,11 @@ def declare_flows(
     log-probs are the old ones (the rollout writes ``old_log_probs``); ``dynamic_sampling``: the phases up to the
     reward run once per generation batch, then the driver's ``filter_groups`` keeps some rows of each
     (``trainer.dynamic_sampling``). It rewrites every key a later phase reads, so those travel to the driver and
-    back: the kept rows come from several generation batches, whose tensors no single worker holds.
+    back: the kept rows come from several generation batches, whose tensors no single worker holds. ``balance``:
+    the driver reorders the rows (``trainer.balance_batch``) after generation, so what the rollout wrote comes to
+    the driver and goes back; with dynamic sampling, after the filter (as verl's DAPO loop), on the rows it keeps.
     """
-    actor, algo, rm = cfg.actor_rollout_ref.actor, cfg.algorithm, cfg.reward_model.enable
+    actor, algo, rm = cfg.actor_rollout_ref.actor, cfg.algorithm, cfg.reward.reward_model.enable
     policy = forward_keys(cfg.actor_rollout_ref.model.use_remove_padding)  # actor and reference
     value = forward_keys(cfg.critic.model.use_remove_padding)
     estimator = [k for k in WORKER_ESTIMATOR_INPUTS if estimator_needs(algo.adv_estimator, k)]
@@ -97,6 +100,7 @@ def declare_flows(
     step = (
         prompts,
         gen,
+        *when(balance and not dynamic_sampling, Phase("balance", DRIVER, reads=gen.writes, writes=gen.writes)),
         *when(rm, Phase("rm_score", WORKER, reads=(*SEQUENCE, "response_mask"), writes=("rm_scores",))),
         Phase("reward", DRIVER, reads=(*scored, *when(rm, "rm_scores")), writes=("token_level_scores",)),
         *when(
@@ -153,7 +157,9 @@ def declare_flows(
     )
     if dynamic_sampling:  # after the reward (prompts, gen, rm_score, reward): the filter selects the rows
         cut = 3 + int(rm)
-        step = (*step[:cut], _selection("filter_groups", step[:cut], step[cut:]), *step[cut:])
+        selection = _selection("filter_groups", step[:cut], step[cut:])
+        ordered = when(balance, Phase("balance", DRIVER, reads=selection.writes, writes=selection.writes))
+        step = (*step[:cut], selection, *ordered, *step[cut:])
     side = (prompts, gen, Phase("reward", DRIVER, reads=scored))
     return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of(side), GREEDY_FLOW: Dataflow.of(side)}
 
@@ -181,6 +187,7 @@ class StepPlan:
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
     compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
+    balance_batch: bool  # the driver reorders each step's rows to balance the workers' tokens (trainer.balance)
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
     gen_batch_size: int  # prompts per generation batch (data.gen_batch_size, else data.train_batch_size)
@@ -231,6 +238,12 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     from_rollout = rollout_log_probs(cfg) and not own_log_probs and not sum_pi_squared
     recompute = not (own_log_probs or from_rollout)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
+    balance = bool(cfg.trainer.balance_batch) and n_workers > 1  # one worker: nothing to balance
+    if balance and actor.use_prefix_grouper and data.train_batch_size % n_workers:
+        raise ConfigError(
+            f"trainer.balance_batch=true with actor_rollout_ref.actor.use_prefix_grouper=true places whole prompt "
+            f"groups: data.train_batch_size={data.train_batch_size} must be a multiple of the {n_workers} workers"
+        )
     arr = "actor_rollout_ref"
     _require_micro(
         f"{arr}.rollout.log_prob_micro_batch_size_per_gpu",
@@ -261,6 +274,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         compute_ref_log_prob=ref_log_prob,
         compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
         compute_sum_pi_squared=sum_pi_squared,
+        balance_batch=balance,
         actor_mini_batch_size=_mini_batch_per_rank(
             "actor_rollout_ref.actor",
             actor,
@@ -284,6 +298,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
             sum_pi_squared=sum_pi_squared,
             from_rollout=from_rollout,
             dynamic_sampling=dynamic_sampling,
+            balance=balance,
         ),
     )
 
@@ -335,13 +350,19 @@ def _check_estimator(cfg: Any) -> None:
     if corrected and loss_mode != "bypass_mode":
         raise ConfigError(
             f"algorithm.rollout_correction (rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}, "
-            f"loss_type={corr.loss_type}): applied by the bypass loss only; set "
-            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"
+            f"loss_type={corr.loss_type}): ColoRL's rollout is the pre-update policy, so its log-probs are the old "
+            "ones: set algorithm.rollout_correction.bypass_mode=true (the bypass loss applies them)"
+        )
+    if estimator == "grpo_passk" and n < 2:  # pass@k's baseline is the group's best other response
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the responses to one "
+            "prompt, so it needs rollout.n > 1"
         )
     if estimator_needs(estimator, "index") and n < 2:  # the baseline comes from the prompt's group
-        raise ConfigError(
-            f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
-            "responses to one prompt, so it needs rollout.n > 1"
+        warnings.warn(
+            f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the responses to one "
+            "prompt; each is alone in its group, which (as in verl) counts as mean 0, std 1",
+            stacklevel=3,
         )
     needs_critic = estimator_needs_critic(estimator)
     if cfg.critic.enable is False and needs_critic:

@@ -26,7 +26,7 @@ MEMORY_KEYS = {
     "use_dynamic_bsz)",
     "compute_values": "critic.forward_micro_batch_size_per_gpu (forward_max_token_len_per_gpu with use_dynamic_bsz)",
     "update_critic": "critic.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with use_dynamic_bsz)",
-    "compute_rm_score": "reward_model.micro_batch_size_per_gpu",
+    "compute_rm_score": "reward.reward_model.micro_batch_size_per_gpu",
 }
 OBJECT_STORE_FULL = (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError)
 STORE_HINT = (

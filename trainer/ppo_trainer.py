@@ -28,6 +28,7 @@ from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.advantage import compute_advantage
+from trainer.balance import balance_batch
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.data_position import DataPosition
 from trainer.dynamic_sampling import collect
@@ -127,8 +128,8 @@ class RayPPOTrainer:
             roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role="ref", plan=plan)
         if plan.use_critic:
             roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
-        if cfg.reward_model.enable:
-            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
+        if cfg.reward.reward_model.enable:
+            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward.reward_model)
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
             pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
@@ -169,26 +170,26 @@ class RayPPOTrainer:
         start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
-                self.logger.log(self.health.observe(self.validate(), self.global_step), step=self.global_step)
+                last = self.validate()
+                self.logger.log(self.health.observe(last, self.global_step), step=self.global_step)
                 self.report.write(self.logger.records(), self.health.fired)
             batches = self.data.batches()
-            while self.global_step < self.total_training_steps:
+            while self.global_step < self.total_training_steps and not cfg.val_only:  # val_only: validate, stop
                 self.global_step += 1
                 last = self.train_step(next(batches), batches)
                 last["training/epoch"] = float(self.data.epoch)
                 self._check_finite(last)
                 done = self.global_step >= self.total_training_steps or self._data_used_up()
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
-                validated = self.val_dataloader is not None and (
-                    done or out_of_time or _every(cfg.test_freq, self.global_step)
-                )
+                last_step = done or out_of_time  # verl validates and saves at the last step when its freq > 0
+                validated = self.val_dataloader is not None and _due(cfg.test_freq, self.global_step, last_step)
                 if validated:
                     testing: dict[str, float] = {}
                     with timed("testing", testing):
                         last.update(self.validate())
                     last["timing_s/testing"] = testing["testing"]
                 preempted = stop.signal is not None  # read once: a signal after the save waits for the next step
-                if done or out_of_time or preempted or _every(cfg.save_freq, self.global_step):
+                if preempted or _due(cfg.save_freq, self.global_step, last_step):  # preempted: save to resume
                     saving: dict[str, float] = {}
                     with self._phase("save_checkpoint", saving):
                         self.save_checkpoint()
@@ -297,6 +298,8 @@ class RayPPOTrainer:
                     cfg.algorithm.filter_groups,
                 )
                 batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
+                if self.plan.balance_batch:  # on the rows kept, as verl's DAPO loop
+                    self._balance(batch, sampled, timing, reward_extras)
             else:
                 batch, reward_extras, sampled = sample(batch)
             metrics.update(sampled)
@@ -346,9 +349,20 @@ class RayPPOTrainer:
         )
         with self._phase("gen", timing):
             metrics.update(self._generate(batch))
+        if self.plan.balance_batch and not self.plan.dynamic_sampling:  # verl's place: before the reward
+            self._balance(batch, metrics, timing)
         with self._phase("reward", timing):
             reward_extras = self._reward(batch, metrics)
         return batch, reward_extras, metrics
+
+    def _balance(
+        self, batch: DataProto, metrics: dict, timing: dict[str, float], extras: dict[str, list] | None = None
+    ) -> None:
+        """``trainer.balance_batch``: reorder the rows (and the per-row ``extras``) so each worker's share gets a
+        similar number of tokens; whole prompt groups with the prefix grouper."""
+        with self._phase("balance", timing):
+            keep_groups = self.config.actor_rollout_ref.actor.use_prefix_grouper
+            metrics.update(balance_batch(batch, self.plan.n_workers, keep_groups, extras))
 
     @contextmanager
     def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
@@ -392,8 +406,7 @@ class RayPPOTrainer:
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
         """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
-        greedy = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
-        greedy.pop("n")
+        greedy = self.config.actor_rollout_ref.rollout.val_kwargs.sampling()
         prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)  # every non-tensor too
         self._generate(prompts, GREEDY_FLOW, meta_info=greedy)
         return self.reward_fn(prompts)[0].sum(-1)
@@ -401,8 +414,8 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source."""
-        val_kwargs = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
-        n = val_kwargs.pop("n")
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs.sampling()
+        n = self.config.actor_rollout_ref.rollout.val_kwargs.n
         sources: list[str] = []
         rewards: list[float] = []
         answers: list[tuple[int, ...]] = []
@@ -433,5 +446,6 @@ class RayPPOTrainer:
         return validation_metrics(sources, rewards, answers, n, extras)
 
 
-def _every(freq: int, step: int) -> bool:
-    return freq > 0 and step % freq == 0
+def _due(freq: int, step: int, last_step: bool) -> bool:
+    """verl's rule for test_freq/save_freq: every ``freq`` steps and at the last one; never when ``freq <= 0``."""
+    return freq > 0 and (last_step or step % freq == 0)

@@ -22,6 +22,7 @@ from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from config import ConfigError, PPOConfig, StepPlan
+from config.inert import inert_warnings
 from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
@@ -137,8 +138,9 @@ def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
         _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
     if plan.use_critic and critic_model.path not in (None, model.path):
         _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
-    if cfg.reward_model.enable:
-        _check_model("reward_model.model.path", cfg.reward_model.model.path, False, causal_lm=False)
+    if cfg.reward.reward_model.enable:
+        rm = cfg.reward.reward_model
+        _check_model("reward.reward_model.model_path", rm.model_path, False, causal_lm=False)
     check_teachers(cfg, _check_model)  # distillation: causal LMs with the student's vocabulary
 
 
@@ -180,12 +182,11 @@ def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], A
             if path in (None, actor_path)
             else _config("critic.model.path", path, cfg.critic.model.trust_remote_code)
         )
-        sizes["critic"] = model_sizes(config, None, cfg.critic.fsdp_config.wrap_policy.min_num_params, value_head=True)
-    if cfg.reward_model.enable:
-        config = _config("reward_model.model.path", cfg.reward_model.model.path, False)
-        sizes["rm"] = model_sizes(
-            config, None, cfg.reward_model.fsdp_config.wrap_policy.min_num_params, value_head=True
-        )
+        sizes["critic"] = model_sizes(config, None, cfg.critic.fsdp.wrap_policy.min_num_params, value_head=True)
+    if cfg.reward.reward_model.enable:
+        rm = cfg.reward.reward_model
+        config = _config("reward.reward_model.model_path", rm.model_path, False)
+        sizes["rm"] = model_sizes(config, None, rm.fsdp_config.wrap_policy.min_num_params, value_head=True)
     return sizes
 
 
@@ -370,6 +371,12 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
             cells[TERMS.index("activations")] = f"{both:>{_width('activations')}s}"
         lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
     lines.append(_verdict(cfg, estimate))
+    inert = inert_warnings(cfg)  # verl's keys set here that ColoRL does not honour (config.inert)
+    lines += [
+        "",
+        "verl keys set that ColoRL does not use:" if inert else "verl keys set that ColoRL does not use: none",
+    ]
+    lines += [f"  {line}" for line in inert]
     return "\n".join(lines)
 
 

@@ -54,9 +54,9 @@ def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], dev
     if plan.use_reference_policy and arr.model.lora_rank == 0:  # a LoRA actor is its own reference
         roles["ref"] = Role(models["actor"], placement(device, n, arr.ref.fsdp_config, False), False)
     if plan.use_critic:
-        roles["critic"] = Role(models["critic"], placement(device, n, cfg.critic.fsdp_config, True), True)
-    if cfg.reward_model.enable:
-        roles["rm"] = Role(models["rm"], placement(device, n, cfg.reward_model.fsdp_config, False), False)
+        roles["critic"] = Role(models["critic"], placement(device, n, cfg.critic.fsdp, True), True)
+    if cfg.reward.reward_model.enable:
+        roles["rm"] = Role(models["rm"], placement(device, n, cfg.reward.reward_model.fsdp_config, False), False)
     return roles
 
 
@@ -104,7 +104,7 @@ class _Estimator:
             self.values() if plan.use_critic else None,
             self.update_critic() if plan.use_critic else None,
             self.update_actor(),
-            self.rm_score() if cfg.reward_model.enable else None,
+            self.rm_score() if cfg.reward.reward_model.enable else None,
         ]
 
     # ------------------------------------------------------------------ what persists
@@ -269,13 +269,13 @@ class _Estimator:
 
     def rm_score(self) -> Phase:
         rm = self.roles["rm"]
-        micro = self.micro(min(self.cfg.reward_model.micro_batch_size_per_gpu, self.rows), False, None)
+        micro = self.micro(min(self.cfg.reward.reward_model.micro_batch_size_per_gpu, self.rows), False, None)
         tokens, _, _ = micro.geometry(rm.sizes)
         terms = {
             "weights": rm.placement.gathered(rm.sizes),
             "activations": forward_transient(rm.sizes, tokens, rm.placement.compute_bytes),
         }
-        return self._phase("rm_score", "rm", terms, micro, "reward_model.micro_batch_size_per_gpu")
+        return self._phase("rm_score", "rm", terms, micro, "reward.reward_model.micro_batch_size_per_gpu")
 
 
 def tokens_response(micro: Micro) -> int:

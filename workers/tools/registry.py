@@ -10,7 +10,7 @@ The YAML has verl's shape::
 
 ``class_name`` is an importable dotted path or a Python file and a class (``file.py:Class``); verl's own built-in
 class names (``verl.tools.gsm8k_tool.Gsm8kTool``) map to ColoRL's. Naming a class or a file **runs that code**
-in the driver (to check it) and in every rollout worker, as ``custom_reward_function`` does. A function-tool
+in the driver (to check it) and in every rollout worker, as ``reward.custom_reward_function`` does. A function-tool
 file holds plain functions marked with ``@function_tool``; their schema comes from their signature and
 docstring (``transformers.utils.get_json_schema``).
 """
