@@ -34,7 +34,7 @@ from trainer.data_position import DataPosition
 from trainer.dynamic_sampling import collect
 from trainer.fingerprint import config_record
 from trainer.generations import GenerationLog
-from trainer.health import HealthMonitor
+from trainer.health import HealthMonitor, NonFiniteGuard
 from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -43,13 +43,13 @@ from trainer.metrics import (
     reduce_metrics,
     reward_group_metrics,
     timed,
-    validation_metrics,
 )
 from trainer.preemption import StopSignals
 from trainer.report import RunReport
 from trainer.routing import request, take_back
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
+from trainer.validation import ValidationTally
 from trainer.watchdog import PhaseWatchdog
 from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from workers.runtime import malloc
@@ -57,12 +57,7 @@ from workers.runtime import malloc
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
 
 
-class NonFiniteLossError(RuntimeError):
-    """Too many consecutive steps with NaN/inf losses or gradients."""
-
-
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
-VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
 
 
 class RayPPOTrainer:
@@ -94,7 +89,7 @@ class RayPPOTrainer:
         self.global_step = 0
         self.data = DataPosition(train_dataloader)  # saved with checkpoints: a resumed run draws the same batches
         self.wandb_run_id: str | None = None
-        self.nonfinite_streak = self.nonfinite_total = 0
+        self.nonfinite = NonFiniteGuard(config.trainer.max_nonfinite_steps)  # NaN/inf steps: k in a row stop the run
         self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
         self.generations = GenerationLog(config.trainer, tokenizer)  # dumps and the report's samples
         self.checkpoints = CheckpointManager(
@@ -178,7 +173,7 @@ class RayPPOTrainer:
                 self.global_step += 1
                 last = self.train_step(next(batches), batches)
                 last["training/epoch"] = float(self.data.epoch)
-                self._check_finite(last)
+                self.nonfinite.check(last, self.global_step, self.checkpoints.latest())
                 done = self.global_step >= self.total_training_steps or self._data_used_up()
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
                 last_step = done or out_of_time  # verl validates and saves at the last step when its freq > 0
@@ -207,21 +202,6 @@ class RayPPOTrainer:
         if stop.signal and self.global_step < self.total_training_steps:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
-
-    def _check_finite(self, metrics: dict[str, float]) -> None:
-        """Count steps whose updates were skipped for NaN/inf; abort after ``max_nonfinite_steps`` in a row."""
-        skipped = any(metrics.get(f"{role}/nonfinite_skipped", 0.0) > 0 for role in ("actor", "critic"))
-        skipped = skipped or not all(np.isfinite(v) for k, v in metrics.items() if k.endswith("_loss"))
-        self.nonfinite_total += skipped
-        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
-        metrics["training/nonfinite_steps"] = float(self.nonfinite_total)
-        limit = self.config.trainer.max_nonfinite_steps
-        if self.nonfinite_streak >= limit:
-            raise NonFiniteLossError(
-                f"{limit} steps in a row (up to step {self.global_step}) had NaN/inf losses or gradients and were "
-                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.latest() or 'none yet'}. "
-                "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
-            )
 
     def _data_used_up(self) -> bool:
         """With dynamic sampling and no ``total_training_steps``, a run also ends once it has drawn
@@ -413,37 +393,18 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source."""
-        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs.sampling()
-        n = self.config.actor_rollout_ref.rollout.val_kwargs.n
-        sources: list[str] = []
-        rewards: list[float] = []
-        answers: list[tuple[int, ...]] = []
-        extras: dict[str, list[float]] = {}
-        parts = []  # (batch, prompts, reward extras) of each validation batch, for the dumps
+        """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source; the dumps of them."""
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        tally = ValidationTally(val_kwargs.n)
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict, meta_info={STEP_TOKEN: uuid.uuid4().hex})
-            batch = batch.repeat(n, interleave=True)
+            batch = batch.repeat(val_kwargs.n, interleave=True)
             prompts = batch.batch["input_ids"], batch.batch["attention_mask"]
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
-                self._generate(batch, VALIDATION_FLOW, val_kwargs)
-                reward, reward_extras = self.val_reward_fn(batch)
-            batch.batch["token_level_scores"] = reward
-            parts.append((batch, prompts, {"reward": reward.sum(-1).tolist(), **reward_extras}))
-            reward_extras.update(
-                {k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch}
-            )
-            for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
-                if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
-                    extras.setdefault(key, []).extend(values)
-            sources += [str(source) for source in batch.non_tensor_batch["data_source"]]
-            rewards += reward.sum(-1).tolist()
-            answers += [
-                tuple(ids[mask.bool()].tolist())
-                for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])
-            ]
-        self.generations.validation(parts, self.global_step, getattr(self, "logger", None))
-        return validation_metrics(sources, rewards, answers, n, extras)
+                self._generate(batch, VALIDATION_FLOW, val_kwargs.sampling())
+                tally.add(batch, prompts, *self.val_reward_fn(batch))
+        self.generations.validation(tally.parts, self.global_step, getattr(self, "logger", None))
+        return tally.metrics()
 
 
 def _due(freq: int, step: int, last_step: bool) -> bool:

@@ -17,7 +17,7 @@ from trainer.build import build_trainer
 from trainer.checkpoint import CheckpointError
 from trainer.dynamic_sampling import DynamicSamplingError
 from trainer.faults import FaultError
-from trainer.ppo_trainer import NonFiniteLossError
+from trainer.health import NonFiniteLossError
 from trainer.preemption import EXIT_PREEMPTED, Preempted, signals_left_to_driver
 from trainer.restarts import fit_with_restarts
 

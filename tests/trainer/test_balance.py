@@ -53,3 +53,19 @@ def test_plan_balances_on_several_workers_only():
     assert make_plan(two, 2).balance_batch and "balance" in [p.name for p in make_plan(two, 2).flows["step"].phases]
     assert not make_plan(two, 1).balance_batch
     assert make_plan(two, 2).flows["step"].route("gen").keep == ()  # the rollout's rows come to the driver
+
+
+def test_the_reward_values_move_with_their_rows():
+    """After dynamic sampling's filter the reward has run: its per-row values are reordered with the rows."""
+    batch = _batch([30, 29, 28, 27, 3, 2, 2, 1])
+    extras = {"score": [float(i) for i in range(8)], "acc": list("abcdefgh")}
+    balance_batch(batch, 2, keep_groups=False, extras=extras)
+    rows = batch.batch["row"].tolist()
+    assert extras == {"score": [float(r) for r in rows], "acc": ["abcdefgh"[r] for r in rows]}
+
+
+def test_with_dynamic_sampling_the_rows_kept_are_balanced_after_the_filter():
+    """verl's DAPO loop balances the collected batch: the balance phase follows filter_groups, not the rollout."""
+    cfg = load_config(["trainer.balance_batch=true", "algorithm.filter_groups.enable=true", "data.gen_batch_size=8"])
+    names = [p.name for p in make_plan(cfg, 2).flows["step"].phases]
+    assert names.index("balance") == names.index("filter_groups") + 1 and names.index("gen") < names.index("reward")

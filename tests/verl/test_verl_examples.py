@@ -101,7 +101,7 @@ CPU = [  # this machine: 2 workers, 2 prompts, short sequences, one step, ColoRL
 ]
 
 
-SCALED = {"data.gen_batch_size": "6"}  # DAPO's generation batches: 3 × the training batch, as docs/algo/dapo.md
+SCALED = {"data.gen_batch_size": "2"}  # DAPO's generation batches, of the CPU training batch (3 fixture prompts)
 
 
 def command(name: str, paths: dict[str, str]) -> list[str]:
