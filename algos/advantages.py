@@ -4,7 +4,7 @@ Each takes ``token_level_rewards`` and ``response_mask`` (bs, response_length) p
 group ids, greedy baselines, …) and returns ``(advantages, returns)``, both (bs, response_length), advantages
 zero outside the mask. The group-baseline estimators live in ``algos.group_estimators``. ``ADV_ESTIMATORS``
 lists, per name, the function, the inputs it needs (so the step plan knows which phases must run) and the
-``algorithm.*`` keys it reads; ``compute_advantage`` dispatches.
+``algorithm.*`` keys it reads, from ``algos.registry``'s entries; ``compute_advantage`` dispatches.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from algos import group_estimators as ge
+from algos.registry import ESTIMATOR_INPUTS, ESTIMATORS, estimator_spec
 from algos.stats import masked_whiten
 
 
@@ -149,57 +150,21 @@ class AdvEstimator(NamedTuple):
     options: tuple[str, ...] = ()  # algorithm.* keys
 
 
-# what each input is, and so which phase of a step must produce it (config.plan reads the registry)
-ESTIMATOR_INPUTS = {
-    "values": "the critic's values (bs, response_length)",
-    "index": "each response's prompt group (uid): rollout.n > 1",
-    "reward_baselines": "the reward of each prompt's greedy response (bs,)",
-    "old_log_probs": "the sampling policy's log-probs (bs, response_length)",
-    "sum_pi_squared": "Σ_v π(v)² at each response position, from the old-log-prob forward",
-    "reward_components": "the compute_score dict's entries named by algorithm.gdpo_reward_keys, each (bs,)",
-}
-GROUP = ("index",)
+def _function(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The estimator function a registry entry names: a group-baseline one, or one of this module's."""
+    return getattr(ge, name, None) or globals()[name]
+
+
+# algos.registry's entries with their functions attached (the registry itself imports no torch)
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {
-    "gae": AdvEstimator(compute_gae_advantage_return, ("values",), ("gamma", "lam")),
-    "grpo": AdvEstimator(ge.compute_grpo_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
-    "grpo_vectorized": AdvEstimator(ge.compute_grpo_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
-    "grpo_passk": AdvEstimator(ge.compute_grpo_passk_outcome_advantage, GROUP, ("norm_adv_by_std_in_grpo",)),
-    "gdpo": AdvEstimator(
-        ge.compute_gdpo_outcome_advantage,
-        (*GROUP, "reward_components"),
-        ("gdpo_reward_weights", "norm_adv_by_std_in_grpo"),
-    ),
-    "reinforce_plus_plus": AdvEstimator(compute_reinforce_plus_plus_outcome_advantage, (), ("gamma",)),
-    "reinforce_plus_plus_baseline": AdvEstimator(ge.compute_reinforce_plus_plus_baseline_outcome_advantage, GROUP),
-    "rloo": AdvEstimator(ge.compute_rloo_outcome_advantage, GROUP),
-    "rloo_vectorized": AdvEstimator(ge.compute_rloo_vectorized_outcome_advantage, GROUP),
-    "opo": AdvEstimator(ge.compute_opo_outcome_advantage, GROUP),
-    "gpg": AdvEstimator(ge.compute_gpg_outcome_advantage, GROUP),
-    "remax": AdvEstimator(compute_remax_outcome_advantage, ("reward_baselines",)),
-    "optimal_token_baseline": AdvEstimator(
-        compute_optimal_token_baseline_advantage, (*GROUP, "old_log_probs", "sum_pi_squared")
-    ),
-    "tir_optimal_token_baseline": AdvEstimator(
-        compute_multi_turn_optimal_token_baseline_advantage, (*GROUP, "old_log_probs", "sum_pi_squared")
-    ),
+    name: AdvEstimator(_function(spec.fn), spec.needs, spec.options) for name, spec in ESTIMATORS.items()
 }
 
 
 def validate_adv_estimator(name: str) -> AdvEstimator:
     """The registry entry of ``name``; ValueError listing the valid names when there is none."""
-    if name not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown adv_estimator {name!r}; valid: {list(ADV_ESTIMATORS)}")
+    estimator_spec(name)  # the registry's check
     return ADV_ESTIMATORS[name]
-
-
-def estimator_needs(name: str, what: str) -> bool:
-    """Whether estimator ``name`` needs the input ``what`` (a key of ``ESTIMATOR_INPUTS``)."""
-    return what in validate_adv_estimator(name).needs
-
-
-def estimator_needs_critic(name: str) -> bool:
-    """True when the estimator consumes critic values (only GAE)."""
-    return estimator_needs(name, "values")
 
 
 def compute_advantage(

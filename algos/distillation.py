@@ -29,9 +29,8 @@ from torch import Tensor
 from algos.kl import kl_penalty
 from algos.losses import aggregate
 from algos.policy_losses import compute_policy_loss_vanilla
+from algos.registry import DISTILLATION_LOSS_SPECS
 from algos.stats import masked_mean
-
-ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 
 class DistillationLoss(NamedTuple):
@@ -75,9 +74,9 @@ def forward_kl_topk(
     return losses, metrics
 
 
+# algos.registry's entries with their functions attached (the registry itself imports no torch)
 DISTILLATION_LOSSES: dict[str, DistillationLoss] = {
-    **{mode: DistillationLoss(sampled_token_kl, uses_topk=False) for mode in ESTIMATOR_MODES},
-    "forward_kl_topk": DistillationLoss(forward_kl_topk, uses_topk=True),
+    name: DistillationLoss(globals()[spec.fn], spec.uses_topk) for name, spec in DISTILLATION_LOSS_SPECS.items()
 }
 
 

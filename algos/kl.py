@@ -10,10 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from algos.registry import KL_PENALTY_TYPES
 from algos.stats import masked_mean
-
-KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-KL_LOSS_TYPES = (*KL_PENALTY_TYPES, "full")  # "full" needs both models' logits: only the actor's KL loss has them
 
 
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:

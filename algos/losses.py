@@ -16,10 +16,9 @@ import torch
 from torch import Tensor
 
 from algos import policy_losses as pl
-from algos.rollout_correction import ROLLOUT_CORRECTION_OPTIONS, compute_policy_loss_bypass_mode
+from algos import rollout_correction
+from algos.registry import CLIP, LOSS_AGG_MODES, POLICY_LOSS_SPECS, policy_loss_spec
 from algos.stats import masked_mean, masked_sum
-
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def agg_loss(
@@ -88,31 +87,21 @@ class PolicyLoss(NamedTuple):
     agg_mode: str | None = None  # the aggregation it always uses; None: actor.loss_agg_mode
 
 
-CLIP = ("clip_ratio_low", "clip_ratio_high")
+def _function(name: str) -> Callable[..., pl.PolicyLossTerms]:
+    """The policy-loss function a registry entry names: one of ``algos.policy_losses``, or bypass mode's."""
+    return getattr(pl, name, None) or getattr(rollout_correction, name)
+
+
+# algos.registry's entries with their functions attached (the registry itself imports no torch)
 POLICY_LOSSES: dict[str, PolicyLoss] = {
-    "vanilla": PolicyLoss(pl.compute_policy_loss_vanilla, (*CLIP, "clip_ratio_c")),
-    "gspo": PolicyLoss(pl.compute_policy_loss_gspo, CLIP),
-    "sapo": PolicyLoss(pl.compute_policy_loss_sapo, ("tau_pos", "tau_neg"), agg_mode="seq-mean-token-mean"),
-    "cispo": PolicyLoss(pl.compute_policy_loss_cispo, CLIP),
-    "gpg": PolicyLoss(pl.compute_policy_loss_gpg),
-    "geo_mean": PolicyLoss(pl.compute_policy_loss_geo_mean, CLIP, agg_mode="seq-mean-token-mean"),
-    "dppo_tv": PolicyLoss(pl.compute_policy_loss_dppo_tv, (*CLIP, "clip_ratio_c")),
-    "dppo_kl": PolicyLoss(pl.compute_policy_loss_dppo_kl, (*CLIP, "clip_ratio_c")),
-    "dro": PolicyLoss(pl.compute_policy_loss_dro, ("dro_beta",)),
-    "clip_cov": PolicyLoss(pl.compute_policy_loss_clip_cov, (*CLIP, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
-    "kl_cov": PolicyLoss(pl.compute_policy_loss_kl_cov, ("kl_cov_ratio", "ppo_kl_coef")),
-    "bypass_mode": PolicyLoss(
-        compute_policy_loss_bypass_mode,
-        (*CLIP, "clip_ratio_c", *ROLLOUT_CORRECTION_OPTIONS),
-        needs=("rollout_log_probs",),
-    ),
+    name: PolicyLoss(_function(spec.fn), spec.options, spec.needs, spec.agg_mode)
+    for name, spec in POLICY_LOSS_SPECS.items()
 }
 
 
 def validate_policy_loss(loss_mode: str) -> PolicyLoss:
     """The registry entry of ``loss_mode``; ValueError listing the valid names when there is none."""
-    if loss_mode not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss_mode {loss_mode!r}; valid: {list(POLICY_LOSSES)}")
+    policy_loss_spec(loss_mode)  # the registry's check
     return POLICY_LOSSES[loss_mode]
 
 

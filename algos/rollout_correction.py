@@ -32,18 +32,6 @@ RS_OPTIONS = (
     "seq_max_k2",
     "seq_max_k3",
 )
-# the options compute_policy_loss_bypass_mode reads, under actor.policy_loss (verl: algorithm.rollout_correction)
-ROLLOUT_CORRECTION_OPTIONS = tuple(
-    f"rollout_correction.{name}"
-    for name in (
-        "loss_type",
-        "rollout_is",
-        "rollout_is_threshold",
-        "rollout_is_batch_normalize",
-        "rollout_rs",
-        "rollout_rs_threshold",
-    )
-)
 
 
 def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:

@@ -11,7 +11,10 @@ from typing import Any
 
 
 class ConfigError(ValueError):
-    """An invalid configuration; the message alone tells the user what to change."""
+    """A user's mistake, found before training starts: a config value, a file it names (model, data, tool config,
+    reward function), LoRA targets, a run that would not fit in memory. The message alone, one line naming the key
+    or file, the value and what would be valid, tells the user what to change: ``main.py`` prints it and exits with
+    status 2, never a traceback. The one type for all of them (tools raise a subclass, ``ToolConfigError``)."""
 
     def __init__(self, message: str, *, key: str | None = None, value: Any = None, reason: str = "") -> None:
         super().__init__(message)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from algos.distillation import DISTILLATION_LOSSES
+from algos.registry import DISTILLATION_LOSS_SPECS
 from config.checks import ConfigError, check, is_int, non_negative, positive
 
-DistillationLossMode = Literal[tuple(DISTILLATION_LOSSES)]  # type: ignore[valid-type]
+DistillationLossMode = Literal[tuple(DISTILLATION_LOSS_SPECS)]  # type: ignore[valid-type]
 DEFAULT_TEACHER = "teacher_model"  # verl's entry for a single teacher; dropped when other teachers are named
 
 
@@ -41,7 +41,7 @@ class DistillationLossConfig:
         non_negative(self, "distillation_loss_coef")
         positive(self, "clip_ratio", "clip_ratio_low", "clip_ratio_high")
         check(self, ["loss_max_clamp"], lambda v: v is None or v > 0, "must be null or > 0")
-        if DISTILLATION_LOSSES[self.loss_mode].uses_topk and self.topk is None:
+        if DISTILLATION_LOSS_SPECS[self.loss_mode].uses_topk and self.topk is None:
             raise ConfigError.invalid("topk", self.topk, f"loss_mode={self.loss_mode} needs the teacher's top-k")
         if self.loss_mode in ("k1", "kl") and not self.use_policy_gradient:
             raise ConfigError.invalid(

@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
@@ -250,6 +249,8 @@ def _type_name(tp: Any) -> str:
 
 def resolve_device(cfg: PPOConfig) -> str:
     """trainer.device as a concrete "cuda" or "cpu" ("auto" picks CUDA when a device is visible)."""
+    import torch  # here, not above: loading a config (and reporting its mistakes) imports no torch
+
     requested = cfg.trainer.device
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return "cpu"

@@ -4,171 +4,33 @@ The driver reads it to decide which phases run and which tensors each worker cal
 per-rank batch sizes from it. Both import it from here (below them), so the decision is made in one place.
 Computing the plan checks the batch arithmetic: every error names the keys and values that do not divide.
 
-``declare_flows`` is the one declaration of per-token data: which keys each phase of a step (and of validation,
-and of ReMax's greedy baseline) reads and writes. What the driver sends and keeps, what the workers keep for a
-later phase and what they return all follow from it (``config.dataflow``). A new per-token quantity is one edit
-there: add it to the writes of the phase that makes it and to the reads of each phase that uses it.
+The plan's decisions (which phases run, per-rank batch sizes) select the entries of the phase table
+(``config.phases``), whose declared reads and writes give each flow's routes (``config.phases.declare_flows``):
+what the driver sends and keeps, what the workers keep for a later phase and what they return. A new per-token
+quantity is one edit there: add it to the writes of the phase that makes it and to the reads of each phase that
+uses it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from algos.advantages import estimator_needs, estimator_needs_critic
-from algos.losses import validate_policy_loss
+from algos.registry import estimator_needs, estimator_needs_critic, policy_loss_spec
 from config.checks import ConfigError, is_int
-from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
+from config.dataflow import Dataflow
+from config.phases import PHASES, STEP_FLOW, declare_flows, rollout_log_probs, uses_full_kl, uses_ref_log_prob
 
 ROLLOUT_LOG_PROBS = (
     "needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (verl's key)"
 )
 
-PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
-SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
-AGENT_KEYS = ("raw_prompt", "agent_name", "tools_kwargs")  # non-tensors the multi-turn rollout reads, when present
-WORKER_ESTIMATOR_INPUTS = ("values", "old_log_probs", "sum_pi_squared")  # what workers compute for an estimator
-STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
-
-
-def uses_full_kl(actor: Any) -> bool:
-    """``kl_loss_type=full`` reads reference logits in the update: the ref model lives in the actor's process."""
-    return bool(actor.use_kl_loss) and actor.kl_loss_type == "full"
-
-
-def uses_ref_log_prob(actor: Any) -> bool:
-    """The sampled-token KL losses (k1, k2, k3, abs) read the reference log-probs the ref worker computed."""
-    return bool(actor.use_kl_loss) and not uses_full_kl(actor)
-
-
-def rollout_log_probs(cfg: Any) -> bool:
-    """The rollout returns rollout_log_probs: ``rollout.calculate_log_probs`` (multi-turn too: 0 on tool tokens,
-    which no loss reads)."""
-    return bool(cfg.actor_rollout_ref.rollout.calculate_log_probs)
-
-
-def samples_tokens(cfg: Any) -> bool:
-    """Whether the driver writes sampled responses token by token: the run report's, or verl's rollout dumps."""
-    return bool(cfg.trainer.report.enable and cfg.trainer.report.samples_per_step) or bool(cfg.trainer.rollout_data_dir)
-
 
 def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch): every micro-batch sees the sampling weights."""
     return ppo_epochs == 1 and mini_batch_size >= rows
-
-
-def forward_keys(remove_padding: bool) -> tuple[str, ...]:
-    """What a forward over the responses reads (``responses``: their width R); packed rows (remove-padding) take
-    their positions from the attention mask."""
-    return ("input_ids", "attention_mask", *when(not remove_padding, "position_ids"), "responses")
-
-
-def declare_flows(
-    cfg: Any,
-    critic: bool,
-    old_log_prob: bool,
-    ref_log_prob: bool,
-    sum_pi_squared: bool,
-    from_rollout: bool = False,
-    dynamic_sampling: bool = False,
-    balance: bool = False,
-) -> dict[str, Dataflow]:
-    """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run).
-
-    ``critic``, ``old_log_prob``, ``ref_log_prob``: whether the values, old-log-prob and ref-log-prob phases run;
-    ``sum_pi_squared``: whether the old-log-prob forward also writes Σπ²; ``from_rollout``: the rollout's
-    log-probs are the old ones (the rollout writes ``old_log_probs``); ``dynamic_sampling``: the phases up to the
-    reward run once per generation batch, then the driver's ``filter_groups`` keeps some rows of each
-    (``trainer.dynamic_sampling``). It rewrites every key a later phase reads, so those travel to the driver and
-    back: the kept rows come from several generation batches, whose tensors no single worker holds. ``balance``:
-    the driver reorders the rows (``trainer.balance_batch``) after generation, so what the rollout wrote comes to
-    the driver and goes back; with dynamic sampling, after the filter (as verl's DAPO loop), on the rows it keeps.
-    """
-    actor, algo, rm = cfg.actor_rollout_ref.actor, cfg.algorithm, cfg.reward.reward_model.enable
-    policy = forward_keys(cfg.actor_rollout_ref.model.use_remove_padding)  # actor and reference
-    value = forward_keys(cfg.critic.model.use_remove_padding)
-    estimator = [k for k in WORKER_ESTIMATOR_INPUTS if estimator_needs(algo.adv_estimator, k)]
-    prompts = Phase("prompts", DRIVER, writes=PROMPT)  # the dataloader's batch
-    sampled = (*when(rollout_log_probs(cfg), "rollout_log_probs"), *when(from_rollout, "old_log_probs"))
-    gen = Phase(
-        "gen", WORKER, reads=PROMPT, writes=(*SEQUENCE, "responses", "response_mask", *sampled), columns=AGENT_KEYS
-    )
-    has_old = old_log_prob or from_rollout
-    # the reward function (with tool turns, a response's length is its attended tokens), and validation's answers
-    scored = ("responses", "response_mask", "attention_mask")
-    step = (
-        prompts,
-        gen,
-        *when(balance and not dynamic_sampling, Phase("balance", DRIVER, reads=gen.writes, writes=gen.writes)),
-        *when(rm, Phase("rm_score", WORKER, reads=(*SEQUENCE, "response_mask"), writes=("rm_scores",))),
-        Phase("reward", DRIVER, reads=(*scored, *when(rm, "rm_scores")), writes=("token_level_scores",)),
-        *when(
-            old_log_prob,
-            Phase(
-                "old_log_prob", WORKER, reads=policy, writes=("old_log_probs", *when(sum_pi_squared, "sum_pi_squared"))
-            ),
-        ),
-        *when(ref_log_prob, Phase("ref", WORKER, reads=policy, writes=("ref_log_prob",))),
-        *when(critic, Phase("values", WORKER, reads=(*value, "response_mask"), writes=("values",))),
-        # the estimator's inputs; the in-reward KL penalty and actor/ref_kl read both log-probs when both exist
-        Phase(
-            "adv",
-            DRIVER,
-            reads=(
-                "token_level_scores",
-                "response_mask",
-                *when(critic, "values"),
-                *estimator,
-                *when(has_old and ref_log_prob, "old_log_probs", "ref_log_prob"),
-            ),
-            writes=("token_level_rewards", "advantages", "returns"),
-        ),
-        *when(critic, Phase("update_critic", WORKER, reads=(*value, "response_mask", "values", "returns"))),
-        # without old_log_probs the update is on-policy (see is_single_step); the policy loss may need more
-        Phase(
-            "update_actor",
-            WORKER,
-            reads=(
-                *policy,
-                "response_mask",
-                "advantages",
-                *when(has_old, "old_log_probs"),
-                *when(uses_ref_log_prob(actor), "ref_log_prob"),
-                *validate_policy_loss(actor.policy_loss.loss_mode).needs,
-            ),
-        ),
-        Phase(
-            "metrics",
-            DRIVER,
-            reads=(
-                "responses",
-                "response_mask",
-                "attention_mask",
-                "token_level_scores",
-                "token_level_rewards",
-                "advantages",
-                "returns",
-                *when(critic, "values"),
-            ),
-        ),
-        # the sampled responses of the generation dumps and the run report show each token's log-prob
-        *when(has_old and samples_tokens(cfg), Phase("dump_rollout_generations", DRIVER, reads=("old_log_probs",))),
-    )
-    if dynamic_sampling:  # after the reward (prompts, gen, rm_score, reward): the filter selects the rows
-        cut = 3 + int(rm)
-        selection = _selection("filter_groups", step[:cut], step[cut:])
-        ordered = when(balance, Phase("balance", DRIVER, reads=selection.writes, writes=selection.writes))
-        step = (*step[:cut], selection, *ordered, *step[cut:])
-    side = (prompts, gen, Phase("reward", DRIVER, reads=scored))
-    return {STEP_FLOW: Dataflow.of(step), VALIDATION_FLOW: Dataflow.of(side), GREEDY_FLOW: Dataflow.of(side)}
-
-
-def _selection(name: str, before: tuple[Phase, ...], after: tuple[Phase, ...]) -> Phase:
-    """A driver phase that keeps some rows of every key written ``before`` it and read ``after`` it."""
-    written = dict.fromkeys(key for phase in before for key in phase.writes)
-    carried = tuple(key for key in written if any(key in phase.reads for phase in after))
-    return Phase(name, DRIVER, reads=carried, writes=carried)
 
 
 @dataclass(frozen=True)
@@ -191,12 +53,19 @@ class StepPlan:
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
     gen_batch_size: int  # prompts per generation batch (data.gen_batch_size, else data.train_batch_size)
+    gen_rows: int  # sequences each worker generates at once: its share of a generation batch's × rollout.n
     # algorithm.filter_groups.metric when groups are filtered (else None); with it, or with generation batches of
     # another size than the training batch, a step draws generation batches until it has data.train_batch_size
     # prompts (trainer.dynamic_sampling)
     filter_metric: str | None
     dynamic_sampling: bool
     flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
+
+    def runs(self, phase: str) -> bool:
+        """Whether a step of this plan runs ``phase`` (a name of ``config.phases.STEP_PHASES``)."""
+        if phase not in PHASES:
+            raise KeyError(f"no phase {phase!r} in config.phases.STEP_PHASES: {list(PHASES)}")
+        return any(p.name == phase for p in self.flows[STEP_FLOW].phases)
 
 
 def num_workers(cfg: Any) -> int:
@@ -264,7 +133,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         critic and not cfg.critic.use_dynamic_bsz,
         "critic.use_dynamic_bsz",
     )
-    return StepPlan(
+    plan = StepPlan(
         n_workers=n_workers,
         use_critic=critic,
         use_reference_policy=use_reference_policy,
@@ -288,19 +157,12 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         if critic
         else 0,
         gen_batch_size=gen_batch_size,
+        gen_rows=gen_batch_size * rollout.n // n_workers,
         filter_metric=filter_metric,
         dynamic_sampling=dynamic_sampling,
-        flows=declare_flows(
-            cfg,
-            critic=critic,
-            old_log_prob=recompute,
-            ref_log_prob=ref_log_prob,
-            sum_pi_squared=sum_pi_squared,
-            from_rollout=from_rollout,
-            dynamic_sampling=dynamic_sampling,
-            balance=balance,
-        ),
+        flows={},
     )
+    return dataclasses.replace(plan, flows=declare_flows(cfg, plan))  # the flows follow the plan's decisions
 
 
 def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch_size: int, n_workers: int) -> int:
@@ -338,7 +200,7 @@ def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) 
 def _check_estimator(cfg: Any) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
     loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if "rollout_log_probs" in validate_policy_loss(loss_mode).needs and not rollout_log_probs(cfg):
+    if "rollout_log_probs" in policy_loss_spec(loss_mode).needs and not rollout_log_probs(cfg):
         raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: {ROLLOUT_LOG_PROBS}")
     corr = cfg.algorithm.rollout_correction
     for key in ("bypass_mode", "rollout_is", "rollout_rs"):

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from algos.advantages import ADV_ESTIMATORS
-from algos.kl import KL_PENALTY_TYPES
+from algos.registry import ESTIMATORS, KL_PENALTY_TYPES
 from config.checks import (
     ConfigError,
     check,
@@ -32,7 +31,7 @@ from config.roles.profiler import GlobalProfilerTree
 from config.roles.reward import LegacyCustomRewardFunctionConfig, LegacyRewardModelConfig, LegacySandboxFusionConfig
 from config.tree import InertTree
 
-AdvEstimator = Literal[tuple(ADV_ESTIMATORS)]  # type: ignore[valid-type]
+AdvEstimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]
 KLPenaltyType = Literal[KL_PENALTY_TYPES]  # type: ignore[valid-type]
 LoggerBackend = Literal["console", "wandb", "file"]
 

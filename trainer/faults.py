@@ -10,23 +10,15 @@ from __future__ import annotations
 
 import ray.exceptions
 
+from config.phases import STEP_PHASES
 from single_controller.ray.health import WorkerDiedError
 
-# worker method -> the config keys that bound its memory, lowest-hanging first
+# worker method -> the config keys that bound its memory, lowest-hanging first: a step's phases' from their entries
+# (config.phases.STEP_PHASES), and loading the models
 MEMORY_KEYS = {
     "init_model": "actor_rollout_ref.actor.fsdp_config.param_offload/optimizer_offload (or more workers: "
     "trainer.n_gpus_per_node)",
-    "generate_sequences": "data.train_batch_size or data.max_response_length (a worker generates its whole share of "
-    "data.train_batch_size × actor_rollout_ref.rollout.n at once)",
-    "compute_log_prob": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (log_prob_max_token_len_per_gpu "
-    "with log_prob_use_dynamic_bsz)",
-    "compute_ref_log_prob": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu (log_prob_max_token_len_per_gpu "
-    "with log_prob_use_dynamic_bsz)",
-    "update_actor": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with "
-    "use_dynamic_bsz)",
-    "compute_values": "critic.forward_micro_batch_size_per_gpu (forward_max_token_len_per_gpu with use_dynamic_bsz)",
-    "update_critic": "critic.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with use_dynamic_bsz)",
-    "compute_rm_score": "reward.reward_model.micro_batch_size_per_gpu",
+    **{phase.method: phase.oom_advice for phase in STEP_PHASES if phase.method},
 }
 OBJECT_STORE_FULL = (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError)
 STORE_HINT = (

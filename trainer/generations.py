@@ -21,6 +21,7 @@ tokens too).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -35,7 +36,7 @@ import torch
 
 from single_controller import DataProto
 
-ROW_COLUMNS = {  # the multi-turn rollout's per-row columns (workers.agent_loop) -> their name in a record
+ROW_COLUMNS = {  # the multi-turn rollout's per-row columns (workers.compute.agent_loop) -> their name in a record
     "messages": "messages",
     "__num_turns__": "num_turns",
     "tool_call_counts": "tool_call_counts",
@@ -151,7 +152,8 @@ class GenerationLog:
         to ``logger`` (verl's choice: sorted by prompt, shuffled with seed 42, the first N)."""
         if not parts:
             return
-        batch = DataProto.concat([p[0] for p in parts])
+        # each validation batch carries its own step token (meta_info): only the rows are joined
+        batch = DataProto.concat([dataclasses.replace(p[0], meta_info={}) for p in parts])
         # every batch is padded to data.max_prompt_length
         prompts = (torch.cat([p[1][0] for p in parts]), torch.cat([p[1][1] for p in parts]))
         extras: dict[str, list] = {}

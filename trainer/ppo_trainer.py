@@ -2,9 +2,11 @@
 
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
 the reference policy and the critic (colocation). The driver calls them phase by phase and computes rewards
-and advantages, which are cheap tensor maths over the whole batch. Tensors stay where they are next read: each
-call sends only what the driver holds of what the phase reads, and takes back only what a driver phase reads
-(the routes of ``config.plan.declare_flows``); the rest stays in the workers' step store.
+and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the phases of the table
+``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and method come from its
+entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
+and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``); the rest stays in
+the workers' step store.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import numpy as np
 import torch
 
 import algos
-from config.plan import GREEDY_FLOW, STEP_FLOW, VALIDATION_FLOW, StepPlan
+from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW, VALIDATION_FLOW
+from config.plan import StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
@@ -55,8 +58,6 @@ from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, Rewa
 from workers.runtime import malloc
 
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
-
-
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 
 
@@ -108,16 +109,14 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
         """Start one WorkerDict per device holding every role, then build the models (actor last)."""
-        cfg = self.config
-        trainer = cfg.trainer
+        cfg, plan = self.config, self.plan
+        trainer, arr = cfg.trainer, cfg.actor_rollout_ref
         pool = RayResourcePool(
             [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
         )
-        plan = self.plan
         # the exact KL loss reads reference logits inside the update, and a LoRA actor is its own reference
         # (adapters disabled): then one object holds actor and ref
         actor_role = "actor_rollout_ref" if plan.ref_in_actor else "actor_rollout"
-        arr = cfg.actor_rollout_ref
         roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan)}
         if plan.use_reference_policy and not plan.ref_in_actor:
             roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role="ref", plan=plan)
@@ -139,6 +138,9 @@ class RayPPOTrainer:
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
+        # the worker group that computes each role's phases (config.phases.ROLES), by the role's name
+        groups = (self.actor_rollout_wg, self.ref_wg, self.critic_wg, self.rm_wg)
+        self.role_groups = dict(zip(("actor", "ref", "critic", "rm"), groups))
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
             for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
                 if wg is not None:
@@ -174,21 +176,22 @@ class RayPPOTrainer:
                 last = self.train_step(next(batches), batches)
                 last["training/epoch"] = float(self.data.epoch)
                 self.nonfinite.check(last, self.global_step, self.checkpoints.latest())
-                done = self.global_step >= self.total_training_steps or self._data_used_up()
+                # with dynamic sampling and no total_training_steps, a run also ends once it has drawn total_epochs
+                # passes over the data (verl's DAPO loop), which may come before the step count
+                used_up = self.plan.dynamic_sampling and self.data.epochs_drawn() >= cfg.total_epochs
+                done = self.global_step >= self.total_training_steps or (used_up and cfg.total_training_steps is None)
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
                 last_step = done or out_of_time  # verl validates and saves at the last step when its freq > 0
                 validated = self.val_dataloader is not None and _due(cfg.test_freq, self.global_step, last_step)
+                timing: dict[str, float] = {}
                 if validated:
-                    testing: dict[str, float] = {}
-                    with timed("testing", testing):
+                    with timed("testing", timing):
                         last.update(self.validate())
-                    last["timing_s/testing"] = testing["testing"]
                 preempted = stop.signal is not None  # read once: a signal after the save waits for the next step
                 if preempted or _due(cfg.save_freq, self.global_step, last_step):  # preempted: save to resume
-                    saving: dict[str, float] = {}
-                    with self._phase("save_checkpoint", saving):
+                    with self._phase("save_checkpoint", timing):
                         self.save_checkpoint()
-                    last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
+                last.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
                 last = self.health.observe(last, self.global_step)  # health metrics; warns once when a pattern holds
                 self.logger.log(last, step=self.global_step)
                 if validated:
@@ -202,14 +205,6 @@ class RayPPOTrainer:
         if stop.signal and self.global_step < self.total_training_steps:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
-
-    def _data_used_up(self) -> bool:
-        """With dynamic sampling and no ``total_training_steps``, a run also ends once it has drawn
-        ``total_epochs`` passes over the data (verl's DAPO loop), which may come before the step count."""
-        trainer = self.config.trainer
-        if not self.plan.dynamic_sampling or trainer.total_training_steps is not None:
-            return False
-        return self.data.epochs_drawn() >= trainer.total_epochs
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
@@ -261,7 +256,8 @@ class RayPPOTrainer:
         return True
 
     def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
-        """One PPO iteration on a batch of prompts: each phase one line, each timed. With dynamic sampling
+        """One PPO iteration on a batch of prompts: the phases of ``config.phases.STEP_PHASES`` in their order, one
+        timed line each; a phase this plan does not run is skipped (``StepPlan.runs``). With dynamic sampling
         (``trainer.dynamic_sampling``) ``batch`` is the first generation batch and ``more`` gives the next ones."""
         timing: dict[str, float] = {}
         metrics: dict[str, Any] = {}
@@ -278,31 +274,22 @@ class RayPPOTrainer:
                     cfg.algorithm.filter_groups,
                 )
                 batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
-                if self.plan.balance_batch:  # on the rows kept, as verl's DAPO loop
-                    self._balance(batch, sampled, timing, reward_extras)
+                if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
+                    sampled.update(self._balance(batch, reward_extras))
             else:
                 batch, reward_extras, sampled = sample(batch)
             metrics.update(sampled)
-            if self.plan.recompute_old_log_prob:
-                with self._phase("old_log_prob", timing):
-                    self._call(self.actor_rollout_wg.compute_log_prob, batch, "old_log_prob")
-            if self.plan.compute_ref_log_prob:
-                with self._phase("ref", timing):
-                    self._call(self.ref_wg.compute_ref_log_prob, batch, "ref")
-            if self.plan.use_critic:
-                with self._phase("values", timing):
-                    self._call(self.critic_wg.compute_values, batch, "values")
+            metrics.update(self._worker("old_log_prob", batch, timing))
+            metrics.update(self._worker("ref", batch, timing))
+            metrics.update(self._worker("values", batch, timing))
             with self._phase("adv", timing):
                 compute_advantage(
                     batch, self.config.algorithm, self.plan, self.kl_ctrl_in_reward, metrics, reward_extras
                 )
-            if self.plan.use_critic:
-                with self._phase("update_critic", timing):
-                    metrics.update(self._call(self.critic_wg.update_critic, batch, "update_critic"))
+            metrics.update(self._worker("update_critic", batch, timing))
             if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
-                with self._phase("update_actor", timing):
-                    metrics.update(self._call(self.actor_rollout_wg.update_actor, batch, "update_actor"))
-            with timed("dump_rollout_generations", timing):  # verl's timer name
+                metrics.update(self._worker("update_actor", batch, timing))
+            with self._phase("dump_rollout_generations", timing):  # verl's timer name
                 prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
                 self.generations.training_step(batch, prompts, reward_extras, self.global_step)
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
@@ -318,7 +305,7 @@ class RayPPOTrainer:
         metrics: dict[str, Any] = {}
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this batch is under it
-        if self.plan.compute_greedy_baseline:  # ReMax's baseline: the greedy answer's reward
+        if self.plan.runs("gen_max"):  # ReMax's baseline: the greedy answer's reward
             with self._phase("gen_max", timing):
                 batch.batch["reward_baselines"] = self._greedy_reward(batch)
         batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
@@ -329,20 +316,18 @@ class RayPPOTrainer:
         )
         with self._phase("gen", timing):
             metrics.update(self._generate(batch))
-        if self.plan.balance_batch and not self.plan.dynamic_sampling:  # verl's place: before the reward
-            self._balance(batch, metrics, timing)
+        if self.plan.runs("balance"):
+            with self._phase("balance", timing):
+                metrics.update(self._balance(batch))
         with self._phase("reward", timing):
             reward_extras = self._reward(batch, metrics)
         return batch, reward_extras, metrics
 
-    def _balance(
-        self, batch: DataProto, metrics: dict, timing: dict[str, float], extras: dict[str, list] | None = None
-    ) -> None:
+    def _balance(self, batch: DataProto, extras: dict[str, list] | None = None) -> dict[str, float]:
         """``trainer.balance_batch``: reorder the rows (and the per-row ``extras``) so each worker's share gets a
-        similar number of tokens; whole prompt groups with the prefix grouper."""
-        with self._phase("balance", timing):
-            keep_groups = self.config.actor_rollout_ref.actor.use_prefix_grouper
-            metrics.update(balance_batch(batch, self.plan.n_workers, keep_groups, extras))
+        similar number of tokens; whole prompt groups with the prefix grouper. Its metrics."""
+        keep_groups = self.config.actor_rollout_ref.actor.use_prefix_grouper
+        return balance_batch(batch, self.plan.n_workers, keep_groups, extras)
 
     @contextmanager
     def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
@@ -350,17 +335,20 @@ class RayPPOTrainer:
         with self.watchdog.phase(name), timed(name, timing):
             yield
 
+    def _worker(self, phase: str, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+        """Worker ``phase`` of the step, timed, when the plan runs it; its metrics."""
+        if not self.plan.runs(phase):
+            return {}
+        with self._phase(phase, timing):
+            return self._call(phase, batch)
+
     def _call(
-        self,
-        method: Callable[[DataProto], DataProto],
-        batch: DataProto,
-        phase: str,
-        flow: str = STEP_FLOW,
-        meta_info: dict | None = None,
+        self, phase: str, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None
     ) -> dict[str, float]:
-        """Worker ``phase`` of ``flow`` on ``batch``, moving what its route says (trainer/routing.py); returns
-        the phase's metrics."""
-        route = self.plan.flows[flow].route(phase)
+        """Worker ``phase`` of ``flow`` on ``batch``: its entry's method on its role's workers, moving what its
+        route says (trainer/routing.py); returns the phase's metrics."""
+        entry, route = PHASES[phase], self.plan.flows[flow].route(phase)
+        method = getattr(self.role_groups[entry.role], entry.method)
         out = method(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
         metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
         take_back(batch, route, out)
@@ -368,7 +356,7 @@ class RayPPOTrainer:
 
     def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
         """Responses to ``batch``'s prompts (its gen phase in ``flow``); the rollout's metrics, multi-turn's too."""
-        metrics = self._call(self.actor_rollout_wg.generate_sequences, batch, "gen", flow, meta_info)
+        metrics = self._call("gen", batch, flow, meta_info)
         return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}
 
     def _reward(self, batch: DataProto, metrics: dict) -> dict[str, list]:
@@ -377,8 +365,8 @@ class RayPPOTrainer:
         scores, reward_extras = self.reward_fn(batch)
         if getattr(self.reward_fn, "last_errors", 0):  # responses the user's function failed on, scored 0
             metrics["reward/errors"] = self.reward_fn.last_errors
-        if self.rm_wg is not None:
-            self._call(self.rm_wg.compute_rm_score, batch, "rm_score")
+        if self.plan.runs("rm_score"):  # timed within the reward, as verl does
+            self._call("rm_score", batch)
             scores = scores + batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores
         metrics.update(reward_group_metrics(scores.sum(-1), batch.non_tensor_batch["uid"]))

@@ -10,8 +10,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from algos.kl import KL_LOSS_TYPES
-from algos.losses import LOSS_AGG_MODES, POLICY_LOSSES
+from algos.registry import KL_LOSS_TYPES, LOSS_AGG_MODES, POLICY_LOSS_SPECS
 from config.checks import (
     ConfigError,
     check,
@@ -26,7 +25,7 @@ from config.roles.profiler import ProfilerTree
 from config.tree import InertTree
 
 LossAggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]
-PolicyLossMode = Literal[tuple(POLICY_LOSSES)]  # type: ignore[valid-type]
+PolicyLossMode = Literal[tuple(POLICY_LOSS_SPECS)]  # type: ignore[valid-type]
 KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
 ACTOR_TARGET = "verl.workers.config.FSDPActorConfig"
 
@@ -50,7 +49,7 @@ class RolloutCorrectionConfig:
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
-    """``actor.policy_loss``: which loss (``algos.losses.POLICY_LOSSES``) and the options only some losses read."""
+    """``actor.policy_loss``: which loss (``algos.registry.POLICY_LOSS_SPECS``) and the options only some read."""
 
     _target_: str = "verl.workers.config.PolicyLossConfig"
     loss_mode: PolicyLossMode = "vanilla"

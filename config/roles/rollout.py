@@ -114,11 +114,11 @@ class MultiTurnConfig:
     max_user_turns: int | None = None  # tool-response turns count as user turns (verl)
     max_parallel_calls: int = 1  # calls run per assistant turn; later ones in the same turn are dropped
     max_tool_response_length: int = 256  # characters of one tool response; the rest is cut on truncate_side
-    # which part is cut: left keeps the start, right keeps the end, middle keeps both ends (verl's meaning)
+    # which side is cut (verl 0.9): left keeps the end, right keeps the start, middle keeps both ends
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
     interaction_config_path: str | None = None  # verl's simulated user: refused (not in ColoRL)
     use_inference_chat_template: bool = False  # false: later turns see the recorded token ids (ColoRL always)
-    # compare the turn-by-turn token ids with a tokenization of the whole conversation at the end of each rollout
+    # compare each row's training ids with the ids its turns were built from (token-exact: sampled, tool turns)
     tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = "strict"
     format: Literal["hermes"] = "hermes"  # <tool_call>{"name": ..., "arguments": ...}</tool_call>
     num_repeat_rollouts: int | None = None  # verl's per-row repeats; ColoRL repeats prompts with rollout.n

@@ -409,7 +409,7 @@ def test_memory_estimate_compares_the_estimate_with_the_workers_peak(cache_dir):
     assert 0.2 < out["measured_peak_gib_per_worker"] < 2
     for name in ("at_max_lengths", "at_observed_lengths"):
         estimate = out[name]
-        assert estimate["peak_phase"] in estimate["phases"] and {"load", "generate", "update_actor"} <= set(
+        assert estimate["peak_phase"] in estimate["phases"] and {"load", "gen", "update_actor"} <= set(
             estimate["phases"]
         )
         assert estimate["measured_over_estimate"] == pytest.approx(

@@ -64,8 +64,17 @@ def test_the_reward_values_move_with_their_rows():
     assert extras == {"score": [float(r) for r in rows], "acc": ["abcdefgh"[r] for r in rows]}
 
 
-def test_with_dynamic_sampling_the_rows_kept_are_balanced_after_the_filter():
-    """verl's DAPO loop balances the collected batch: the balance phase follows filter_groups, not the rollout."""
-    cfg = load_config(["trainer.balance_batch=true", "algorithm.filter_groups.enable=true", "data.gen_batch_size=8"])
+def test_balance_runs_at_verls_place_between_generation_and_reward():
+    cfg = load_config(["trainer.balance_batch=true"])
     names = [p.name for p in make_plan(cfg, 2).flows["step"].phases]
-    assert names.index("balance") == names.index("filter_groups") + 1 and names.index("gen") < names.index("reward")
+    assert names.index("gen") + 1 == names.index("balance") < names.index("reward")
+
+
+def test_with_dynamic_sampling_the_rows_kept_are_balanced_by_the_filter():
+    """verl's DAPO loop balances the collected batch: filter_groups (which brings every row it keeps to the driver)
+    balances them, not a phase after the rollout, whose rows are not yet the step's."""
+    cfg = load_config(["trainer.balance_batch=true", "algorithm.filter_groups.enable=true", "data.gen_batch_size=8"])
+    plan = make_plan(cfg, 2)
+    names = [p.name for p in plan.flows["step"].phases]
+    assert plan.balance_batch and "balance" not in names and names.index("reward") < names.index("filter_groups")
+    assert plan.flows["step"].route("gen").keep == ()  # the rollout's rows come to the driver

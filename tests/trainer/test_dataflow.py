@@ -1,4 +1,4 @@
-"""Per-token data declared once (config.plan.declare_flows): the routes derived from it, and the workers' step store
+"""Per-token data declared once (config.phases.declare_flows): the routes derived from it, and the workers' step store
 that keeps a step's tensors where they are next read (workers/compute/step_store.py)."""
 
 import pytest

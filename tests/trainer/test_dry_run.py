@@ -57,10 +57,10 @@ def test_dry_run_of_the_demo_prints_the_arithmetic_and_starts_nothing(tmp_path):
     out = result.stdout
     # 16 prompts × 8 responses over 2 workers; one mini-batch of 64 rows in one micro-batch; up to 16 + 8 tokens
     assert "a step: 16 prompts × 8 responses = 128 sequences, 64 per worker, each up to 16 + 8 tokens" in out
-    assert _rows(out, "generate")[0] == ["generate", "64", "64", "1", "-", "-", "1536"]
+    assert _rows(out, "gen")[0] == ["gen", "64", "64", "1", "-", "-", "1536"]
     assert _rows(out, "update_actor")[0] == ["update_actor", "64", "64", "1", "1", "1", "1536"]
     assert "training steps: 700 = 5.60 epochs of 125 steps (2000 prompts / data.train_batch_size)" in out
-    for phase in ("load", "generate", "validate", "update_actor"):  # the memory table: every term and the total
+    for phase in ("load", "gen", "validate", "update_actor"):  # the memory table: every term and the total
         assert len(_rows(out, phase)[-1]) == 9
     assert "peak: 0." in out and "fits" in out
     assert not cache.exists()  # the demo's assets (its weights) were not built
@@ -80,9 +80,9 @@ def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
     )
     plan = make_plan(cfg, num_workers(cfg))
     batches = {b.name: b for b in phase_batches(cfg, plan)}
-    assert list(batches) == ["generate", "ref", "update_actor"]
+    assert list(batches) == ["gen", "ref", "update_actor"]  # verl 0.9.1: the rollout's log-probs are the old ones
     tokens = 2560 * (512 + 1024)
-    assert (batches["generate"].rows, batches["generate"].tokens) == (2560, tokens)
+    assert (batches["gen"].rows, batches["gen"].tokens) == (2560, tokens)
     assert (batches["ref"].micro, batches["ref"].micro_batches) == (40, 64)
     update = batches["update_actor"]
     assert (update.micro, update.grad_accum, update.optimizer_steps, update.micro_batches, update.tokens) == (
@@ -131,7 +131,7 @@ def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_load
     assert line.startswith("colorl: config error: the estimated peak memory per worker, ")
     assert " GiB of host RAM for 2 worker(s); to bring it down: " in line
     # the rollout's KV cache of 50,000-token responses is the largest term; the keys that shrink it are named
-    assert "in generate (largest: kv_cache " in line
+    assert "in gen (largest: kv_cache " in line
     assert "to bring it down: data.train_batch_size or actor_rollout_ref.rollout.n or data.max_response_length" in line
     assert line.endswith("trainer.check_memory=false skips this check")
     assert "Started a local Ray instance" not in result.stdout + result.stderr

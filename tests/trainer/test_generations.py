@@ -96,6 +96,8 @@ def test_validation_dumps_and_log_val_generations_print_and_log_a_wandb_table(tm
         (batch[:half], (prompts[0][:half], prompts[1][:half]), {"reward": REWARDS[:half], "acc": [True, False]}),
         (batch[half:], (prompts[0][half:], prompts[1][half:]), {"reward": REWARDS[half:], "acc": [True, False]}),
     ]
+    for i, part in enumerate(parts):  # each validation batch is routed under its own step token
+        part[0].meta_info = {"step_token": f"token-{i}"}
     log.validation(parts, 0, logger)
     log.validation(parts, 2, logger)
     logger.finish()

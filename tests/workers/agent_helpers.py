@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from config.roles import MultiTurnConfig
 from tests.data.gsm8k_fixture import printable_tokenizer
 from workers.compute.agent_loop import AgentLoop
-from workers.tools import BaseTool, ToolBox
+from workers.tools import BaseTool, ToolBox, ToolResponse
 from workers.tools.calculator import CalculatorTool
 
 # a ChatML-like template: each turn ends with the EOS token, as SmolLM2's and Qwen's end with <|im_end|>
@@ -23,8 +23,54 @@ TEMPLATE = (
 )
 
 
+# ChatML as Qwen2.5 writes it: consecutive tool messages share one user turn of <tool_response> blocks, and an
+# assistant turn's tool_calls are written after its content
+CHATML = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{ '<|im_start|>user' }}{%- endif -%}"
+    "{{ '\n<tool_response>\n' + m['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{ '<|im_end|>\n' }}{%- endif -%}"
+    "{%- else -%}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] }}"
+    "{%- if m.tool_calls is defined -%}{%- for c in m.tool_calls -%}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + c['function']['name'] + '\"}\n</tool_call>' }}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+# Llama 3's layout: a header per turn, <|eot_id|> after each, tool results as the ipython role, content trimmed
+LLAMA3 = (
+    "{{- bos_token -}}"
+    "{%- for m in messages -%}"
+    "{%- set role = 'ipython' if m['role'] == 'tool' else m['role'] -%}"
+    "{{ '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif -%}"
+)
+
+
 def chat_tokenizer():
     return printable_tokenizer(TEMPLATE)
+
+
+def special_tokenizer(template: str, specials: list[str], eos: str):
+    """The printable tokenizer with ``specials`` as special tokens and ``eos`` (one of them) as its EOS."""
+    tokenizer = printable_tokenizer(template)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.eos_token = eos
+    return tokenizer
+
+
+def chatml_tokenizer():
+    return special_tokenizer(CHATML, ["<|im_start|>", "<|im_end|>"], "<|im_end|>")
+
+
+def llama3_tokenizer():
+    specials = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"]
+    return special_tokenizer(LLAMA3, specials, "<|eot_id|>")
 
 
 def peaked_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
@@ -53,24 +99,42 @@ def call(name: str, **arguments) -> str:
 
 
 class Script:
-    """A logits processor that makes each row's model emit the given turns (each followed by EOS), then lets it
-    decode freely; forced tool-turn positions do not consume the script."""
+    """A logits processor that makes each row's model emit the given turns, then lets it decode freely; forced
+    tool-turn positions do not consume the script. A turn is a text (its tokens, then EOS) or a list of token ids
+    (exactly those, its stop token included: e.g. a split the tokenizer would never produce).
 
-    def __init__(self, tokenizer, turns_per_row: list[list[str]]) -> None:
+    With ``sample=True`` the unscripted positions are sampled here from the model's distribution (a seeded
+    generator) and forced, and every sampled token is recorded in ``sampled[(row, position)]``: an account of
+    what the model sampled that does not come from the agent loop."""
+
+    def __init__(self, tokenizer, turns_per_row: list[list], sample: bool = False, seed: int = 0) -> None:
         eos = tokenizer.eos_token_id
         self.queues = [
-            deque(i for turn in turns for i in tokenizer.encode(turn, add_special_tokens=False) + [eos])
+            deque(i for turn in turns for i in (turn if isinstance(turn, list) else _ids(tokenizer, turn) + [eos]))
             for turns in turns_per_row
         ]
+        self.sample, self.sampled = sample, {}
+        self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, rows, t, logits, sampling):
         logits = logits.clone()
         for j, row in enumerate(rows.tolist()):
-            if bool(sampling[j]) and self.queues[row]:
+            if not bool(sampling[j]):
+                continue
+            if self.queues[row]:
                 token = self.queues[row].popleft()
-                logits[j] = float("-inf")
-                logits[j, token] = 0.0
+            elif self.sample:
+                token = int(torch.multinomial(torch.softmax(logits[j].float(), -1), 1, generator=self.generator))
+            else:
+                continue
+            self.sampled[(row, t)] = token
+            logits[j] = float("-inf")
+            logits[j, token] = 0.0
         return logits
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 class RaisingTool(BaseTool):
@@ -88,6 +152,13 @@ class SlowTool(BaseTool):
         return "late"
 
 
+class HangingTool(BaseTool):
+    default_schema = {"type": "function", "function": {"name": "hang", "description": "awaits forever"}}
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        await asyncio.Event().wait()
+
+
 class RubbishTool(BaseTool):
     default_schema = {"type": "function", "function": {"name": "rubbish", "description": "returns no result"}}
 
@@ -96,7 +167,8 @@ class RubbishTool(BaseTool):
 
 
 class AsyncEchoTool(BaseTool):
-    """verl-style: async methods, per-trajectory state, a step reward and a final reward."""
+    """verl-style: async methods, an instance per call (verl 0.9), state across calls in agent_data.extra_fields,
+    a step reward and a score."""
 
     default_schema = {
         "type": "function",
@@ -109,16 +181,19 @@ class AsyncEchoTool(BaseTool):
 
     def __init__(self, config, tool_schema=None):
         super().__init__(config, tool_schema)
-        self.state, self.released = {}, []
+        self.state, self.created, self.released, self.seen = {}, [], [], []
 
     async def create(self, instance_id=None, create_kwargs=None, **kwargs):
-        instance_id = instance_id or str(len(self.state))
-        self.state[instance_id] = {"calls": 0, "bonus": (create_kwargs or {}).get("bonus", 0.0)}
-        return instance_id
+        instance_id = instance_id or f"i{len(self.created)}"
+        self.created.append(instance_id)
+        self.state[instance_id] = {"bonus": (create_kwargs or {}).get("bonus", 0.0)}
+        return instance_id, ToolResponse()
 
-    async def execute(self, instance_id, parameters, **kwargs):
+    async def execute(self, instance_id, parameters, agent_data=None, **kwargs):
         await asyncio.sleep(0)
-        self.state[instance_id]["calls"] += 1
+        calls = agent_data.extra_fields["echo_calls"] = agent_data.extra_fields.get("echo_calls", 0) + 1
+        self.state[instance_id]["calls"] = calls
+        self.seen.append((agent_data.request_id, [m["role"] for m in agent_data.messages]))
         return parameters.get("text", ""), 0.25, {}
 
     async def calc_reward(self, instance_id, **kwargs):
@@ -126,10 +201,11 @@ class AsyncEchoTool(BaseTool):
 
     async def release(self, instance_id, **kwargs):
         self.released.append(instance_id)
+        del self.state[instance_id]
 
 
 def make_loop(tokenizer, timeout_s: float = 0.5, **multi_turn) -> AgentLoop:
-    tools = [CalculatorTool({}), RaisingTool({}), SlowTool({}), RubbishTool({}), AsyncEchoTool({})]
+    tools = [CalculatorTool({}), RaisingTool({}), SlowTool({}), HangingTool({}), RubbishTool({}), AsyncEchoTool({})]
     config = MultiTurnConfig(enable=True, tool_timeout_s=timeout_s, **multi_turn)
     return AgentLoop(tokenizer, ToolBox({t.name: t for t in tools}, config), config, default_agent="tool_agent")
 
@@ -180,10 +256,10 @@ def run(
         batch,
         non_tensors,
         response_length=response_length,
-        eos_token_id=[tokenizer.eos_token_id],
+        eos_token_id=generate_kwargs.pop("eos_token_id", [tokenizer.eos_token_id]),
         pad_token_id=tokenizer.pad_token_id,
         sampling={"do_sample": False},
-        logits_processor=Script(tokenizer, turns),
+        logits_processor=Script(tokenizer, turns) if not isinstance(turns, Script) else turns,
         **generate_kwargs,
     )
 

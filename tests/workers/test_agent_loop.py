@@ -57,6 +57,7 @@ def test_a_calculator_call_runs_and_its_answer_is_a_tool_turn(tokenizer, model):
         (call("nope", x=1), "Error: unknown tool 'nope'"),
         (call("boom"), "Error: the tool 'boom' failed: RuntimeError: the tool broke"),
         (call("slow"), "Error: the tool 'slow' failed: the tool did not answer within 0.5 s"),
+        (call("hang"), "Error: the tool 'hang' failed: the tool did not answer within 0.5 s"),
         (call("rubbish"), "Error: the tool 'rubbish' failed: returned object"),
         (call("calculator", expression="__import__('os')"), "Error: Call is not allowed"),
     ],
@@ -69,7 +70,10 @@ def test_a_failing_call_becomes_the_tools_message_and_the_trajectory_goes_on(tok
     assert (stats["stop_reason"][0], stats["tool_call_counts"][0], stats["tool_error_counts"][0]) == ("answer", 1, 1)
 
 
-def test_tool_lifecycle_rewards_and_kwargs(tokenizer, model):
+def test_verls_lifecycle_create_execute_release_per_call_with_agent_data(tokenizer, model):
+    """verl 0.9: every call creates an instance with the row's create_kwargs, executes with agent_data (the
+    conversation so far, extra_fields shared by the trajectory's calls) and releases it; the score is the last
+    call's calc_reward; the step rewards add up."""
     loop = make_loop(tokenizer, max_parallel_calls=2)
     echo = loop.toolbox.tools["echo"]
     turns = [
@@ -82,8 +86,11 @@ def test_tool_lifecycle_rewards_and_kwargs(tokenizer, model):
         "\n<|tool|>a<eos>\n<|tool|>b<eos>\n<|assistant|>\n<|tool|>c<eos>\n<|assistant|>"
     )  # only 2 calls per turn run
     assert stats["tool_call_counts"][0] == 3 and stats["tool_rewards"][0] == pytest.approx(0.75)
-    assert stats["reward_scores"][0] == {"echo": 13.0}  # one instance for the trajectory: bonus + 3 calls
-    assert len(echo.released) == 1 and not echo.state.keys() - {echo.released[0]}
+    assert stats["reward_scores"][0] == {"echo": 13.0}  # the last call's instance: bonus + the trajectory's 3 calls
+    assert len(echo.created) == 3 and sorted(echo.released) == sorted(echo.created) and not echo.state
+    (first, roles), *rest = echo.seen
+    assert roles == ["user", "assistant"] and all(request == first for request, _ in rest)
+    assert echo.seen[-1][1] == ["user", "assistant", "tool", "tool", "assistant"]
 
 
 def test_turn_and_length_limits_and_single_turn_rows(tokenizer, model):
@@ -202,14 +209,17 @@ def test_the_loss_has_no_gradient_on_tool_tokens(tokenizer, model, remove_paddin
     assert (per_token[response_mask.bool()] > 0).float().mean() > 0.9
 
 
-def test_a_template_that_rewrites_history_is_reported_not_hidden(model):
+def test_a_template_that_rewrites_history_still_trains_on_what_was_sampled(model):
     """A chat template that renders an earlier assistant turn differently from what the model generated (as Qwen3
-    drops reasoning): the turn-by-turn ids are not the whole conversation's; the sanity check flags the row."""
+    drops reasoning): turn by turn, nothing the model wrote is re-rendered, so the training tokens are the sampled
+    ones and the tool turn is the template's (the checker, python -m workers.tools.check_template, reports the
+    rewrite)."""
     from tests.data.gsm8k_fixture import printable_tokenizer
     from tests.workers.agent_helpers import TEMPLATE
 
     rewriting = printable_tokenizer(TEMPLATE.replace("{{ m['content'] }}", "{{ m['content'] | replace('7', 'x') }}"))
     turns = [[call("calculator", expression="6*7"), "#### 42"]]
-    for mode, flagged in (("strict", True), ("disable", False)):
-        _, stats, _ = run(make_loop(rewriting, tokenization_sanity_check_mode=mode), model, rewriting, ["q"], turns, R)
-        assert stats["tokenization_mismatch"][0] == flagged and stats["stop_reason"][0] == "answer"
+    tensors, stats, _ = run(make_loop(rewriting), model, rewriting, ["q"], turns, R)
+    assert model_text(rewriting, tensors, 0) == turns[0][0] + "<eos>#### 42<eos>"  # the 7 stays a 7
+    assert tool_text(rewriting, tensors, 0) == "\n<|tool|>42<eos>\n<|assistant|>"
+    assert not stats["tokenization_mismatch"][0] and stats["stop_reason"][0] == "answer"

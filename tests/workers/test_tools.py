@@ -1,16 +1,26 @@
 """Tools without a model: the safe calculator, the answer checker, hermes parsing, verl's tool YAML, function
-tools, user tool files, and a hung or raising tool's call ending with a message."""
+tools, user tool files, the worker's event loop (a hung or raising tool's call ending with a message, a lock held
+across calls), and tool files written for verl running unchanged with and without the verl package."""
 
+import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from config.roles import MultiTurnConfig
-from workers.tools import ToolBox, ToolConfigError, ToolSession, load_tools
+from tests.workers import verl_tool_files
+from workers.tools import AgentData, BaseTool, ToolBox, ToolConfigError, load_tools
 from workers.tools.answer import AnswerTool
 from workers.tools.calculator import CalculatorError, CalculatorTool, calculate
 from workers.tools.parser import ToolCall, parse_tool_calls
-from workers.tools.runner import run_all, truncate
+from workers.tools.runner import ToolLoop, call_tool_method, truncate
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -65,13 +75,21 @@ def test_the_calculators_result_template_shapes_its_turn_and_errors_stay_errors(
 
 
 def test_the_answer_tool_is_verls_gsm8k_tool():
-    tool = AnswerTool({})
-    instance = tool.create(create_kwargs={"ground_truth": "1,200"})
-    assert tool.execute(instance, {"answer": "41"})[1:] == (-0.05, {})  # a wrong submission is penalised
-    text, step, _ = tool.execute(instance, {"answer": "so #### $1200"})
-    assert "is correct" in text.text and step == 0.0 and tool.calc_reward(instance) == 1.0
-    assert tool.execute(instance, {"answer": "1200"})[1] == -0.05  # no improvement on a right answer
-    tool.release(instance)
+    """An instance per call (verl 0.9): the resubmission penalty compares with the trajectory's previous
+    submission, kept in agent_data.extra_fields."""
+    tool, agent_data = AnswerTool({}), AgentData()
+
+    def submit(answer):
+        instance, _ = tool.create(create_kwargs={"ground_truth": "1,200"})
+        text, step, _ = tool.execute(instance, {"answer": answer}, agent_data=agent_data)
+        score = tool.calc_reward(instance)
+        tool.release(instance)
+        return text.text, step, score
+
+    assert submit("41")[1:] == (-0.05, 0.0)  # a wrong submission is penalised
+    text, step, score = submit("so #### $1200")
+    assert "is correct" in text and step == 0.0 and score == 1.0
+    assert submit("1200")[1:] == (-0.05, 1.0)  # no improvement on a right answer
     assert not tool._instances
 
 
@@ -87,24 +105,68 @@ def test_hermes_parsing_keeps_every_attempted_call():
     assert "not closed" in calls[4].error and parse_tool_calls("#### 4") == []
 
 
-def test_run_all_returns_values_errors_and_timeouts_without_waiting_for_a_hung_call():
-    def hang():
-        time.sleep(5)
+def test_the_tool_loop_returns_values_errors_and_timeouts_without_waiting_for_a_hung_call():
+    loop = ToolLoop()
 
-    async def coroutine():
-        return "async"
+    async def value():
+        return 1
+
+    async def raises():
+        raise ValueError("broken")
+
+    async def awaits_forever():  # an async tool: cancelled at its deadline
+        return await call_tool_method(asyncio.Event().wait, 0.3)
+
+    async def blocks():  # a plain def tool: runs in a thread of its own, abandoned at its deadline
+        return await call_tool_method(time.sleep, 0.3, 5)
 
     start = time.perf_counter()
-    outcomes = run_all([lambda: 1, lambda: 1 / 0, hang, coroutine], timeout_s=0.3)
+    outcomes = loop.run([value, raises, awaits_forever, blocks, lambda: call_tool_method(lambda: "sync", 1)], 5.0)
     assert time.perf_counter() - start < 2
-    assert outcomes[0].value == 1 and outcomes[3].value == "async"
-    assert outcomes[1].error == "ZeroDivisionError: division by zero"
-    assert "did not answer within 0.3 s" in outcomes[2].error
+    assert outcomes[0].value == 1 and outcomes[4].value == "sync"
+    assert outcomes[1].error == "ValueError: broken"
+    assert outcomes[2].error == outcomes[3].error == "the tool did not answer within 0.3 s"
+
+    async def blocks_the_loop():  # async def that never awaits: it holds up every call on the loop
+        time.sleep(1.5)
+
+    first = loop.loop
+    outcomes = loop.run([blocks_the_loop, value], 0.5)
+    assert all("its event loop was blocked" in o.error for o in outcomes)
+    assert loop.loop is not first and loop.run([value], 1.0)[0].value == 1  # a fresh loop takes over
+
+
+class LockedTool(BaseTool):
+    """Holds one asyncio.Lock, made outside any event loop, across all its calls (a client session would)."""
+
+    default_schema = {"type": "function", "function": {"name": "locked", "description": "one call at a time"}}
+
+    def __init__(self, config, tool_schema=None):
+        super().__init__(config, tool_schema)
+        self.lock, self.inside, self.most = asyncio.Lock(), 0, 0
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        async with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            await asyncio.sleep(0.01)
+            self.inside -= 1
+        return "ok"
+
+
+def test_a_tool_holding_an_asyncio_lock_across_calls_works():
+    tool = LockedTool({})
+    box = ToolBox({"locked": tool}, MultiTurnConfig(enable=True, max_parallel_calls=4))
+    for _ in range(2):  # two turns: the same loop, the same lock
+        rows = [(AgentData(), [ToolCall("locked")] * 2) for _ in range(3)]
+        assert box.run_turn(rows) == [["ok", "ok"]] * 3
+        assert all(agent_data.error_count == 0 for agent_data, _ in rows)
+    assert tool.most == 1  # the lock did its work
 
 
 @pytest.mark.parametrize(
     "side, expected",
-    [("left", "abcd...(truncated)"), ("right", "(truncated)...ghij"), ("middle", "ab...(truncated)...ij")],
+    [("left", "(truncated)...ghij"), ("right", "abcd...(truncated)"), ("middle", "ab...(truncated)...ij")],
 )
 def test_tool_responses_are_truncated_on_verls_side(side, expected):
     assert truncate("abcdefghij", 4, side) == expected and truncate("abc", 4, side) == "abc"
@@ -125,7 +187,7 @@ class CounterTool(BaseTool):
     default_schema = {"type": "function", "function": {"name": "counter", "description": "counts"}}
 
     def create(self, instance_id=None, **kwargs):
-        return "only"
+        return "only"  # just an id: accepted as well as verl's (id, response)
 
     def execute(self, instance_id, parameters, **kwargs):
         self.config["start"] += 1
@@ -161,17 +223,17 @@ def test_verls_tool_yaml_user_classes_and_function_tools_load_and_run(tmp_path):
     (tmp_path / "tools.yaml").write_text(TOOLS_YAML.replace("{path}", str(tmp_path / "user_tools.py")))
     tools = load_tools(str(tmp_path / "tools.yaml"), str(tmp_path / "functions.py"))
     assert sorted(tools) == ["add", "calc_gsm8k_reward", "calculator", "counter", "shout"]
-    assert tools["add"].tool_schema.function.parameters["required"] == ["a", "b"]
+    assert tools["add"].tool_schema.function.parameters.required == ["a", "b"]
     box = ToolBox(tools, MultiTurnConfig(enable=True))
-    session = ToolSession()
+    agent_data = AgentData()
     calls = [ToolCall("add", {"a": 2, "b": 3}), ToolCall("shout", {"text": "hi"}), ToolCall("counter")]
-    assert box.run_turn([(session, calls[:1]), (ToolSession(), calls[1:2])]) == [['{"sum": 5}'], ["HI"]]
-    assert box.run_turn([(session, [calls[2]])]) == [["6"]] and session.step_reward == 0.5
-    assert box.run_turn([(session, [ToolCall("add", {"c": 1})])])[0][0].startswith(
+    assert box.run_turn([(agent_data, calls[:1]), (AgentData(), calls[1:2])]) == [['{"sum": 5}'], ["HI"]]
+    assert box.run_turn([(agent_data, [calls[2]])]) == [["6"]] and agent_data.tool_rewards == [0.0, 0.5]
+    assert box.run_turn([(agent_data, [ToolCall("add", {"c": 1})])])[0][0].startswith(
         "Error: the tool 'add' failed: TypeError"
     )
-    box.finish([session])
-    assert session.reward_scores == {"add": 0.0, "counter": 0.0} and session.errors == 1 and session.calls == 3
+    assert agent_data.reward_scores == {"counter": 0.0} and agent_data.error_count == 1
+    assert agent_data.call_count == 3
 
 
 @pytest.mark.parametrize(
@@ -198,3 +260,67 @@ def test_a_bad_tool_config_is_one_line_naming_the_problem(tmp_path, yaml_text, m
     (tmp_path / "tools.yaml").write_text(yaml_text)
     with pytest.raises(ToolConfigError, match=message):
         load_tools(str(tmp_path / "tools.yaml"), None)
+
+
+EXPECTED_TEXTS = [["reward=1.0 after 2 messages"], ['{"capital": "Paris"}', "42", "42"]]
+
+
+def run_verl_tool_files(directory: Path, *flags: str) -> dict:
+    """tests.workers.verl_tool_files in a fresh interpreter (its imports are its own)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.workers.verl_tool_files", str(directory), *flags],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def verl_files(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("verl_tools")
+    verl_tool_files.write(directory)
+    return directory
+
+
+def test_verls_tool_files_run_unchanged_without_the_verl_package(verl_files):
+    """verl hidden from Python's path finder: the files' verl.* imports get ColoRL's classes; verl's lifecycle,
+    the schema from get_openai_tool_schema (the YAML has none), @function_tool with verl's import."""
+    out = run_verl_tool_files(verl_files, "--hide-verl")
+    assert out["tools"] == ["calculator", "check_answer", "lookup_capital", "multiply"]
+    assert out["texts"] == EXPECTED_TEXTS and out["reward_scores"] == {"check_answer": 1.0}
+    assert out["tool_rewards"] == [0.0] and out["released"] and out["verl_modules_before"] == []
+    assert out["bases"] == ["workers.tools.base.BaseTool"] and out["schema_type"] == "workers.tools.base"
+    assert out["verl_modules"] == ["verl", "verl.tools", "verl.tools.base_tool", "verl.tools.function_tool"] + [
+        "verl.tools.schemas",
+        "verl.utils",
+        "verl.utils.rollout_trace",
+    ]
+    schema = next(s for s in out["schemas"] if s["function"]["name"] == "check_answer")
+    assert schema["function"]["parameters"]["required"] == ["answer"]
+
+
+def test_verls_tool_files_run_with_verls_own_classes_when_verl_is_installed(verl_files):
+    pytest.importorskip("verl", reason="verl is not installed (make setup installs it for the tests)")
+    out = run_verl_tool_files(verl_files)
+    assert out["texts"] == EXPECTED_TEXTS and out["reward_scores"] == {"check_answer": 1.0} and out["released"]
+    assert out["bases"] == ["verl.tools.base_tool.BaseTool"] and out["schema_type"] == "verl.tools.schemas"
+    assert out["verl_modules_before"] == []  # ColoRL's own tools never import verl
+    assert not any(name.startswith("verl.experimental") for name in out["verl_modules"])  # only what files import
+
+
+def test_the_arithmetic_calculators_tool_turn_never_scores_by_itself():
+    """The reward reads tool turns too: the benchmark calculator's reminder must not hold a scorable answer."""
+    import yaml
+
+    from data.rewards.arith import compute_score
+
+    path = Path(__file__).resolve().parents[2] / "conf/tools/arith_calculator.yaml"
+    (tool,) = yaml.safe_load(path.read_text())["tools"]
+    turn = tool["config"]["result_template"].format(result="44")
+    assert "44" in turn  # the result itself is there
+    assert compute_score("colorl/arith", f"Let me compute. {turn}", "44")["score"] == 0.0

@@ -23,6 +23,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from config import ConfigError, PPOConfig, StepPlan
 from config.inert import inert_warnings
+from config.phases import ROLES, STEP_PHASES, Step, lookup
 from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
@@ -46,55 +47,29 @@ class PhaseBatch:
 
 
 def phase_batches(cfg: PPOConfig, plan: StepPlan) -> list[PhaseBatch]:
-    """The batch arithmetic of every phase a step runs, at the longest sequences the config allows."""
-    arr, data = cfg.actor_rollout_ref, cfg.data
-    rows = data.train_batch_size * arr.rollout.n // plan.n_workers
-    length = data.max_prompt_length + data.max_response_length
-    gen_rows = plan.gen_batch_size * arr.rollout.n // plan.n_workers  # a generation batch's (dynamic sampling)
-    out = [PhaseBatch("generate", gen_rows, gen_rows, 1, None, 0, gen_rows * length)]
-
-    def forward(name: str, micro: int | None, dynamic_budget: int | None) -> PhaseBatch:
-        size = max(1, dynamic_budget // length) if dynamic_budget else micro or rows
-        size = min(size, rows)
-        return PhaseBatch(name, rows, size, math.ceil(rows / size), None, 0, rows * length)
-
-    def update(name: str, section: Any, mini: int) -> PhaseBatch:
-        dynamic = section.ppo_max_token_len_per_gpu if section.use_dynamic_bsz else None
-        micro = min(max(1, dynamic // length) if dynamic else section.ppo_micro_batch_size_per_gpu, mini)
-        accum = math.ceil(mini / micro)
-        steps = rows // mini * section.ppo_epochs
-        return PhaseBatch(name, rows, micro, steps * accum, accum, steps, rows * length * section.ppo_epochs)
-
-    def budget(section: Any, enabled: str, key: str) -> int | None:
-        return getattr(section, key) if getattr(section, enabled) else None
-
-    rollout, ref, critic = arr.rollout, arr.ref, cfg.critic
-    if plan.recompute_old_log_prob:
-        out.append(
-            forward(
-                "old_log_prob",
-                rollout.log_prob_micro_batch_size_per_gpu,
-                budget(rollout, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
-            )
-        )
-    if plan.compute_ref_log_prob:
-        out.append(
-            forward(
-                "ref",
-                ref.log_prob_micro_batch_size_per_gpu,
-                budget(ref, "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
-            )
-        )
-    if plan.use_critic:
-        out.append(
-            forward(
-                "values",
-                critic.forward_micro_batch_size_per_gpu,
-                budget(critic, "use_dynamic_bsz", "forward_max_token_len_per_gpu"),
-            )
-        )
-        out.append(update("update_critic", critic, plan.critic_mini_batch_size))
-    out.append(update("update_actor", arr.actor, plan.actor_mini_batch_size))
+    """The batch arithmetic of every worker phase a step runs (``config.phases.STEP_PHASES``), at the longest
+    sequences the config allows."""
+    rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // plan.n_workers
+    length = cfg.data.max_prompt_length + cfg.data.max_response_length
+    out = []
+    for phase in STEP_PHASES:
+        b = phase.batch
+        if b is None or not plan.runs(phase.name):
+            continue
+        if b.section is None:  # every row at once (a generation batch's, with dynamic sampling)
+            at_once = getattr(plan, b.rows)
+            out.append(PhaseBatch(phase.name, at_once, at_once, 1, None, 0, at_once * length))
+            continue
+        section = lookup(cfg, b.section)
+        budget = getattr(section, b.budget) if b.dynamic and getattr(section, b.dynamic) else None
+        if b.mini is None:  # a forward per micro-batch
+            size = min(max(1, budget // length) if budget else getattr(section, b.micro) or rows, rows)
+            out.append(PhaseBatch(phase.name, rows, size, math.ceil(rows / size), None, 0, rows * length))
+            continue
+        mini = getattr(plan, b.mini)  # an update: micro-batches of each mini-batch, ppo_epochs times
+        micro = min(max(1, budget // length) if budget else getattr(section, b.micro), mini)
+        accum, steps = math.ceil(mini / micro), rows // mini * section.ppo_epochs
+        out.append(PhaseBatch(phase.name, rows, micro, steps * accum, accum, steps, rows * length * section.ppo_epochs))
     return out
 
 
@@ -132,15 +107,15 @@ def requested_device(cfg: PPOConfig) -> str:
 
 
 def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
-    """Each model path the user set (null ones are the built-in demo's) names a model of the right kind."""
-    model, critic_model = cfg.actor_rollout_ref.model, cfg.critic.model
-    if model.path is not None:
-        _check_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
-    if plan.use_critic and critic_model.path not in (None, model.path):
-        _check_model("critic.model.path", critic_model.path, critic_model.trust_remote_code, causal_lm=False)
-    if cfg.reward.reward_model.enable:
-        rm = cfg.reward.reward_model
-        _check_model("reward.reward_model.model_path", rm.model_path, False, causal_lm=False)
+    """Each model path the user set (null ones are the built-in demo's) names a model of the right kind: every role
+    the plan places (``config.phases.ROLES``) with a model of its own, other than the actor's."""
+    step, actor_path = Step(cfg, plan), cfg.actor_rollout_ref.model.path
+    for role in ROLES:
+        path = lookup(cfg, role.path)
+        own = role.name == "actor" or path != actor_path
+        if role.held(step) and role.shares is None and path is not None and own:
+            trust = bool(getattr(lookup(cfg, role.model), "trust_remote_code", False))
+            _check_model(role.path, path, trust, causal_lm=not role.value_head)
     check_teachers(cfg, _check_model)  # distillation: causal LMs with the student's vocabulary
 
 
@@ -167,26 +142,23 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
 
 
 def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
-    """The actor's (and critic's, reward model's) sizes from their ``config.json``; ``demo_config()`` gives the
-    built-in model's config when ``actor_rollout_ref.model.path`` is null."""
-    arr = cfg.actor_rollout_ref
+    """The sizes of each role's own model (``config.phases.ROLES`` that the plan places), from its ``config.json``;
+    ``demo_config()`` gives the built-in model's config when ``actor_rollout_ref.model.path`` is null, and a null
+    path of another role is the actor's model."""
+    arr, step = cfg.actor_rollout_ref, Step(cfg, plan)
     actor_path = arr.model.path
     actor_config = (
         demo_config() if actor_path is None else _config(f"{ARR}.model.path", actor_path, arr.model.trust_remote_code)
     )
-    sizes = {"actor": model_sizes(actor_config, arr.model, arr.actor.fsdp_config.wrap_policy.min_num_params)}
-    if plan.use_critic:
-        path = cfg.critic.model.path
-        config = (
-            actor_config
-            if path in (None, actor_path)
-            else _config("critic.model.path", path, cfg.critic.model.trust_remote_code)
-        )
-        sizes["critic"] = model_sizes(config, None, cfg.critic.fsdp.wrap_policy.min_num_params, value_head=True)
-    if cfg.reward.reward_model.enable:
-        rm = cfg.reward.reward_model
-        config = _config("reward.reward_model.model_path", rm.model_path, False)
-        sizes["rm"] = model_sizes(config, None, rm.fsdp_config.wrap_policy.min_num_params, value_head=True)
+    sizes = {}
+    for role in ROLES:
+        if not role.held(step) or role.shares is not None:
+            continue
+        path, model = lookup(cfg, role.path), lookup(cfg, role.model)
+        trust = bool(getattr(model, "trust_remote_code", False))
+        config = actor_config if path in (None, actor_path) else _config(role.path, path, trust)
+        min_params = lookup(cfg, role.placement).wrap_policy.min_num_params
+        sizes[role.name] = model_sizes(config, model if role.adapters else None, min_params, role.value_head)
     return sizes
 
 
@@ -288,10 +260,7 @@ def preflight(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) ->
         sys.exit(0)
     if not trainer.check_memory or (requested_device(cfg) == "cuda" and not torch.cuda.is_available()):
         return  # a missing GPU is resolve_device's error to report
-    try:
-        _, estimate = _estimate(cfg, plan, demo_config)
-    except ConfigError:
-        return  # a model path that does not load: the build's own check says so, as it does without this one
+    _, estimate = _estimate(cfg, plan, demo_config)  # a mistake found building the models (LoRA targets) is said here
     check_memory(cfg, estimate)
 
 

@@ -1,18 +1,21 @@
 """The phases of a run on one worker and what each holds at its peak: the memory estimate of a config.
 
-A worker holds every role the step plan places on it (``workers.roles.fsdp_workers``): the actor (+ rollout), the
-reference unless the actor is its own (LoRA), the critic, the reward model. Each phase adds its own terms
-(``trainer.preflight.memory_estimate``) to what persists; the phases are the step's (generation, log-probs, values, the
-updates), validation's generation, and loading. Every phase knows the key that sizes its batch, so a refusal
-can name what to lower.
+A worker holds every role the step plan places on it (``config.phases.ROLES``): the actor (+ rollout), the reference
+unless the actor is its own (LoRA), the critic, the reward model. Each phase adds its own terms
+(``trainer.preflight.memory_estimate``) to what persists: loading, every worker phase of the step that the plan runs
+(``config.phases.STEP_PHASES``, each by the estimator its entry names in ``ESTIMATORS``) and validation's
+generation. Every phase knows the key that sizes its batch, so a refusal can name what to lower.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from config.plan import StepPlan, uses_full_kl
+from config.dataflow import when
+from config.phases import ROLE, ROLES, STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
+from config.plan import StepPlan
 from trainer.preflight.memory_estimate import (
     FP32,
     RUNTIME_CPU_BYTES,
@@ -48,16 +51,18 @@ class Lengths:
 
 
 def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], device: str) -> dict[str, Role]:
-    """The roles one worker holds, with their sizes and placement; ``models`` has actor, critic and rm sizes."""
-    arr, n = cfg.actor_rollout_ref, plan.n_workers
-    roles = {"actor": Role(models["actor"], placement(device, n, arr.actor.fsdp_config, True), True)}
-    if plan.use_reference_policy and arr.model.lora_rank == 0:  # a LoRA actor is its own reference
-        roles["ref"] = Role(models["actor"], placement(device, n, arr.ref.fsdp_config, False), False)
-    if plan.use_critic:
-        roles["critic"] = Role(models["critic"], placement(device, n, cfg.critic.fsdp, True), True)
-    if cfg.reward.reward_model.enable:
-        roles["rm"] = Role(models["rm"], placement(device, n, cfg.reward.reward_model.fsdp_config, False), False)
-    return roles
+    """The roles one worker holds (``config.phases.ROLES`` that the plan places), with their sizes and placement;
+    ``models`` has the sizes of each role's own model (a role that shares another's model uses that one's)."""
+    step = Step(cfg, plan)
+    return {
+        r.name: Role(
+            models[r.shares or r.name],
+            placement(device, plan.n_workers, lookup(cfg, r.placement), r.trained),
+            r.trained,
+        )
+        for r in ROLES
+        if r.held(step)
+    }
 
 
 def estimate_memory(
@@ -86,26 +91,15 @@ class _Estimator:
         self.rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // plan.n_workers
         self.width = cfg.data.max_prompt_length + cfg.data.max_response_length
 
-    def phases(self, val_rows: int) -> list[Phase | None]:
-        arr, cfg, plan = self.cfg.actor_rollout_ref, self.cfg, self.plan
-        ref = "ref" if "ref" in self.roles else "actor"
-        return [
-            self.load(),
-            self.generate(
-                "generate",
-                plan.gen_batch_size * arr.rollout.n // plan.n_workers,
-                f"data.{'gen' if plan.dynamic_sampling else 'train'}_batch_size × {ARR}.rollout.n",
-            ),
-            self.generate("validate", val_rows, "data.val_batch_size") if val_rows else None,
-            self.log_prob("old_log_prob", "actor", arr.rollout, f"{ARR}.rollout")
-            if plan.recompute_old_log_prob
-            else None,
-            self.log_prob("ref", ref, arr.ref, f"{ARR}.ref") if plan.compute_ref_log_prob else None,
-            self.values() if plan.use_critic else None,
-            self.update_critic() if plan.use_critic else None,
-            self.update_actor(),
-            self.rm_score() if cfg.reward.reward_model.enable else None,
-        ]
+    def phases(self, val_rows: int) -> list[Phase]:
+        step = [ESTIMATORS[p.memory](self, p) for p in STEP_PHASES if p.memory and self.plan.runs(p.name)]
+        validate = when(val_rows > 0, self.generate("validate", val_rows, "data.val_batch_size"))
+        return [self.load(), *step, *validate]
+
+    def role(self, phase: StepPhase) -> tuple[str, Role]:
+        """The role that computes ``phase`` on this worker, by name: its own, or the one it shares a model with."""
+        name = phase.role if phase.role in self.roles else ROLE[phase.role].shares
+        return name, self.roles[name]
 
     # ------------------------------------------------------------------ what persists
     def persistent(self, active: str | None = None, updating: str | None = None) -> dict[str, int]:
@@ -169,63 +163,35 @@ class _Estimator:
         group = arr.rollout.n if policy and arr.actor.use_prefix_grouper else 1
         return Micro(rows, self.lengths.prompt, self.lengths.response, self.width, packed, group)
 
-    def log_prob(self, name: str, role: str, section: Any, prefix: str) -> Phase:
-        """A no-grad forward per micro-batch: a block's temporaries and the logits."""
-        dynamic = section.log_prob_max_token_len_per_gpu if section.log_prob_use_dynamic_bsz else None
-        micro_rows = section.log_prob_micro_batch_size_per_gpu or self.rows
-        micro = self.micro(
-            min(micro_rows, self.rows), self.cfg.actor_rollout_ref.model.use_remove_padding, dynamic, policy=True
-        )
-        r = self.roles[role]
+    def batch(self, phase: StepPhase, rows: int) -> tuple[Any, Micro, str]:
+        """(the section of ``phase``'s batch keys, one micro-batch of its ``rows``, the key that sizes it)."""
+        b, cfg = phase.batch, self.cfg
+        section = lookup(cfg, b.section)
+        dynamic = getattr(section, b.budget) if b.dynamic and getattr(section, b.dynamic) else None
+        model = lookup(cfg, ROLE[phase.role].model)
+        policy = not ROLE[phase.role].value_head  # the actor's and the reference's forwards share prompts
+        micro_rows = min(getattr(section, b.micro) or rows, rows)
+        micro = self.micro(micro_rows, bool(getattr(model, "use_remove_padding", False)), dynamic, policy)
+        return section, micro, b.key(cfg)
+
+    def forward(self, phase: StepPhase) -> Phase:
+        """A no-grad forward per micro-batch: a block's temporaries, and an LM head's logits."""
+        name, r = self.role(phase)
+        _, micro, key = self.batch(phase, self.rows)
         tokens, _, head = micro.geometry(r.sizes)
         c = r.placement.compute_bytes
-        terms = {
-            "weights": r.placement.gathered(r.sizes),
-            "activations": forward_transient(r.sizes, tokens, c),
-            "logits": logits_bytes(
-                head,
-                tokens_response(micro),
-                r.sizes.vocab,
-                c,
-                micro.packed,
-                backward=False,
-                fused=self.cfg.actor_rollout_ref.model.use_fused_kernels,
-            ),
-        }
-        key = (
-            f"{prefix}.log_prob_max_token_len_per_gpu"
-            if dynamic is not None
-            else f"{prefix}.log_prob_micro_batch_size_per_gpu"
-        )
-        return self._phase(name, role, terms, micro, key)
+        terms = {"weights": r.placement.gathered(r.sizes), "activations": forward_transient(r.sizes, tokens, c)}
+        if not ROLE[phase.role].value_head:
+            fused = self.cfg.actor_rollout_ref.model.use_fused_kernels
+            n = tokens_response(micro)
+            terms["logits"] = logits_bytes(head, n, r.sizes.vocab, c, micro.packed, backward=False, fused=fused)
+        return self._phase(phase.name, name, terms, micro, key)
 
-    def values(self) -> Phase:
-        critic, cfg = self.roles["critic"], self.cfg.critic
-        dynamic = cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
-        micro = self.micro(
-            min(cfg.forward_micro_batch_size_per_gpu or self.rows, self.rows), cfg.model.use_remove_padding, dynamic
-        )
-        tokens, _, _ = micro.geometry(critic.sizes)
-        terms = {
-            "weights": critic.placement.gathered(critic.sizes),
-            "activations": forward_transient(critic.sizes, tokens, critic.placement.compute_bytes),
-        }
-        key = "critic.forward_max_token_len_per_gpu" if dynamic else "critic.forward_micro_batch_size_per_gpu"
-        return self._phase("values", "critic", terms, micro, key)
-
-    def update(
-        self, role: str, section: Any, mini: int, model_cfg: Any, prefix: str
-    ) -> tuple[dict[str, int], Micro, str, int, int]:
-        """(terms, micro-batch, its key, activations with checkpointing switched, LM-head positions) of a role's
-        update."""
-        r = self.roles[role]
-        dynamic = section.ppo_max_token_len_per_gpu if section.use_dynamic_bsz else None
-        micro = self.micro(
-            min(section.ppo_micro_batch_size_per_gpu or mini, mini),
-            model_cfg.use_remove_padding,
-            dynamic,
-            policy=role == "actor",
-        )
+    def update(self, phase: StepPhase) -> Phase:
+        """Forward and backward per micro-batch of the role's mini-batch: activations (with gradient checkpointing
+        as configured, and switched), gradients, and an LM head's logits (with the full KL's, the reference's too)."""
+        name, r = self.role(phase)
+        section, micro, key = self.batch(phase, getattr(self.plan, phase.batch.mini))
         tokens, width, head = micro.geometry(r.sizes)
         c = r.placement.compute_bytes
         math = uses_math_attention(r.sizes, self.device, c, width)
@@ -233,49 +199,43 @@ class _Estimator:
         def acts(checkpointing: bool) -> int:
             return activation_bytes(r.sizes, tokens, width, c, math, checkpointing)
 
-        ckpt = bool(model_cfg.enable_gradient_checkpointing)
+        ckpt = bool(lookup(self.cfg, ROLE[phase.role].model).enable_gradient_checkpointing)
         terms = {
             "weights": r.placement.gathered(r.sizes),
             "gradients": r.placement.gradients(r.sizes),
             "activations": acts(ckpt),
         }
-        key = f"{prefix}.ppo_max_token_len_per_gpu" if dynamic else f"{prefix}.ppo_micro_batch_size_per_gpu"
-        return terms, micro, key, acts(not ckpt), head
+        if not ROLE[phase.role].value_head:
+            terms["logits"], weights = self.update_logits(section, micro, head, r)
+            terms["weights"] += weights
+        return self._phase(phase.name, name, terms, micro, key, updating=True, activations_other=acts(not ckpt))
 
-    def update_critic(self) -> Phase:
-        terms, micro, key, other, _ = self.update(
-            "critic", self.cfg.critic, self.plan.critic_mini_batch_size, self.cfg.critic.model, "critic"
+    def update_logits(self, actor: Any, micro: Micro, head: int, r: Role) -> tuple[int, int]:
+        """(logits bytes, extra weights) of a policy update: with the exact KL loss the reference's logits and the
+        KL's log-softmaxes beside the policy's, and the reference's gathered weights."""
+        n, vocab, c = tokens_response(micro), r.sizes.vocab, r.placement.compute_bytes
+        fused = self.cfg.actor_rollout_ref.model.use_fused_kernels
+        logits = logits_bytes(
+            head, n, vocab, c, micro.packed, backward=True, fused=fused, entropy_grad=actor.entropy_coeff != 0
         )
-        return self._phase("update_critic", "critic", terms, micro, key, updating=True, activations_other=other)
+        if not uses_full_kl(actor):
+            return logits, 0
+        logits += logits_bytes(head, n, vocab, c, micro.packed, backward=False, fused=fused)
+        logits += 0 if fused else 2 * n * vocab * FP32
+        ref = self.roles.get("ref")
+        return logits, ref.placement.gathered(ref.sizes) if ref else 0
 
-    def update_actor(self) -> Phase:
-        arr = self.cfg.actor_rollout_ref
-        terms, micro, key, other, head = self.update(
-            "actor", arr.actor, self.plan.actor_mini_batch_size, arr.model, f"{ARR}.actor"
-        )
-        actor = self.roles["actor"]
-        n, vocab, c = tokens_response(micro), actor.sizes.vocab, actor.placement.compute_bytes
-        fused = arr.model.use_fused_kernels
-        terms["logits"] = logits_bytes(
-            head, n, vocab, c, micro.packed, backward=True, fused=fused, entropy_grad=arr.actor.entropy_coeff != 0
-        )
-        if uses_full_kl(arr.actor):  # the reference's logits and the exact KL's log-softmaxes beside them
-            terms["logits"] += logits_bytes(head, n, vocab, c, micro.packed, backward=False, fused=fused) + (
-                0 if fused else 2 * n * vocab * FP32
-            )
-            if "ref" in self.roles:
-                terms["weights"] += self.roles["ref"].placement.gathered(self.roles["ref"].sizes)
-        return self._phase("update_actor", "actor", terms, micro, key, updating=True, activations_other=other)
+    def generate_step(self, phase: StepPhase) -> Phase:
+        """The step's generation: every row of the worker's share of a generation batch at once."""
+        return self.generate(phase.name, getattr(self.plan, phase.batch.rows), phase.batch.key(self.cfg))
 
-    def rm_score(self) -> Phase:
-        rm = self.roles["rm"]
-        micro = self.micro(min(self.cfg.reward.reward_model.micro_batch_size_per_gpu, self.rows), False, None)
-        tokens, _, _ = micro.geometry(rm.sizes)
-        terms = {
-            "weights": rm.placement.gathered(rm.sizes),
-            "activations": forward_transient(rm.sizes, tokens, rm.placement.compute_bytes),
-        }
-        return self._phase("rm_score", "rm", terms, micro, "reward.reward_model.micro_batch_size_per_gpu")
+
+# the memory estimate each entry of config.phases.STEP_PHASES names (its ``memory``)
+ESTIMATORS: dict[str, Callable[[_Estimator, StepPhase], Phase]] = {
+    "generate": _Estimator.generate_step,
+    "forward": _Estimator.forward,
+    "update": _Estimator.update,
+}
 
 
 def tokens_response(micro: Micro) -> int:

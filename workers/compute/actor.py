@@ -12,7 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from algos import aggregate, compute_policy_loss, kl_penalty
-from config.plan import forward_keys, is_single_step, uses_full_kl
+from config.phases import forward_keys, uses_full_kl
+from config.plan import is_single_step
 from single_controller import DataProto
 from workers.compute.logprob import token_stats
 from workers.compute.packing import restore_order
@@ -194,7 +195,7 @@ class DataParallelPPOActor:
         Reads batch keys input_ids, attention_mask, position_ids (not with remove-padding), responses,
         response_mask, advantages, old_log_probs (+ ref_log_prob with ``use_kl_loss``, unless
         ``kl_loss_type=full``; + the policy loss's own needs, ``algos.POLICY_LOSSES``): the update_actor phase of
-        ``config.plan.declare_flows``, which the worker gives it exactly (other keys would be micro-batched
+        ``config.phases.declare_flows``, which the worker gives it exactly (other keys would be micro-batched
         along). ``meta_info["temperature"]`` (default 1) must be the sampling temperature. Without old_log_probs
         the update is on-policy: allowed only for a single optimizer step on unchanged weights (see
         :func:`is_single_step`), where the old log-probs equal this forward's, detached. The LR scheduler steps

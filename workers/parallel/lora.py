@@ -31,6 +31,7 @@ from config import ConfigError
 ADAPTER = "default"  # peft's name of the one adapter; its checkpoint keys leave it out
 ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer but the output head
 ADAPTABLE = (nn.Linear, nn.Embedding, Conv1D)  # the layer types a target name must reach
+TARGETS_KEY = "actor_rollout_ref.model.target_modules"
 
 
 def is_lora(module: nn.Module) -> bool:
@@ -38,7 +39,8 @@ def is_lora(module: nn.Module) -> bool:
 
 
 def add_adapters(model: nn.Module, model_config: Any) -> nn.Module:
-    """``model`` with LoRA adapters on ``target_modules`` (only they train) when ``lora_rank`` > 0, else as is.
+    """``model`` with LoRA adapters on ``target_modules`` (only they train) when ``lora_rank`` > 0, else as is;
+    ``ConfigError`` when a target matches no layer of it.
 
     Before sharding: FSDP then shards the peft model, whose transformer blocks it still finds through the
     base model's ``_no_split_modules``.
@@ -46,6 +48,7 @@ def add_adapters(model: nn.Module, model_config: Any) -> nn.Module:
     if model_config.lora_rank == 0:
         return model
     targets = model_config.target_modules
+    check_targets(model, targets)
     config = LoraConfig(
         r=int(model_config.lora_rank),
         lora_alpha=float(model_config.lora_alpha),
@@ -54,20 +57,26 @@ def add_adapters(model: nn.Module, model_config: Any) -> nn.Module:
     )
     try:
         return get_peft_model(model, config)
-    except ValueError as exc:  # e.g. a module name the model does not have
-        raise ValueError(f"actor_rollout_ref.model.target_modules={targets!r}: {exc}") from None
+    except ValueError as exc:  # another of peft's refusals
+        raise ConfigError.invalid(TARGETS_KEY, targets, str(exc)) from None
 
 
 def check_target_modules(model_config: Any) -> None:
-    """Fail before any worker starts when ``target_modules`` names no layer of the model, as peft matches names
-    (a list: a layer's full name or its last parts; a string: a regular expression over full names). The model is
-    built from its config on the meta device: no weight is read, no memory taken."""
-    targets = model_config.target_modules
-    if model_config.lora_rank == 0 or targets == ALL_LINEAR:
+    """Fail before any worker starts when ``target_modules`` names no layer of the model (``check_targets``). The
+    model is built from its config on the meta device: no weight is read, no memory taken."""
+    if model_config.lora_rank == 0 or model_config.target_modules == ALL_LINEAR:
         return
     config = AutoConfig.from_pretrained(model_config.path, trust_remote_code=model_config.trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_config.trust_remote_code)
+    check_targets(model, model_config.target_modules)
+
+
+def check_targets(model: nn.Module, targets: str | list[str]) -> None:
+    """``ConfigError`` naming the model's layers when a LoRA target matches none of them, as peft matches names (a
+    list: a layer's full name or its last parts; a string: a regular expression over full names)."""
+    if targets == ALL_LINEAR:
+        return
     layers = [name for name, module in model.named_modules() if isinstance(module, ADAPTABLE)]
     if isinstance(targets, str):
         unmatched = [] if any(re.fullmatch(targets, name) for name in layers) else [targets]
@@ -76,7 +85,7 @@ def check_target_modules(model_config: Any) -> None:
     if unmatched:
         names = sorted({name.rpartition(".")[2] for name in layers})
         raise ConfigError.invalid(
-            "actor_rollout_ref.model.target_modules",
+            TARGETS_KEY,
             targets,
             f"{unmatched} match no layer of the model; its layers are named {names}, or use {ALL_LINEAR!r}",
         )

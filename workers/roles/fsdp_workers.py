@@ -2,7 +2,7 @@
 
 Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed
 method runs on every rank with that rank's chunk of the batch. Each data method is one phase of
-``config.plan.declare_flows``: it takes its inputs from ``STORE.inputs`` (what the call carries, plus what an
+``config.phases.declare_flows``: it takes its inputs from ``STORE.inputs`` (what the call carries, plus what an
 earlier phase of the step kept in this process) and hands what it computed to ``STORE.outputs``, which keeps
 what a later worker phase reads and returns what the driver reads (``workers/compute/step_store.py``), as CPU tensors.
 The config sections and the step plan they are built with are the typed ones of ``config``.
@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config.plan import PROMPT, StepPlan, uses_full_kl
+from config.phases import PROMPT, uses_full_kl
+from config.plan import StepPlan
 from single_controller import DataProto
 from single_controller.base import Worker
 from single_controller.base.decorator import Dispatch, register

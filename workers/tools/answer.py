@@ -1,11 +1,13 @@
-"""An answer-checking tool like verl's ``calc_gsm8k_reward``: the model submits an answer, the tool says if it is right.
+"""An answer-checking tool like verl's former ``Gsm8kTool`` (``calc_gsm8k_reward``): the model submits an answer,
+the tool says if it is right.
 
-Each trajectory's instance gets the row's ground truth from ``extra_info.tools_kwargs.calc_gsm8k_reward.
+Each call's instance gets the row's ground truth from ``extra_info.tools_kwargs.calc_gsm8k_reward.
 create_kwargs.ground_truth`` (the layout ``data.preprocess.gsm8k_tools`` writes). The answer is right when its
 last number equals the ground truth as a number (GSM8K's flexible extraction, as verl's tool does). The step
-reward is 0 for a submission that improves on the previous one and -0.05 otherwise (verl's penalty on
-resubmitting); ``calc_reward`` is 1 for a right last submission, else 0, and reaches the reward function as
-``extra_info["rollout_reward_scores"]["calc_gsm8k_reward"]``.
+reward is 0 for a submission that improves on the trajectory's previous one and -0.05 otherwise (verl's penalty
+on resubmitting): instances live for one call (verl 0.9's lifecycle), so the trajectory's previous submission is kept in
+``agent_data.extra_fields``. ``calc_reward`` is 1 for a right submission, else 0; the trajectory's last one
+reaches the reward function as ``extra_info["rollout_reward_scores"]["calc_gsm8k_reward"]``.
 """
 
 from __future__ import annotations
@@ -54,18 +56,24 @@ class AnswerTool(BaseTool):
         super().__init__(config, tool_schema)
         self._instances: dict[str, dict[str, Any]] = {}
 
-    def create(self, instance_id: str | None = None, create_kwargs: dict | None = None, **kwargs: Any) -> str:
+    def create(
+        self, instance_id: str | None = None, create_kwargs: dict | None = None, **kwargs: Any
+    ) -> tuple[str, ToolResponse]:
         instance_id = instance_id or uuid.uuid4().hex
         ground_truth = (create_kwargs or {}).get("ground_truth", kwargs.get("ground_truth"))
         self._instances[instance_id] = {"ground_truth": ground_truth, "reward": 0.0}
-        return instance_id
+        return instance_id, ToolResponse()
 
-    def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
+    def execute(
+        self, instance_id: str, parameters: dict[str, Any], agent_data: Any = None, **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
         state = self._instances[instance_id]
         answer = str(parameters.get("answer", ""))
         reward = float(is_correct(answer, state["ground_truth"]))
-        step_reward = 0.0 if reward > state["reward"] else RESUBMIT_PENALTY
-        state["reward"] = reward
+        # the trajectory's previous submission (the instance's own when called outside an agent loop)
+        previous = agent_data.extra_fields.setdefault(self.name, {"reward": 0.0}) if agent_data is not None else state
+        step_reward = 0.0 if reward > previous["reward"] else RESUBMIT_PENALTY
+        state["reward"] = previous["reward"] = reward
         verdict = "correct" if reward else "incorrect"
         return ToolResponse(text=f"Your answer {answer!r} is {verdict}."), step_reward, {}
 

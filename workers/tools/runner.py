@@ -1,24 +1,27 @@
-"""Running a tool's code without letting it end the run: threads with a deadline, and checked results.
+"""Running tools' code without letting it end the run: one event loop per worker, deadlines, checked results.
 
-Every call into a tool (``create``, ``execute``, ``calc_reward``, ``release``) runs in its own daemon thread;
-the calls of all trajectories whose assistant turn ended at the same decoding step run at once, and the loop
-waits for them until ``timeout_s``. A call that raises, returns something that is not a tool result, or is
-still running at the deadline yields an error message for the model instead of a value. A thread cannot be
-stopped from outside, so a call that never returns keeps its (daemon) thread; its trajectory goes on.
+Every tool call of a worker runs on one asyncio event loop that lives for the worker's lifetime, in a daemon
+thread (``ToolLoop``): the decode loop (synchronous torch code) hands it the calls of all trajectories whose
+turns ended at the same step and waits for them. One loop, as in verl's agent loop, so a tool may keep
+loop-bound state across calls (an ``asyncio.Lock``, a client session). An ``async def`` method is awaited on
+the loop; a plain ``def`` one runs in a thread of its own, so a blocking tool never holds up the loop.
 
-Threads rather than an event loop: the decode loop is synchronous torch code, a plain ``def`` tool cannot be
-cancelled by asyncio (``wait_for`` on a blocking call never fires), and a thread's deadline holds for both
-kinds. An ``async def`` method is run to completion in its thread's own event loop.
+Each method call gets ``timeout_s`` (``asyncio.wait_for``): an awaiting tool is cancelled, a blocking ``def``
+tool's thread is abandoned (a thread cannot be stopped from outside; it is a daemon). Either way only that call
+ends, with an error message for the model. The caller also waits at most ``stages * timeout_s`` plus a second
+for the whole batch: an ``async def`` tool that blocks the loop itself (``time.sleep`` without ``await``)
+stalls every call on it, so at that deadline the pending calls end with the timeout message and the worker
+moves to a fresh loop (state bound to the old one, such as a held lock, is lost).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import math
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,35 +36,92 @@ class ToolResultError(ValueError):
     """A tool returned something that is not a tool result."""
 
 
-async def _wait(awaitable: Any) -> Any:
-    return await awaitable
+class ToolTimeout(Exception):
+    """A tool method did not answer within ``timeout_s``."""
 
 
-def _call(function: Callable[[], Any]) -> Any:
-    result = function()
-    return asyncio.run(_wait(result)) if inspect.isawaitable(result) else result
+async def call_tool_method(function: Callable[..., Any], timeout_s: float, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` on the running loop within ``timeout_s``: awaited when it is async, in a
+    daemon thread of its own when it is not (a returned awaitable is awaited too). ToolTimeout past the
+    deadline; the method's own exception otherwise."""
+
+    async def run() -> Any:
+        if inspect.iscoroutinefunction(function):
+            result = await function(*args, **kwargs)
+        else:
+            result = await in_thread(lambda: function(*args, **kwargs))
+        return await result if inspect.isawaitable(result) else result
+
+    try:
+        return await asyncio.wait_for(run(), timeout_s)
+    except TimeoutError:
+        raise ToolTimeout(f"the tool did not answer within {timeout_s:g} s") from None
 
 
-def run_all(functions: list[Callable[[], Any]], timeout_s: float) -> list[Outcome]:
-    """Run every function in its own thread at once; each one's value, or its error / a timeout message."""
-    outcomes = [Outcome() for _ in functions]
+def in_thread(function: Callable[[], Any]) -> asyncio.Future:
+    """An asyncio future of ``function()`` run in a new daemon thread (a hung one never blocks another call)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
 
-    def target(i: int) -> None:
+    def settle(value: Any = None, error: BaseException | None = None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(value)
+
+    def target() -> None:
         try:
-            outcomes[i] = Outcome(value=_call(functions[i]))
-        except Exception as exc:  # the tool's own failure: reported to the model, never raised here
-            outcomes[i] = Outcome(error=f"{type(exc).__name__}: {exc}")
+            value = function()
+        except BaseException as exc:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, value)
 
-    threads = [
-        threading.Thread(target=target, args=(i,), daemon=True, name="colorl-tool") for i in range(len(functions))
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout_s
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    timed_out = Outcome(error=f"the tool did not answer within {timeout_s:g} s")
-    return [timed_out if thread.is_alive() else outcome for thread, outcome in zip(threads, outcomes)]
+    threading.Thread(target=target, daemon=True, name="colorl-tool-call").start()
+    return future
+
+
+class ToolLoop:
+    """The worker's event loop for tools, in a daemon thread; ``run`` takes coroutine factories and blocks."""
+
+    def __init__(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True, name="colorl-tools").start()
+
+    def run(self, calls: list[Callable[[], Awaitable[Any]]], deadline_s: float) -> list[Outcome]:
+        """Each call's value or error message, all started at once; at ``deadline_s`` the unfinished ones end
+        with a timeout message and this loop is replaced (a tool is blocking it)."""
+        futures = [asyncio.run_coroutine_threadsafe(_outcome(call), self.loop) for call in calls]
+        _, pending = concurrent.futures.wait(futures, timeout=deadline_s)
+        if pending:
+            for future in pending:
+                future.cancel()
+            self.loop.call_soon_threadsafe(self.loop.stop)  # takes effect once the blocking tool returns
+            self._start()
+        late = Outcome(error=f"the tool did not answer within {deadline_s:g} s (its event loop was blocked)")
+        return [late if future in pending else future.result() for future in futures]
+
+
+async def _outcome(call: Callable[[], Awaitable[Any]]) -> Outcome:
+    try:
+        return Outcome(value=await call())
+    except Exception as exc:  # the tool's own failure: reported to the model, never raised here
+        own = isinstance(exc, (ToolTimeout, ToolResultError))  # ColoRL's messages say what happened already
+        return Outcome(error=str(exc) if own else f"{type(exc).__name__}: {exc}")
+
+
+_LOOP: ToolLoop | None = None
+_LOCK = threading.Lock()
+
+
+def tool_loop() -> ToolLoop:
+    """This process's tool event loop (started at the first use)."""
+    global _LOOP
+    with _LOCK:
+        if _LOOP is None:
+            _LOOP = ToolLoop()
+        return _LOOP
 
 
 def tool_result(value: Any) -> tuple[str, float, dict]:
@@ -88,12 +148,13 @@ def tool_result(value: Any) -> tuple[str, float, dict]:
 
 
 def truncate(text: str, limit: int, side: str) -> str:
-    """verl's cut of a long tool response: ``left`` keeps the start, ``right`` the end, ``middle`` both ends."""
+    """verl 0.9's cut of a long tool response: ``left`` drops the start (keeps the end), ``right`` drops the end,
+    ``middle`` keeps both ends."""
     if len(text) <= limit:
         return text
     if side == "left":
-        return text[:limit] + "...(truncated)"
-    if side == "right":
         return "(truncated)..." + text[-limit:]
+    if side == "right":
+        return text[:limit] + "...(truncated)"
     half = limit // 2
     return text[:half] + "...(truncated)..." + text[-half:]

@@ -1,0 +1,397 @@
+"""The phases of a training step and the models the workers hold, each declared once.
+
+``STEP_PHASES`` lists a step's phases in the order it runs them. An entry says where the phase runs (the driver or
+the workers), which worker role computes it with which method, the per-token keys it reads and writes, whether it
+runs for a plan, its memory estimate (named here, implemented in ``trainer.preflight.memory_phases``) and what sizes
+its batch on a worker (``Batching``: the keys the dry run reads, the memory check names and the out-of-memory advice
+gives). ``ROLES`` lists the models a worker may hold: where each one's config sits, whether it trains, whether the
+plan places it. Everything that knows about phases reads these tables:
+
+- ``declare_flows`` (below): the routes of each flow's phases that run (``config.dataflow``), kept in the plan;
+- ``trainer.ppo_trainer.RayPPOTrainer.train_step``: one timed line per phase, in this order, the worker's method
+  taken from here (``tests/trainer/test_phases.py`` checks its lines against the table);
+- ``trainer.preflight.memory_phases``: each phase's memory terms, by the estimator its entry names, over the roles;
+- ``trainer.preflight.dry_run``: each phase's batch arithmetic, and the models' configs it reads;
+- ``trainer.faults``: the keys an out-of-memory error in a worker method advises to lower.
+
+Adding a phase is an entry here plus its compute code (a worker method, or the driver's line in ``train_step``); a
+new role is also an entry of ``ROLES``. A phase that drops or reorders rows on the driver (``selects_rows``) makes
+every key written before it and read after it pass through the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+from algos.registry import estimator_needs, policy_loss_spec
+from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
+
+if TYPE_CHECKING:
+    from config.plan import StepPlan
+
+PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
+SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
+AGENT_KEYS = ("raw_prompt", "agent_name", "tools_kwargs")  # non-tensors the multi-turn rollout reads, when present
+WORKER_ESTIMATOR_INPUTS = ("values", "old_log_probs", "sum_pi_squared")  # what workers compute for an estimator
+# what the reward function reads (with tool turns, a response's length is its attended tokens), and validation's
+SCORED = ("responses", "response_mask", "attention_mask")
+STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
+ARR = "actor_rollout_ref"
+
+
+def lookup(cfg: Any, key: str) -> Any:
+    """The value (or section) at a dotted key of a config: ``lookup(cfg, "critic.model")``."""
+    return reduce(getattr, key.split("."), cfg)
+
+
+def forward_keys(remove_padding: bool) -> tuple[str, ...]:
+    """What a forward over the responses reads (``responses``: their width R); packed rows (remove-padding) take
+    their positions from the attention mask."""
+    return ("input_ids", "attention_mask", *when(not remove_padding, "position_ids"), "responses")
+
+
+def uses_full_kl(actor: Any) -> bool:
+    """``kl_loss_type=full`` reads reference logits in the update: the ref model lives in the actor's process."""
+    return bool(actor.use_kl_loss) and actor.kl_loss_type == "full"
+
+
+def uses_ref_log_prob(actor: Any) -> bool:
+    """The sampled-token KL losses (k1, k2, k3, abs) read the reference log-probs the ref worker computed."""
+    return bool(actor.use_kl_loss) and not uses_full_kl(actor)
+
+
+def rollout_log_probs(cfg: Any) -> bool:
+    """The rollout returns rollout_log_probs: ``rollout.calculate_log_probs`` (multi-turn too: 0 on tool tokens,
+    which no loss reads)."""
+    return bool(cfg.actor_rollout_ref.rollout.calculate_log_probs)
+
+
+def samples_tokens(cfg: Any) -> bool:
+    """Whether the driver writes sampled responses token by token: the run report's, or verl's rollout dumps."""
+    return bool(cfg.trainer.report.enable and cfg.trainer.report.samples_per_step) or bool(cfg.trainer.rollout_data_dir)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a declaration reads: the config, the plan's decisions, and the key groups they imply."""
+
+    cfg: Any
+    plan: StepPlan
+
+    @property
+    def policy(self) -> tuple[str, ...]:
+        """What the actor's and the reference's forwards read."""
+        return forward_keys(self.cfg.actor_rollout_ref.model.use_remove_padding)
+
+    @property
+    def value(self) -> tuple[str, ...]:
+        """What the critic's forwards read."""
+        return forward_keys(self.cfg.critic.model.use_remove_padding)
+
+    @property
+    def has_old(self) -> bool:
+        """Old log-probs exist before the update: the forward's, or the rollout's own."""
+        return self.plan.recompute_old_log_prob or self.plan.old_log_prob_from_rollout
+
+    @property
+    def reward_model(self) -> bool:
+        return bool(self.cfg.reward.reward_model.enable)
+
+
+Keys = tuple[str, ...] | Callable[[Step], tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """What sizes a worker phase's batch on one worker. Every row at once (``rows``: the ``StepPlan`` field of their
+    number; ``rows_key``: the keys that set it, for a config), or micro-batches of ``micro`` rows (keys of
+    ``section``), of ``budget`` tokens when the ``dynamic`` key is true; an update first splits the rows into the
+    plan's per-rank ``mini`` batches (a ``StepPlan`` field), ``ppo_epochs`` times."""
+
+    section: str | None = None
+    micro: str | None = None
+    dynamic: str | None = None
+    budget: str | None = None
+    mini: str | None = None
+    rows: str | None = None
+    rows_key: Callable[[Any], str] | None = None
+
+    def key(self, cfg: Any) -> str:
+        """The key that sizes one forward of ``cfg``'s: the token budget's when dynamic, else the micro-batch's."""
+        if self.section is None:
+            return self.rows_key(cfg)
+        dynamic = self.dynamic is not None and lookup(cfg, f"{self.section}.{self.dynamic}")
+        return f"{self.section}.{self.budget if dynamic else self.micro}"
+
+    def keys(self) -> str:
+        """Both keys, for advice that holds whichever is on."""
+        dynamic = f" ({self.budget} with {self.dynamic})" if self.dynamic else ""
+        return f"{self.section}.{self.micro}{dynamic}"
+
+
+@dataclass(frozen=True)
+class StepPhase:
+    """One phase of a step (see the module docstring). ``reads``/``writes``: per-token keys, or a function of the
+    ``Step``; ``runs``: whether a plan runs it; ``memory``: the name of its estimate in
+    ``trainer.preflight.memory_phases.ESTIMATORS`` (a worker phase's peak); ``advice``: what to lower when its
+    worker method runs out of memory (default: its batch keys); ``timed``: ``train_step`` times it on its own line
+    (``timing_s/<name>``)."""
+
+    name: str
+    on: str
+    reads: Keys = ()
+    writes: Keys = ()
+    runs: Callable[[Step], bool] = lambda s: True
+    role: str | None = None
+    method: str | None = None
+    memory: str | None = None
+    batch: Batching | None = None
+    advice: str | None = None
+    columns: tuple[str, ...] = ()
+    timed: bool = True
+    selects_rows: bool = False
+
+    def declared(self, s: Step) -> Phase:
+        """This phase's per-token reads and writes for ``s``."""
+        reads, writes = (keys(s) if callable(keys) else keys for keys in (self.reads, self.writes))
+        return Phase(self.name, self.on, reads, writes, self.columns)
+
+    @property
+    def oom_advice(self) -> str:
+        return self.advice or (self.batch.keys() if self.batch else "")
+
+
+def _generation_batch(cfg: Any) -> str:
+    """What sets the rows a worker generates at once: the prompts of a generation batch (dynamic sampling's, when
+    data.gen_batch_size is set) × the responses to each."""
+    return f"data.{'gen' if cfg.data.gen_batch_size else 'train'}_batch_size × {ARR}.rollout.n"
+
+
+def _gen_writes(s: Step) -> tuple[str, ...]:
+    sampled = (
+        *when(rollout_log_probs(s.cfg), "rollout_log_probs"),
+        *when(s.plan.old_log_prob_from_rollout, "old_log_probs"),
+    )
+    return (*SEQUENCE, "responses", "response_mask", *sampled)
+
+
+def _adv_reads(s: Step) -> tuple[str, ...]:
+    """The estimator's inputs; the in-reward KL penalty and actor/ref_kl read both log-probs when both exist."""
+    estimator = s.cfg.algorithm.adv_estimator
+    return (
+        "token_level_scores",
+        "response_mask",
+        *when(s.plan.use_critic, "values"),
+        *(k for k in WORKER_ESTIMATOR_INPUTS if estimator_needs(estimator, k)),
+        *when(s.plan.compute_greedy_baseline, "reward_baselines"),
+        *when(s.has_old and s.plan.compute_ref_log_prob, "old_log_probs", "ref_log_prob"),
+    )
+
+
+def _update_actor_reads(s: Step) -> tuple[str, ...]:
+    """Without old_log_probs the update is on-policy (``config.plan.is_single_step``); the policy loss may need
+    more."""
+    actor = s.cfg.actor_rollout_ref.actor
+    return (
+        *s.policy,
+        "response_mask",
+        "advantages",
+        *when(s.has_old, "old_log_probs"),
+        *when(uses_ref_log_prob(actor), "ref_log_prob"),
+        *policy_loss_spec(actor.policy_loss.loss_mode).needs,
+    )
+
+
+def _log_prob_batching(section: str) -> Batching:
+    return Batching(
+        section, "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"
+    )
+
+
+def _update_batching(section: str, mini: str) -> Batching:
+    return Batching(section, "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", mini)
+
+
+STEP_PHASES: tuple[StepPhase, ...] = (
+    StepPhase("prompts", DRIVER, writes=PROMPT, timed=False),  # the dataloader's batch
+    # ReMax's baseline: each prompt's greedy response, generated (GREEDY_FLOW) and scored
+    StepPhase("gen_max", DRIVER, PROMPT, ("reward_baselines",), runs=lambda s: s.plan.compute_greedy_baseline),
+    StepPhase(
+        "gen",
+        WORKER,
+        PROMPT,
+        _gen_writes,
+        role="actor",
+        method="generate_sequences",
+        memory="generate",
+        batch=Batching(rows="gen_rows", rows_key=_generation_batch),
+        advice="data.train_batch_size or data.max_response_length (a worker generates its whole share of "
+        f"data.train_batch_size × {ARR}.rollout.n at once)",
+        columns=AGENT_KEYS,
+    ),
+    # trainer.balance_batch, at verl's place (after generation, before the reward): the driver reorders the rows so
+    # each worker's share holds a similar number of tokens (trainer.balance); with dynamic sampling, filter_groups
+    # balances the rows it keeps instead (verl's DAPO loop)
+    StepPhase(
+        "balance", DRIVER, runs=lambda s: s.plan.balance_batch and not s.plan.dynamic_sampling, selects_rows=True
+    ),
+    StepPhase(  # timed within the reward's line, as verl times it
+        "rm_score",
+        WORKER,
+        (*SEQUENCE, "response_mask"),
+        ("rm_scores",),
+        runs=lambda s: s.reward_model,
+        role="rm",
+        method="compute_rm_score",
+        memory="forward",
+        batch=Batching("reward.reward_model", "micro_batch_size_per_gpu"),
+        timed=False,
+    ),
+    StepPhase("reward", DRIVER, lambda s: (*SCORED, *when(s.reward_model, "rm_scores")), ("token_level_scores",)),
+    # DAPO's dynamic sampling: the phases above run once per generation batch, then the prompt groups with signal
+    # are kept (trainer.dynamic_sampling.collect), and with trainer.balance_batch balanced over the workers; the
+    # kept rows come from several batches, so what crosses it comes to the driver and goes back
+    StepPhase("filter_groups", DRIVER, runs=lambda s: s.plan.dynamic_sampling, timed=False, selects_rows=True),
+    StepPhase(
+        "old_log_prob",
+        WORKER,
+        lambda s: s.policy,
+        lambda s: ("old_log_probs", *when(s.plan.compute_sum_pi_squared, "sum_pi_squared")),
+        runs=lambda s: s.plan.recompute_old_log_prob,
+        role="actor",
+        method="compute_log_prob",
+        memory="forward",
+        batch=_log_prob_batching(f"{ARR}.rollout"),
+    ),
+    StepPhase(
+        "ref",
+        WORKER,
+        lambda s: s.policy,
+        ("ref_log_prob",),
+        runs=lambda s: s.plan.compute_ref_log_prob,
+        role="ref",
+        method="compute_ref_log_prob",
+        memory="forward",
+        batch=_log_prob_batching(f"{ARR}.ref"),
+    ),
+    StepPhase(
+        "values",
+        WORKER,
+        lambda s: (*s.value, "response_mask"),
+        ("values",),
+        runs=lambda s: s.plan.use_critic,
+        role="critic",
+        method="compute_values",
+        memory="forward",
+        batch=Batching(
+            "critic", "forward_micro_batch_size_per_gpu", "use_dynamic_bsz", "forward_max_token_len_per_gpu"
+        ),
+    ),
+    StepPhase("adv", DRIVER, _adv_reads, ("token_level_rewards", "advantages", "returns")),
+    StepPhase(
+        "update_critic",
+        WORKER,
+        lambda s: (*s.value, "response_mask", "values", "returns"),
+        runs=lambda s: s.plan.use_critic,
+        role="critic",
+        method="update_critic",
+        memory="update",
+        batch=_update_batching("critic", "critic_mini_batch_size"),
+    ),
+    StepPhase(
+        "update_actor",
+        WORKER,
+        _update_actor_reads,
+        role="actor",
+        method="update_actor",
+        memory="update",
+        batch=_update_batching(f"{ARR}.actor", "actor_mini_batch_size"),
+    ),
+    # verl's generation dumps and the run report's samples (trainer.generations), with each token's log-prob
+    StepPhase("dump_rollout_generations", DRIVER, lambda s: when(s.has_old and samples_tokens(s.cfg), "old_log_probs")),
+    StepPhase(  # the step's data metrics (trainer.metrics.compute_data_metrics)
+        "metrics",
+        DRIVER,
+        lambda s: (
+            (*SCORED, "token_level_scores", "token_level_rewards", "advantages", "returns")
+            + when(s.plan.use_critic, "values")
+        ),
+        timed=False,
+    ),
+)
+PHASES = {phase.name: phase for phase in STEP_PHASES}
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """A model each worker may hold: the key of its ``path``, its ``model`` section (trust_remote_code,
+    use_remove_padding, enable_gradient_checkpointing, where it has them), the key of the FSDP section that places
+    it (``placement``), whether it trains, whether it ends in a value head (one output, not the vocabulary), whether LoRA
+    ``adapters`` apply, and whether a plan places it (``held``). ``shares``: the role whose model this is, which
+    computes its phases when it is not held (a LoRA actor is its own reference: its module, adapters disabled)."""
+
+    name: str
+    path: str
+    model: str
+    placement: str
+    trained: bool
+    value_head: bool = False
+    adapters: bool = False
+    shares: str | None = None
+    held: Callable[[Step], bool] = lambda s: True
+
+
+ROLES: tuple[WorkerRole, ...] = (
+    WorkerRole("actor", f"{ARR}.model.path", f"{ARR}.model", f"{ARR}.actor.fsdp_config", trained=True, adapters=True),
+    WorkerRole(
+        "ref",
+        f"{ARR}.model.path",
+        f"{ARR}.model",
+        f"{ARR}.ref.fsdp_config",
+        trained=False,
+        shares="actor",
+        held=lambda s: s.plan.use_reference_policy and s.cfg.actor_rollout_ref.model.lora_rank == 0,
+    ),
+    WorkerRole(
+        "critic",
+        "critic.model.path",
+        "critic.model",
+        "critic.fsdp",
+        True,
+        value_head=True,
+        held=lambda s: s.plan.use_critic,
+    ),
+    WorkerRole(  # verl's reward model section has its path and options in one place (no model sub-section)
+        "rm",
+        "reward.reward_model.model_path",
+        "reward.reward_model",
+        "reward.reward_model.fsdp_config",
+        trained=False,
+        value_head=True,
+        held=lambda s: s.reward_model,
+    ),
+)
+ROLE = {role.name: role for role in ROLES}
+
+
+def declare_flows(cfg: Any, plan: StepPlan, table: tuple[StepPhase, ...] = STEP_PHASES) -> dict[str, Dataflow]:
+    """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run): the
+    step's (``table``'s), and validation's and ReMax's greedy baseline's (prompts, generation, reward)."""
+    s = Step(cfg, plan)
+    running = [phase for phase in table if phase.runs(s)]
+    step = [phase.declared(s) for phase in running]
+    for i, phase in enumerate(running):
+        if phase.selects_rows:
+            step[i] = _selection(phase.name, step[:i], step[i + 1 :])
+    side = (PHASES["prompts"].declared(s), PHASES["gen"].declared(s), Phase("reward", DRIVER, reads=SCORED))
+    return {STEP_FLOW: Dataflow.of(tuple(step)), VALIDATION_FLOW: Dataflow.of(side), GREEDY_FLOW: Dataflow.of(side)}
+
+
+def _selection(name: str, before: list[Phase], after: list[Phase]) -> Phase:
+    """A driver phase that keeps (or reorders) rows of every key written before it and read after it."""
+    written = dict.fromkeys(key for phase in before for key in phase.writes)
+    carried = tuple(key for key in written if any(key in phase.reads for phase in after))
+    return Phase(name, DRIVER, reads=carried, writes=carried)
