@@ -9,6 +9,7 @@ default warns (``teacher_warnings``), as the rollout's engine keys do.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -17,6 +18,10 @@ from config.checks import ConfigError, check, is_int, non_negative, positive
 
 DistillationLossMode = Literal[tuple(DISTILLATION_LOSS_SPECS)]  # type: ignore[valid-type]
 DEFAULT_TEACHER = "teacher_model"  # verl's entry for a single teacher; dropped when other teachers are named
+# what the teacher's phase writes for the actor's update: the sampled tokens' log-probs (B, R), or its top-k ids
+# (int64) and log-probs (B, R, k): k values per token, never the vocabulary
+TEACHER_LOG_PROBS = ("teacher_log_probs",)
+TEACHER_TOPK = ("teacher_topk_ids", "teacher_topk_log_probs")
 
 
 @dataclass(frozen=True)
@@ -168,3 +173,36 @@ def teacher_warnings(config: DistillationConfig) -> list[str]:
 
 def _show(value: Any) -> str:
     return "null" if value is None else str(value)
+
+
+def teacher_roles(config: DistillationConfig) -> dict[str, str]:
+    """The teachers a worker holds, by the name the memory estimate and the dry run give them (``teacher`` for one,
+    ``teacher.<name>`` for each of several) -> their ``teacher_models`` entry; empty without distillation."""
+    if not config.enabled:
+        return {}
+    names = list(active_teachers(config))
+    return {"teacher": names[0]} if len(names) == 1 else {f"teacher.{name}": name for name in names}
+
+
+def uses_topk(config: DistillationConfig) -> bool:
+    """The loss reads the teacher's top-k (``forward_kl_topk``), not its sampled-token log-probs."""
+    return DISTILLATION_LOSS_SPECS[config.distillation_loss.loss_mode].uses_topk
+
+
+def teacher_outputs(config: DistillationConfig) -> tuple[str, ...]:
+    """The per-token keys the teacher's phase writes and the actor's update reads (none without distillation)."""
+    if not config.enabled:
+        return ()
+    return TEACHER_TOPK if uses_topk(config) else TEACHER_LOG_PROBS
+
+
+def teacher_columns(config: DistillationConfig) -> tuple[str, ...]:
+    """The per-row column that routes rows to teachers (``teacher_key``) when there are several; none for one."""
+    return (config.teacher_key,) if config.enabled and len(active_teachers(config)) > 1 else ()
+
+
+def teacher_fsdp_config(actor_rollout_ref: Any) -> Any:
+    """How a teacher is placed: the reference's ``fsdp_config`` (precision, wrap policy, resharding), with its
+    parameters offloaded between its forwards whatever ``ref.fsdp_config.param_offload`` says: the teacher computes
+    once a step (verl has no key for it: its teacher is an inference server of its own)."""
+    return dataclasses.replace(actor_rollout_ref.ref.fsdp_config, param_offload=True)

@@ -1,11 +1,11 @@
-"""The phases of a training step and the models the workers hold, each declared once.
+"""The phases of a training step, declared once.
 
 ``STEP_PHASES`` lists a step's phases in the order it runs them. An entry says where the phase runs (the driver or
 the workers), which worker role computes it with which method, the per-token keys it reads and writes, whether it
 runs for a plan, its memory estimate (named here, implemented in ``trainer.preflight.memory_phases``) and what sizes
 its batch on a worker (``Batching``: the keys the dry run reads, the memory check names and the out-of-memory advice
-gives). ``ROLES`` lists the models a worker may hold: where each one's config sits, whether it trains, whether the
-plan places it. Everything that knows about phases reads these tables:
+gives). The roles, the models a worker may hold, are the other table (``config.worker_roles.ROLES``). Everything
+that knows about phases reads these tables:
 
 - ``declare_flows`` (below): the routes of each flow's phases that run (``config.dataflow``), kept in the plan;
 - ``trainer.ppo_trainer.RayPPOTrainer.train_step``: one timed line per phase, in this order, the worker's method
@@ -15,7 +15,7 @@ plan places it. Everything that knows about phases reads these tables:
 - ``trainer.faults``: the keys an out-of-memory error in a worker method advises to lower.
 
 Adding a phase is an entry here plus its compute code (a worker method, or the driver's line in ``train_step``); a
-new role is also an entry of ``ROLES``. A phase that drops or reorders rows on the driver (``selects_rows``) makes
+new role is also an entry of ``config.worker_roles.ROLES``. A phase that drops or reorders rows on the driver (``selects_rows``) makes
 every key written before it and read after it pass through the driver.
 """
 
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from algos.registry import estimator_needs, policy_loss_spec
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
+from config.distillation import teacher_columns, teacher_outputs
 
 if TYPE_CHECKING:
     from config.plan import StepPlan
@@ -43,8 +44,9 @@ ARR = "actor_rollout_ref"
 
 
 def lookup(cfg: Any, key: str) -> Any:
-    """The value (or section) at a dotted key of a config: ``lookup(cfg, "critic.model")``."""
-    return reduce(getattr, key.split("."), cfg)
+    """The value (or section) at a dotted key of a config: ``lookup(cfg, "critic.model")`` (and through a mapping's
+    entries: ``distillation.teacher_models.<name>.model_path``)."""
+    return reduce(lambda node, k: node[k] if isinstance(node, dict) else getattr(node, k), key.split("."), cfg)
 
 
 def forward_keys(remove_padding: bool) -> tuple[str, ...]:
@@ -138,7 +140,7 @@ class StepPhase:
     ``Step``; ``runs``: whether a plan runs it; ``memory``: the name of its estimate in
     ``trainer.preflight.memory_phases.ESTIMATORS`` (a worker phase's peak); ``advice``: what to lower when its
     worker method runs out of memory (default: its batch keys); ``timed``: ``train_step`` times it on its own line
-    (``timing_s/<name>``)."""
+    (``timing_s/<name>``); ``columns``: the non-tensor columns it reads (or a function of the ``Step``)."""
 
     name: str
     on: str
@@ -150,14 +152,16 @@ class StepPhase:
     memory: str | None = None
     batch: Batching | None = None
     advice: str | None = None
-    columns: tuple[str, ...] = ()
+    columns: Keys = ()
     timed: bool = True
     selects_rows: bool = False
 
     def declared(self, s: Step) -> Phase:
         """This phase's per-token reads and writes for ``s``."""
-        reads, writes = (keys(s) if callable(keys) else keys for keys in (self.reads, self.writes))
-        return Phase(self.name, self.on, reads, writes, self.columns)
+        reads, writes, columns = (
+            keys(s) if callable(keys) else keys for keys in (self.reads, self.writes, self.columns)
+        )
+        return Phase(self.name, self.on, reads, writes, columns)
 
     @property
     def oom_advice(self) -> str:
@@ -202,6 +206,7 @@ def _update_actor_reads(s: Step) -> tuple[str, ...]:
         *when(s.has_old, "old_log_probs"),
         *when(uses_ref_log_prob(actor), "ref_log_prob"),
         *policy_loss_spec(actor.policy_loss.loss_mode).needs,
+        *teacher_outputs(s.cfg.distillation),  # the distillation loss's
     )
 
 
@@ -277,6 +282,18 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         memory="forward",
         batch=_log_prob_batching(f"{ARR}.ref"),
     ),
+    StepPhase(  # on-policy distillation: the teachers score the rows that train (after the filter)
+        "teacher",
+        WORKER,
+        lambda s: s.policy,
+        lambda s: teacher_outputs(s.cfg.distillation),
+        runs=lambda s: s.plan.compute_teacher,
+        role="teacher",
+        method="compute_teacher_log_prob",
+        memory="forward",
+        batch=_log_prob_batching(f"{ARR}.rollout"),  # micro-batched as the old log-probs' (workers.compute.teacher)
+        columns=lambda s: teacher_columns(s.cfg.distillation),  # several teachers: the column that routes rows
+    ),
     StepPhase(
         "values",
         WORKER,
@@ -323,58 +340,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
     ),
 )
 PHASES = {phase.name: phase for phase in STEP_PHASES}
-
-
-@dataclass(frozen=True)
-class WorkerRole:
-    """A model each worker may hold: the key of its ``path``, its ``model`` section (trust_remote_code,
-    use_remove_padding, enable_gradient_checkpointing, where it has them), the key of the FSDP section that places
-    it (``placement``), whether it trains, whether it ends in a value head (one output, not the vocabulary), whether LoRA
-    ``adapters`` apply, and whether a plan places it (``held``). ``shares``: the role whose model this is, which
-    computes its phases when it is not held (a LoRA actor is its own reference: its module, adapters disabled)."""
-
-    name: str
-    path: str
-    model: str
-    placement: str
-    trained: bool
-    value_head: bool = False
-    adapters: bool = False
-    shares: str | None = None
-    held: Callable[[Step], bool] = lambda s: True
-
-
-ROLES: tuple[WorkerRole, ...] = (
-    WorkerRole("actor", f"{ARR}.model.path", f"{ARR}.model", f"{ARR}.actor.fsdp_config", trained=True, adapters=True),
-    WorkerRole(
-        "ref",
-        f"{ARR}.model.path",
-        f"{ARR}.model",
-        f"{ARR}.ref.fsdp_config",
-        trained=False,
-        shares="actor",
-        held=lambda s: s.plan.use_reference_policy and s.cfg.actor_rollout_ref.model.lora_rank == 0,
-    ),
-    WorkerRole(
-        "critic",
-        "critic.model.path",
-        "critic.model",
-        "critic.fsdp",
-        True,
-        value_head=True,
-        held=lambda s: s.plan.use_critic,
-    ),
-    WorkerRole(  # verl's reward model section has its path and options in one place (no model sub-section)
-        "rm",
-        "reward.reward_model.model_path",
-        "reward.reward_model",
-        "reward.reward_model.fsdp_config",
-        trained=False,
-        value_head=True,
-        held=lambda s: s.reward_model,
-    ),
-)
-ROLE = {role.name: role for role in ROLES}
 
 
 def declare_flows(cfg: Any, plan: StepPlan, table: tuple[StepPhase, ...] = STEP_PHASES) -> dict[str, Dataflow]:

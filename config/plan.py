@@ -47,6 +47,7 @@ class StepPlan:
     # rollout.calculate_log_probs: the rollout's log-probs of its samples are the old log-probs (no forward)
     old_log_prob_from_rollout: bool
     compute_ref_log_prob: bool  # the ref log-prob forward runs (in-reward KL or a sampled-token KL loss)
+    compute_teacher: bool  # the distillation teachers score the responses (distillation.enabled)
     compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
     balance_batch: bool  # the driver reorders each step's rows to balance the workers' tokens (trainer.balance)
@@ -114,10 +115,10 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
             f"groups: data.train_batch_size={data.train_batch_size} must be a multiple of the {n_workers} workers"
         )
     arr = "actor_rollout_ref"
-    _require_micro(
+    _require_micro(  # the teacher's forward is micro-batched as the old log-probs' (workers.roles.fsdp_workers)
         f"{arr}.rollout.log_prob_micro_batch_size_per_gpu",
         rollout.log_prob_micro_batch_size_per_gpu,
-        recompute and not rollout.log_prob_use_dynamic_bsz,
+        (recompute or cfg.distillation.enabled) and not rollout.log_prob_use_dynamic_bsz,
         f"{arr}.rollout.log_prob_use_dynamic_bsz",
     )
     ref = cfg.actor_rollout_ref.ref
@@ -141,6 +142,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         recompute_old_log_prob=recompute,
         old_log_prob_from_rollout=from_rollout,
         compute_ref_log_prob=ref_log_prob,
+        compute_teacher=cfg.distillation.enabled,
         compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
         compute_sum_pi_squared=sum_pi_squared,
         balance_batch=balance,

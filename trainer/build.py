@@ -37,10 +37,6 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     for line in inert_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
-    if cfg.distillation.enabled:  # the losses and keys exist (algos.distillation); the teacher's forward does not yet
-        raise ConfigError.invalid(
-            "distillation.enabled", True, "the teacher role is not part of the step yet; set distillation.enabled=false"
-        )
     _check_optimizers(cfg)
     compute_score = _load_compute_score(cfg)
     cfg = _fill_paths(cfg)

@@ -151,11 +151,18 @@ def multi_turn_metrics(rows: Mapping[str, Any]) -> dict[str, float]:
 
 
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Mean of each list (e.g. one entry per micro-batch or worker); scalars pass through as floats."""
+    """Mean of each list (e.g. one entry per micro-batch or worker); scalars pass through as floats. The
+    distillation's extremes (``distillation/*_min``, ``*_max``) take the least or largest, as verl aggregates them."""
     return {
-        name: statistics.fmean(float(v) for v in value) if isinstance(value, (list, tuple)) else float(value)
+        name: _reduce(name, [float(v) for v in value]) if isinstance(value, (list, tuple)) else float(value)
         for name, value in metrics.items()
     }
+
+
+def _reduce(name: str, values: list[float]) -> float:
+    if name.startswith("distillation/") and name.endswith(("_min", "_max")):
+        return min(values) if name.endswith("_min") else max(values)
+    return statistics.fmean(values)
 
 
 class Timer:

@@ -1,10 +1,10 @@
 """The PPO driver: one process that writes the RL dataflow as plain calls on worker groups.
 
-Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
-the reference policy and the critic (colocation). The driver calls them phase by phase and computes rewards
-and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the phases of the table
-``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and method come from its
-entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
+Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout), the reference
+policy, the critic and distillation's teachers (colocation: ``trainer.placement``). The driver calls them phase by
+phase and computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the
+phases of the table ``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and
+method come from its entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
 and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``); the rest stays in
 the workers' step store.
 """
@@ -28,7 +28,7 @@ from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW, VALIDATION_FLOW
 from config.plan import StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from single_controller.ray import RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.advantage import compute_advantage
 from trainer.balance import balance_batch
@@ -47,6 +47,7 @@ from trainer.metrics import (
     reward_group_metrics,
     timed,
 )
+from trainer.placement import role_classes
 from trainer.preemption import StopSignals
 from trainer.report import RunReport
 from trainer.routing import request, take_back
@@ -54,7 +55,6 @@ from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.validation import ValidationTally
 from trainer.watchdog import PhaseWatchdog
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from workers.runtime import malloc
 
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
@@ -110,20 +110,11 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Start one WorkerDict per device holding every role, then build the models (actor last)."""
         cfg, plan = self.config, self.plan
-        trainer, arr = cfg.trainer, cfg.actor_rollout_ref
+        trainer = cfg.trainer
         pool = RayResourcePool(
             [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
         )
-        # the exact KL loss reads reference logits inside the update, and a LoRA actor is its own reference
-        # (adapters disabled): then one object holds actor and ref
-        actor_role = "actor_rollout_ref" if plan.ref_in_actor else "actor_rollout"
-        roles = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan)}
-        if plan.use_reference_policy and not plan.ref_in_actor:
-            roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role="ref", plan=plan)
-        if plan.use_critic:
-            roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
-        if cfg.reward.reward_model.enable:
-            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward.reward_model)
+        roles = role_classes(cfg, plan)  # the role workers of one process (trainer.placement)
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
             pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
@@ -138,11 +129,12 @@ class RayPPOTrainer:
         self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
-        # the worker group that computes each role's phases (config.phases.ROLES), by the role's name
-        groups = (self.actor_rollout_wg, self.ref_wg, self.critic_wg, self.rm_wg)
-        self.role_groups = dict(zip(("actor", "ref", "critic", "rm"), groups))
+        self.teacher_wg = views.get("teacher")
+        # the worker group that computes each role's phases (config.worker_roles.ROLES), by the role's name
+        groups = (self.actor_rollout_wg, self.ref_wg, self.critic_wg, self.rm_wg, self.teacher_wg)
+        self.role_groups = dict(zip(("actor", "ref", "critic", "rm", "teacher"), groups))
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
-            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.actor_rollout_wg):
+            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.teacher_wg, self.actor_rollout_wg):
                 if wg is not None:
                     wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
 
@@ -281,6 +273,7 @@ class RayPPOTrainer:
             metrics.update(sampled)
             metrics.update(self._worker("old_log_prob", batch, timing))
             metrics.update(self._worker("ref", batch, timing))
+            metrics.update(self._worker("teacher", batch, timing))  # after the filter: only the rows that train
             metrics.update(self._worker("values", batch, timing))
             with self._phase("adv", timing):
                 compute_advantage(

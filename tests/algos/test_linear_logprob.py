@@ -5,6 +5,7 @@ import torch
 
 import algos.linear_logprob as fused
 from algos import entropy_from_logits, kl_full, logprobs_from_logits
+from algos.distillation import topk_log_probs_from_logits
 
 N, H, V = 37, 16, 50
 
@@ -116,3 +117,67 @@ def test_no_rows_give_empty_outputs_and_a_zero_gradient():
     assert out["log_probs"].shape == out["entropy"].shape == (0,)
     out["log_probs"].sum().backward()
     assert hidden.grad.shape == (0, H)
+
+
+def _topk_ids(k=6, seed=3):
+    """K distinct token ids per row, as a teacher's top-k are."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(V, generator=g)[:k] for _ in range(N)])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_topk_gather_equals_the_reference_in_values_and_gradients(chunk, temperature):
+    """log π at K given ids per row (a teacher's top-k) from the chunks equals ``topk_log_probs_from_logits`` on the
+    full logits, and so do the gradients of a loss that uses them beside the sampled token's log-prob."""
+    hidden, weight, bias, labels, _ = _inputs()
+    ids = _topk_ids()
+    g = torch.Generator().manual_seed(4)
+    w_sampled, w_topk = torch.randn(N, generator=g, dtype=torch.float64), torch.randn(N, 6, generator=g).double()
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+        sampled, topk = fn(*leaves)
+        (w_sampled @ sampled.double() + (w_topk * topk.double()).sum()).backward()
+        return [sampled.detach().double(), topk.detach().double()], [t.grad for t in leaves]
+
+    def reference(h, w, b):
+        logits = torch.nn.functional.linear(h, w, b) / temperature
+        return logprobs_from_logits(logits, labels), topk_log_probs_from_logits(logits, ids)
+
+    def chunked(h, w, b):
+        out = fused.linear_log_probs(h, w, labels, b, temperature, topk_ids=ids)
+        return out["log_probs"], out["topk_log_probs"]
+
+    want, want_grads = run(reference)
+    got, got_grads = run(chunked)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_topk_gather_of_the_sampled_token_alone_equals_the_log_prob():
+    """The ids may include the sampled token: its gathered log-prob is the sampled token's, and the gradient of
+    the top-k output alone is that of the same log-probs computed without top-k."""
+    hidden, weight, bias, labels, _ = _inputs(torch.float32)
+    h1, h2 = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    out = fused.linear_log_probs(h1, weight, labels, bias, topk_ids=labels[:, None])
+    torch.testing.assert_close(out["topk_log_probs"][:, 0], out["log_probs"])
+    out["topk_log_probs"].sum().backward()
+    fused.linear_log_probs(h2, weight, labels, bias)["log_probs"].sum().backward()
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_teacher_scores_from_chunks_equal_the_full_logits(chunk, temperature):
+    """``linear_scores``: the sampled tokens' log-probs and the top-k ids and log-probs of the full log-softmax."""
+    hidden, weight, bias, labels, _ = _inputs(torch.float32)
+    log_probs = torch.log_softmax(torch.nn.functional.linear(hidden, weight, bias) / temperature, dim=-1)
+    got = fused.linear_scores(hidden, weight, labels, bias, temperature, k=5)
+    want_values, want_ids = log_probs.topk(5, dim=-1)
+    torch.testing.assert_close(got["log_probs"], log_probs.gather(-1, labels[:, None]).squeeze(-1))
+    assert torch.equal(got["topk_ids"], want_ids) and got["topk_ids"].dtype == torch.int64
+    torch.testing.assert_close(got["topk_log_probs"], want_values)
+    assert "topk_ids" not in fused.linear_scores(hidden, weight, labels, bias, temperature)
+    empty = fused.linear_scores(hidden[:0], weight, labels[:0], bias, k=5)
+    assert empty["topk_ids"].shape == (0, 5) and empty["log_probs"].shape == (0,)

@@ -7,7 +7,6 @@ from transformers import DistilBertConfig
 from config import ConfigError, load_config, make_plan, num_workers
 from config.distillation import active_teachers, teacher_warnings
 from data.builtin import build_char_tokenizer, tiny_model_config
-from trainer.build import build_trainer
 from trainer.preflight.dry_run import check_models
 
 ON = ["distillation.enabled=true"]
@@ -90,12 +89,13 @@ def test_a_teacher_must_be_a_causal_lm_with_the_students_vocabulary(tmp_path):
     other_vocab = model_dir(tmp_path / "other", extra_tokens=["<think>"])
     encoder = model_dir(tmp_path / "encoder", causal=False)
 
-    def check(teacher):
+    def check(teacher, *extra):
         cfg = load_config(
             [
                 *ON,
                 f"actor_rollout_ref.model.path={student}",
                 f"distillation.teacher_models.teacher_model.model_path={teacher}",
+                *extra,
             ],
             "demo",  # the demo's batch settings with these models
         )
@@ -110,18 +110,68 @@ def test_a_teacher_must_be_a_causal_lm_with_the_students_vocabulary(tmp_path):
         check(encoder)
     with pytest.raises(ConfigError, match=r"model_path='/no/such/teacher': no such directory"):
         check("/no/such/teacher")
+    with pytest.raises(ConfigError, match=r"distillation_loss\.topk=49: more than the vocabulary's 48 tokens"):
+        check(
+            same, "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=49"
+        )
 
 
-def test_a_run_with_distillation_on_stops_before_any_model_loads(tmp_path):
-    student = model_dir(tmp_path / "student")
-    cfg = load_config(
-        [
-            *ON,
-            f"actor_rollout_ref.model.path={student}",
-            f"distillation.teacher_models.teacher_model.model_path={student}",
-            "trainer.check_memory=false",
-        ],
-        "demo",
+def _plan(*overrides, n_workers=2):
+    return make_plan(load_config(list(overrides)), n_workers)
+
+
+def test_the_step_runs_the_teacher_phase_only_with_distillation_on():
+    """Off: no teacher phase, and the update reads no teacher key. On: the teacher scores after the KL phases, and
+    what it writes stays on the workers for the update (the sampled tokens' log-probs, or k values a token)."""
+    off = _plan()
+    assert not off.compute_teacher and "teacher" not in [p.name for p in off.flows["step"].phases]
+    assert not any(k.startswith("teacher") for k in off.flows["step"].route("update_actor").reads)
+    teacher = ["distillation.teacher_models.teacher_model.model_path=/models/teacher"]
+    on = _plan(*ON, *teacher, "actor_rollout_ref.actor.use_kl_loss=true")
+    names = [p.name for p in on.flows["step"].phases]
+    assert on.compute_teacher and names.index("ref") < names.index("teacher") < names.index("update_actor")
+    route = on.flows["step"].route("teacher")
+    assert (route.keep, route.give, route.columns) == (("teacher_log_probs",), (), ())
+    assert on.flows["step"].route("update_actor").fetch[-1:] == ("teacher_log_probs",)
+    topk = _plan(*ON, *teacher, "distillation.distillation_loss.loss_mode=forward_kl_topk")
+    assert topk.flows["step"].route("teacher").keep == ("teacher_topk_ids", "teacher_topk_log_probs")
+    assert "teacher" not in [p.name for p in topk.flows["validation"].phases]
+
+
+def test_with_dynamic_sampling_the_teacher_scores_the_kept_rows():
+    """The teacher phase follows filter_groups: the sequences it reads come back to it from the driver."""
+    plan = _plan(
+        *ON,
+        "distillation.teacher_models.teacher_model.model_path=/models/teacher",
+        "algorithm.filter_groups.enable=true",
+        "data.gen_batch_size=32",
     )
-    with pytest.raises(ConfigError, match=r"distillation\.enabled=True: the teacher role is not part of the step yet"):
-        build_trainer(cfg)
+    names = [p.name for p in plan.flows["step"].phases]
+    assert names.index("filter_groups") < names.index("teacher")
+    assert "responses" in plan.flows["step"].route("teacher").send
+
+
+def test_several_teachers_route_rows_by_the_teacher_key_column():
+    plan = _plan(
+        *ON,
+        "+distillation.teacher_models.math.model_path=/models/a",
+        "+distillation.teacher_models.math.key=openai/gsm8k",
+        "+distillation.teacher_models.code.model_path=/models/b",
+        "+distillation.teacher_models.code.key=mbpp",
+    )
+    assert plan.flows["step"].route("teacher").columns == ("data_source",)
+
+
+def test_the_teachers_forward_needs_the_rollouts_log_prob_micro_batch():
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=null"):
+        make_plan(
+            load_config(
+                [
+                    *ON,
+                    "distillation.teacher_models.teacher_model.model_path=/models/teacher",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
+                    "actor_rollout_ref.actor.skip_on_policy_old_log_prob=true",
+                ]
+            ),
+            2,
+        )

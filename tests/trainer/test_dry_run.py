@@ -11,7 +11,8 @@ import pytest
 
 from config import ConfigError, load_config, make_plan, num_workers, replace_keys
 from tests.verl import commands
-from trainer.preflight.dry_run import phase_batches, preflight
+from trainer.preflight.dry_run import load_model_sizes, phase_batches, preflight
+from trainer.preflight.memory_phases import estimate_memory
 
 REPO = Path(__file__).resolve().parent.parent.parent
 QWEN2_5_0_5B = {  # Qwen2.5-0.5B-Instruct's config.json, the fields that size it
@@ -173,3 +174,39 @@ def test_a_missing_model_config_is_a_config_error(tmp_path):
     )
     with pytest.raises(ConfigError, match="actor_rollout_ref.model.path=.*no model config there"):
         preflight(cfg, make_plan(cfg, num_workers(cfg)), demo_config=None)
+
+
+def test_the_dry_run_and_the_memory_estimate_count_the_teacher(qwen_config_dir, capsys):
+    """verl's GRPO command line with a teacher of the student's size: the teacher's forward is a phase with the
+    old log-probs' micro-batches, its model is listed, and its weights are in the estimate: its FSDP shard in every
+    phase on a CPU (host memory is the device), on CUDA only in its own phase (offloaded between forwards)."""
+    base = [
+        *commands.overrides(commands.GRPO, model=qwen_config_dir, train="t.parquet", val="v.parquet"),
+        "trainer.dry_run=true",
+    ]
+    teacher = ["distillation.enabled=true", f"distillation.teacher_models.teacher_model.model_path={qwen_config_dir}"]
+    for device in ("cpu", "cuda"):
+        plain = load_config([*base, f"trainer.device={device}"])
+        cfg = load_config([*base, f"trainer.device={device}", *teacher])
+        plan = make_plan(cfg, num_workers(cfg))
+        batches = {b.name: b for b in phase_batches(cfg, plan)}
+        assert list(batches) == ["gen", "ref", "teacher", "update_actor"]  # the old log-probs are the rollout's
+        assert (batches["teacher"].micro, batches["teacher"].micro_batches) == (40, 64)
+        models = load_model_sizes(cfg, plan, demo_config=None)
+        assert models["teacher"].params == models["actor"].params
+        with_teacher = {p.name: p for p in estimate_memory(cfg, plan, models, device).phases}
+        without = {p.name: p for p in estimate_memory(plain, make_plan(plain, 2), models, device).phases}
+        shard = 4 * models["teacher"].params // 2  # fp32 shards over 2 workers
+        extra = with_teacher["update_actor"].terms["weights"] - without["update_actor"].terms["weights"]
+        assert extra == (shard if device == "cpu" else 0)
+        # the teacher's forward gathers what the reference's does (the same model), beside its own shard; on CUDA
+        # this command line offloads the reference too (ref.fsdp_config.param_offload=True): one shard for the other
+        own = shard if device == "cpu" else 0
+        assert with_teacher["teacher"].terms["weights"] == without["ref"].terms["weights"] + own
+    with pytest.raises(SystemExit):
+        preflight(load_config([*base, "trainer.device=cpu", *teacher]), plan, demo_config=None)
+    out = capsys.readouterr().out
+    assert "  teacher: 494.03 M parameters (494.03 M trained)" in out and _rows(out, "teacher")[0][1:3] == [
+        "2560",
+        "40",
+    ]

@@ -73,6 +73,8 @@ def test_throughput_metrics():
 def test_reduce_metrics():
     reduced = tm.reduce_metrics({"a": [1.0, 2.0, 6.0], "b": 4, "c": [torch.tensor(1.0), torch.tensor(0.0)]})
     assert reduced == {"a": 3.0, "b": 4.0, "c": 0.5}
+    extremes = {"distillation/loss_min": [0.5, 0.25], "distillation/teacher_mass_max": [0.5, 0.75]}
+    assert tm.reduce_metrics(extremes) == {"distillation/loss_min": 0.25, "distillation/teacher_mass_max": 0.75}
 
 
 def test_timed_accumulates_and_survives_exceptions():

@@ -12,14 +12,15 @@ import pytest
 
 from config import load_config, make_plan
 from config.dataflow import DRIVER, WORKER
-from config.phases import PHASES, ROLE, ROLES, STEP_FLOW, STEP_PHASES
+from config.phases import PHASES, STEP_FLOW, STEP_PHASES
+from config.worker_roles import ROLE, ROLES
 from data.builtin import demo_model_config
 from trainer.faults import MEMORY_KEYS, _memory_hint
 from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import phase_batches
 from trainer.preflight.memory_estimate import model_sizes
 from trainer.preflight.memory_phases import ESTIMATORS, estimate_memory
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
 
 # between them, these plans run every phase of the table
 PLANS = {
@@ -35,12 +36,14 @@ PLANS = {
     ],
     "remax": ["algorithm.adv_estimator=remax"],
     "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=24", "trainer.rollout_data_dir=/no/dumps"],
+    "opd": ["distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/no/teacher/is/read"],
 }
 WORKER_CLASSES = {
     "actor": ActorRolloutRefWorker,
     "ref": ActorRolloutRefWorker,
     "critic": CriticWorker,
     "rm": RewardModelWorker,
+    "teacher": TeacherWorker,
 }
 
 
@@ -52,7 +55,7 @@ def planned(request):
 
 def test_every_worker_phase_names_a_role_a_method_an_estimate_and_its_batch_keys():
     """What the memory estimate, the out-of-memory advice and train_step's calls look up by a phase's entry."""
-    assert set(WORKER_CLASSES) == set(ROLE)  # a new role needs its worker class here (and in init_workers)
+    assert set(WORKER_CLASSES) == set(ROLE)  # a new role needs its worker class here (and in trainer.placement)
     for phase in STEP_PHASES:
         if phase.on == DRIVER:
             assert phase.role is phase.method is phase.memory is phase.batch is None, phase.name
@@ -85,6 +88,7 @@ def test_the_memory_estimate_has_each_worker_phase_that_runs(planned):
         "actor": model_sizes(demo, cfg.actor_rollout_ref.model),
         "critic": model_sizes(demo, None, value_head=True),
         "rm": model_sizes(demo, None, value_head=True),
+        "teacher": model_sizes(demo, None),
     }
     estimate = estimate_memory(cfg, plan, models, "cpu", val_rows=4)
     worker = [p.name for p in STEP_PHASES if p.on == WORKER and plan.runs(p.name)]

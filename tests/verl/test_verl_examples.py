@@ -15,9 +15,6 @@ from tests.verl.commands_v091 import SCRIPTS
 from tests.verl.test_verl_e2e import bpe_qwen2
 from trainer.build import build_trainer
 
-WAITING = {  # scripts whose config loads but whose run needs a feature another piece of work adds
-    "on_policy_distillation_trainer/run_qwen3_8b_fsdp": "waits for the teacher role (distillation.enabled=true)",
-}
 REFUSED = {  # what ColoRL refuses in one line because ignoring it would train something else
     "tuning/lora/run_qwen3_8b_from_adapter_fsdp": "model.lora_adapter_path",
     "grpo_trainer/run_gpt_oss_20b_fsdp": "model_dtype='bfloat16': a trained role keeps fp32 master weights",
@@ -57,6 +54,8 @@ EXPECTED = {
     "one_step_off_policy/dapo_7b_math_fsdp2_colocate": ("grpo", False, "vanilla", False, False, False, False),
     "docs/algo/dapo": ("grpo", False, "vanilla", False, False, False, False),
 }
+# on-policy distillation's script: (the distillation loss, its top-k, task rewards, as a policy gradient)
+DISTILLATION = {"on_policy_distillation_trainer/run_qwen3_8b_fsdp": ("k1", 64, False, True)}
 # DAPO's scripts: (dynamic sampling's filter metric or None, the reward manager, clip_ratio_high)
 DAPO = {
     "one_step_off_policy/dapo_7b_math_fsdp2_colocate": (None, "dapo", 0.28),
@@ -69,6 +68,7 @@ PATH_KEYS = {
     "data.val_files": "val",
     "reward.reward_model.model_path": "model",
     "reward.custom_reward_function.path": "reward",
+    "distillation.teacher_models.teacher_model.model_path": "model",  # the student's own model as its teacher
 }
 CPU = [  # this machine: 2 workers, 2 prompts, short sequences, one step, ColoRL's own rollout engine
     "data.train_batch_size=2",
@@ -141,6 +141,10 @@ def test_every_example_loads_with_its_algorithm(name):
         metric, manager, clip_high = DAPO[name]
         assert (plan.filter_metric, plan.dynamic_sampling) == (metric, metric is not None)
         assert (cfg.reward.reward_manager.name, actor.clip_ratio_high) == (manager, clip_high)
+    loss = cfg.distillation.distillation_loss
+    assert plan.compute_teacher == (name in DISTILLATION) == cfg.distillation.enabled
+    if name in DISTILLATION:
+        assert (loss.loss_mode, loss.topk, loss.use_task_rewards, loss.use_policy_gradient) == DISTILLATION[name]
 
 
 FAST = ["grpo_trainer/run_qwen3_8b_fsdp", "ppo_trainer/run_qwen3_8b_fsdp", "sapo_trainer/run_qwen3_8b_fsdp"]
@@ -152,7 +156,7 @@ NO_E2E = {  # what a one-step CPU run cannot give these scripts
 E2E = [
     pytest.param(n, marks=() if n in FAST else pytest.mark.slow)
     for n in EXPECTED
-    if n not in NO_E2E and n not in WAITING and n not in REFUSED
+    if n not in NO_E2E and n not in REFUSED
 ]
 
 
@@ -203,3 +207,5 @@ def test_example_trains_a_step_of_its_algorithm(ray_cluster, tiny, name):
         assert ("train/num_gen_batches" in last) == (metric is not None)
         assert ("training/filter_groups/evicted_samples" in last) == (metric is not None)
         assert type(trainer.reward_fn) is REWARD_MANAGERS[manager]
+    if name in DISTILLATION:  # the teacher (the student's own model) scored the samples: a divergence of 0
+        assert "timing_s/teacher" in last and abs(last["distillation/loss"]) < 1e-5

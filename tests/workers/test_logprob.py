@@ -6,9 +6,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from algos.distillation import topk_log_probs_from_logits
 from config.roles import ModelConfig
 from tests.workers.helpers import make_update_batch
-from workers.compute.logprob import hidden_states_out, output_head, token_stats
+from workers.compute.logprob import hidden_states_out, output_head, teacher_scores, token_stats
 from workers.compute.rollout import generate_sequences
 from workers.parallel import lora
 
@@ -54,6 +55,43 @@ def test_fused_equals_the_full_logits_in_values_and_gradients(tiny_model_dir, re
         torch.testing.assert_close(grad, want_grads[name], rtol=1e-4, atol=1e-5)
     if with_kl:
         assert (got[2] > 1e-4).any()
+
+
+def _full_log_softmax(model, batch, temperature):
+    """(B, R, V) log-softmax of the full logits at the positions that predict each response token."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return torch.log_softmax(logits[:, -R - 1 : -1].float() / temperature, dim=-1)
+
+
+@pytest.mark.parametrize("remove_padding", [False, True], ids=["padded", "remove-padding"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logits"])
+def test_teacher_scores_and_the_students_topk_log_probs_equal_the_full_log_softmax(
+    tiny_model_dir, remove_padding, fused
+):
+    """The teacher's top-k ids and log-probs and its sampled tokens' log-probs, and the student's log-probs at
+    those ids (with their gradient), equal the full logits' log-softmax, padded and packed, zero off the response."""
+    model = _model(tiny_model_dir)
+    batch = make_update_batch(ROWS, P, R).batch
+    valid = batch["response_mask"].bool()
+    with torch.no_grad():
+        full = _full_log_softmax(model, batch, 1.0)
+    scores = teacher_scores(model, batch, R, remove_padding, fused, topk=4)
+    values, ids = full.topk(4, dim=-1)
+    assert torch.equal(scores["topk_ids"][valid], ids[valid]) and not scores["topk_ids"][~valid].any()
+    torch.testing.assert_close(scores["topk_log_probs"][valid], values[valid], rtol=1e-5, atol=1e-5)
+    sampled = full.gather(-1, batch["responses"][..., None]).squeeze(-1)
+    torch.testing.assert_close(scores["log_probs"], sampled * valid, rtol=1e-5, atol=1e-5)
+    assert set(teacher_scores(model, batch, R, remove_padding, fused)) == {"log_probs"}
+
+    stats = token_stats(model, batch, R, 0.7, remove_padding, fused, (), topk_ids=scores["topk_ids"])
+    student = topk_log_probs_from_logits(_full_log_softmax(model, batch, 0.7), scores["topk_ids"])
+    torch.testing.assert_close(stats["topk_log_probs"], student * valid[..., None], rtol=1e-5, atol=1e-5)
+    stats["topk_log_probs"].sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    (student * valid[..., None]).sum().backward()
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, dict(model.named_parameters())[name].grad, rtol=1e-3, atol=1e-4)
 
 
 def test_models_whose_logits_transform_the_head_output_keep_their_head():

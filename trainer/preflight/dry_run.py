@@ -23,7 +23,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from config import ConfigError, PPOConfig, StepPlan
 from config.inert import inert_warnings
-from config.phases import ROLES, STEP_PHASES, Step, lookup
+from config.phases import STEP_PHASES, Step, lookup
+from config.worker_roles import ROLES
 from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
@@ -108,9 +109,11 @@ def requested_device(cfg: PPOConfig) -> str:
 
 def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
     """Each model path the user set (null ones are the built-in demo's) names a model of the right kind: every role
-    the plan places (``config.phases.ROLES``) with a model of its own, other than the actor's."""
+    the plan places (``config.worker_roles.ROLES``) with a model of its own, other than the actor's."""
     step, actor_path = Step(cfg, plan), cfg.actor_rollout_ref.model.path
     for role in ROLES:
+        if role.instances:  # distillation's teachers: check_teachers, below
+            continue
         path = lookup(cfg, role.path)
         own = role.name == "actor" or path != actor_path
         if role.held(step) and role.shares is None and path is not None and own:
@@ -142,7 +145,7 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
 
 
 def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
-    """The sizes of each role's own model (``config.phases.ROLES`` that the plan places), from its ``config.json``;
+    """The sizes of each role's own model (``config.worker_roles.ROLES`` that the plan places), from its ``config.json``;
     ``demo_config()`` gives the built-in model's config when ``actor_rollout_ref.model.path`` is null, and a null
     path of another role is the actor's model."""
     arr, step = cfg.actor_rollout_ref, Step(cfg, plan)
@@ -154,11 +157,13 @@ def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], A
     for role in ROLES:
         if not role.held(step) or role.shares is not None:
             continue
-        path, model = lookup(cfg, role.path), lookup(cfg, role.model)
+        model = lookup(cfg, role.model)
         trust = bool(getattr(model, "trust_remote_code", False))
-        config = actor_config if path in (None, actor_path) else _config(role.path, path, trust)
-        min_params = lookup(cfg, role.placement).wrap_policy.min_num_params
-        sizes[role.name] = model_sizes(config, model if role.adapters else None, min_params, role.value_head)
+        min_params = role.fsdp_config(cfg).wrap_policy.min_num_params
+        for name, key in role.paths(cfg).items():  # one model, or each of distillation's teachers
+            path = lookup(cfg, key)
+            config = actor_config if path in (None, actor_path) else _config(key, path, trust)
+            sizes[name] = model_sizes(config, model if role.adapters else None, min_params, role.value_head)
     return sizes
 
 

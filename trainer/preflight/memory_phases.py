@@ -1,7 +1,8 @@
 """The phases of a run on one worker and what each holds at its peak: the memory estimate of a config.
 
-A worker holds every role the step plan places on it (``config.phases.ROLES``): the actor (+ rollout), the reference
-unless the actor is its own (LoRA), the critic, the reward model. Each phase adds its own terms
+A worker holds every role the step plan places on it (``config.worker_roles.ROLES``): the actor (+ rollout), the reference
+unless the actor is its own (LoRA), the critic, the reward model, distillation's
+teachers. Each phase adds its own terms
 (``trainer.preflight.memory_estimate``) to what persists: loading, every worker phase of the step that the plan runs
 (``config.phases.STEP_PHASES``, each by the estimator its entry names in ``ESTIMATORS``) and validation's
 generation. Every phase knows the key that sizes its batch, so a refusal can name what to lower.
@@ -9,13 +10,16 @@ generation. Every phase knows the key that sizes its batch, so a refusal can nam
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from config.dataflow import when
-from config.phases import ROLE, ROLES, STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
+from config.distillation import uses_topk
+from config.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
 from config.plan import StepPlan
+from config.worker_roles import ROLE, ROLES
 from trainer.preflight.memory_estimate import (
     FP32,
     RUNTIME_CPU_BYTES,
@@ -51,17 +55,19 @@ class Lengths:
 
 
 def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], device: str) -> dict[str, Role]:
-    """The roles one worker holds (``config.phases.ROLES`` that the plan places), with their sizes and placement;
-    ``models`` has the sizes of each role's own model (a role that shares another's model uses that one's)."""
+    """The roles one worker holds (``config.worker_roles.ROLES`` that the plan places: each model of a role of several),
+    with their sizes and placement; ``models`` has the sizes of each model (a role that shares another's model uses
+    that one's)."""
     step = Step(cfg, plan)
     return {
-        r.name: Role(
-            models[r.shares or r.name],
-            placement(device, plan.n_workers, lookup(cfg, r.placement), r.trained),
+        name: Role(
+            models[r.shares or name],
+            placement(device, plan.n_workers, r.fsdp_config(cfg), r.trained),
             r.trained,
         )
         for r in ROLES
         if r.held(step)
+        for name in r.paths(cfg)
     }
 
 
@@ -92,12 +98,25 @@ class _Estimator:
         self.width = cfg.data.max_prompt_length + cfg.data.max_response_length
 
     def phases(self, val_rows: int) -> list[Phase]:
-        step = [ESTIMATORS[p.memory](self, p) for p in STEP_PHASES if p.memory and self.plan.runs(p.name)]
+        step = [ESTIMATORS[p.memory](self, p) for p in self.worker_phases()]
         validate = when(val_rows > 0, self.generate("validate", val_rows, "data.val_batch_size"))
         return [self.load(), *step, *validate]
 
+    def worker_phases(self) -> list[StepPhase]:
+        """The worker phases the plan runs; a role of several models (distillation's teachers) runs its phase once
+        per model, under that model's name."""
+        out = []
+        for p in STEP_PHASES:
+            if p.memory and self.plan.runs(p.name):
+                role = ROLE[p.role]
+                out += [dataclasses.replace(p, name=n) for n in role.paths(self.cfg)] if role.instances else [p]
+        return out
+
     def role(self, phase: StepPhase) -> tuple[str, Role]:
-        """The role that computes ``phase`` on this worker, by name: its own, or the one it shares a model with."""
+        """The model that computes ``phase`` on this worker, by name: its role's (one of a role of several, by the
+        phase's name), or the one its role shares a model with."""
+        if ROLE[phase.role].instances:
+            return phase.name, self.roles[phase.name]
         name = phase.role if phase.role in self.roles else ROLE[phase.role].shares
         return name, self.roles[name]
 
@@ -218,6 +237,9 @@ class _Estimator:
         logits = logits_bytes(
             head, n, vocab, c, micro.packed, backward=True, fused=fused, entropy_grad=actor.entropy_coeff != 0
         )
+        distillation = self.cfg.distillation
+        if distillation.enabled and uses_topk(distillation):  # the teacher's k ids and log-probs, the student's
+            logits += n * distillation.distillation_loss.topk * (8 + 3 * FP32)
         if not uses_full_kl(actor):
             return logits, 0
         logits += logits_bytes(head, n, vocab, c, micro.packed, backward=False, fused=fused)

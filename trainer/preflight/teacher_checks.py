@@ -8,7 +8,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from config import ConfigError, PPOConfig
-from config.distillation import active_teachers
+from config.distillation import active_teachers, uses_topk
 
 
 def check_teachers(cfg: PPOConfig, check_model: Any) -> None:
@@ -26,6 +26,11 @@ def check_teachers(cfg: PPOConfig, check_model: Any) -> None:
         teacher_vocab = _vocabulary(teacher.model_path, student.trust_remote_code, key)
         if teacher_vocab != student_vocab:
             raise ConfigError.invalid(key, teacher.model_path, _difference(teacher_vocab, student_vocab, student.path))
+    topk = cfg.distillation.distillation_loss.topk
+    if uses_topk(cfg.distillation) and topk > len(student_vocab):
+        raise ConfigError.invalid(
+            "distillation.distillation_loss.topk", topk, f"more than the vocabulary's {len(student_vocab)} tokens"
+        )
 
 
 def _vocabulary(path: str | None, trust_remote_code: bool, key: str = "actor_rollout_ref.model.path") -> dict:

@@ -12,6 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from algos import aggregate, compute_policy_loss, kl_penalty
+from algos.distillation import combine_with_policy_loss, distillation_loss, distillation_token_losses
+from config.distillation import uses_topk
 from config.phases import forward_keys, uses_full_kl
 from config.plan import is_single_step
 from single_controller import DataProto
@@ -38,6 +40,9 @@ class DataParallelPPOActor:
         ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
             exact KL compares the two models' whole next-token distributions inside the update. A LoRA
             ``module`` may be its own reference: it then runs with its adapters disabled.
+        distillation: the ``distillation`` section when on-policy distillation is on (else None): the update reads
+            the teachers' scores (``workers.compute.teacher``) and its loss gains the distillation loss
+            (``algos.distillation``), added to the policy loss or replacing it.
     """
 
     def __init__(
@@ -51,6 +56,7 @@ class DataParallelPPOActor:
         ref_module: nn.Module | None = None,
         use_fused_kernels: bool = True,
         use_prefix_grouper: bool = False,
+        distillation: Any = None,
     ) -> None:
         if uses_full_kl(config) and optimizer is not None and ref_module is None:
             raise ValueError("actor.kl_loss_type=full needs the reference model in the actor's process (ref_module)")
@@ -63,6 +69,7 @@ class DataParallelPPOActor:
         self.use_remove_padding = use_remove_padding
         self.use_fused_kernels = use_fused_kernels
         self.use_prefix_grouper = use_prefix_grouper
+        self.distillation = distillation
 
     def forward_log_prob(
         self,
@@ -91,9 +98,11 @@ class DataParallelPPOActor:
         stats: tuple[str, ...],
         ref_module: nn.Module | None = None,
         entropy_grad: bool = True,
+        topk_ids: Tensor | None = None,
     ) -> dict[str, Tensor]:
-        """``log_probs`` (B, R) plus the per-position statistics named in ``stats`` (``workers.compute.logprob.STATS``), and
-        with ``ref_module`` the exact KL to it (``kl``)."""
+        """``log_probs`` (B, R) plus the per-position statistics named in ``stats`` (``workers.compute.logprob.STATS``),
+        with ``ref_module`` the exact KL to it (``kl``), with ``topk_ids`` (B, R, k) the log-probs at those ids
+        (``topk_log_probs``)."""
         return token_stats(
             self.module,
             micro,
@@ -105,6 +114,7 @@ class DataParallelPPOActor:
             ref_module,
             entropy_grad,
             self.use_prefix_grouper,
+            topk_ids,
         )
 
     @torch.no_grad()
@@ -152,8 +162,12 @@ class DataParallelPPOActor:
         self, micro: dict[str, Tensor], temperature: float, global_batch: dict[str, float]
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The PPO objective on one micro-batch: pg loss − entropy_coeff·entropy (+ kl_loss_coef·KL to the ref),
-        each term this micro-batch's share of the mini-batch's (``global_batch``: see ``algos.aggregate``)."""
+        each term this micro-batch's share of the mini-batch's (``global_batch``: see ``algos.aggregate``); with
+        distillation, combined with the distillation loss (``_with_distillation``)."""
         cfg = self.config
+        # the top-k distillation loss reads the student's log-probs at the teacher's top-k ids, from this forward
+        topk = self.distillation is not None and uses_topk(self.distillation)
+        topk_ids = micro["teacher_topk_ids"] if topk else None
         mask = micro["response_mask"].to(torch.float32)
         # kl_loss_type=full compares the two models' whole distributions on the same rows (a LoRA actor is its
         # own reference); the entropy is always logged, but keeps a graph only when it is part of the loss
@@ -164,12 +178,14 @@ class DataParallelPPOActor:
             ("entropy",),
             ref_module=self.ref_module if uses_full_kl(cfg) else None,
             entropy_grad=cfg.entropy_coeff != 0,
+            topk_ids=topk_ids,
         )
         log_prob = stats["log_probs"]
+        # on-policy (no old_log_probs sent): this forward is the policy that sampled, so ratio = 1
+        old_log_prob = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
         pg_loss, metrics = compute_policy_loss(
             cfg.policy_loss.loss_mode,
-            # on-policy (no old_log_probs sent): this forward is the policy that sampled, so ratio = 1
-            old_log_prob=micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach(),
+            old_log_prob=old_log_prob,
             log_prob=log_prob,
             advantages=micro["advantages"],
             response_mask=mask,
@@ -187,7 +203,45 @@ class DataParallelPPOActor:
             kl_loss, metrics["actor/kl_loss"] = aggregate(kl, mask, *agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_coef"] = torch.tensor(float(cfg.kl_loss_coef))
+        if self.distillation is not None:
+            loss = self._with_distillation(loss, micro, stats, old_log_prob, global_batch, metrics)
         return loss, metrics
+
+    def _with_distillation(
+        self,
+        loss: Tensor,
+        micro: dict[str, Tensor],
+        stats: dict[str, Tensor],
+        old_log_prob: Tensor,
+        global_batch: dict[str, float],
+        metrics: dict[str, Tensor],
+    ) -> Tensor:
+        """The actor's loss with the distillation loss (verl's): the per-token divergence to the teacher
+        (``algos.distillation``) from this forward's log-probs and the teacher's, aggregated like the policy loss
+        (or as PPO's clipped loss with it as the reward), then added to ``loss`` × ``distillation_loss_coef``
+        (``use_task_rewards``) or in its place. Its metrics (``distillation/*``) go into ``metrics``."""
+        cfg, mask = self.distillation.distillation_loss, micro["response_mask"].to(torch.float32)
+        token_losses, token_metrics = distillation_token_losses(
+            cfg.loss_mode,
+            mask,
+            student_log_probs=stats["log_probs"],
+            teacher_log_probs=micro.get("teacher_log_probs"),
+            student_topk_log_probs=stats.get("topk_log_probs"),
+            teacher_topk_log_probs=micro.get("teacher_topk_log_probs"),
+            log_prob_min_clamp=cfg.log_prob_min_clamp,
+        )
+        distill, loss_metrics = distillation_loss(
+            token_losses,
+            mask,
+            cfg,
+            self.config.loss_agg_mode,
+            log_prob=stats["log_probs"],
+            old_log_prob=old_log_prob,
+            loss_scale_factor=self.config.loss_scale_factor,
+            global_batch=global_batch,
+        )
+        metrics.update({**token_metrics, **loss_metrics})
+        return combine_with_policy_loss(loss, distill, cfg)
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update on this rank's rows: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch.

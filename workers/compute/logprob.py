@@ -25,7 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from algos import entropy_from_logits, kl_full, logprobs_from_logits, sum_pi_squared_from_logits
-from algos.linear_logprob import head_logits, linear_log_probs
+from algos.distillation import topk_log_probs_from_logits
+from algos.linear_logprob import head_logits, linear_log_probs, linear_scores, logit_scores
 from workers.compute.packing import model_attention_mask, pack_for
 from workers.parallel.lora import as_reference
 
@@ -83,7 +84,8 @@ class ResponseRows:
 
     outputs: Tensor  # (N, D): hidden states (D = hidden) or, for a model that keeps its head, logits (D = V)
     labels: Tensor  # (N,): the response tokens they predict
-    unpack: Callable[[Tensor], Tensor]  # per-token values (N,) -> (B, R), zero where there is no valid token
+    unpack: Callable[[Tensor], Tensor]  # per-token values (N, ...) -> (B, R, ...), zero where there is no valid token
+    select: Callable[[Tensor], Tensor]  # per-token inputs (B, R, ...) -> (N, ...), the rows' order (unpack's inverse)
 
 
 def response_rows(
@@ -107,7 +109,9 @@ def response_rows(
             attention_mask=model_attention_mask(module, packed.attention_mask),
             logits_to_keep=packed.keep_columns,
         ).logits
-        return ResponseRows(packed.gather(out), packed.labels, packed.unpack)
+        return ResponseRows(
+            packed.gather(out), packed.labels, packed.unpack, lambda values: values[packed.rows, packed.cols]
+        )
     batch, length = input_ids.shape
     predictors = torch.arange(length - response_length - 1, length - 1, device=input_ids.device)
     out = module(
@@ -120,9 +124,9 @@ def response_rows(
     valid = mask[:, -response_length:].bool()
 
     def unpack(values: Tensor) -> Tensor:
-        return values.new_zeros((batch, response_length)).masked_scatter(valid, values)
+        return values.new_zeros((batch, response_length, *values.shape[1:])).index_put((valid,), values)
 
-    return ResponseRows(out[valid], input_ids[:, -response_length:][valid], unpack)
+    return ResponseRows(out[valid], input_ids[:, -response_length:][valid], unpack, lambda values: values[valid])
 
 
 def token_stats(
@@ -136,10 +140,11 @@ def token_stats(
     ref_module: nn.Module | None = None,
     entropy_grad: bool = True,
     share_prompts: bool = False,
+    topk_ids: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """``log_probs`` log π (B, R) of the temperature-scaled policy on a micro-batch, the statistics named in
-    ``stats`` (``STATS``) and, with ``ref_module``, ``kl``: the exact KL to it; zero where there is no valid
-    response token.
+    ``stats`` (``STATS``), with ``ref_module`` ``kl``: the exact KL to it, and with ``topk_ids`` (B, R, K) (a
+    teacher's top-k) ``topk_log_probs`` (B, R, K): log π at those ids; zero where there is no valid response token.
 
     ``fused``: the chunked head of ``algos.linear_logprob``; otherwise the head's logits of the N valid rows, as one
     (N, V) matrix. ``ref_module`` runs first, without gradient, on the same rows (a LoRA actor is its own reference:
@@ -155,19 +160,50 @@ def token_stats(
             ref = (response_rows(ref_module, micro, response_length, remove_padding, share_prompts).outputs, ref_head)
     with hidden_states_out(head):
         rows = response_rows(module, micro, response_length, remove_padding, share_prompts)
+    ids = rows.select(topk_ids) if topk_ids is not None else None
     if fused and head is not None and (ref is None or ref[1] is not None):
         ref_args = (ref[0], ref[1].weight, ref[1].bias) if ref is not None else None
-        out = linear_log_probs(rows.outputs, head.weight, rows.labels, head.bias, temperature, ref=ref_args)
-        values = {"log_probs": out["log_probs"], **{k: out[k] for k in (*stats, "kl") if k in out}}
+        out = linear_log_probs(
+            rows.outputs, head.weight, rows.labels, head.bias, temperature, ref=ref_args, topk_ids=ids
+        )
+        values = {"log_probs": out["log_probs"], **{k: out[k] for k in (*stats, "kl", "topk_log_probs") if k in out}}
     else:
         logits = _logits(rows.outputs, head, temperature)
         values = {"log_probs": logprobs_from_logits(logits, rows.labels)}
+        if ids is not None:
+            values["topk_log_probs"] = topk_log_probs_from_logits(logits, ids)
         for name in stats:  # only an entropy in the loss keeps its graph
             with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad and name == "entropy"):
                 values[name] = STATS[name](logits)
         if ref is not None:
             values["kl"] = kl_full(logits, _logits(ref[0], ref[1], temperature))
     return {name: rows.unpack(value) for name, value in values.items()}
+
+
+@torch.no_grad()
+def teacher_scores(
+    module: nn.Module,
+    micro: dict[str, Tensor],
+    response_length: int,
+    remove_padding: bool,
+    fused: bool,
+    topk: int | None = None,
+    temperature: float = 1.0,
+    share_prompts: bool = False,
+) -> dict[str, Tensor]:
+    """A frozen teacher's scores of the sampled responses on a micro-batch (``token_stats``'s inputs): ``log_probs``
+    (B, R) of the sampled tokens, and with ``topk`` its ``topk_ids`` (B, R, k) (int64) and ``topk_log_probs``
+    (B, R, k); zero where there is no valid response token. ``fused``: the chunked head
+    (``algos.linear_logprob.linear_scores``), else the head's logits of the valid rows as one matrix;
+    ``share_prompts``: ``response_rows``'."""
+    head = output_head(module)
+    with hidden_states_out(head):
+        rows = response_rows(module, micro, response_length, remove_padding, share_prompts)
+    if fused and head is not None:
+        out = linear_scores(rows.outputs, head.weight, rows.labels, head.bias, temperature, topk)
+    else:
+        out = logit_scores(_logits(rows.outputs, head, temperature), rows.labels, topk)
+    return {name: rows.unpack(value) for name, value in out.items()}
 
 
 def _logits(outputs: Tensor, head: nn.Linear | None, temperature: float) -> Tensor:

@@ -1,4 +1,5 @@
-"""Ray-side role workers: the actor/rollout/reference worker, the critic and the reward model, on FSDP2.
+"""Ray-side role workers: the actor/rollout/reference worker, the critic, the reward model and the distillation
+teachers, on FSDP2.
 
 Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed
 method runs on every rank with that rank's chunk of the batch. Each data method is one phase of
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from config.distillation import active_teachers, teacher_fsdp_config, uses_topk
 from config.phases import PROMPT, uses_full_kl
 from config.plan import StepPlan
 from single_controller import DataProto
@@ -30,6 +32,7 @@ from workers.compute.critic import DataParallelPPOCritic, load_value_model
 from workers.compute.reward_model import compute_rm_scores, load_reward_model
 from workers.compute.rollout import eos_token_ids, generate_sequences
 from workers.compute.step_store import STORE
+from workers.compute.teacher import merge_by_rows, score_batch, teacher_rows
 from workers.parallel import fsdp, lora
 from workers.roles.role import FrozenRole, TrainedRole
 from workers.runtime import malloc
@@ -79,8 +82,9 @@ class ActorRolloutRefWorker(Worker):
     (``workers.parallel.lora``), so a LoRA actor is always ``actor_rollout_ref`` when there is a reference.
     """
 
-    def __init__(self, config: Any, role: str, plan: StepPlan) -> None:
+    def __init__(self, config: Any, role: str, plan: StepPlan, distillation: Any = None) -> None:
         super().__init__()
+        self.distillation = distillation  # the distillation section: its loss joins the actor's when enabled
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; valid: {list(ROLES)}")
         _check_world(self, plan)
@@ -124,6 +128,7 @@ class ActorRolloutRefWorker(Worker):
                 ref_module=self.ref.module if self._is_ref and uses_full_kl(cfg.actor) else None,
                 use_fused_kernels=cfg.model.use_fused_kernels,
                 use_prefix_grouper=cfg.actor.use_prefix_grouper,
+                distillation=self.distillation if self.distillation and self.distillation.enabled else None,
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
             # tool-calling rollouts (rollout.multi_turn): loading the tools runs the code the tool config names
@@ -253,6 +258,58 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, path: str) -> None:
         """Restore what ``save_checkpoint`` wrote (from any world size)."""
         self.trained.load(path)
+
+
+class TeacherWorker(Worker):
+    """The frozen distillation teachers (``distillation.teacher_models``), each a causal LM sharded like the
+    reference (``actor_rollout_ref.ref.fsdp_config``) and offloaded between its forwards (``FrozenRole``): on CUDA
+    its parameters wait in host memory; on a CPU the device is host memory, so nothing moves, and what the teacher
+    holds between forwards is its FSDP shard (1/n of its weights on each of n workers; the gathered copy of a
+    forward is freed when it ends). ``config`` is the ``distillation`` section, ``actor_rollout_ref`` the student's:
+    its model's remove-padding and fused-kernel settings, the actor's prefix grouper and the rollout's log-prob
+    micro-batches shape the teacher's forwards as they do the old log-probs'."""
+
+    def __init__(self, config: Any, actor_rollout_ref: Any, plan: StepPlan) -> None:
+        super().__init__()
+        _check_world(self, plan)
+        self.config, self.arr, self.plan = config, actor_rollout_ref, plan
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
+        """Load every teacher and shard it (``total_training_steps`` is unused: teachers do not train)."""
+        _setup_process(self, seed, deterministic)
+        trust = self.arr.model.trust_remote_code
+        self.teachers = {
+            name: FrozenRole(
+                self,
+                AutoModelForCausalLM.from_pretrained(teacher.model_path, dtype=torch.float32, trust_remote_code=trust),
+                teacher_fsdp_config(self.arr),
+            )
+            for name, teacher in active_teachers(self.config).items()
+        }
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """The teachers' scores of the responses (``workers.compute.teacher``): ``teacher_log_probs`` (B, R), or
+        ``teacher_topk_ids`` and ``teacher_topk_log_probs`` (B, R, k) for the top-k loss."""
+        inputs, rollout, model = STORE.inputs(data), self.arr.rollout, self.arr.model
+        rows = teacher_rows(inputs, active_teachers(self.config), self.config.teacher_key)
+        loss = self.config.distillation_loss
+        scores = {}
+        for name, teacher in self.teachers.items():
+            with teacher.onloaded():
+                scores[name] = score_batch(
+                    teacher.module,
+                    inputs,
+                    rollout.log_prob_micro_batch_size_per_gpu,
+                    rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
+                    model.use_remove_padding,
+                    model.use_fused_kernels,
+                    loss.topk if uses_topk(self.config) else None,
+                    share_prompts=self.arr.actor.use_prefix_grouper,
+                )
+        out = next(iter(scores.values())) if rows is None else merge_by_rows(scores, rows)
+        return STORE.outputs(data, out)
 
 
 class CriticWorker(Worker):
