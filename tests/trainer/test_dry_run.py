@@ -71,7 +71,8 @@ def test_dry_run_of_the_demo_prints_the_arithmetic_and_starts_nothing(tmp_path):
 def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
     """examples/grpo_trainer/run_qwen2-7b.sh on 2 workers: 1024 prompts × 5 = 5120 sequences, 2560 per worker;
     the mini-batch of 256 prompts is 640 sequences per worker: 4 optimizer steps a step, each of 16 micro-batches
-    of 40; log-probs (old and ref) in micro-batches of 40; sequences up to 512 + 1024 tokens."""
+    of 40; ref log-probs in micro-batches of 40 (the old ones are the rollout's: rollout.calculate_log_probs is
+    verl's true); sequences up to 512 + 1024 tokens."""
     cfg = load_config(
         commands.overrides(
             commands.GRPO, model=qwen_config_dir, train="/nonexistent/train.parquet", val="/nonexistent/test.parquet"
@@ -80,11 +81,10 @@ def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
     )
     plan = make_plan(cfg, num_workers(cfg))
     batches = {b.name: b for b in phase_batches(cfg, plan)}
-    assert list(batches) == ["gen", "old_log_prob", "ref", "update_actor"]
+    assert list(batches) == ["gen", "ref", "update_actor"]  # verl 0.9.1: the rollout's log-probs are the old ones
     tokens = 2560 * (512 + 1024)
     assert (batches["gen"].rows, batches["gen"].tokens) == (2560, tokens)
-    for name in ("old_log_prob", "ref"):
-        assert (batches[name].micro, batches[name].micro_batches) == (40, 64)
+    assert (batches["ref"].micro, batches["ref"].micro_batches) == (40, 64)
     update = batches["update_actor"]
     assert (update.micro, update.grad_accum, update.optimizer_steps, update.micro_batches, update.tokens) == (
         40,
@@ -125,7 +125,8 @@ def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_load
     args = commands.overrides(
         commands.GRPO, model=qwen_config_dir, train=str(tmp_path / "train.parquet"), val=str(tmp_path / "test.parquet")
     )
-    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000"], tmp_path)
+    fused = "actor_rollout_ref.model.use_fused_kernels=true"  # no (tokens, vocabulary) logits: the KV cache leads
+    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000", fused], tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("colorl: config error: the estimated peak memory per worker, ")
@@ -189,7 +190,7 @@ def test_the_dry_run_and_the_memory_estimate_count_the_teacher(qwen_config_dir, 
         cfg = load_config([*base, f"trainer.device={device}", *teacher])
         plan = make_plan(cfg, num_workers(cfg))
         batches = {b.name: b for b in phase_batches(cfg, plan)}
-        assert list(batches) == ["gen", "old_log_prob", "ref", "teacher", "update_actor"]
+        assert list(batches) == ["gen", "ref", "teacher", "update_actor"]  # the old log-probs are the rollout's
         assert (batches["teacher"].micro, batches["teacher"].micro_batches) == (40, 64)
         models = load_model_sizes(cfg, plan, demo_config=None)
         assert models["teacher"].params == models["actor"].params

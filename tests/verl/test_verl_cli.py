@@ -4,7 +4,7 @@ ColoRL accepts with a warning, and what it still refuses."""
 import pytest
 
 from config import ConfigError, load_config, make_plan, num_workers
-from config.verl import ignored_key_warnings
+from config.inert import inert_warnings
 from tests.verl import commands
 
 PATHS = {
@@ -30,7 +30,7 @@ EXPECTED = {
         5,
         "low_var_kl",
         False,
-        {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"},
+        {"rollout.name", "rollout.gpu_memory_utilization"},
     ),
     "grpo_lora": (
         "grpo",
@@ -40,7 +40,6 @@ EXPECTED = {
         False,
         {
             "rollout.name",
-            "rollout.tensor_model_parallel_size",
             "rollout.gpu_memory_utilization",
             "rollout.load_format",
             "rollout.layered_summon",
@@ -52,7 +51,7 @@ EXPECTED = {
         5,
         None,
         True,
-        {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"},
+        {"rollout.name", "rollout.gpu_memory_utilization"},
     ),
     "remax": (
         "remax",
@@ -60,7 +59,7 @@ EXPECTED = {
         4,
         None,
         True,
-        {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"},
+        {"rollout.name", "rollout.gpu_memory_utilization"},
     ),
     "reinforce_plus_plus": (
         "reinforce_plus_plus",
@@ -68,7 +67,7 @@ EXPECTED = {
         8,
         "mse",
         False,
-        {"rollout.name", "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization"},
+        {"rollout.name", "rollout.gpu_memory_utilization"},
     ),
 }
 COMMANDS = {
@@ -97,7 +96,7 @@ def test_verl_command_lines_resolve_to_verls_algorithm(name):
     assert cfg.actor_rollout_ref.model.path == PATHS["model"] and cfg.data.val_files == PATHS["val"]
     assert cfg.trainer.total_training_steps is None  # the length comes from trainer.total_epochs, as in verl
     assert cfg.data.truncation == "error" and cfg.trainer.critic_warmup == 0
-    lines = ignored_key_warnings(cfg)
+    lines = inert_warnings(cfg)
     assert {line.split("=")[0].removeprefix("actor_rollout_ref.") for line in lines} == warned
     assert all("set " in line and "to silence this" in line for line in lines)
 
@@ -123,9 +122,9 @@ def test_verl_spellings_carry_over():
         ]
     )
     assert cfg.trainer.logger == ["console"]  # a single backend name is a list of one
-    assert cfg.critic.fsdp_config.param_offload  # verl's critic.model.fsdp_config is ColoRL's critic.fsdp_config
+    assert cfg.critic.fsdp.param_offload  # verl's older critic.model.fsdp_config is its critic.fsdp
     # the quickstart's one off-default engine key is the only warning left: rollout.name=hf is ColoRL's own
-    warned = [line.split("=")[0] for line in ignored_key_warnings(cfg)]
+    warned = [line.split("=")[0] for line in inert_warnings(cfg)]
     assert warned == ["actor_rollout_ref.rollout.gpu_memory_utilization"]
 
 
@@ -154,11 +153,10 @@ def test_verls_multi_turn_keys_carry_over_and_engine_keys_warn():
     assert (multi_turn.max_assistant_turns, multi_turn.max_user_turns, multi_turn.max_parallel_calls) == (5, 5, 2)
     assert (multi_turn.max_tool_response_length, multi_turn.tool_response_truncate_side) == (1200, "left")
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
-    warned = sorted(line.split("=")[0] for line in ignored_key_warnings(cfg))
+    warned = sorted(line.split("=")[0] for line in inert_warnings(cfg))
     assert warned == [
         "actor_rollout_ref.rollout.agent.num_workers",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
-        "actor_rollout_ref.rollout.mode",
         f"{mt}.use_inference_chat_template",
         "actor_rollout_ref.rollout.name",
     ]
