@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ACTOR, LOSS_KEYS = "actor_rollout_ref.actor", {f.name for f in dataclasses.fields(PolicyLossConfig)}
 EXTRA = {  # what a name needs on top of selecting it
     "gdpo": [
-        f"custom_reward_function.path={Path(__file__).resolve()}",
-        "custom_reward_function.name=two_part_score",
+        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
+        "reward.custom_reward_function.name=two_part_score",
         "algorithm.gdpo_reward_keys=[correct,stopped]",
     ],
     "dro": [f"{ACTOR}.policy_loss.dro_beta=0.1"],

@@ -127,7 +127,7 @@ class Floor:
         self.n_params = sum(p.numel() for p in policy.parameters())
         self.trainable_params = sum(p.numel() for p in policy.parameters() if p.requires_grad)
         self.eos_ids = eos_token_ids(getattr(policy, "generation_config", None), self.tokenizer)
-        if arr.actor.use_torch_compile:  # the same compiled forward as the trainer's workers
+        if arr.actor.compile_model:  # the same compiled forward as the trainer's workers
             policy.compile()
         packed, fused = bool(arr.model.use_remove_padding), bool(arr.model.use_fused_kernels)
         grouped = bool(arr.actor.use_prefix_grouper)
@@ -161,7 +161,7 @@ class Floor:
         )
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
-            self.critic_dtype = fsdp.compute_dtype(device, cfg.critic.fsdp_config.mixed_precision)
+            self.critic_dtype = fsdp.compute_dtype(device, cfg.critic.fsdp.mixed_precision)
             value_model, optimizer = _load(
                 cfg.critic.model.path, device, self.critic_dtype, cfg.critic.optim, load_value_model
             )

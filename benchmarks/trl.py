@@ -13,7 +13,7 @@ step and ``n``, response length, sampling temperature / top-p / top-k, learning 
 weight decay, gradient clipping, the clip range, optimizer steps per batch (``ppo_mini_batch_size``), the loss
 aggregation (token-mean = DAPO), GRPO's std scaling, LoRA (``lora_rank`` > 0: peft adapters of the same rank, alpha
 and target modules, as ColoRL's workers add them), precision (``bf16`` where ColoRL's actor computes in bf16;
-TRL's bf16 is autocast over fp32 weights) and compilation (``torch_compile`` iff ``actor.use_torch_compile``).
+TRL's bf16 is autocast over fp32 weights) and compilation (``torch_compile`` iff ``actor.compile_model``).
 The KL: beta = 0 unless ``--kl`` (then ColoRL's ``kl_loss_coef``, and TRL's KL term is k3, ColoRL's default
 ``low_var_kl``). No gradient checkpointing.
 
@@ -111,7 +111,7 @@ def grpo_settings(cfg: Any, device: str, kl: bool, steps: int, output_dir: str) 
         scale_rewards="group" if cfg.algorithm.norm_adv_by_std_in_grpo else "none",
         use_cpu=device == "cpu",
         bf16=bf16,
-        torch_compile=bool(actor.use_torch_compile),
+        torch_compile=bool(actor.compile_model),
         gradient_checkpointing=False,
         disable_dropout=True,
         logging_steps=1,

@@ -28,6 +28,7 @@ TEACHER_TOPK = ("teacher_topk_ids", "teacher_topk_log_probs")
 class DistillationLossConfig:
     """``distillation.distillation_loss``: which divergence and how it enters the actor's loss."""
 
+    _target_: str = "verl.workers.config.DistillationLossConfig"
     loss_mode: DistillationLossMode = "k3"
     topk: int | None = 32  # teacher tokens per position for forward_kl_topk
     use_task_rewards: bool = True  # add to the task's policy loss (× distillation_loss_coef); else replace it
@@ -61,6 +62,7 @@ class TeacherInferenceConfig:
     """``teacher_models.<name>.inference``: verl's teacher inference server. ColoRL's teacher is a colocated FSDP
     forward; these keys are accepted and warn when set (null ones follow the student's rollout in verl)."""
 
+    _target_: str = "verl.workers.config.RolloutConfig"
     name: str | None = None
     dtype: str | None = None
     gpu_memory_utilization: float = 0.5
@@ -89,6 +91,7 @@ class TeacherInferenceConfig:
 class TeacherModelConfig:
     """``distillation.teacher_models.<name>``: one teacher; ``key`` routes rows to it among several."""
 
+    _target_: str = "verl.workers.config.DistillationTeacherModelConfig"
     key: str | None = None
     model_path: str | None = None
     num_replicas: int = 0  # verl's inference replicas; ColoRL's teacher is one more role on every worker
@@ -100,6 +103,7 @@ class DistillationConfig:
     """``distillation.*``. One teacher is ``teacher_models.teacher_model``; several are other names, each with a
     ``key`` matched against each row's ``teacher_key`` column (verl: ``teacher_model`` is then dropped)."""
 
+    _target_: str = "verl.workers.config.DistillationConfig"
     enabled: bool = False
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
     n_gpus_per_node: int = 8  # verl's teacher resource pool; ColoRL colocates the teacher
@@ -139,23 +143,36 @@ def active_teachers(config: DistillationConfig) -> dict[str, TeacherModelConfig]
 
 
 def teacher_warnings(config: DistillationConfig) -> list[str]:
-    """One line per verl key of the teacher's own server or pool set away from verl's default (accepted, unused)."""
+    """One line per verl key of the teacher's own server or pool set away from verl's default (accepted, unused),
+    as ``config.inert`` words its lines."""
     if not config.enabled:
         return []
-    defaults, lines = DistillationConfig(), []
     colocated = "ColoRL's teacher is a frozen FSDP role on every worker, beside the actor"
-    for key in ("n_gpus_per_node", "nnodes"):
-        if getattr(config, key) != getattr(defaults, key):
-            lines.append(f"distillation.{key}={getattr(config, key)}: {colocated}; it has no pool of its own")
+    found = [
+        (f"distillation.{key}", getattr(config, key), getattr(DistillationConfig(), key), "it has no pool of its own")
+        for key in ("n_gpus_per_node", "nnodes")
+    ]
     for name, teacher in active_teachers(config).items():
         prefix = f"distillation.teacher_models.{name}"
-        if teacher.num_replicas != 0:
-            lines.append(f"{prefix}.num_replicas={teacher.num_replicas}: {colocated}")
-        for f in fields(TeacherInferenceConfig):
-            value = getattr(teacher.inference, f.name)
-            if value != getattr(TeacherInferenceConfig(), f.name):
-                lines.append(f"{prefix}.inference.{f.name}={value}: {colocated}, not an inference server")
-    return lines
+        found.append((f"{prefix}.num_replicas", teacher.num_replicas, 0, "it is no inference server"))
+        found += [
+            (
+                f"{prefix}.inference.{f.name}",
+                getattr(teacher.inference, f.name),
+                getattr(TeacherInferenceConfig(), f.name),
+                "not an inference server",
+            )
+            for f in fields(TeacherInferenceConfig)
+        ]
+    return [
+        f"{key}={_show(value)}: {colocated}, {why}; set {key}={_show(default)} to silence this"
+        for key, value, default, why in found
+        if value != default
+    ]
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value)
 
 
 def teacher_roles(config: DistillationConfig) -> dict[str, str]:

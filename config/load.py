@@ -27,9 +27,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from config.checks import ConfigError, is_int, is_number
+from config.inert import check_refused
 from config.plan import StepPlan, make_plan, num_workers
 from config.schema import PPOConfig
-from config.verl import rewrite_aliases
+from config.tree import InertTree, plain
+from config.verl import normalize, rewrite_aliases
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 VERL_PRESET, DEMO_PRESET = "ppo_trainer", "demo"
@@ -37,7 +39,7 @@ USER_ASSET_KEYS = ("actor_rollout_ref.model.path", "data.train_files")  # naming
 T = TypeVar("T")
 
 # The schema's defaults as the base of every composition; the YAML presets and overrides go on top of them.
-ConfigStore.instance().store(name="ppo_config_schema", node=dataclasses.asdict(PPOConfig()))
+ConfigStore.instance().store(name="ppo_config_schema", node=plain(dataclasses.asdict(PPOConfig())))
 
 
 def preset_for(overrides: Sequence[str]) -> str:
@@ -76,7 +78,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str | None = None) -
 
 def load_with_plan(overrides: Sequence[str] = (), config_name: str | None = None) -> tuple[PPOConfig, StepPlan]:
     """``load_config``'s config and the step plan that checked it (composed and computed once, then passed on)."""
-    overrides = rewrite_aliases(overrides)
+    overrides = [_plain_if_known(o) for o in rewrite_aliases(overrides)]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             composed = compose(config_name=config_name or preset_for(overrides), overrides=overrides)
@@ -86,15 +88,39 @@ def load_with_plan(overrides: Sequence[str] = (), config_name: str | None = None
     return cfg, make_plan(cfg, num_workers(cfg))
 
 
+def _plain_if_known(override: str) -> str:
+    """``+key=value`` for a key the schema has is ``key=value`` (verl's scripts add some keys its config has)."""
+    if override.startswith("+") and not override.startswith("++"):
+        key = override[1:].partition("=")[0]
+        parent, _, name = key.rpartition(".")
+        holder = _schema_type(parent) if parent else PPOConfig
+        known = name in holder if isinstance(holder, dict) else _schema_type(key) is not None
+        if known:
+            return override[1:]
+    elif not override.startswith(("+", "~")):  # a key of a free-form section (engine_kwargs.vllm.x) is added
+        holder = _schema_type(override.partition("=")[0].rpartition(".")[0])
+        if holder == {} or typing.get_origin(holder) is dict:
+            return "++" + override  # add, or replace what a preset set
+    return override
+
+
 def to_config(node: DictConfig | Mapping) -> PPOConfig:
     """Build the typed ``PPOConfig`` from a composed config (interpolations resolved, every value checked)."""
-    if not isinstance(node, DictConfig):
-        node = OmegaConf.create(dict(node))
+    cfg = _built(node)
+    check_refused(cfg)
+    return cfg
+
+
+def _built(node: DictConfig | Mapping) -> PPOConfig:
+    """The config of ``node``: older spellings moved (``config.verl``), interpolations resolved once, then built
+    from plain containers (reading a DictConfig node by node costs more than the rest of the start-up)."""
+    written = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else plain(dict(node))
     try:
-        return _build(PPOConfig, node, "")
+        resolved = OmegaConf.to_container(OmegaConf.create(normalize(written)), resolve=True)
     except OmegaConfBaseException as exc:  # e.g. an interpolation that does not resolve
         message = str(exc).splitlines()[0]
         raise ConfigError(f"{exc.full_key}: {message}" if exc.full_key else message) from exc
+    return _build(PPOConfig, resolved, "")
 
 
 def replace_keys(cfg: T, updates: Mapping[str, Any]) -> T:
@@ -110,7 +136,7 @@ def replace_keys(cfg: T, updates: Mapping[str, Any]) -> T:
     return dataclasses.replace(cfg, **direct)  # type: ignore[type-var]
 
 
-def _build(cls: type, node: DictConfig, path: str) -> Any:
+def _build(cls: type, node: Mapping, path: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in node.keys():
@@ -126,8 +152,18 @@ def _build(cls: type, node: DictConfig, path: str) -> Any:
 def _typed(owner: type, tp: Any, value: Any, key: str) -> Any:
     """``value`` (read from the composed config, so resolved) checked against the annotation ``tp``."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if isinstance(tp, type) and issubclass(tp, InertTree):
+        if not isinstance(value, Mapping):
+            raise ConfigError.invalid(key, value, "expected a config group, not a value")
+        return tp.checked(value, key)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError.invalid(key, value, "expected a mapping of keys to values")
+        if dataclasses.is_dataclass(args[1]):  # named entries of one kind (distillation.teacher_models.<name>)
+            return {str(name): _build(args[1], value[name], f"{key}.{name}") for name in value}
+        return value  # free-form (model.override_config, data.apply_chat_template_kwargs)
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, DictConfig):
+        if not isinstance(value, Mapping):
             raise ConfigError.invalid(key, value, "expected a config group, not a value")
         return _build(tp, value, key)
     if origin in (Union, types.UnionType):  # Optional[X], X | None
@@ -140,13 +176,9 @@ def _typed(owner: type, tp: Any, value: Any, key: str) -> Any:
     if origin in (list, list):
         if isinstance(value, str):  # verl takes a single name for a list (trainer.logger=console)
             value = [value]
-        if not isinstance(value, (ListConfig, list)):
+        if not isinstance(value, list):
             raise ConfigError.invalid(key, value, f"expected {_type_name(tp)}")
         return [_typed(owner, args[0], item, f"{key}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:  # named entries of one kind (distillation.teacher_models.<name>)
-        if not isinstance(value, (DictConfig, dict)):
-            raise ConfigError.invalid(key, value, "expected a config group of named entries")
-        return {str(name): _typed(owner, args[1], value[name], f"{key}.{name}") for name in value}
     if tp is Any:
         return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
     return _scalar(tp, value, key)
@@ -183,18 +215,26 @@ def _unknown_key_message(full_key: str) -> str:
     parent, _, _ = full_key.rpartition(".")
     schema = _schema_type(parent) if parent else PPOConfig
     where = f"under {parent}" if parent else "top-level keys"
-    valid = ", ".join(f.name for f in dataclasses.fields(schema)) if dataclasses.is_dataclass(schema) else "none"
+    if dataclasses.is_dataclass(schema):
+        valid = ", ".join(f.name for f in dataclasses.fields(schema))
+    else:
+        valid = ", ".join(schema) if isinstance(schema, dict) and schema else "none"
     return f"unknown config key {full_key!r} (valid {where}: {valid})"
 
 
 def _schema_type(full_key: str) -> Any:
-    """The annotated type of ``full_key`` in the schema; None when unknown."""
+    """The annotated type of ``full_key`` in the schema (inside verl's subtrees: their defaults); None if unknown."""
     tp: Any = PPOConfig
     for part in full_key.split("."):
+        if isinstance(tp, type) and issubclass(tp, InertTree):
+            tp = tp.DEFAULTS
+        if isinstance(tp, dict):
+            tp = tp.get(part)
+            continue
         if not dataclasses.is_dataclass(tp) or part not in typing.get_type_hints(tp):
             return None
         tp = typing.get_type_hints(tp)[part]
-    return tp
+    return tp.DEFAULTS if isinstance(tp, type) and issubclass(tp, InertTree) else tp
 
 
 def _type_name(tp: Any) -> str:

@@ -1,11 +1,11 @@
-"""The phases of a training step and the models the workers hold, each declared once.
+"""The phases of a training step, declared once.
 
 ``STEP_PHASES`` lists a step's phases in the order it runs them. An entry says where the phase runs (the driver or
 the workers), which worker role computes it with which method, the per-token keys it reads and writes, whether it
 runs for a plan, its memory estimate (named here, implemented in ``trainer.preflight.memory_phases``) and what sizes
 its batch on a worker (``Batching``: the keys the dry run reads, the memory check names and the out-of-memory advice
-gives). ``ROLES`` lists the models a worker may hold: where each one's config sits, whether it trains, whether the
-plan places it. Everything that knows about phases reads these tables:
+gives). The roles, the models a worker may hold, are the other table (``config.worker_roles.ROLES``). Everything
+that knows about phases reads these tables:
 
 - ``declare_flows`` (below): the routes of each flow's phases that run (``config.dataflow``), kept in the plan;
 - ``trainer.ppo_trainer.RayPPOTrainer.train_step``: one timed line per phase, in this order, the worker's method
@@ -15,7 +15,7 @@ plan places it. Everything that knows about phases reads these tables:
 - ``trainer.faults``: the keys an out-of-memory error in a worker method advises to lower.
 
 Adding a phase is an entry here plus its compute code (a worker method, or the driver's line in ``train_step``); a
-new role is also an entry of ``ROLES``. A phase that drops or reorders rows on the driver (``selects_rows``) makes
+new role is also an entry of ``config.worker_roles.ROLES``. A phase that drops or reorders rows on the driver (``selects_rows``) makes
 every key written before it and read after it pass through the driver.
 """
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from algos.registry import estimator_needs, policy_loss_spec
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
-from config.distillation import teacher_columns, teacher_fsdp_config, teacher_outputs, teacher_roles
+from config.distillation import teacher_columns, teacher_outputs
 
 if TYPE_CHECKING:
     from config.plan import StepPlan
@@ -100,7 +100,7 @@ class Step:
 
     @property
     def reward_model(self) -> bool:
-        return bool(self.cfg.reward_model.enable)
+        return bool(self.cfg.reward.reward_model.enable)
 
 
 Keys = tuple[str, ...] | Callable[[Step], tuple[str, ...]]
@@ -237,6 +237,12 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         f"data.train_batch_size × {ARR}.rollout.n at once)",
         columns=AGENT_KEYS,
     ),
+    # trainer.balance_batch, at verl's place (after generation, before the reward): the driver reorders the rows so
+    # each worker's share holds a similar number of tokens (trainer.balance); with dynamic sampling, filter_groups
+    # balances the rows it keeps instead (verl's DAPO loop)
+    StepPhase(
+        "balance", DRIVER, runs=lambda s: s.plan.balance_batch and not s.plan.dynamic_sampling, selects_rows=True
+    ),
     StepPhase(  # timed within the reward's line, as verl times it
         "rm_score",
         WORKER,
@@ -246,13 +252,13 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         role="rm",
         method="compute_rm_score",
         memory="forward",
-        batch=Batching("reward_model", "micro_batch_size_per_gpu"),
+        batch=Batching("reward.reward_model", "micro_batch_size_per_gpu"),
         timed=False,
     ),
     StepPhase("reward", DRIVER, lambda s: (*SCORED, *when(s.reward_model, "rm_scores")), ("token_level_scores",)),
     # DAPO's dynamic sampling: the phases above run once per generation batch, then the prompt groups with signal
-    # are kept (trainer.dynamic_sampling.collect); the kept rows come from several batches, so what crosses it
-    # comes to the driver and goes back
+    # are kept (trainer.dynamic_sampling.collect), and with trainer.balance_batch balanced over the workers; the
+    # kept rows come from several batches, so what crosses it comes to the driver and goes back
     StepPhase("filter_groups", DRIVER, runs=lambda s: s.plan.dynamic_sampling, timed=False, selects_rows=True),
     StepPhase(
         "old_log_prob",
@@ -336,80 +342,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
     ),
 )
 PHASES = {phase.name: phase for phase in STEP_PHASES}
-
-
-@dataclass(frozen=True)
-class WorkerRole:
-    """A model each worker may hold: the key of its ``path``, its ``model`` section (trust_remote_code,
-    use_remove_padding, enable_gradient_checkpointing, where it has them), the section whose ``fsdp_config`` places
-    it, whether it trains, whether it ends in a value head (one output, not the vocabulary), whether LoRA
-    ``adapters`` apply, and whether a plan places it (``held``). ``shares``: the role whose model this is, which
-    computes its phases when it is not held (a LoRA actor is its own reference: its module, adapters disabled).
-    ``instances``: a role of several models (distillation's teachers), each model's name -> the key of its path;
-    ``fsdp``: its ``fsdp_config`` when it is not ``placement``'s."""
-
-    name: str
-    path: str
-    model: str
-    placement: str
-    trained: bool
-    value_head: bool = False
-    adapters: bool = False
-    shares: str | None = None
-    held: Callable[[Step], bool] = lambda s: True
-    instances: Callable[[Any], dict[str, str]] | None = None
-    fsdp: Callable[[Any], Any] | None = None
-
-    def paths(self, cfg: Any) -> dict[str, str]:
-        """The models of this role on a worker: each one's name -> the key of its path."""
-        return self.instances(cfg) if self.instances else {self.name: self.path}
-
-    def fsdp_config(self, cfg: Any) -> Any:
-        """How this role's models are placed."""
-        return self.fsdp(cfg) if self.fsdp else lookup(cfg, self.placement).fsdp_config
-
-
-def _teachers(cfg: Any) -> dict[str, str]:
-    """Distillation's teachers: ``teacher`` for one, ``teacher.<name>`` for each of several."""
-    roles = teacher_roles(cfg.distillation)
-    return {role: f"distillation.teacher_models.{name}.model_path" for role, name in roles.items()}
-
-
-ROLES: tuple[WorkerRole, ...] = (
-    WorkerRole("actor", f"{ARR}.model.path", f"{ARR}.model", f"{ARR}.actor", trained=True, adapters=True),
-    WorkerRole(
-        "ref",
-        f"{ARR}.model.path",
-        f"{ARR}.model",
-        f"{ARR}.ref",
-        trained=False,
-        shares="actor",
-        held=lambda s: s.plan.use_reference_policy and s.cfg.actor_rollout_ref.model.lora_rank == 0,
-    ),
-    WorkerRole(
-        "critic", "critic.model.path", "critic.model", "critic", True, value_head=True, held=lambda s: s.plan.use_critic
-    ),
-    WorkerRole(
-        "rm",
-        "reward_model.model.path",
-        "reward_model.model",
-        "reward_model",
-        trained=False,
-        value_head=True,
-        held=lambda s: s.reward_model,
-    ),
-    WorkerRole(  # frozen, offloaded between its forwards (config.distillation.teacher_fsdp_config)
-        "teacher",
-        "distillation.teacher_models",
-        f"{ARR}.model",
-        f"{ARR}.ref",
-        trained=False,
-        held=lambda s: s.plan.compute_teacher,
-        instances=_teachers,
-        fsdp=lambda cfg: teacher_fsdp_config(cfg.actor_rollout_ref),
-    ),
-)
-ROLE = {role.name: role for role in ROLES}
 
 
 def declare_flows(cfg: Any, plan: StepPlan, table: tuple[StepPhase, ...] = STEP_PHASES) -> dict[str, Dataflow]:

@@ -50,6 +50,7 @@ class StepPlan:
     compute_teacher: bool  # the distillation teachers score the responses (distillation.enabled)
     compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
+    balance_batch: bool  # the driver reorders each step's rows to balance the workers' tokens (trainer.balance)
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
     gen_batch_size: int  # prompts per generation batch (data.gen_batch_size, else data.train_batch_size)
@@ -111,6 +112,12 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     from_rollout = rollout_log_probs(cfg) and same_kernels and not own_log_probs and not sum_pi_squared
     recompute = not (own_log_probs or from_rollout)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
+    balance = bool(cfg.trainer.balance_batch) and n_workers > 1  # one worker: nothing to balance
+    if balance and actor.use_prefix_grouper and data.train_batch_size % n_workers:
+        raise ConfigError(
+            f"trainer.balance_batch=true with actor_rollout_ref.actor.use_prefix_grouper=true places whole prompt "
+            f"groups: data.train_batch_size={data.train_batch_size} must be a multiple of the {n_workers} workers"
+        )
     arr = "actor_rollout_ref"
     _require_micro(  # the teacher's forward is micro-batched as the old log-probs' (workers.roles.fsdp_workers)
         f"{arr}.rollout.log_prob_micro_batch_size_per_gpu",
@@ -142,6 +149,7 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         compute_teacher=cfg.distillation.enabled,
         compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
         compute_sum_pi_squared=sum_pi_squared,
+        balance_batch=balance,
         actor_mini_batch_size=_mini_batch_per_rank(
             "actor_rollout_ref.actor",
             actor,
@@ -210,13 +218,19 @@ def _check_estimator(cfg: Any) -> None:
     if corrected and loss_mode != "bypass_mode":
         raise ConfigError(
             f"algorithm.rollout_correction (rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}, "
-            f"loss_type={corr.loss_type}): applied by the bypass loss only; set "
-            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"
+            f"loss_type={corr.loss_type}): ColoRL's rollout is the pre-update policy, so its log-probs are the old "
+            "ones: set algorithm.rollout_correction.bypass_mode=true (the bypass loss applies them)"
+        )
+    if estimator == "grpo_passk" and n < 2:  # pass@k's baseline is the group's best other response
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the responses to one "
+            "prompt, so it needs rollout.n > 1"
         )
     if estimator_needs(estimator, "index") and n < 2:  # the baseline comes from the prompt's group
-        raise ConfigError(
-            f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the "
-            "responses to one prompt, so it needs rollout.n > 1"
+        warnings.warn(
+            f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the responses to one "
+            "prompt; each is alone in its group, which (as in verl) counts as mean 0, std 1",
+            stacklevel=3,
         )
     needs_critic = estimator_needs_critic(estimator)
     if cfg.critic.enable is False and needs_critic:

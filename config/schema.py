@@ -24,37 +24,62 @@ from config.checks import (
     positive_int,
     unit_interval,
 )
-from config.dapo import FilterGroupsConfig, RewardConfig
 from config.distillation import DistillationConfig
-from config.roles import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, RolloutCorrectionConfig
+from config.machinery import RayKwargsConfig, SkipTree, TrainerV1Tree, TransferQueueTree
+from config.roles import ActorRolloutRefConfig, CriticConfig, RewardConfig, RolloutCorrectionConfig
+from config.roles.profiler import GlobalProfilerTree
+from config.roles.reward import LegacyCustomRewardFunctionConfig, LegacyRewardModelConfig, LegacySandboxFusionConfig
+from config.tree import InertTree
 
 AdvEstimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]
 KLPenaltyType = Literal[KL_PENALTY_TYPES]  # type: ignore[valid-type]
 LoggerBackend = Literal["console", "wandb", "file"]
 
 
+class CustomClsTree(InertTree):
+    DEFAULTS: ClassVar[dict[str, Any]] = {"path": None, "name": None}
+
+
 @dataclass(frozen=True)
 class DataConfig:
+    tokenizer: str | None = None
+    use_shm: bool = False
     train_files: Any = None  # str or list[str] of parquet/jsonl; null -> the built-in task's files
     val_files: Any = None
+    train_max_samples: int = -1  # > 0: use only the first this many prompts of the files (-1: all)
+    val_max_samples: int = -1
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    max_prompt_length: int = 512
+    max_response_length: int = 512
     train_batch_size: int = 1024  # prompts per step
     # prompts per generation batch (null: train_batch_size); with algorithm.filter_groups, batches are drawn until
     # train_batch_size prompt groups have signal
     gen_batch_size: int | None = None
     val_batch_size: int | None = None  # null -> the whole validation set in one batch
-    max_prompt_length: int = 512
-    max_response_length: int = 512
-    prompt_key: str = "prompt"
-    reward_fn_key: str = "data_source"
+    tool_config_path: str | None = "${actor_rollout_ref.rollout.multi_turn.tool_config_path}"  # type: ignore
+    function_tool_path: str | None = "${actor_rollout_ref.rollout.multi_turn.function_tool_path}"  # type: ignore
+    return_raw_input_ids: bool = False
+    return_raw_chat: bool = True  # ColoRL always keeps the untemplated prompt (non-tensor "raw_prompt")
+    return_full_prompt: bool = False
+    shuffle: bool = True
+    seed: int | None = None  # the training order's seed; null -> trainer.seed (verl: an unseeded order)
+    dataloader_num_workers: int = 8
+    image_patch_size: int = 14
+    validation_shuffle: bool = False
     filter_overlong_prompts: bool = False  # drop (and count) prompts longer than max_prompt_length
+    filter_overlong_prompts_workers: int = 1
     # what happens to a longer prompt that is not filtered: error, or keep its last/first/both-ends tokens
     truncation: Literal["error", "left", "right", "middle"] = "error"
-    return_raw_chat: bool = True  # ColoRL always keeps the untemplated prompt (non-tensor "raw_prompt")
-    shuffle: bool = True
-    seed: int = 1
-    dataloader_drop_last: bool = True
-    train_max_samples: int = -1  # > 0: use only the first this many prompts of the files (-1: all)
-    val_max_samples: int = -1
+    image_key: str = "images"
+    video_key: str = "videos"
+    audio_key: str = "audios"
+    trust_remote_code: bool = False
+    custom_cls: CustomClsTree = field(default_factory=CustomClsTree.default)
+    return_multi_modal_inputs: bool = True
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking=false
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    dataloader_drop_last: bool = True  # ColoRL: a last partial batch is dropped
 
     def __post_init__(self) -> None:
         positive_int(self, "train_batch_size", "max_prompt_length", "max_response_length")
@@ -87,6 +112,7 @@ class BuiltinConfig:
 
 @dataclass(frozen=True)
 class KLCtrlConfig:
+    _target_: str = "verl.trainer.config.KLControlConfig"
     type: Literal["fixed", "adaptive"] = "fixed"
     kl_coef: float = 0.001
     target_kl: float = 0.1  # adaptive only
@@ -98,8 +124,43 @@ class KLCtrlConfig:
         positive_int(self, "horizon")
 
 
+class PFPPOTree(InertTree):
+    DEFAULTS: ClassVar[dict[str, Any]] = {"reweight_method": "pow", "weight_pow": 2.0}
+
+
+# metrics computed from the batch's tensors; any other name is a value the reward function returns per response
+# ("acc" falls back to the score when the function returns a plain number, as verl's dapo reward manager records)
+FILTER_TENSOR_METRICS = ("reward", "seq_reward", "seq_final_reward")
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig:
+    """``algorithm.filter_groups``: DAPO's dynamic sampling, keeping only prompt groups whose ``metric`` differs
+    between their responses (verl's ``FilterGroupsConfig``).
+
+    A group whose responses all score the same gives GRPO-style estimators zero advantage: it trains nothing.
+    With ``enable``, generation repeats in batches of ``data.gen_batch_size`` prompts until
+    ``data.train_batch_size`` groups with signal are collected, at most ``max_num_gen_batches`` batches a step
+    (0: no limit), and the step trains on exactly ``data.train_batch_size`` of them (the surplus is dropped).
+    ``metric``: ``reward``/``seq_reward`` (a response's summed score), ``seq_final_reward`` (its summed reward
+    after the in-reward KL), or a value the reward function returns (``acc``, ``score``, ...).
+    """
+
+    _target_: str = "verl.trainer.config.FilterGroupsConfig"
+    enable: bool = False
+    metric: str = "reward"
+    max_num_gen_batches: int = 0
+    max_inflight_gen_batches: int = 1  # verl's asynchronous sampler's; ColoRL generates one batch at a time
+
+    def __post_init__(self) -> None:
+        check(self, ["metric"], lambda v: isinstance(v, str) and v != "", "must name a metric (acc, score, ...)")
+        check(self, ["max_num_gen_batches"], is_int, "must be an integer (0 or less: no limit)")
+        check(self, ["max_inflight_gen_batches"], lambda v: is_int(v) and v > 0, "must be a positive integer")
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
+    _target_: str = "verl.trainer.config.AlgoConfig"
     adv_estimator: AdvEstimator = "gae"
     gamma: float = 1.0
     lam: float = 1.0
@@ -111,6 +172,8 @@ class AlgorithmConfig:
     gdpo_reward_weights: list[float] | None = None  # gdpo: their weights (null: 1 each)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO's dynamic sampling
+    use_pf_ppo: bool = False  # verl's policy-filtered PPO (reweighting samples by reward): refused (config.inert)
+    pf_ppo: PFPPOTree = field(default_factory=PFPPOTree.default)
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
 
@@ -173,6 +236,8 @@ class ReportConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
+    # reorder each step's rows so every worker gets a similar number of tokens (trainer.balance)
+    balance_batch: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto -> cuda when visible, else cpu
     n_gpus_per_node: int = 8  # worker processes per node (also on CPU)
     nnodes: int = 1
@@ -181,9 +246,22 @@ class TrainerConfig:
     logger: list[LoggerBackend] = field(default_factory=lambda: ["console", "wandb"])  # a single name is a list of it
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
-    test_freq: int = -1  # <= 0 disables periodic validation
-    save_freq: int = 20  # <= 0 disables periodic checkpoints (a run still saves at its end and on SIGTERM/SIGINT)
+    log_val_generations: int = 0  # validation samples printed (console) and logged as wandb's val/generations table
+    # verl's generation dumps: one JSONL file per step (trainer.generations); null: none
+    rollout_data_dir: str | None = None  # every training response of each step: <dir>/<step>.jsonl
+    validation_data_dir: str | None = None  # every validation response: <dir>/<step>.jsonl
+    # > 0: validate (save) every this many steps and at the last step; <= 0: never (verl's meaning); ColoRL still
+    # saves when stopped by SIGTERM/SIGINT or trainer.max_wall_time_s, to resume from
+    test_freq: int = -1
+    save_freq: int = -1
+    esi_redundant_time: float = 0
+    checkpoint_callback_class: str | None = None
     val_before_train: bool = True
+    val_only: bool = False  # validate (before training) and stop
+    del_local_ckpt_after_load: bool = False
+    ray_wait_register_center_timeout: int = 300
+    use_v1: bool = True  # verl's trainer implementation switch: ColoRL has one trainer (its v1 sync mode)
+    v1: TrainerV1Tree = field(default_factory=TrainerV1Tree.default)
     critic_warmup: int = 0  # the actor is updated from step critic_warmup on; the critic from the first step
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     default_hdfs_dir: str | None = None  # verl's HDFS copy of checkpoints: not in ColoRL (config.verl)
@@ -204,10 +282,6 @@ class TrainerConfig:
     dry_run: bool = False  # print a step's batch arithmetic and the memory estimate per worker, then exit
     check_memory: bool = True  # refuse to start when the estimated peak memory per worker exceeds the device's
     health: HealthConfig = field(default_factory=HealthConfig)
-    # verl's generation dumps: one JSONL file per step (trainer.generations); null: none
-    rollout_data_dir: str | None = None  # every training response of each step: <dir>/<step>.jsonl
-    validation_data_dir: str | None = None  # every validation response: <dir>/<step>.jsonl
-    log_val_generations: int = 0  # validation samples printed (console) and logged as wandb's val/generations table
     report: ReportConfig = field(default_factory=ReportConfig)
 
     def __post_init__(self) -> None:
@@ -234,45 +308,37 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
-class RayInitConfig:
-    address: str | None = None  # null -> start a local cluster (or join RAY_ADDRESS when set)
-    num_cpus: int | None = None  # null -> n_workers + 1 on CPU, Ray's own count on GPU
-    include_dashboard: bool = False  # a cluster the driver starts runs Ray's dashboard only when asked to
-
-    def __post_init__(self) -> None:
-        optional_positive_int(self, "num_cpus")
-
-
-@dataclass(frozen=True)
-class CustomRewardFunctionConfig:
-    """A user's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` in a Python file.
-
-    A null path keeps the built-in rule-based rewards, picked by each row's data source.
-    """
-
-    path: str | None = None
-    name: str = "compute_score"
-
-    def __post_init__(self) -> None:
-        check(
-            self,
-            ["path"],
-            lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
-            "must be null (built-in rewards) or the path of a Python file",
-        )
-        check(self, ["name"], lambda v: isinstance(v, str) and v.isidentifier(), "must be a Python function name")
-
-
-@dataclass(frozen=True)
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     builtin: BuiltinConfig = field(default_factory=BuiltinConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
-    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
-    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)  # on-policy distillation
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    global_profiler: GlobalProfilerTree = field(default_factory=GlobalProfilerTree.default)
+    transfer_queue: TransferQueueTree = field(default_factory=TransferQueueTree.default)
+    skip: SkipTree = field(default_factory=SkipTree.default)
+    # verl's older spellings of reward.* (null: not set; config.verl moves what is set into reward)
+    custom_reward_function: LegacyCustomRewardFunctionConfig = field(default_factory=LegacyCustomRewardFunctionConfig)
+    reward_model: LegacyRewardModelConfig = field(default_factory=LegacyRewardModelConfig)
+    sandbox_fusion: LegacySandboxFusionConfig = field(default_factory=LegacySandboxFusionConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.apply_chat_template_kwargs and self.actor_rollout_ref.rollout.multi_turn.enable:
+            raise ConfigError.invalid(
+                "data.apply_chat_template_kwargs",
+                self.data.apply_chat_template_kwargs,
+                "applies to single-turn prompts only in ColoRL; the multi-turn agent loop renders the template as is",
+            )
+        kwargs = self.reward.reward_kwargs
+        max_resp_len = kwargs.max_resp_len or self.data.max_response_length
+        if kwargs.overlong_buffer_cfg.enable and kwargs.overlong_buffer_cfg.len > max_resp_len:
+            raise ConfigError.invalid(
+                "reward.reward_kwargs.overlong_buffer_cfg.len",
+                kwargs.overlong_buffer_cfg.len,
+                f"must not exceed max_resp_len={max_resp_len} (reward.reward_kwargs.max_resp_len, null: "
+                "data.max_response_length)",
+            )

@@ -98,7 +98,9 @@ class RLHFDataset(Dataset):
         tool_schemas: Sequence[dict] | None = None,
         default_agent: str = "single_turn_agent",
         reward_fn_key: str = "data_source",
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})  # data.apply_chat_template_kwargs
         self.files = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
         if not self.files:
             raise ValueError("no data files given")
@@ -153,7 +155,9 @@ class RLHFDataset(Dataset):
             return prompt
         messages = list(prompt)
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+            )
         return "\n".join(message["content"] for message in messages)
 
     def _make_row(self, record: dict[str, Any], path: str, index: int) -> dict[str, Any]:

@@ -95,16 +95,20 @@ class RewardManager:
         extra_infos = data.non_tensor_batch.get("extra_info")
         rows = [row[: int(length)] for row, length in zip(responses.tolist(), lengths)]
         solutions = self.tokenizer.batch_decode(rows, skip_special_tokens=True)  # one call, not one per row
-        results: list[dict[str, Any]] = []
-        errors: list[str] = []
-        for i, (ids, solution) in enumerate(zip(rows, solutions)):
+        infos = []
+        for i, ids in enumerate(rows):
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
             if rollout["__num_turns__"] is not None:  # verl's names for what the multi-turn rollout did
                 extra_info.update(
                     num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i]
                 )
-            result, error = self._score(sources[i], solution, reward_models[i]["ground_truth"], extra_info)
+            infos.append(extra_info)
+        truths = [reward_model["ground_truth"] for reward_model in reward_models]
+        results: list[dict[str, Any]] = []
+        errors: list[str] = []
+        scored = self._score_all(list(sources), solutions, truths, infos)
+        for i, (ids, solution, (result, error)) in enumerate(zip(rows, solutions, scored)):
             reward, shaping = self.shape(result["score"], len(ids))
             result.update(shaping)
             if error is not None:  # this trajectory scores 0; the others keep theirs
@@ -132,6 +136,12 @@ class RewardManager:
         score: the score itself and nothing here (a manager that shapes rewards overrides this)."""
         return score, {}
 
+    def _score_all(
+        self, sources: list, solutions: list[str], truths: list, infos: list[dict]
+    ) -> list[tuple[dict[str, Any], str | None]]:
+        """Each response's ``(result, error)``: the function called once per response (verl's naive manager)."""
+        return [self._score(*args) for args in zip(sources, solutions, truths, infos)]
+
     def _score(
         self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict
     ) -> tuple[dict[str, Any], str | None]:
@@ -143,11 +153,35 @@ class RewardManager:
             )
         except Exception as exc:  # name the function: the traceback would point into user code
             return {"score": 0.0}, f"reward function {self.name!r} raised {type(exc).__name__}: {exc}"
-        score = score_of(result)
-        if score is None or not math.isfinite(score):
-            return {"score": 0.0}, f"reward function {self.name!r} returned {result!r:.80}; {VALID_RESULT}"
-        extras = {k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {}
-        return {"score": score, **extras}, None
+        return _checked(result, self.name)
+
+
+class BatchRewardManager(RewardManager):
+    """verl's "batch" reward manager: the function is called once per batch with lists (``data_sources``,
+    ``solution_strs``, ``ground_truths``, ``extra_infos``) and returns one result per response."""
+
+    def _score_all(
+        self, sources: list, solutions: list[str], truths: list, infos: list[dict]
+    ) -> list[tuple[dict[str, Any], str | None]]:
+        try:
+            results = list(
+                self.compute_score(
+                    data_sources=sources, solution_strs=solutions, ground_truths=truths, extra_infos=infos
+                )
+            )
+        except Exception as exc:  # the whole batch's scores are lost: each response scores 0
+            return [({"score": 0.0}, f"reward function {self.name!r} raised {type(exc).__name__}: {exc}")] * len(infos)
+        if len(results) != len(infos):
+            error = f"reward function {self.name!r} returned {len(results)} results for {len(infos)} responses"
+            return [({"score": 0.0}, error)] * len(infos)
+        return [_checked(result, self.name) for result in results]
+
+    def probe(self, row: dict[str, Any], key: str) -> None:
+        """As ``RewardManager.probe``, with the batch function's list arguments (one row)."""
+        single = RewardManager.__new__(RewardManager)
+        single.__dict__.update(self.__dict__)
+        single.compute_score = lambda **kw: self.compute_score(**{f"{k}s": [v] for k, v in kw.items()})[0]
+        RewardManager.probe(single, row, key)
 
 
 class DAPORewardManager(RewardManager):
@@ -179,6 +213,16 @@ def overlong_penalty(length: int, max_resp_len: int, buffer_len: int, penalty_fa
     return min(-exceed / buffer_len * penalty_factor, 0.0)
 
 
+# verl's reward managers by name (reward.reward_manager.name): "prime" scores each response as "naive" does (verl
+# runs it in a process pool with a timeout; ColoRL's scoring already survives a function that raises)
+REWARD_MANAGERS: dict[str, type[RewardManager]] = {
+    "naive": RewardManager,
+    "prime": RewardManager,
+    "batch": BatchRewardManager,
+    "dapo": DAPORewardManager,
+}
+
+
 def score_of(result: Any) -> float | None:
     """The score a reward function's ``result`` holds (a real number, or a dict with one under "score"), else None."""
     score = result.get("score") if isinstance(result, dict) else result
@@ -187,8 +231,17 @@ def score_of(result: Any) -> float | None:
     return float(score) if isinstance(score, numbers.Real) else None
 
 
+def _checked(result: Any, name: str) -> tuple[dict[str, Any], str | None]:
+    """A function's result as a dict with ``score`` and its extras, or a 0 score and the error's line."""
+    score = score_of(result)
+    if score is None or not math.isfinite(score):
+        return {"score": 0.0}, f"reward function {name!r} returned {result!r:.80}; {VALID_RESULT}"
+    extras = {k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {}
+    return {"score": score, **extras}, None
+
+
 def load_custom_compute_score(path: str, name: str = "compute_score") -> ComputeScore:
-    """Import ``name`` from the python file at ``path`` (``custom_reward_function.path/name``)."""
+    """Import ``name`` from the python file at ``path`` (``reward.custom_reward_function.path/name``)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"custom reward file not found: {path!r} (looking for function {name!r})")
     spec = importlib.util.spec_from_file_location(f"custom_reward_{abs(hash(path))}", path)

@@ -154,6 +154,6 @@ def default_compute_score(
         raise ValueError(
             f"no reward function for data_source {data_source!r}; known data sources: {sorted(functions)} and "
             f"{reasoning_gym.DATA_SOURCE_PREFIX}<task>. "
-            "Pass a custom one with custom_reward_function.path/name."
+            "Pass a custom one with reward.custom_reward_function.path/name."
         )
     return functions[data_source](data_source, solution_str, ground_truth, extra_info)

@@ -6,20 +6,20 @@ call to get the same trainer; it starts no Ray and no workers (``trainer.run`` d
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
-from config.distillation import teacher_warnings
-from config.verl import ignored_key_warnings
+from config.inert import inert_warnings
 from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
-from data.reward import load_custom_compute_score
-from data.reward_managers import make_reward_manager
+from data.reward import REWARD_MANAGERS, DAPORewardManager, RewardManager, load_custom_compute_score
 from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import check_models, preflight
 from workers.compute.agent_loop import check_tools
@@ -38,8 +38,9 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # the memory check
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     check_vllm(cfg.actor_rollout_ref.rollout, cfg.trainer.device, plan.n_workers, _actor_config(cfg))
-    for line in ignored_key_warnings(cfg) + teacher_warnings(cfg.distillation):  # verl machinery ColoRL lacks
+    for line in inert_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
+    _check_optimizers(cfg)
     compute_score = _load_compute_score(cfg)
     cfg = _fill_paths(cfg)
     model = cfg.actor_rollout_ref.model
@@ -48,7 +49,7 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     train_dataloader, val_dataloader = _build_dataloaders(cfg, tokenizer, _tool_schemas(cfg, tokenizer))
     reward_fn = make_reward_manager(cfg, tokenizer, compute_score)
     if compute_score is not None:  # the user's function, tried once on the first prompt before any model loads
-        reward_fn.probe(train_dataloader.dataset[0], "custom_reward_function.name")
+        reward_fn.probe(train_dataloader.dataset[0], "reward.custom_reward_function.name")
     return RayPPOTrainer(
         config=cfg,
         tokenizer=tokenizer,
@@ -74,25 +75,67 @@ def _actor_config(cfg: PPOConfig) -> tuple[str, Callable[[], Any]]:
     return f"actor_rollout_ref.model.path={model.path}", read
 
 
+def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> RewardManager:
+    """``reward.reward_manager.name`` (``data.reward.REWARD_MANAGERS``) with the ``reward.reward_kwargs`` set away
+    from their defaults as keyword arguments (the dapo manager's ``max_resp_len``, null: data.max_response_length);
+    ``ConfigError`` for an unknown name or arguments the manager does not take, before any model loads."""
+    name, kwargs = cfg.reward.reward_manager.name, cfg.reward.reward_kwargs
+    if name not in REWARD_MANAGERS:
+        raise ConfigError.invalid("reward.reward_manager.name", name, f"must be one of {', '.join(REWARD_MANAGERS)}")
+    if name == "batch" and compute_score is None:
+        raise ConfigError.invalid(
+            "reward.reward_manager.name", name, "calls reward.custom_reward_function with lists: set its path"
+        )
+    cls, unset = REWARD_MANAGERS[name], type(kwargs)()
+    given = {
+        f.name: getattr(kwargs, f.name) for f in fields(kwargs) if getattr(kwargs, f.name) != getattr(unset, f.name)
+    }
+    if cls is DAPORewardManager:  # it takes both; a null max_resp_len is the response limit
+        given = {
+            "overlong_buffer_cfg": kwargs.overlong_buffer_cfg,
+            "max_resp_len": kwargs.max_resp_len or cfg.data.max_response_length,
+        }
+    try:
+        return cls(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key, **given)
+    except TypeError:
+        key = next(iter(given))
+        raise ConfigError.invalid(
+            f"reward.reward_kwargs.{key}", given[key], f"the {name} reward manager takes no such argument (dapo does)"
+        ) from None
+
+
+def _check_optimizers(cfg: PPOConfig) -> None:
+    """Each trained role's ``optim.optimizer`` must be a class of ``optim.optimizer_impl`` (verl's keys)."""
+    for role, optim in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.optim), ("critic", cfg.critic.optim)):
+        try:
+            module = importlib.import_module(optim.optimizer_impl)
+        except ImportError as exc:
+            raise ConfigError.invalid(f"{role}.optim.optimizer_impl", optim.optimizer_impl, str(exc)) from None
+        if not isinstance(getattr(module, optim.optimizer, None), type):
+            raise ConfigError.invalid(
+                f"{role}.optim.optimizer", optim.optimizer, f"no such optimizer class in {optim.optimizer_impl}"
+            )
+
+
 def _load_compute_score(cfg: PPOConfig) -> Any:
-    """The user's ``custom_reward_function.path/name``, or None for the built-in rewards (by data source)."""
-    custom = cfg.custom_reward_function
+    """The user's ``reward.custom_reward_function.path/name``, or None for the built-in rewards (by data source)."""
+    custom = cfg.reward.custom_reward_function
     if custom.path is None:
         return None
     try:
         return load_custom_compute_score(custom.path, custom.name)
     except FileNotFoundError:
         raise ConfigError.invalid(
-            "custom_reward_function.path",
+            "reward.custom_reward_function.path",
             custom.path,
             "no such file; expected a Python file defining the reward function",
         ) from None
     except AttributeError as exc:
-        raise ConfigError.invalid("custom_reward_function.name", custom.name, str(exc)) from None
+        raise ConfigError.invalid("reward.custom_reward_function.name", custom.name, str(exc)) from None
     except Exception as exc:  # the user's module failed to import: report it as the config mistake it is
         first_line = (str(exc).splitlines() or [""])[0]
         raise ConfigError.invalid(
-            "custom_reward_function.path", custom.path, f"importing it raised {type(exc).__name__}: {first_line}"
+            "reward.custom_reward_function.path", custom.path, f"importing it raised {type(exc).__name__}: {first_line}"
         ) from None
 
 
@@ -171,6 +214,7 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any, tool_schemas: list[dict] 
                 tool_schemas,
                 default_agent,
                 data.reward_fn_key,
+                data.apply_chat_template_kwargs,
             )
         except (FileNotFoundError, ValueError) as exc:  # a missing, unreadable or empty file, a missing column,
             # a prompt cell that is not a prompt, every prompt too long

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from config import ConfigError, PPOConfig, StepPlan
-from config.dapo import TENSOR_METRICS
+from config.schema import FILTER_TENSOR_METRICS
 from single_controller import DataProto
 from trainer.metrics import reward_group_metrics
 
@@ -43,7 +43,7 @@ def metric_values(batch: DataProto, metric: str, reward_extras: dict[str, list])
     """(B,) the filter's ``metric`` per response: the summed score for ``reward``/``seq_reward``/
     ``seq_final_reward`` (the plan refuses the last with the in-reward KL), else the reward function's value of
     that name (``acc`` is the score when the function returns a plain number, as verl's dapo manager records)."""
-    if metric in TENSOR_METRICS:
+    if metric in FILTER_TENSOR_METRICS:
         return batch.batch["token_level_scores"].sum(-1).double().numpy()
     if metric not in reward_extras and metric == "acc":
         metric = "score"
@@ -52,7 +52,7 @@ def metric_values(batch: DataProto, metric: str, reward_extras: dict[str, list])
             "algorithm.filter_groups.metric",
             metric,
             f"the reward function returns no such value (it returns {sorted(reward_extras)}); name one of them "
-            f"or one of {', '.join(TENSOR_METRICS)}",
+            f"or one of {', '.join(FILTER_TENSOR_METRICS)}",
         )
     return np.asarray(reward_extras[metric], dtype=np.float64)
 

@@ -10,6 +10,9 @@ Every checkpoint records the resolved config it was saved with (``config_record`
 - everything else (the model and its architecture, the data, the batch arithmetic, the algorithm): refused in one
   line that lists the differing keys, unless ``trainer.resume_accept_changes`` names them (or a prefix of them).
 
+A key the record lacks (new in the schema since the checkpoint was saved) counts as changed only when it is away
+from its default; keys recorded under an older place are compared at their current one (``config.verl``).
+
 docs/reliability.md ("Resuming with a changed config") lists the same keys.
 """
 
@@ -18,10 +21,12 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from config import ConfigError, PPOConfig
+from config.verl import current_place
 
 MAY_CHANGE = (
     "trainer.total_epochs",
@@ -42,17 +47,26 @@ MAY_CHANGE = (
     "trainer.max_restarts",
     "trainer.device",
     "trainer.n_gpus_per_node",
+    "actor_rollout_ref.rollout.n_gpus_per_node",  # follows trainer.n_gpus_per_node (an elastic resume)
     "trainer.nnodes",
     "trainer.deterministic",
     "trainer.use_legacy_worker_impl",
-    "ray_init.*",
+    "ray_kwargs.*",
     "*micro_batch_size*",
     "*max_token_len*",
     "*use_dynamic_bsz",
     "*.fsdp_config.*",
+    "critic.fsdp.*",
+    "*profiler.*",
+    "trainer.balance_batch",
+    "trainer.log_val_generations",
+    "trainer.*_data_dir",
+    "trainer.val_only",
     "*.enable_gradient_checkpointing",
     "*.use_remove_padding",
+    "*.use_fused_kernels",  # the same log-probs, computed from hidden states in chunks
     "*.use_torch_compile",
+    "*.compile_model",
     "actor_rollout_ref.model.use_shm",
     "data.val_*",
     "data.return_raw_chat",
@@ -90,6 +104,7 @@ ARCHITECTURE = (
 )
 ROLE_MODELS = {"actor": "actor_rollout_ref.model", "critic": "critic.model"}
 _MISSING = object()
+_UNSET = "<not recorded>"  # a key the checkpoint's config did not have
 
 
 def config_record(cfg: PPOConfig) -> dict[str, Any]:
@@ -114,12 +129,13 @@ def check_resume(saved: dict[str, Any] | None, cfg: PPOConfig, checkpoint: Path)
     lines to print: each optimizer change applied, each change accepted by ``trainer.resume_accept_changes``."""
     if saved is None:  # written before checkpoints recorded their config
         return [f"warning: {checkpoint} records no config (an older ColoRL's): resuming without comparing configs"]
-    current = config_record(cfg)
+    saved, current = _in_current_places(saved), config_record(cfg)
     changed = {
         key: (saved[key], current[key])
         for key in sorted(saved.keys() & current.keys())
         if saved[key] != current[key] and not _matches(key, MAY_CHANGE)
     }
+    changed |= {key: change for key, change in _new_keys_set(saved, current).items() if not _matches(key, MAY_CHANGE)}
     changed |= _architecture_changes(cfg, checkpoint)
     accepted = cfg.trainer.resume_accept_changes
     refused = {k: v for k, v in changed.items() if not _matches(k, OPTIMIZER) and not _matches(k, accepted)}
@@ -138,6 +154,33 @@ def check_resume(saved: dict[str, Any] | None, cfg: PPOConfig, checkpoint: Path)
         )
         for key, (old, new) in changed.items()
     ]
+
+
+def _in_current_places(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's record with the keys that have moved since it was saved in their current places
+    (``config.verl.current_place``: ``ray_init.*``, ``critic.fsdp_config.*``, the top-level reward sections). As
+    verl migrates them, a null older value moves nothing, and a record that has the current place too keeps that."""
+    moved = {}
+    for key, value in saved.items():
+        place = current_place(key)
+        if place == key or (place not in saved and value is not None):
+            moved[place] = value
+    return moved
+
+
+def _new_keys_set(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """key -> (unset, value) for each key the checkpoint's record lacks (new in the schema since it was saved)
+    whose value is not the schema's default; a new key at its default does not change the run."""
+    defaults, changes = config_record(PPOConfig()), {}
+    for key in sorted(current.keys() - saved.keys()):
+        if current_place(key) != key:  # an older spelling: its current place is compared
+            continue
+        default = defaults.get(key, _MISSING)
+        if isinstance(default, str) and default.startswith("${"):  # it follows another key (or verl's oc.select)
+            default = current.get(default[2:-1], _MISSING) if re.fullmatch(r"\$\{[\w.]+\}", default) else current[key]
+        if current[key] != default:
+            changes[key] = (_UNSET, current[key])
+    return changes
 
 
 def _architecture_changes(cfg: PPOConfig, checkpoint: Path) -> dict[str, tuple[Any, Any]]:
@@ -164,5 +207,7 @@ def _listed(changes: dict[str, tuple[Any, Any]]) -> str:
 
 
 def _shown(value: Any) -> str:
-    text = "null" if value is None else repr(value) if isinstance(value, str) else str(value)
+    text = (
+        "null" if value is None else value if value is _UNSET else repr(value) if isinstance(value, str) else str(value)
+    )
     return text if len(text) <= 80 else f"{text[:77]}..."

@@ -19,6 +19,8 @@ score of those steps. Low
 entropy while the score climbs, or once most responses score the best, is what learning looks like. The fourth
 needs the training score to rise significantly between validations (Welch's t > 2 on the steps' scores), not
 by noise. The fifth fires at once.
+
+``NonFiniteGuard`` stops a run whose updates keep being skipped for NaN/inf losses or gradients.
 """
 
 from __future__ import annotations
@@ -215,3 +217,30 @@ class HealthMonitor:
             "validations in a row: the policy may be exploiting the reward or overfitting the training prompts; "
             "read some samples (trainer.health.divergence_validations sets the patience)"
         )
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps with NaN/inf losses or gradients."""
+
+
+class NonFiniteGuard:
+    """The driver's NaN/inf guard: counts the steps whose updates were skipped for NaN/inf losses or gradients
+    (``training/nonfinite_steps``) and stops the run after ``limit`` in a row (``trainer.max_nonfinite_steps``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.streak, self.total = limit, 0, 0
+
+    def check(self, metrics: dict[str, float], step: int, latest_checkpoint: Any) -> None:
+        """Count step ``step``'s ``metrics`` (adding ``training/nonfinite_steps``); ``NonFiniteLossError`` naming
+        ``latest_checkpoint`` (intact) when the streak reaches the limit."""
+        skipped = any(metrics.get(f"{role}/nonfinite_skipped", 0.0) > 0 for role in ("actor", "critic"))
+        skipped = skipped or not all(math.isfinite(v) for k, v in metrics.items() if k.endswith("_loss"))
+        self.total += skipped
+        self.streak = self.streak + 1 if skipped else 0
+        metrics["training/nonfinite_steps"] = float(self.total)
+        if self.streak >= self.limit:
+            raise NonFiniteLossError(
+                f"{self.limit} steps in a row (up to step {step}) had NaN/inf losses or gradients and were "
+                f"skipped; stopping. The last checkpoint is intact: {latest_checkpoint or 'none yet'}. "
+                "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
+            )

@@ -1,10 +1,10 @@
 """The PPO driver: one process that writes the RL dataflow as plain calls on worker groups.
 
-Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout),
-the reference policy, the critic and distillation's teachers (colocation). The driver calls them phase by phase and
-computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the phases of the table
-``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and method come from its
-entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
+Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout), the reference
+policy, the critic and distillation's teachers (colocation: ``trainer.placement``). The driver calls them phase by
+phase and computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the
+phases of the table ``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and
+method come from its entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
 and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``); the rest stays in
 the workers' step store.
 """
@@ -28,15 +28,16 @@ from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW, VALIDATION_FLOW
 from config.plan import StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from single_controller.ray import RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.advantage import compute_advantage
+from trainer.balance import balance_batch
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.data_position import DataPosition
 from trainer.dynamic_sampling import collect
 from trainer.fingerprint import config_record
 from trainer.generations import GenerationLog
-from trainer.health import HealthMonitor
+from trainer.health import HealthMonitor, NonFiniteGuard
 from trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -46,26 +47,19 @@ from trainer.metrics import (
     reward_group_metrics,
     rollout_probs_diff,
     timed,
-    validation_metrics,
 )
+from trainer.placement import role_classes
 from trainer.preemption import StopSignals
 from trainer.report import RunReport
 from trainer.routing import request, take_back
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
+from trainer.validation import ValidationTally
 from trainer.watchdog import PhaseWatchdog
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
 from workers.runtime import malloc
 
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
-
-
-class NonFiniteLossError(RuntimeError):
-    """Too many consecutive steps with NaN/inf losses or gradients."""
-
-
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
-VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
 
 
 class RayPPOTrainer:
@@ -97,7 +91,7 @@ class RayPPOTrainer:
         self.global_step = 0
         self.data = DataPosition(train_dataloader)  # saved with checkpoints: a resumed run draws the same batches
         self.wandb_run_id: str | None = None
-        self.nonfinite_streak = self.nonfinite_total = 0
+        self.nonfinite = NonFiniteGuard(config.trainer.max_nonfinite_steps)  # NaN/inf steps: k in a row stop the run
         self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
         self.generations = GenerationLog(config.trainer, tokenizer)  # dumps and the report's samples
         self.checkpoints = CheckpointManager(
@@ -116,31 +110,12 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
         """Start one WorkerDict per device holding every role, then build the models (actor last)."""
-        cfg = self.config
+        cfg, plan = self.config, self.plan
         trainer = cfg.trainer
         pool = RayResourcePool(
             [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
         )
-        plan = self.plan
-        # the exact KL loss reads reference logits inside the update, and a LoRA actor is its own reference
-        # (adapters disabled): then one object holds actor and ref
-        actor_role = "actor_rollout_ref" if plan.ref_in_actor else "actor_rollout"
-        arr = cfg.actor_rollout_ref
-        roles = {
-            "actor_rollout": RayClassWithInitArgs(
-                ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan, distillation=cfg.distillation
-            )
-        }
-        if plan.use_reference_policy and not plan.ref_in_actor:
-            roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role="ref", plan=plan)
-        if plan.use_critic:
-            roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
-        if cfg.reward_model.enable:
-            roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model)
-        if plan.compute_teacher:  # on-policy distillation: frozen teachers, offloaded between their forwards
-            roles["teacher"] = RayClassWithInitArgs(
-                TeacherWorker, config=cfg.distillation, actor_rollout_ref=arr, plan=plan
-            )
+        roles = role_classes(cfg, plan)  # the role workers of one process (trainer.placement)
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
             pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
@@ -156,14 +131,9 @@ class RayPPOTrainer:
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
         self.teacher_wg = views.get("teacher")
-        # the worker group that computes each role's phases (config.phases.ROLES), by the role's name
-        self.role_groups = {
-            "actor": self.actor_rollout_wg,
-            "ref": self.ref_wg,
-            "critic": self.critic_wg,
-            "rm": self.rm_wg,
-            "teacher": self.teacher_wg,
-        }
+        # the worker group that computes each role's phases (config.worker_roles.ROLES), by the role's name
+        groups = (self.actor_rollout_wg, self.ref_wg, self.critic_wg, self.rm_wg, self.teacher_wg)
+        self.role_groups = dict(zip(("actor", "ref", "critic", "rm", "teacher"), groups))
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
             for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.teacher_wg, self.actor_rollout_wg):
                 if wg is not None:
@@ -190,30 +160,31 @@ class RayPPOTrainer:
         start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
-                self.logger.log(self.health.observe(self.validate(), self.global_step), step=self.global_step)
+                last = self.validate()
+                self.logger.log(self.health.observe(last, self.global_step), step=self.global_step)
                 self.report.write(self.logger.records(), self.health.fired)
             batches = self.data.batches()
-            while self.global_step < self.total_training_steps:
+            while self.global_step < self.total_training_steps and not cfg.val_only:  # val_only: validate, stop
                 self.global_step += 1
                 last = self.train_step(next(batches), batches)
                 last["training/epoch"] = float(self.data.epoch)
-                self._check_finite(last)
-                done = self.global_step >= self.total_training_steps or self._data_used_up()
+                self.nonfinite.check(last, self.global_step, self.checkpoints.latest())
+                # with dynamic sampling and no total_training_steps, a run also ends once it has drawn total_epochs
+                # passes over the data (verl's DAPO loop), which may come before the step count
+                used_up = self.plan.dynamic_sampling and self.data.epochs_drawn() >= cfg.total_epochs
+                done = self.global_step >= self.total_training_steps or (used_up and cfg.total_training_steps is None)
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
-                validated = self.val_dataloader is not None and (
-                    done or out_of_time or _every(cfg.test_freq, self.global_step)
-                )
+                last_step = done or out_of_time  # verl validates and saves at the last step when its freq > 0
+                validated = self.val_dataloader is not None and _due(cfg.test_freq, self.global_step, last_step)
+                timing: dict[str, float] = {}
                 if validated:
-                    testing: dict[str, float] = {}
-                    with timed("testing", testing):
+                    with timed("testing", timing):
                         last.update(self.validate())
-                    last["timing_s/testing"] = testing["testing"]
                 preempted = stop.signal is not None  # read once: a signal after the save waits for the next step
-                if done or out_of_time or preempted or _every(cfg.save_freq, self.global_step):
-                    saving: dict[str, float] = {}
-                    with self._phase("save_checkpoint", saving):
+                if preempted or _due(cfg.save_freq, self.global_step, last_step):  # preempted: save to resume
+                    with self._phase("save_checkpoint", timing):
                         self.save_checkpoint()
-                    last["timing_s/save_checkpoint"] = saving["save_checkpoint"]
+                last.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
                 last = self.health.observe(last, self.global_step)  # health metrics; warns once when a pattern holds
                 self.logger.log(last, step=self.global_step)
                 if validated:
@@ -227,29 +198,6 @@ class RayPPOTrainer:
         if stop.signal and self.global_step < self.total_training_steps:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
-
-    def _check_finite(self, metrics: dict[str, float]) -> None:
-        """Count steps whose updates were skipped for NaN/inf; abort after ``max_nonfinite_steps`` in a row."""
-        skipped = any(metrics.get(f"{role}/nonfinite_skipped", 0.0) > 0 for role in ("actor", "critic"))
-        skipped = skipped or not all(np.isfinite(v) for k, v in metrics.items() if k.endswith("_loss"))
-        self.nonfinite_total += skipped
-        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
-        metrics["training/nonfinite_steps"] = float(self.nonfinite_total)
-        limit = self.config.trainer.max_nonfinite_steps
-        if self.nonfinite_streak >= limit:
-            raise NonFiniteLossError(
-                f"{limit} steps in a row (up to step {self.global_step}) had NaN/inf losses or gradients and were "
-                f"skipped; stopping. The last checkpoint is intact: {self.checkpoints.latest() or 'none yet'}. "
-                "Lower the learning rate or check the reward (trainer.max_nonfinite_steps sets the limit)."
-            )
-
-    def _data_used_up(self) -> bool:
-        """With dynamic sampling and no ``total_training_steps``, a run also ends once it has drawn
-        ``total_epochs`` passes over the data (verl's DAPO loop), which may come before the step count."""
-        trainer = self.config.trainer
-        if not self.plan.dynamic_sampling or trainer.total_training_steps is not None:
-            return False
-        return self.data.epochs_drawn() >= trainer.total_epochs
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
@@ -319,6 +267,8 @@ class RayPPOTrainer:
                     cfg.algorithm.filter_groups,
                 )
                 batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
+                if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
+                    sampled.update(self._balance(batch, reward_extras))
             else:
                 batch, reward_extras, sampled = sample(batch)
             metrics.update(sampled)
@@ -361,9 +311,18 @@ class RayPPOTrainer:
         )
         with self._phase("gen", timing):
             metrics.update(self._generate(batch))
+        if self.plan.runs("balance"):
+            with self._phase("balance", timing):
+                metrics.update(self._balance(batch))
         with self._phase("reward", timing):
             reward_extras = self._reward(batch, metrics)
         return batch, reward_extras, metrics
+
+    def _balance(self, batch: DataProto, extras: dict[str, list] | None = None) -> dict[str, float]:
+        """``trainer.balance_batch``: reorder the rows (and the per-row ``extras``) so each worker's share gets a
+        similar number of tokens; whole prompt groups with the prefix grouper. Its metrics."""
+        keep_groups = self.config.actor_rollout_ref.actor.use_prefix_grouper
+        return balance_batch(batch, self.plan.n_workers, keep_groups, extras)
 
     @contextmanager
     def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
@@ -410,46 +369,27 @@ class RayPPOTrainer:
 
     def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
         """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
-        greedy = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
-        greedy.pop("n")
+        greedy = self.config.actor_rollout_ref.rollout.val_kwargs.sampling()
         prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)  # every non-tensor too
         self._generate(prompts, GREEDY_FLOW, meta_info=greedy)
         return self.reward_fn(prompts)[0].sum(-1)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source."""
-        val_kwargs = dataclasses.asdict(self.config.actor_rollout_ref.rollout.val_kwargs)
-        n = val_kwargs.pop("n")
-        sources: list[str] = []
-        rewards: list[float] = []
-        answers: list[tuple[int, ...]] = []
-        extras: dict[str, list[float]] = {}
-        parts = []  # (batch, prompts, reward extras) of each validation batch, for the dumps
+        """Greedy (``rollout.val_kwargs``) rewards on the validation set, per data source; the dumps of them."""
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        tally = ValidationTally(val_kwargs.n)
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict, meta_info={STEP_TOKEN: uuid.uuid4().hex})
-            batch = batch.repeat(n, interleave=True)
+            batch = batch.repeat(val_kwargs.n, interleave=True)
             prompts = batch.batch["input_ids"], batch.batch["attention_mask"]
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
-                self._generate(batch, VALIDATION_FLOW, val_kwargs)
-                reward, reward_extras = self.val_reward_fn(batch)
-            batch.batch["token_level_scores"] = reward
-            parts.append((batch, prompts, {"reward": reward.sum(-1).tolist(), **reward_extras}))
-            reward_extras.update(
-                {k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch}
-            )
-            for key, values in reward_extras.items():  # e.g. a flexible score beside the strict one, on every row
-                if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
-                    extras.setdefault(key, []).extend(values)
-            sources += [str(source) for source in batch.non_tensor_batch["data_source"]]
-            rewards += reward.sum(-1).tolist()
-            answers += [
-                tuple(ids[mask.bool()].tolist())
-                for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])
-            ]
-        self.generations.validation(parts, self.global_step, getattr(self, "logger", None))
-        return validation_metrics(sources, rewards, answers, n, extras)
+                self._generate(batch, VALIDATION_FLOW, val_kwargs.sampling())
+                tally.add(batch, prompts, *self.val_reward_fn(batch))
+        self.generations.validation(tally.parts, self.global_step, getattr(self, "logger", None))
+        return tally.metrics()
 
 
-def _every(freq: int, step: int) -> bool:
-    return freq > 0 and step % freq == 0
+def _due(freq: int, step: int, last_step: bool) -> bool:
+    """verl's rule for test_freq/save_freq: every ``freq`` steps and at the last one; never when ``freq <= 0``."""
+    return freq > 0 and (last_step or step % freq == 0)

@@ -192,21 +192,20 @@ def _sample(record: dict[str, Any], prompts: dict[str, str]) -> dict[str, Any]:
 
 def preset_diff(config: Any) -> tuple[str, list[tuple[str, Any, Any]]] | None:
     """(the preset in ``conf/`` closest to ``config``, [(key, the preset's value, this run's value)] where they
-    differ); None when no preset composes. Each preset is composed from its YAML, without the command line."""
+    differ); None when no preset composes. Each preset is composed from its YAML, without the command line, and
+    loaded as a run's config is (verl's derived keys filled in: ``config.verl``)."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
-    from config.load import CONF_DIR
+    from config.load import CONF_DIR, to_config
 
     run = _flatten(dataclasses.asdict(config))
     best: tuple[str, list] | None = None
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for path in sorted(CONF_DIR.glob("*.yaml")):
             try:
-                preset = _flatten(OmegaConf.to_container(compose(config_name=path.stem), resolve=True))
+                preset = _flatten(dataclasses.asdict(to_config(compose(config_name=path.stem))))
             except Exception:  # noqa: BLE001 - a preset that needs an environment this run lacks is no candidate
                 continue
-            preset.pop("hydra", None)
             diff = [(k, preset.get(k), v) for k, v in run.items() if not _same(preset.get(k), v)]
             if best is None or len(diff) < len(best[1]):
                 best = (path.stem, diff)

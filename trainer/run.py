@@ -17,7 +17,7 @@ from trainer.build import build_trainer
 from trainer.checkpoint import CheckpointError
 from trainer.dynamic_sampling import DynamicSamplingError
 from trainer.faults import FaultError
-from trainer.ppo_trainer import NonFiniteLossError
+from trainer.health import NonFiniteLossError
 from trainer.preemption import EXIT_PREEMPTED, Preempted, signals_left_to_driver
 from trainer.restarts import fit_with_restarts
 
@@ -54,24 +54,25 @@ def run_command_line(cfg: PPOConfig, plan: StepPlan) -> int:
 
 
 def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
-    """Start a local Ray cluster, or join ray_init.address / RAY_ADDRESS; False when Ray was already running."""
+    """Start a local Ray cluster, or join ray_kwargs.ray_init.address / RAY_ADDRESS; False when Ray was already running."""
     if ray.is_initialized():  # the caller (a test, a notebook) owns Ray and will shut it down
         return False
-    address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
+    ray_init = cfg.ray_kwargs.ray_init
+    address = ray_init.address or os.environ.get("RAY_ADDRESS")
     if address:
-        _join_ray(address, "ray_init.address" if cfg.ray_init.address else "RAY_ADDRESS")
+        _join_ray(address, "ray_kwargs.ray_init.address" if ray_init.address else "RAY_ADDRESS")
     else:
         # On CPU every worker holds one CPU slot, plus one for the driver's tasks; Ray counts the cores on GPU.
         cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
-        dashboard = cfg.ray_init.include_dashboard  # off unless asked for: anyone who reaches it can run code
+        dashboard = ray_init.include_dashboard  # off unless asked for: anyone who reaches it can run code
         if dashboard and importlib.util.find_spec("aiohttp") is None:  # what ray[default] adds to the minimal ray
             raise ConfigError.invalid(
-                "ray_init.include_dashboard",
+                "ray_kwargs.ray_init.include_dashboard",
                 dashboard,
                 f"Ray's dashboard needs ray[default]: pip install 'ray[default]=={ray.__version__}'",
             )
         with signals_left_to_driver():  # SIGTERM/SIGINT to the process group: the driver saves, then stops Ray
-            ray.init(num_cpus=cfg.ray_init.num_cpus or cpu_default, include_dashboard=dashboard)
+            ray.init(num_cpus=ray_init.num_cpus or cpu_default, include_dashboard=dashboard)
     return True
 
 

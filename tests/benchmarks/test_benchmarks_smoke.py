@@ -511,3 +511,14 @@ def test_remove_padding_compares_packed_and_shared_prompt_variants_with_the_padd
     variants = out["variants"]
     assert set(variants) >= {"padded", "remove_padding", "remove_padding+prefix_grouper"}
     assert all(v["log_prob_max_abs_diff"] < 1e-4 for v in variants.values())  # the same log-probs, every layout
+
+
+@pytest.mark.slow  # two trainer runs on 2 workers: ~1 min
+def test_balance_compares_the_same_steps_with_and_without_reordering(cache_dir):
+    out = run_benchmark(
+        "balance", *TINY, "--workers", "2", "--steps", "1", "--warmup", "0", "--cache-dir", cache_dir, timeout=400
+    )
+    assert out["off"]["global_seqlen"] == {}  # no reordering, no metrics
+    seqlen = out["on"]["global_seqlen"]
+    assert seqlen["balanced_max"] <= seqlen["max"] and seqlen["balanced_min"] >= seqlen["min"]
+    assert "balance" in out["on"]["timing_s"] and out["speedup"] > 0

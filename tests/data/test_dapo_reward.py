@@ -3,10 +3,10 @@
 import pytest
 
 from config import ConfigError, load_config
-from config.dapo import OverlongBufferConfig
-from data.reward import DAPORewardManager, RewardManager, overlong_penalty
-from data.reward_managers import REWARD_MANAGERS, make_reward_manager
+from config.roles.reward import OverlongBufferConfig
+from data.reward import REWARD_MANAGERS, DAPORewardManager, RewardManager, overlong_penalty
 from tests.data.test_data_reward import _batch
+from trainer.build import make_reward_manager
 
 
 def constant(data_source, solution_str, ground_truth, extra_info=None):
@@ -57,11 +57,17 @@ def test_config_picks_the_manager_and_checks_its_arguments(char_tokenizer):
     manager = make_reward_manager(load_config(verl_style), char_tokenizer, None)
     assert isinstance(manager, DAPORewardManager) and manager.max_resp_len == 8  # null: data.max_response_length
     assert manager.overlong.len == 4 and manager.overlong.penalty_factor == 0.5
+    # the arguments are checked when the config loads (a dry run or a test catches them before any model loads)
     with pytest.raises(ConfigError, match=r"reward\.reward_kwargs\.overlong_buffer_cfg\.len=4: must not exceed"):
-        make_reward_manager(load_config([*verl_style, "data.max_response_length=3"]), char_tokenizer, None)
+        load_config([*verl_style, "data.max_response_length=3"])
     with pytest.raises(ConfigError, match=r"overlong_buffer_cfg\.enable=True: .*reward_manager\.name=dapo"):
-        make_reward_manager(load_config(verl_style[1:]), char_tokenizer, None)
-    with pytest.raises(ConfigError, match=r"reward\.reward_manager\.name='nope': must be one of naive, dapo"):
-        make_reward_manager(load_config(["reward.reward_manager.name=nope"]), char_tokenizer, None)
+        load_config(verl_style[1:])
     with pytest.raises(ConfigError, match=r"overlong_buffer_cfg\.len=0: must be positive when enable=true"):
-        load_config(["reward.reward_kwargs.overlong_buffer_cfg.enable=true"])
+        load_config(["reward.reward_kwargs.overlong_buffer_cfg.enable=true", "reward.reward_manager.name=dapo"])
+    with pytest.raises(
+        ConfigError, match=r"reward\.reward_manager\.name='nope': must be one of naive, prime, batch, dapo"
+    ):
+        make_reward_manager(load_config(["reward.reward_manager.name=nope"]), char_tokenizer, None)
+    # a manager that takes no such argument: one line naming the key
+    with pytest.raises(ConfigError, match=r"reward\.reward_kwargs\.max_resp_len=8: the naive reward manager takes no"):
+        make_reward_manager(load_config(["reward.reward_kwargs.max_resp_len=8"]), char_tokenizer, None)

@@ -110,3 +110,15 @@ def test_dataloader_generator_state_replays_the_next_epoch(parquet_file, char_to
     first = [np.asarray(b["raw_prompt"]).tolist() for b in loader]
     loader.sampler.generator.set_state(state)
     assert [np.asarray(b["raw_prompt"]).tolist() for b in loader] == first
+
+
+def test_apply_chat_template_kwargs_reach_the_template(tmp_path, char_tokenizer):
+    """data.apply_chat_template_kwargs (verl's key, e.g. enable_thinking=false) are the template's variables."""
+    path = tmp_path / "chat.jsonl"
+    row = {"data_source": "x", "prompt": [{"role": "user", "content": "c1>"}], "reward_model": {"ground_truth": "1"}}
+    path.write_text(json.dumps(row))
+    char_tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if flag %}2{% endif %}"
+    plain = RLHFDataset(str(path), char_tokenizer, max_prompt_length=8)
+    flagged = RLHFDataset(str(path), char_tokenizer, max_prompt_length=8, chat_template_kwargs={"flag": True})
+    assert char_tokenizer.decode(plain[0]["input_ids"]) == "c1>"
+    assert char_tokenizer.decode(flagged[0]["input_ids"]) == "c1>2"

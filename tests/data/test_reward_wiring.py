@@ -116,16 +116,16 @@ def test_custom_reward_function_scores_train_and_val(assets, tmp_path):
 @pytest.mark.parametrize(
     "file_text, name, expected",
     [
-        (None, "compute_score", r"^custom_reward_function\.path='.*missing\.py': no such file"),
+        (None, "compute_score", r"^reward\.custom_reward_function\.path='.*missing\.py': no such file"),
         (
             "def other(*args):\n    return 0.0\n",
             "compute_score",
-            r"^custom_reward_function\.name='compute_score': .*no function 'compute_score'; callables in it: \['other'\]",
+            r"^reward\.custom_reward_function\.name='compute_score': .*no function 'compute_score'; callables in it: \['other'\]",
         ),
         (
             "import no_such_module_here\n",
             "compute_score",
-            r"^custom_reward_function\.path='.*': importing it raised ModuleNotFoundError: No module named",
+            r"^reward\.custom_reward_function\.path='.*': importing it raised ModuleNotFoundError: No module named",
         ),
     ],
 )

@@ -55,7 +55,7 @@ def build(tmp_path, assets, *overrides: str):
         ),
         (
             "reward_model.enable=true reward_model.model.path=/no/such/rm",
-            ["reward_model.model.path='/no/such/rm': no such directory", "Hugging Face model directory"],
+            ["reward.reward_model.model_path='/no/such/rm': no such directory", "Hugging Face model directory"],
         ),
         (
             "actor_rollout_ref.model.lora_rank=4 actor_rollout_ref.model.target_modules=[q_prj,v_proj]",
@@ -146,7 +146,7 @@ def test_a_reward_function_that_returns_no_score_is_refused_before_any_model_loa
             f"custom_reward_function.name={name}",
         )
     assert str(info.value) == (
-        f"custom_reward_function.name='{name}': returned {shown} for the first prompt (with an empty response); a "
+        f"reward.custom_reward_function.name='{name}': returned {shown} for the first prompt (with an empty response); a "
         "reward function must return a number, or a dict with a numeric 'score' (and any other values)"
     )
 

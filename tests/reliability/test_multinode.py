@@ -130,7 +130,10 @@ def test_a_driver_without_the_token_is_refused(cluster, tmp_path, assets):
         env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)},
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert f"colorl: config error: ray_init.address='{cluster.address}': cannot join that Ray cluster" in run.stderr
+    assert (
+        f"colorl: config error: ray_kwargs.ray_init.address='{cluster.address}': cannot join that Ray cluster"
+        in run.stderr
+    )
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

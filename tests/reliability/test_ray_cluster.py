@@ -87,7 +87,7 @@ def test_an_address_where_no_cluster_answers_fails_in_seconds(tmp_path, assets):
         timeout_s=120,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert f"colorl: config error: ray_init.address='{address}': no Ray cluster answers there" in run.stderr
+    assert f"colorl: config error: ray_kwargs.ray_init.address='{address}': no Ray cluster answers there" in run.stderr
 
 
 @pytest.mark.slow  # a Ray cluster of its own: ~12 s
@@ -103,6 +103,6 @@ def test_a_dashboard_is_started_only_when_asked_for(tmp_path, assets):
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1] == (
-        "colorl: config error: ray_init.include_dashboard=True: Ray's dashboard needs ray[default]: "
+        "colorl: config error: ray_kwargs.ray_init.include_dashboard=True: Ray's dashboard needs ray[default]: "
         f"pip install 'ray[default]=={ray.__version__}'"
     )

@@ -73,7 +73,8 @@ def test_dry_run_of_the_demo_prints_the_arithmetic_and_starts_nothing(tmp_path):
 def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
     """examples/grpo_trainer/run_qwen2-7b.sh on 2 workers: 1024 prompts × 5 = 5120 sequences, 2560 per worker;
     the mini-batch of 256 prompts is 640 sequences per worker: 4 optimizer steps a step, each of 16 micro-batches
-    of 40; log-probs (old and ref) in micro-batches of 40; sequences up to 512 + 1024 tokens."""
+    of 40; old and ref log-probs in micro-batches of 40 (the script samples with vLLM, whose log-probs verl takes
+    as the old ones in bypass mode only); sequences up to 512 + 1024 tokens."""
     cfg = load_config(
         commands.overrides(
             commands.GRPO, model=qwen_config_dir, train="/nonexistent/train.parquet", val="/nonexistent/test.parquet"
@@ -85,8 +86,8 @@ def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
     assert list(batches) == ["gen", "old_log_prob", "ref", "update_actor"]
     tokens = 2560 * (512 + 1024)
     assert (batches["gen"].rows, batches["gen"].tokens) == (2560, tokens)
-    for name in ("old_log_prob", "ref"):
-        assert (batches[name].micro, batches[name].micro_batches) == (40, 64)
+    assert (batches["ref"].micro, batches["ref"].micro_batches) == (40, 64)
+    assert (batches["old_log_prob"].micro, batches["old_log_prob"].micro_batches) == (40, 64)
     update = batches["update_actor"]
     assert (update.micro, update.grad_accum, update.optimizer_steps, update.micro_batches, update.tokens) == (
         40,
@@ -128,7 +129,8 @@ def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_load
         commands.GRPO, model=qwen_config_dir, train=str(tmp_path / "train.parquet"), val=str(tmp_path / "test.parquet")
     )
     # the HF rollout's cache holds every row at once (vLLM's, capped by its reservation, queues them instead)
-    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000", HF], tmp_path)
+    fused = "actor_rollout_ref.model.use_fused_kernels=true"  # no (tokens, vocabulary) logits: the KV cache leads
+    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000", fused, HF], tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("colorl: config error: the estimated peak memory per worker, ")
@@ -216,6 +218,7 @@ def test_the_dry_run_and_the_memory_estimate_count_the_teacher(qwen_config_dir, 
         cfg = load_config([*base, f"trainer.device={device}", *teacher])
         plan = make_plan(cfg, num_workers(cfg))
         batches = {b.name: b for b in phase_batches(cfg, plan)}
+        # vLLM's log-probs are the old ones in bypass mode only (verl's rule): the old-log-prob forward runs
         assert list(batches) == ["gen", "old_log_prob", "ref", "teacher", "update_actor"]
         assert (batches["teacher"].micro, batches["teacher"].micro_batches) == (40, 64)
         models = load_model_sizes(cfg, plan, demo_config=None)

@@ -8,9 +8,9 @@ import torch
 
 from algos import ADV_ESTIMATORS
 from config import ConfigError, load_config, load_with_plan
-from config.dapo import FilterGroupsConfig
 from config.dataflow import DRIVER
-from config.verl import ignored_key_warnings
+from config.inert import inert_warnings
+from config.schema import FilterGroupsConfig
 from single_controller import DataProto
 from trainer.dynamic_sampling import (
     DynamicSamplingError,
@@ -203,7 +203,7 @@ def test_a_run_stopped_by_the_cap_resumes_with_a_higher_cap_but_not_other_batche
 
 
 def test_verls_asynchronous_sampler_key_is_accepted_and_warns():
-    lines = ignored_key_warnings(load_config([*DEMO, "algorithm.filter_groups.max_inflight_gen_batches=4"]))
+    lines = inert_warnings(load_config([*DEMO, "algorithm.filter_groups.max_inflight_gen_batches=4"]))
     assert lines == [
         "algorithm.filter_groups.max_inflight_gen_batches=4: dynamic sampling generates one batch at a time; "
         "set algorithm.filter_groups.max_inflight_gen_batches=1 to silence this"

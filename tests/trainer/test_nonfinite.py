@@ -1,25 +1,12 @@
 """The driver's NaN/inf guard: skipped steps are counted, k in a row abort (pure driver logic, no workers)."""
 
-from types import SimpleNamespace
-
 import pytest
 
-from trainer.checkpoint import CheckpointManager
-from trainer.ppo_trainer import NonFiniteLossError, RayPPOTrainer
+from trainer.health import NonFiniteGuard, NonFiniteLossError
 
 
-def driver(tmp_path, limit: int) -> SimpleNamespace:
-    return SimpleNamespace(
-        nonfinite_total=0,
-        nonfinite_streak=0,
-        global_step=0,
-        checkpoints=CheckpointManager(str(tmp_path)),
-        config=SimpleNamespace(trainer=SimpleNamespace(max_nonfinite_steps=limit)),
-    )
-
-
-def test_nonfinite_steps_are_counted_and_abort_after_k_in_a_row(tmp_path):
-    state = driver(tmp_path, limit=3)
+def test_nonfinite_steps_are_counted_and_abort_after_k_in_a_row():
+    guard = NonFiniteGuard(limit=3)
     sequence = [
         {"actor/pg_loss": 0.1},
         {"actor/pg_loss": float("nan")},
@@ -29,9 +16,7 @@ def test_nonfinite_steps_are_counted_and_abort_after_k_in_a_row(tmp_path):
         {"actor/nonfinite_skipped": 0.5},
     ]
     for step, metrics in enumerate(sequence, 1):
-        state.global_step = step
-        RayPPOTrainer._check_finite(state, metrics)
-    assert sequence[-1]["training/nonfinite_steps"] == 4 and state.nonfinite_streak == 2
-    state.global_step = 7
+        guard.check(metrics, step, None)
+    assert sequence[-1]["training/nonfinite_steps"] == 4 and guard.streak == 2
     with pytest.raises(NonFiniteLossError, match=r"3 steps in a row \(up to step 7\).*intact: none yet"):
-        RayPPOTrainer._check_finite(state, {"actor/pg_loss": float("nan")})
+        guard.check({"actor/pg_loss": float("nan")}, 7, None)

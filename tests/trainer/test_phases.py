@@ -12,7 +12,8 @@ import pytest
 
 from config import load_config, make_plan
 from config.dataflow import DRIVER, WORKER
-from config.phases import PHASES, ROLE, ROLES, STEP_FLOW, STEP_PHASES, StepPhase, declare_flows
+from config.phases import PHASES, STEP_FLOW, STEP_PHASES
+from config.worker_roles import ROLE, ROLES
 from data.builtin import demo_model_config
 from trainer.faults import MEMORY_KEYS, _memory_hint
 from trainer.ppo_trainer import RayPPOTrainer
@@ -31,6 +32,7 @@ PLANS = {
         "actor_rollout_ref.actor.ppo_epochs=2",
         "reward_model.enable=true",
         "reward_model.model.path=/no/model/is/read",
+        "trainer.balance_batch=true",
     ],
     "remax": ["algorithm.adv_estimator=remax"],
     "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=24", "trainer.rollout_data_dir=/no/dumps"],
@@ -53,7 +55,7 @@ def planned(request):
 
 def test_every_worker_phase_names_a_role_a_method_an_estimate_and_its_batch_keys():
     """What the memory estimate, the out-of-memory advice and train_step's calls look up by a phase's entry."""
-    assert set(WORKER_CLASSES) == set(ROLE)  # a new role needs its worker class here (and in init_workers)
+    assert set(WORKER_CLASSES) == set(ROLE)  # a new role needs its worker class here (and in trainer.placement)
     for phase in STEP_PHASES:
         if phase.on == DRIVER:
             assert phase.role is phase.method is phase.memory is phase.batch is None, phase.name
@@ -139,11 +141,9 @@ def test_train_step_times_each_phase_in_the_tables_order_and_calls_each_worker_p
 def test_a_phase_that_selects_rows_on_the_driver_brings_what_crosses_it_there_and_back():
     """An entry with ``selects_rows`` (a driver phase that drops or reorders rows: balancing the workers' tokens,
     filtering prompt groups) makes what the rollout wrote and a later worker phase reads travel through it."""
-    cfg = load_config([])
-    plan = make_plan(cfg, 2)
-    at = [p.name for p in STEP_PHASES].index("reward")
-    table = (*STEP_PHASES[:at], StepPhase("balance", DRIVER, selects_rows=True), *STEP_PHASES[at:])
-    step = declare_flows(cfg, plan, table)[STEP_FLOW]
+    plan = make_plan(load_config([]), 2)
+    step = make_plan(load_config(["trainer.balance_batch=true"]), 2).flows[STEP_FLOW]
+    assert PHASES["balance"].selects_rows and "balance" not in [p.name for p in plan.flows[STEP_FLOW].phases]
     kept = set(plan.flows[STEP_FLOW].route("gen").keep)
     assert kept and step.route("gen").keep == () and kept <= set(step.route("gen").give)
     assert kept <= set(step.phase("balance").writes) and kept <= set(step.route("update_actor").send)

@@ -4,7 +4,7 @@ ColoRL accepts with a warning, and what it still refuses."""
 import pytest
 
 from config import ConfigError, load_config, make_plan, num_workers
-from config.verl import ignored_key_warnings
+from config.inert import inert_warnings
 from tests.verl import commands
 
 PATHS = {
@@ -13,9 +13,8 @@ PATHS = {
     "val": "/data/gsm8k/test.parquet",
 }
 
-# command -> (estimator, critic, rollout.n, KL loss type or None, KL in the reward, keys that warn)
-# (estimator, critic, n, KL loss, KL in reward, the keys that warn): every command line but the quickstart names
-# rollout.name=vllm, whose engine reads its keys (config.verl.VLLM_KEYS), so they warn nothing
+# command -> (estimator, critic, rollout.n, KL loss type or None, KL in the reward, keys that warn): every command
+# line but the quickstart names rollout.name=vllm, whose engine reads its keys (config.inert.VLLM_KEYS): none warns
 EXPECTED = {
     "quickstart": ("gae", True, 1, None, False, {"rollout.gpu_memory_utilization"}),
     "ppo": ("gae", True, 1, None, False, set()),
@@ -51,7 +50,7 @@ def test_verl_command_lines_resolve_to_verls_algorithm(name):
     assert cfg.actor_rollout_ref.model.path == PATHS["model"] and cfg.data.val_files == PATHS["val"]
     assert cfg.trainer.total_training_steps is None  # the length comes from trainer.total_epochs, as in verl
     assert cfg.data.truncation == "error" and cfg.trainer.critic_warmup == 0
-    lines = ignored_key_warnings(cfg)
+    lines = inert_warnings(cfg)
     assert {line.split("=")[0].removeprefix("actor_rollout_ref.") for line in lines} == warned
     assert all("set " in line and "to silence this" in line for line in lines)
 
@@ -60,7 +59,7 @@ def test_the_quickstart_on_vllm_warns_nothing():
     """verl's quickstart with its rollout engine named (verl 0.9 requires rollout.name): every key means what it
     means in verl, so no line warns."""
     cfg = load_config([*commands.overrides(commands.QUICKSTART, **PATHS), "actor_rollout_ref.rollout.name=vllm"])
-    assert ignored_key_warnings(cfg) == []
+    assert inert_warnings(cfg) == []
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.4
 
 
@@ -85,9 +84,9 @@ def test_verl_spellings_carry_over():
         ]
     )
     assert cfg.trainer.logger == ["console"]  # a single backend name is a list of one
-    assert cfg.critic.fsdp_config.param_offload  # verl's critic.model.fsdp_config is ColoRL's critic.fsdp_config
+    assert cfg.critic.fsdp.param_offload  # verl's older critic.model.fsdp_config is its critic.fsdp
     # the quickstart's one off-default engine key is the only warning left: rollout.name=hf is ColoRL's own
-    warned = [line.split("=")[0] for line in ignored_key_warnings(cfg)]
+    warned = [line.split("=")[0] for line in inert_warnings(cfg)]
     assert warned == ["actor_rollout_ref.rollout.gpu_memory_utilization"]
 
 
@@ -116,11 +115,10 @@ def test_verls_multi_turn_keys_carry_over_and_engine_keys_warn():
     assert (multi_turn.max_assistant_turns, multi_turn.max_user_turns, multi_turn.max_parallel_calls) == (5, 5, 2)
     assert (multi_turn.max_tool_response_length, multi_turn.tool_response_truncate_side) == (1200, "left")
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
-    warned = sorted(line.split("=")[0] for line in ignored_key_warnings(cfg))
+    warned = sorted(line.split("=")[0] for line in inert_warnings(cfg))
     assert warned == [
         "actor_rollout_ref.rollout.agent.num_workers",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
-        "actor_rollout_ref.rollout.mode",
         f"{mt}.use_inference_chat_template",
         "actor_rollout_ref.rollout.name",
     ]

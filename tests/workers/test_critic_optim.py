@@ -61,8 +61,9 @@ def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir):
 @pytest.mark.parametrize(
     ("optim", "total", "expected"),
     [
-        (OptimConfig(lr=1.0, lr_warmup_steps=4), 100, [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]),
-        (OptimConfig(lr=1.0, lr_warmup_steps_ratio=0.2), 10, [0.5, 1.0, 1.0]),
+        (OptimConfig(lr=1.0, lr_warmup_steps=4), 100, [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]),  # verl's: from step 0
+        (OptimConfig(lr=1.0, lr_warmup_steps=4, zero_indexed_step=False), 100, [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]),
+        (OptimConfig(lr=1.0, lr_warmup_steps_ratio=0.2, zero_indexed_step=False), 10, [0.5, 1.0, 1.0]),
         (OptimConfig(lr=1.0), 10, [1.0, 1.0]),
     ],
 )
@@ -99,3 +100,30 @@ def test_optimizer_is_fused_on_cpu_and_updates_as_the_looped_adamw():
     assert fused.param_groups[0]["fused"]
     for a, b in zip(ours.parameters(), looped.parameters()):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "warmup, floor, cycles, zero", [(0, 0.0, 0.5, True), (3, 0.1, 0.5, True), (2, 0.2, 1.0, False)]
+)
+def test_cosine_schedule_is_verls(warmup, floor, cycles, zero):
+    """lr_scheduler_type=cosine follows verl's schedule step for step (its function, imported in this test only)."""
+    from verl.utils.torch_functional import get_cosine_schedule_with_warmup
+
+    total = 12
+    optim = OptimConfig(
+        lr=1.0, lr_warmup_steps=warmup, lr_scheduler_type="cosine", min_lr_ratio=floor, num_cycles=cycles,
+        zero_indexed_step=zero,
+    )  # fmt: skip
+    ours = build_lr_scheduler(build_optimizer(torch.nn.Linear(2, 1), optim), optim, total)
+    theirs_opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1.0)
+    theirs = get_cosine_schedule_with_warmup(theirs_opt, warmup, total, floor, cycles, zero_indexed_step=zero)
+    for _ in range(total):
+        assert ours.get_last_lr() == pytest.approx(theirs.get_last_lr())
+        ours.optimizer.step(), ours.step(), theirs_opt.step(), theirs.step()
+
+
+def test_other_optimizers_are_built_as_verl_builds_them():
+    optim = OptimConfig(lr=0.5, optimizer="SGD", override_optimizer_config={"momentum": 0.9})
+    built = build_optimizer(torch.nn.Linear(2, 1), optim)
+    assert isinstance(built, torch.optim.SGD) and built.param_groups[0]["momentum"] == 0.9
+    assert "betas" not in built.param_groups[0]  # only Adam-like optimizers take betas (verl's rule)

@@ -44,7 +44,7 @@ def _grouped_batch() -> DataProto:
     return data
 
 
-def _actor(model_dir, attention, share, **cfg) -> DataParallelPPOActor:
+def _actor(model_dir, attention, share, remove_padding=True, **cfg) -> DataParallelPPOActor:
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attention)
     config = actor_config(ppo_mini_batch_size=len(GROUPS), grad_clip=1e9, **cfg)
     return DataParallelPPOActor(
@@ -52,16 +52,18 @@ def _actor(model_dir, attention, share, **cfg) -> DataParallelPPOActor:
         torch.optim.SGD(model.parameters(), lr=1.0),
         None,
         config,
-        use_remove_padding=True,
+        use_remove_padding=remove_padding,
         use_prefix_grouper=share,
     )
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_shared_prompts_give_each_rows_own_log_probs_entropy_and_gradient(tiny_model_dir, attention):
+# verl's grouper runs with use_remove_padding=false: the shared rows are packed all the same
+@pytest.mark.parametrize("attention, remove_padding", [("sdpa", True), ("eager", True), ("sdpa", False)])
+def test_shared_prompts_give_each_rows_own_log_probs_entropy_and_gradient(tiny_model_dir, attention, remove_padding):
     data = _grouped_batch()
     cfg = dict(entropy_coeff=0.01, use_kl_loss=True, ppo_micro_batch_size_per_gpu=5)  # a group split across two
-    alone, shared = (_actor(tiny_model_dir, attention, share, **cfg) for share in (False, True))
+    alone = _actor(tiny_model_dir, attention, False, **cfg)
+    shared = _actor(tiny_model_dir, attention, True, remove_padding, **cfg)
     ids, mask = data.batch["input_ids"], data.batch["attention_mask"]
     assert pack_for(shared.module, ids, mask, R, share_prompts=True).attention_mask is not None
     assert sum(PromptUnits.of(ids, mask, R, True).lengths) < int(mask.sum())  # fewer tokens than the rows hold

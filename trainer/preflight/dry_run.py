@@ -22,7 +22,9 @@ from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from config import ConfigError, PPOConfig, StepPlan
-from config.phases import ROLES, STEP_PHASES, Step, lookup
+from config.inert import inert_warnings
+from config.phases import STEP_PHASES, Step, lookup
+from config.worker_roles import ROLES
 from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
@@ -107,7 +109,7 @@ def requested_device(cfg: PPOConfig) -> str:
 
 def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
     """Each model path the user set (null ones are the built-in demo's) names a model of the right kind: every role
-    the plan places (``config.phases.ROLES``) with a model of its own, other than the actor's."""
+    the plan places (``config.worker_roles.ROLES``) with a model of its own, other than the actor's."""
     step, actor_path = Step(cfg, plan), cfg.actor_rollout_ref.model.path
     for role in ROLES:
         if role.instances:  # distillation's teachers: check_teachers, below
@@ -143,7 +145,7 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
 
 
 def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
-    """The sizes of each role's own model (``config.phases.ROLES`` that the plan places), from its ``config.json``;
+    """The sizes of each role's own model (``config.worker_roles.ROLES`` that the plan places), from its ``config.json``;
     ``demo_config()`` gives the built-in model's config when ``actor_rollout_ref.model.path`` is null, and a null
     path of another role is the actor's model."""
     arr, step = cfg.actor_rollout_ref, Step(cfg, plan)
@@ -343,6 +345,12 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
             cells[TERMS.index("activations")] = f"{both:>{_width('activations')}s}"
         lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
     lines.append(_verdict(cfg, estimate))
+    inert = inert_warnings(cfg)  # verl's keys set here that ColoRL does not honour (config.inert)
+    lines += [
+        "",
+        "verl keys set that ColoRL does not use:" if inert else "verl keys set that ColoRL does not use: none",
+    ]
+    lines += [f"  {line}" for line in inert]
     return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
 """The phases of a run on one worker and what each holds at its peak: the memory estimate of a config.
 
-A worker holds every role the step plan places on it (``config.phases.ROLES``): the actor (+ rollout), the reference
+A worker holds every role the step plan places on it (``config.worker_roles.ROLES``): the actor (+ rollout), the reference
 unless the actor is its own (LoRA), the critic, the reward model, distillation's
 teachers. Each phase adds its own terms
 (``trainer.preflight.memory_estimate``) to what persists: loading, every worker phase of the step that the plan runs
@@ -19,8 +19,9 @@ import torch
 
 from config.dataflow import when
 from config.distillation import uses_topk
-from config.phases import ROLE, ROLES, STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
+from config.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
 from config.plan import StepPlan
+from config.worker_roles import ROLE, ROLES
 from trainer.preflight.memory_estimate import (
     FP32,
     RUNTIME_CPU_BYTES,
@@ -57,7 +58,7 @@ class Lengths:
 
 
 def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], device: str) -> dict[str, Role]:
-    """The roles one worker holds (``config.phases.ROLES`` that the plan places: each model of a role of several),
+    """The roles one worker holds (``config.worker_roles.ROLES`` that the plan places: each model of a role of several),
     with their sizes and placement; ``models`` has the sizes of each model (a role that shares another's model uses
     that one's)."""
     step = Step(cfg, plan)

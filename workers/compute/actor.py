@@ -35,7 +35,7 @@ class DataParallelPPOActor:
         use_remove_padding: run every forward on packed rows (``actor_rollout_ref.model.use_remove_padding``).
         use_fused_kernels: log-probs, entropies and the exact KL from hidden states in chunks of tokens, never the
             full-vocabulary logits (``actor_rollout_ref.model.use_fused_kernels``; ``workers.compute.logprob``).
-        use_prefix_grouper: with remove-padding, the rows of a micro-batch that repeat a prompt run it once
+        use_prefix_grouper: the rows of a micro-batch that repeat a prompt run it once, in packed rows
             (``actor_rollout_ref.actor.use_prefix_grouper``, verl's key; ``packing.PromptUnits``).
         ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
             exact KL compares the two models' whole next-token distributions inside the update. A LoRA

@@ -96,10 +96,11 @@ def response_rows(
 
     Padded: the R positions before each response token are gathered inside the model (a contiguous (B, R, ·)
     output), then the valid ones. Remove-padding: packed rows (``packing.pack_batch``), only the columns that hold
-    a predictor; with ``share_prompts`` the rows that repeat a prompt run it once (``packing.PromptUnits``).
+    a predictor; with ``share_prompts`` the rows that repeat a prompt run it once (``packing.PromptUnits``), in
+    packed rows whether or not remove-padding is on (verl's grouper runs without it).
     """
     input_ids, mask = micro["input_ids"], micro["attention_mask"]
-    if remove_padding:
+    if remove_padding or share_prompts:
         packed = pack_for(module, input_ids, mask, response_length, share_prompts)
         out = module(
             input_ids=packed.input_ids,
@@ -149,7 +150,7 @@ def token_stats(
     (N, V) matrix. ``ref_module`` runs first, without gradient, on the same rows (a LoRA actor is its own reference:
     ``lora.as_reference``). Differentiable w.r.t. ``module``'s parameters when grad is enabled; without
     ``entropy_grad`` the unfused entropy keeps no (N, V) graph (the fused one costs nothing in backward unless used).
-    ``share_prompts``: with ``remove_padding``, the rows that repeat a prompt run it once (``response_rows``).
+    ``share_prompts``: the rows that repeat a prompt run it once, in packed rows (``response_rows``).
     """
     head = output_head(module)
     ref = None

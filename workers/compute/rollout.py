@@ -11,7 +11,7 @@ multi-turn, tool-calling rollout): :func:`prefill`, :func:`next_token_logits`, :
   packed, without their left padding (whole prompts in rows of ``packing.pack_width``'s width, a block-diagonal
   causal mask), and their keys and values are laid out in the padded batch's cache.
 - **A static cache.** The KV cache and the attention mask are preallocated at full length (``StaticCache``), so
-  every decode step has the same shapes: a compiled model (``actor.use_torch_compile``) runs one graph for all of
+  every decode step has the same shapes: a compiled model (``actor.compile_model``) runs one graph for all of
   them instead of one with a growing dynamic length.
 - **Ended rows leave.** Once half of the rows being decoded have ended, the ended ones leave the batch and the
   cache (``Cache.reorder_cache``): sampled responses end at very different lengths, and decoding an ended row

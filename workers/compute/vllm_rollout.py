@@ -27,7 +27,7 @@ worker of a 2-process gloo world). Sleep mode (``enable_sleep_mode``, ``sleep(le
 tensor parallelism (``external_launcher``: the TP group's ranks are worker ranks that submit the same requests,
 ``_tp_share``) are written against vLLM 0.32's source and docs, not run.
 
-The engine's settings come from verl's keys (``ENGINE_KEYS``) and ``rollout.engine_kwargs.vllm`` (any other
+The engine's settings come from verl's keys (``ENGINE_KEYS``) and ``rollout.engine_kwargs["vllm"]`` (any other
 ``vllm.EngineArgs`` field, which wins). On a CPU, where vLLM reads ``gpu_memory_utilization`` as a share of host
 RAM, the KV cache is sized for the step's rows at full length instead (``cpu_kv_cache_bytes``), within that
 share of RAM over the machine's workers.
@@ -109,10 +109,10 @@ def cpu_kv_cache_bytes(rollout: Any, layers: int, kv_dim: int, element_size: int
     """The KV cache a CPU engine reserves: ``rows`` sequences of ``max_model_len`` tokens in whole blocks, keys and
     values of ``layers`` layers × ``kv_dim`` (KV heads × head dim), within ``gpu_memory_utilization`` of the
     host's RAM over the machine's ``workers``."""
-    block = rollout.engine_kwargs.vllm.get("block_size", CPU_BLOCK_SIZE)
+    block = rollout.engine_kwargs["vllm"].get("block_size", CPU_BLOCK_SIZE)
     tokens = rows * -(-max_model_len(rollout) // block) * block
     share = rollout.gpu_memory_utilization * psutil.virtual_memory().total / workers
-    explicit = rollout.engine_kwargs.vllm.get("kv_cache_memory_bytes")
+    explicit = rollout.engine_kwargs["vllm"].get("kv_cache_memory_bytes")
     return int(explicit or min(2 * layers * kv_dim * element_size * tokens, share))
 
 
@@ -158,7 +158,7 @@ def engine_args(
         args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
             rollout, hf.num_hidden_layers, kv_dim, element_size, rows, workers
         )
-    args.update(dict(rollout.engine_kwargs.vllm))
+    args.update(rollout.engine_kwargs["vllm"])
     return args
 
 

@@ -62,9 +62,13 @@ def _check_world(worker: Worker, plan: StepPlan) -> None:
 
 
 def load_causal_lm(model_config: Any) -> nn.Module:
-    """The fp32 causal LM of ``model_config`` (``actor_rollout_ref.model``), activation checkpointing as configured."""
+    """The fp32 causal LM of ``model_config`` (``actor_rollout_ref.model``), its config's attributes replaced by
+    ``override_config`` (verl's key), activation checkpointing as configured."""
     model = AutoModelForCausalLM.from_pretrained(
-        model_config.path, dtype=torch.float32, trust_remote_code=model_config.trust_remote_code
+        model_config.path,
+        dtype=torch.float32,
+        trust_remote_code=model_config.trust_remote_code,
+        **(getattr(model_config, "override_config", None) or {}),
     )
     if model_config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -114,7 +118,7 @@ class ActorRolloutRefWorker(Worker):
                 cfg.actor.fsdp_config,
                 cfg.actor.optim,
                 total_training_steps,
-                compile=cfg.actor.use_torch_compile,
+                compile=cfg.actor.compile_model,
             )
             if self._is_ref and cfg.model.lora_rank > 0:  # runs under lora.as_reference: adapters disabled
                 self.ref = self.trained
@@ -351,10 +355,10 @@ class CriticWorker(Worker):
         cfg = self.config
         _setup_process(self, seed, deterministic)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-        model = load_value_model(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        model = load_value_model(cfg.model.path, cfg.model.trust_remote_code, cfg.model.override_config)
         if cfg.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.trained = TrainedRole(self, model, cfg.fsdp_config, cfg.optim, total_training_steps)
+        self.trained = TrainedRole(self, model, cfg.fsdp, cfg.optim, total_training_steps)
         self.critic = DataParallelPPOCritic(
             self.trained.module,
             self.trained.optimizer,
@@ -388,7 +392,7 @@ class CriticWorker(Worker):
 
 
 class RewardModelWorker(Worker):
-    """A frozen sequence-classification reward model. ``config`` is the ``reward_model`` section.
+    """A frozen sequence-classification reward model. ``config`` is the ``reward.reward_model`` section.
 
     It scores the policy's token ids as they are: the RM must share the policy's tokenizer (a different
     RM tokenizer, with decode and re-encode, is not supported yet).
@@ -402,7 +406,7 @@ class RewardModelWorker(Worker):
     def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
         """Load the reward model and shard it (``total_training_steps`` is unused: it does not train)."""
         _setup_process(self, seed, deterministic)
-        self.rm = FrozenRole(self, load_reward_model(self.config.model.path), self.config.fsdp_config)
+        self.rm = FrozenRole(self, load_reward_model(self.config.model_path), self.config.fsdp_config)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

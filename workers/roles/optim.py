@@ -1,7 +1,14 @@
-"""Optimizer and learning-rate schedule for the actor and the critic: AdamW with a linear warm-up."""
+"""Optimizer and learning-rate schedule for the actor and the critic (verl's ``optim`` section).
+
+``optimizer`` from ``optimizer_impl`` (verl's keys): torch.optim's AdamW is ColoRL's fused AdamW; any other class
+is imported and built as verl builds it (``lr``, ``weight_decay``, ``betas`` for Adam-like ones, then
+``override_optimizer_config``). The schedule: linear warm-up, then constant or cosine (``lr_scheduler_type``).
+"""
 
 from __future__ import annotations
 
+import importlib
+import math
 from typing import Any
 
 import torch
@@ -11,22 +18,24 @@ from torch.optim.lr_scheduler import LambdaLR
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 
-def build_optimizer(module: nn.Module, optim_config: Any) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters with ``lr``, ``betas`` and ``weight_decay`` from ``optim_config``.
+def build_optimizer(module: nn.Module, optim_config: Any) -> torch.optim.Optimizer:
+    """The optimizer over the trainable parameters of ``module``.
 
-    Fused (one kernel per parameter, HF Trainer's default ``adamw_torch_fused``) on CPU and CUDA: the default
-    per-tensor loop launches a dozen ops per parameter, which on a small model costs more than the arithmetic
-    (docs/benchmarks.md, "What each default saves"). Same update, and the same state dict, so checkpoints load
-    either way. FSDP2's DTensor parameters take the fused kernel too.
+    torch.optim's AdamW is fused (one kernel per parameter, HF Trainer's default ``adamw_torch_fused``) on CPU and
+    CUDA: the default per-tensor loop launches a dozen ops per parameter, which on a small model costs more than the
+    arithmetic (docs/benchmarks.md, "What each default saves"). Same update, and the same state dict, so
+    checkpoints load either way. FSDP2's DTensor parameters take the fused kernel too.
     """
     params = [p for p in module.parameters() if p.requires_grad]
-    return torch.optim.AdamW(
-        params,
-        lr=float(optim_config.lr),
-        betas=tuple(float(b) for b in optim_config.betas),
-        weight_decay=float(optim_config.weight_decay),
-        fused=all(p.device.type in FUSED_ADAMW_DEVICES for p in params) or None,
-    )
+    name = getattr(optim_config, "optimizer", "AdamW")
+    impl = getattr(optim_config, "optimizer_impl", "torch.optim")
+    kwargs: dict[str, Any] = {"lr": float(optim_config.lr), "weight_decay": float(optim_config.weight_decay)}
+    if "adam" in name.lower():
+        kwargs["betas"] = tuple(float(b) for b in optim_config.betas)
+    kwargs.update(getattr(optim_config, "override_optimizer_config", None) or {})
+    if (impl, name) == ("torch.optim", "AdamW"):
+        kwargs.setdefault("fused", all(p.device.type in FUSED_ADAMW_DEVICES for p in params) or None)
+    return getattr(importlib.import_module(impl), name)(params, **kwargs)
 
 
 def warmup_steps(optim_config: Any, total_training_steps: int) -> int:
@@ -37,14 +46,25 @@ def warmup_steps(optim_config: Any, total_training_steps: int) -> int:
     return int(float(optim_config.lr_warmup_steps_ratio) * max(total_training_steps, 0))
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config: Any, total_training_steps: int) -> LambdaLR:
-    """Linear warm-up then constant: lr_k = lr · min(1, (k+1)/W) for the k-th scheduler step (k from 0).
+def lr_factor(step: int, optim_config: Any, total_training_steps: int) -> float:
+    """The learning rate of the k-th scheduler step (k from 0) as a share of ``lr`` (verl's schedules).
 
-    The first update already uses lr/W rather than 0, and the W-th uses the full lr.
+    With s = k (``zero_indexed_step``, verl's default) or k + 1, and W warm-up steps of T: s/W while s < W; then 1
+    (constant), or cosine: max(m, (1+m)/2 + (1-m)/2 · cos(2π · c · (s-W)/(T-W))) with m = ``min_lr_ratio``,
+    c = ``num_cycles`` (0.5: one half-wave from lr down to m·lr).
     """
     num_warmup = warmup_steps(optim_config, total_training_steps)
+    s = step if getattr(optim_config, "zero_indexed_step", True) else step + 1
+    if s < num_warmup:
+        return s / max(1, num_warmup)
+    if getattr(optim_config, "lr_scheduler_type", "constant") != "cosine":
+        return 1.0
+    floor = float(optim_config.min_lr_ratio or 0.0)
+    progress = (s - num_warmup) / max(1, total_training_steps - num_warmup)
+    wave = math.cos(math.pi * float(optim_config.num_cycles) * 2.0 * progress)
+    return max(floor, (1 + floor) / 2 + (1 - floor) / 2 * wave)
 
-    def factor(step: int) -> float:
-        return 1.0 if num_warmup <= 0 else min(1.0, (step + 1) / num_warmup)
 
-    return LambdaLR(optimizer, factor)
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config: Any, total_training_steps: int) -> LambdaLR:
+    """``lr_factor`` as a scheduler, stepped once per optimizer step."""
+    return LambdaLR(optimizer, lambda step: lr_factor(step, optim_config, total_training_steps))

@@ -16,7 +16,7 @@ schema object. Without ``tool_schema`` the class's own schema is used (``default
 ``get_openai_tool_schema()`` returns). A function-tool file holds functions marked with ``@function_tool``
 (ColoRL's, or verl's ``verl.tools.function_tool.function_tool``); their schema comes from their signature and
 docstring (``transformers.utils.get_json_schema``). Naming a class or a file **runs that code** in the driver
-(to check it) and in every rollout worker, as ``custom_reward_function`` does.
+(to check it) and in every rollout worker, as ``reward.custom_reward_function`` does.
 """
 
 from __future__ import annotations

@@ -1,0 +1,255 @@
+"""Rewards: verl's ``reward`` section (``RewardConfig``) and its older top-level spellings.
+
+``reward.custom_reward_function`` is a user's ``compute_score``, ``reward.reward_manager`` how it is called
+(``data.reward.REWARD_MANAGERS``), ``reward.reward_model`` a learned reward model colocated with the other roles
+(its score is added to the rule-based reward). verl's older ``custom_reward_function``, ``reward_model`` and
+``sandbox_fusion`` sections load too: their non-null values move into ``reward`` as verl moves them
+(``config.verl.migrate_legacy_reward``), so ColoRL reads ``reward`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from config.checks import ConfigError, check, is_int, non_negative, positive_int
+from config.roles.engine import RefFSDPConfig
+from config.tree import InertTree
+
+
+@dataclass(frozen=True)
+class CustomRewardFunctionConfig:
+    """A user's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` in a Python file.
+
+    A null path keeps the built-in rule-based rewards, picked by each row's data source.
+    """
+
+    path: str | None = None
+    name: str = "compute_score"
+
+    def __post_init__(self) -> None:
+        check(
+            self,
+            ["path"],
+            lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+            "must be null (built-in rewards) or the path of a Python file",
+        )
+        check(self, ["name"], lambda v: isinstance(v, str) and v.isidentifier(), "must be a Python function name")
+
+
+@dataclass(frozen=True)
+class ModuleConfig:
+    _target_: str = "verl.trainer.config.config.ModuleConfig"
+    path: str | None = None
+    name: str = "custom_reward_manager"
+
+
+@dataclass(frozen=True)
+class RewardManagerConfig:
+    """Which reward manager scores a batch: ``source=register`` picks ``name`` among ColoRL's
+    (``data.reward.REWARD_MANAGERS``: naive, batch, dapo, prime); ``importlib`` (a user's class) is refused."""
+
+    _target_: str = "verl.workers.config.reward.RewardManagerConfig"
+    source: Literal["register", "importlib"] = "register"
+    name: str = "naive"
+    module: ModuleConfig = field(default_factory=ModuleConfig)
+
+    def __post_init__(self) -> None:
+        if self.source == "importlib":
+            raise ConfigError.invalid(
+                "source",
+                self.source,
+                "a user's reward-manager class is not in ColoRL; use source=register with name naive, batch, dapo "
+                "or prime, and put the scoring in reward.custom_reward_function",
+            )
+
+
+class RewardRolloutTree(InertTree):
+    """verl serves its reward model with an inference engine; ColoRL runs it as an FSDP role (config.inert)."""
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "_target_": "verl.workers.config.RolloutConfig",
+        "name": None,
+        "dtype": "bfloat16",
+        "gpu_memory_utilization": 0.5,
+        "enforce_eager": True,
+        "cudagraph_capture_sizes": None,
+        "free_cache_engine": True,
+        "data_parallel_size": 1,
+        "expert_parallel_size": 1,
+        "tensor_model_parallel_size": 2,
+        "pipeline_model_parallel_size": 1,
+        "max_num_batched_tokens": 8192,
+        "max_model_len": None,
+        "max_num_seqs": 1024,
+        "load_format": "auto",
+        "layered_summon": False,
+        "scheduling_policy": "fcfs",
+        "full_determinism": False,
+        "seed": 42,
+        "multi_stage_wake_up": False,
+        "engine_kwargs": {},
+        "limit_images": None,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "disable_log_stats": True,
+        "skip_tokenizer_init": False,
+        "ignore_eos": False,
+        "temperature": 1.0,
+        "top_k": -1,
+        "top_p": 1,
+        "do_sample": True,
+        "n": 1,
+        "prompt_length": 2048,
+        "response_length": 2048,
+        "quantization": None,
+        "quantization_config_file": None,
+        "mtp": None,
+        "disaggregation": {
+            "enabled": False,
+            "prefill_replicas": 1,
+            "decode_replicas": 1,
+            "decode_tensor_model_parallel_size": None,
+            "transfer_backend": "nixl",
+            "bootstrap_port": None,
+            "ib_device": None,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """A learned reward model (an HF sequence-classification checkpoint, one score per sequence), colocated with
+    the other roles; its score is added to the rule-based reward. It reads the policy's token ids as they are, so
+    it must share the policy's tokenizer."""
+
+    _target_: str = "verl.workers.config.RewardModelConfig"
+    enable: bool = False
+    enable_resource_pool: bool = False
+    n_gpus_per_node: int = 8
+    nnodes: int = 0
+    model_path: str | None = None
+    rollout: RewardRolloutTree = field(default_factory=RewardRolloutTree.default)
+    micro_batch_size_per_gpu: int = 16  # ColoRL: sequences per reward-model forward on one worker
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)  # ColoRL: how the reward model is sharded
+
+    def __post_init__(self) -> None:
+        positive_int(self, "micro_batch_size_per_gpu")
+        if self.enable and not self.model_path:
+            raise ConfigError.invalid(
+                "model_path", self.model_path, "must name a sequence-classification checkpoint when enable=true"
+            )
+
+
+@dataclass(frozen=True)
+class SandboxFusionConfig:
+    """verl's code-execution sandbox for code rewards: not in ColoRL (a url is refused, config.inert)."""
+
+    _target_: str = "verl.workers.config.SandboxFusionConfig"
+    url: str | None = None
+    max_concurrent: int = 64
+    memory_limit_mb: int = 1024
+
+
+@dataclass(frozen=True)
+class OverlongBufferConfig:
+    """``reward.reward_kwargs.overlong_buffer_cfg``: DAPO's soft length penalty (the dapo reward manager's). A
+    response of L tokens, past ``max_resp_len - len`` by e = L − (max_resp_len − len) tokens, gets
+    min(−e / len · penalty_factor, 0) added to its score: 0 up to the buffer, falling linearly to −penalty_factor at
+    the limit. ``log`` records each response's ``overlong_reward`` and ``overlong`` (whether it was penalised)."""
+
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        check(self, ["len"], lambda v: is_int(v) and v >= 0, "must be a non-negative number of tokens")
+        non_negative(self, "penalty_factor")
+        if self.enable and self.len <= 0:
+            raise ConfigError.invalid(
+                "len", self.len, "must be positive when enable=true (tokens before the limit where the penalty starts)"
+            )
+
+
+@dataclass(frozen=True)
+class RewardKwargsConfig:
+    """``reward.reward_kwargs``: the reward manager's own keyword arguments (verl's scripts add them with ``+``);
+    a manager gets those set away from their defaults (``trainer.build.make_reward_manager``)."""
+
+    overlong_buffer_cfg: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # dapo
+    max_resp_len: int | None = None  # dapo; null: data.max_response_length
+
+    def __post_init__(self) -> None:
+        check(self, ["max_resp_len"], lambda v: v is None or (is_int(v) and v > 0), "must be null or positive")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    _target_: str = "verl.workers.config.RewardConfig"
+    num_workers: int = 8  # verl's reward-loop processes; ColoRL scores on the driver
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+    reward_kwargs: RewardKwargsConfig = field(default_factory=RewardKwargsConfig)
+
+    def __post_init__(self) -> None:
+        if self.reward_kwargs.overlong_buffer_cfg.enable and self.reward_manager.name != "dapo":
+            raise ConfigError.invalid(
+                "reward_kwargs.overlong_buffer_cfg.enable",
+                True,
+                "the overlong penalty is the dapo reward manager's; set reward.reward_manager.name=dapo "
+                f"(not {self.reward_manager.name})",
+            )
+
+
+# ---------------------------------------------------------------- verl's older spellings (null: not set)
+
+
+@dataclass(frozen=True)
+class LegacyCustomRewardFunctionConfig:
+    path: str | None = None
+    name: str | None = None
+
+
+class LegacyRewardRolloutTree(InertTree):
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        key: None
+        for key in (
+            "name dtype gpu_memory_utilization enforce_eager cudagraph_capture_sizes free_cache_engine "
+            "data_parallel_size expert_parallel_size tensor_model_parallel_size max_num_batched_tokens max_model_len "
+            "max_num_seqs load_format engine_kwargs limit_images enable_chunked_prefill enable_prefix_caching "
+            "disable_log_stats skip_tokenizer_init prompt_length response_length"
+        ).split()
+    }
+
+
+@dataclass(frozen=True)
+class LegacyRewardModelPathConfig:
+    path: str | None = None
+    external_lib: str | None = None
+    trust_remote_code: bool | None = None
+
+
+@dataclass(frozen=True)
+class LegacyRewardModelConfig:
+    num_workers: int | None = None
+    reward_manager: str | None = None
+    enable: bool | None = None
+    enable_resource_pool: bool | None = None
+    n_gpus_per_node: int | None = None
+    nnodes: int | None = None
+    reward_loop_source: str | None = None
+    reward_loop_module_path: str | None = None
+    reward_loop_class_name: str | None = None
+    model: LegacyRewardModelPathConfig = field(default_factory=LegacyRewardModelPathConfig)
+    rollout: LegacyRewardRolloutTree = field(default_factory=LegacyRewardRolloutTree.default)
+    reward_kwargs: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class LegacySandboxFusionConfig:
+    url: str | None = None
+    max_concurrent: int | None = None
+    memory_limit_mb: int | None = None

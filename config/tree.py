@@ -1,0 +1,63 @@
+"""Subtrees of verl's configuration that ColoRL accepts as they are: verl's machinery ColoRL does not have.
+
+A profiler, quantisation-aware training, the transfer queue, an inference server's settings: each is one
+``InertTree`` subclass whose ``DEFAULTS`` are verl's (the one home of those defaults). The loader checks a user's
+keys against them (an unknown key is an error naming the valid ones, as for typed sections) and keeps the values
+as given; ``config.inert`` warns about, or refuses, values other than the defaults. ColoRL code never reads them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+from config.checks import ConfigError
+
+
+class InertTree(dict):
+    """A plain ``dict`` (so ``dataclasses.asdict`` and Hydra see a nested mapping) of one of verl's subtrees."""
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {}
+    OPEN: ClassVar[bool] = False  # True: keys beyond DEFAULTS are taken too (a free-form section, Ray's runtime_env)
+
+    @classmethod
+    def default(cls) -> InertTree:
+        return cls(copy.deepcopy(cls.DEFAULTS))
+
+    @classmethod
+    def checked(cls, value: Mapping, key: str) -> InertTree:
+        """``value`` (a resolved mapping) with its keys checked against ``DEFAULTS``; ConfigError names the key."""
+        if not cls.OPEN:
+            _check_keys(value, cls.DEFAULTS, key)
+        return cls(copy.deepcopy(dict(value)))
+
+
+def _check_keys(value: Any, defaults: Any, key: str) -> None:
+    if not isinstance(defaults, dict) or not defaults:  # a leaf, or verl's free-form {} (engine kwargs)
+        return
+    if not isinstance(value, Mapping):
+        raise ConfigError.invalid(key, value, "expected a config group, not a value")
+    for name, item in value.items():
+        if name not in defaults:
+            valid = ", ".join(defaults)
+            raise ConfigError(f"unknown config key {f'{key}.{name}'!r} (valid under {key}: {valid})")
+        _check_keys(item, defaults[name], f"{key}.{name}")
+
+
+def leaves(value: Any, key: str) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf under ``value`` (a nested mapping); an empty mapping is a leaf."""
+    if isinstance(value, Mapping) and value:
+        for name, item in value.items():
+            yield from leaves(item, f"{key}.{name}")
+    else:
+        yield key, value
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every mapping a plain ``dict`` (OmegaConf takes no ``dict`` subclass), e.g. of ``asdict``."""
+    if isinstance(value, Mapping):
+        return {name: plain(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value

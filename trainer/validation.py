@@ -1,0 +1,46 @@
+"""Validation's bookkeeping: each validation batch's scored rows, collected into verl's per-source metrics
+(``trainer.metrics.validation_metrics``: ``val-core/<source>/reward/mean@n``, ``val-aux/...``) and the generation
+dumps' parts (``trainer.generations``). The driver generates and scores (``RayPPOTrainer.validate``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from single_controller import DataProto
+from trainer.metrics import validation_metrics
+
+VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
+
+
+@dataclass
+class ValidationTally:
+    """What one validation has scored so far; ``n`` responses a prompt, consecutive."""
+
+    n: int
+    sources: list[str] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    answers: list[tuple[int, ...]] = field(default_factory=list)
+    extras: dict[str, list[float]] = field(default_factory=dict)
+    parts: list[tuple[DataProto, Any, dict]] = field(default_factory=list)  # (batch, prompts, extras): the dumps'
+
+    def add(self, batch: DataProto, prompts: Any, reward: torch.Tensor, reward_extras: dict[str, list]) -> None:
+        """A scored batch: ``reward`` (B, R) token-level scores, ``reward_extras`` the reward function's per-row
+        values; ``prompts`` (input ids, attention mask) as given to the rollout."""
+        batch.batch["token_level_scores"] = reward
+        self.parts.append((batch, prompts, {"reward": reward.sum(-1).tolist(), **reward_extras}))
+        rows = {k: list(batch.non_tensor_batch[k]) for k in VAL_ROW_STATS if k in batch.non_tensor_batch}
+        for key, values in {**reward_extras, **rows}.items():  # e.g. a flexible score beside the strict one
+            if key != "score" and len(values) == len(batch) and all(isinstance(v, (int, float)) for v in values):
+                self.extras.setdefault(key, []).extend(values)
+        self.sources += [str(source) for source in batch.non_tensor_batch["data_source"]]
+        self.rewards += reward.sum(-1).tolist()
+        self.answers += [
+            tuple(ids[mask.bool()].tolist())
+            for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])
+        ]
+
+    def metrics(self) -> dict[str, float]:
+        return validation_metrics(self.sources, self.rewards, self.answers, self.n, self.extras)
