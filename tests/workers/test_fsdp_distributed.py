@@ -153,12 +153,13 @@ def _units(model_dir: str) -> dict:
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.1)
+    params = len(list(model.named_parameters()))  # base weights and adapters
     model = fsdp.apply_fsdp(model)
     units, loaded = [], {}
     for named in fsdp.gathered_units(model):
         units.append(len(named))
         loaded.update({name: tensor.clone() for name, tensor in lora.merged_weights(model, named)})
-    return {"units": units, "loaded": loaded, "sharded_after": _sharded(model)}
+    return {"units": units, "params": params, "loaded": loaded, "sharded_after": _sharded(model)}
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
@@ -305,7 +306,7 @@ def test_gathered_units_give_every_full_weight_once_merged_and_leave_the_model_s
     for r in results:
         units = r["units"]
         assert units["sharded_after"] and len(units["units"]) > 1  # the root's own, then each block's
-        assert sum(units["units"]) == len(units["loaded"]) < sum(units["units"]) + 1
+        assert sum(units["units"]) == units["params"]  # each parameter in one unit's list, adapters included
         assert set(units["loaded"]) == set(expected)
         for name, tensor in units["loaded"].items():
             torch.testing.assert_close(tensor, expected[name], rtol=1e-6, atol=1e-6)
