@@ -183,6 +183,20 @@ class VLLMRollout:
         self.sync_seconds = 0.0
         self.free_cache()
 
+    @classmethod
+    def of_worker(cls, worker: Any, seed: int) -> VLLMRollout:
+        """The engine of an actor worker (its ``config``, ``trained`` role, ``plan``), seeded ``seed`` + its rank."""
+        config, kv_rows = worker.config, worker.plan.gen_rows  # the KV cache holds a generation batch's share
+        return cls(
+            config.model,
+            config.rollout,
+            worker.device,
+            worker.trained.dtype,
+            seed=seed + worker.rank,
+            rows=kv_rows,
+            workers=worker.local_world_size,
+        )
+
     # ------------------------------------------------------------------ weights and memory
     def sync_weights(self, module: nn.Module) -> None:
         """Load ``module``'s current weights (an FSDP2 or plain HF model, with or without LoRA) into the engine,

@@ -136,19 +136,7 @@ class ActorRolloutRefWorker(Worker):
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
             # rollout.name=vllm: the engine lives here, beside the actor, and takes its weights before each rollout
-            self.engine = (
-                VLLMRollout(
-                    cfg.model,
-                    cfg.rollout,
-                    self.device,
-                    self.trained.dtype,
-                    seed=seed + self.rank,
-                    rows=self.plan.gen_rows,
-                    workers=self.local_world_size,
-                )
-                if cfg.rollout.name == "vllm"
-                else None
-            )
+            self.engine = VLLMRollout.of_worker(self, seed) if cfg.rollout.name == "vllm" else None
             # tool-calling rollouts (rollout.multi_turn): loading the tools runs the code the tool config names
             multi_turn = cfg.rollout.multi_turn.enable
             self.agent_loop = build_agent_loop(self.tokenizer, cfg.rollout) if multi_turn else None
