@@ -131,9 +131,6 @@ class RayPPOTrainer:
         self.critic_wg = views.get("critic")
         self.rm_wg = views.get("rm")
         self.teacher_wg = views.get("teacher")
-        # the worker group that computes each role's phases (config.worker_roles.ROLES), by the role's name
-        groups = (self.actor_rollout_wg, self.ref_wg, self.critic_wg, self.rm_wg, self.teacher_wg)
-        self.role_groups = dict(zip(("actor", "ref", "critic", "rm", "teacher"), groups))
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
             for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.teacher_wg, self.actor_rollout_wg):
                 if wg is not None:
@@ -337,13 +334,19 @@ class RayPPOTrainer:
         with self._phase(phase, timing):
             return self._call(phase, batch)
 
+    def _role_group(self, role: str) -> Any:
+        """The worker group that computes ``role``'s phases (``config.worker_roles.ROLES``): read at each call, so
+        that a group set on the trainer (verl's ``trainer.actor_rollout_wg = ...``) is the one called."""
+        attribute = {"actor": "actor_rollout_wg"}.get(role, f"{role}_wg")
+        return getattr(self, attribute)
+
     def _call(
         self, phase: str, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None
     ) -> dict[str, float]:
         """Worker ``phase`` of ``flow`` on ``batch``: its entry's method on its role's workers, moving what its
         route says (trainer/routing.py); returns the phase's metrics."""
         entry, route = PHASES[phase], self.plan.flows[flow].route(phase)
-        method = getattr(self.role_groups[entry.role], entry.method)
+        method = getattr(self._role_group(entry.role), entry.method)
         out = method(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
         metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
         take_back(batch, route, out)

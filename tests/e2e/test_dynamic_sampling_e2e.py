@@ -57,10 +57,10 @@ def trained_rows(trainer) -> list[list[int]]:
     """Wrap the trainer's worker calls to note, at each update, the prompts (dataset index) of the rows it sends."""
     seen, call = [], trainer._call
 
-    def recording(method, batch, phase, *args, **kwargs):
+    def recording(phase, batch, *args, **kwargs):
         if phase == "update_actor":
             seen.append([info["index"] for info in batch.non_tensor_batch["extra_info"]])
-        return call(method, batch, phase, *args, **kwargs)
+        return call(phase, batch, *args, **kwargs)
 
     trainer._call = recording
     return seen
