@@ -34,12 +34,13 @@ QUIET = ()  # the default only
 class Inert:
     """``instead``: what ColoRL does; ``quiet``: values it honours as they are (no warning); ``refuse``: a value
     other than the default and ``quiet`` ones changes the results, so it is an error; ``never``: no warning at all
-    (verl fills the key itself)."""
+    (verl fills the key itself); ``engine``: the ``rollout.name`` whose engine honours the key (no warning then)."""
 
     instead: str
     quiet: tuple = QUIET
     refuse: bool = False
     never: bool = False
+    engine: str | None = None
 
 
 def _each(sections: tuple[str, ...], suffix: str, entry: Inert) -> dict[str, Inert]:
@@ -47,7 +48,23 @@ def _each(sections: tuple[str, ...], suffix: str, entry: Inert) -> dict[str, Ine
 
 
 SILENT = Inert("verl fills it from other keys", never=True)
-ENGINE = "ColoRL generates with the actor's own FSDP model (rollout.name=hf)"
+ENGINE = "ColoRL generates with the actor's own FSDP model (rollout.name=hf) or a vLLM engine beside it (vllm)"
+# the rollout keys the vLLM engine of rollout.name=vllm reads (workers.compute.vllm_rollout); layered_summon: it
+# always takes the actor's weights one FSDP unit at a time
+VLLM_KEYS = (
+    "tensor_model_parallel_size",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "free_cache_engine",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_seqs",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "load_format",
+    "layered_summon",
+    "engine_kwargs.vllm.*",
+)
 INERT: dict[str, Inert] = {
     # verl copies these from other keys: the model's mtp, the actor's qat, the trainer's and the model's names
     f"{RO}.mtp*": SILENT,
@@ -125,10 +142,12 @@ INERT: dict[str, Inert] = {
         "its eager log-prob and entropy code; actor.compile_model compiles the whole policy", quiet=(False,)
     ),  # fmt: skip
     f"{ARR}.ref.use_torch_compile": Inert("the reference's forward runs eagerly", quiet=(False,)),
-    f"{RO}.name": Inert(ENGINE, quiet=("hf",)),
-    f"{RO}.tensor_model_parallel_size": Inert("the rollout runs on each worker's gathered actor model", quiet=(1,)),
+    f"{RO}.name": Inert(ENGINE, quiet=("hf", "vllm")),
+    f"{RO}.tensor_model_parallel_size": Inert(
+        "the rollout runs on each worker's gathered actor model", quiet=(1,), engine="vllm"
+    ),
     **{
-        f"{RO}.{key}": Inert(instead)
+        f"{RO}.{key}": Inert(instead, engine="vllm" if key in VLLM_KEYS else None)
         for key, instead in {
             "nnodes": "the rollout runs on the training workers",
             "n_gpus_per_node": "the rollout runs on the training workers",
@@ -151,6 +170,7 @@ INERT: dict[str, Inert] = {
             "load_format": "the rollout computes with the actor's weights in place",
             "layered_summon": "the actor's FSDP groups are gathered once per generation",
             "multi_stage_wake_up": "the rollout computes with the actor's weights in place",
+            "engine_kwargs.vllm.*": "vLLM's engine arguments, read by rollout.name=vllm",
             "engine_kwargs.*": ENGINE,
             "router_config_path": ENGINE,
             "checkpoint_engine.*": "the rollout computes with the actor's weights in place",
@@ -261,7 +281,7 @@ def _set(cfg: Any) -> Iterator[tuple[str, Any, Any, Inert]]:
     written, values = _written_defaults(), dict(flat(cfg))
     for key, value in values.items():
         found = entry(key)
-        if found is None or found.never:
+        if found is None or found.never or (found.engine and found.engine == values.get(f"{RO}.name")):
             continue
         default = reference = written.get(key)
         if isinstance(reference, str) and reference.startswith("${"):

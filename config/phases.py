@@ -335,6 +335,8 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         lambda s: (
             (*SCORED, "token_level_scores", "token_level_rewards", "advantages", "returns")
             + when(s.plan.use_critic, "values")
+            # the sampler's log-probs against the learner's (training/rollout_probs_diff_*)
+            + when(s.plan.recompute_old_log_prob and rollout_log_probs(s.cfg), "rollout_log_probs", "old_log_probs")
         ),
         timed=False,
     ),

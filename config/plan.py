@@ -103,9 +103,13 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     on_policy = is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size)
     own_log_probs = not needs_old and actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy
     sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
-    # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²) or the multi-turn loop
-    # samples (its tool tokens have no sampled log-prob)
-    from_rollout = rollout_log_probs(cfg) and not own_log_probs and not sum_pi_squared
+    # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²); vLLM samples with other
+    # kernels than the actor's, so there they are the old ones only in bypass mode (verl's rule), and the forward
+    # runs beside them (its gap to them is logged: trainer.metrics.rollout_probs_diff)
+    same_kernels = rollout.name != "vllm" or actor.policy_loss.loss_mode == "bypass_mode"
+    if not same_kernels and rollout_log_probs(cfg):
+        own_log_probs = False
+    from_rollout = rollout_log_probs(cfg) and same_kernels and not own_log_probs and not sum_pi_squared
     recompute = not (own_log_probs or from_rollout)
     ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
     balance = bool(cfg.trainer.balance_batch) and n_workers > 1  # one worker: nothing to balance

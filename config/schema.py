@@ -206,11 +206,20 @@ class HealthConfig:
     divergence_validations: int = 2  # the training score rose and a held-out score fell, validation after validation
     stall_window: int = 100  # steps over which a training score that does not rise significantly has stalled
     converged_share: float = 0.8  # a score this far up its window's response range has converged, not stalled
+    # mean |π_rollout − π_actor| of the sampled tokens (training/rollout_probs_diff_mean) above which it warns at once
+    max_rollout_probs_diff: float = 0.05
 
     def __post_init__(self) -> None:
         positive_int(self, "patience", "divergence_validations")
         check(self, ["stall_window"], lambda v: is_int(v) and v >= 3, "must be an integer of at least 3 steps")
-        unit_interval(self, "entropy_collapse_ratio", "max_clip_ratio", "max_all_equal_share", "converged_share")
+        unit_interval(
+            self,
+            "entropy_collapse_ratio",
+            "max_clip_ratio",
+            "max_all_equal_share",
+            "converged_share",
+            "max_rollout_probs_diff",
+        )
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
 from config.inert import inert_warnings
@@ -22,6 +23,7 @@ from data.reward import REWARD_MANAGERS, DAPORewardManager, RewardManager, load_
 from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import check_models, preflight
 from workers.compute.agent_loop import check_tools
+from workers.compute.vllm_rollout import check_vllm
 from workers.parallel.lora import check_target_modules
 from workers.tools import ToolConfigError
 
@@ -35,6 +37,7 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     check_models(cfg, plan)  # before the memory check reads the models' configs
     preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # the memory check
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
+    check_vllm(cfg.actor_rollout_ref.rollout, cfg.trainer.device, plan.n_workers, _actor_config(cfg))
     for line in inert_warnings(cfg):  # verl keys of machinery ColoRL does not have
         print(f"colorl: warning: {line}", file=sys.stderr)
     _check_optimizers(cfg)
@@ -56,6 +59,20 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
         val_reward_fn=make_reward_manager(cfg, tokenizer, compute_score),
         plan=plan,
     )
+
+
+def _actor_config(cfg: PPOConfig) -> tuple[str, Callable[[], Any]]:
+    """The actor's model, named as the user gave it, and a reader of its transformers config."""
+    model = cfg.actor_rollout_ref.model
+
+    def read() -> Any:
+        if model.path is None:
+            return demo_model_config(cfg.builtin)
+        return AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+
+    if model.path is None:
+        return f"the built-in demo model (builtin.hidden_size={cfg.builtin.hidden_size})", read
+    return f"actor_rollout_ref.model.path={model.path}", read
 
 
 def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> RewardManager:

@@ -8,8 +8,9 @@ monitor adds ``health/response_length_trend`` (tokens per step over the last ``p
 pattern, ``health/warning/<name>``, 1 on the steps where the pattern has held long enough, so wandb shows when.
 
 Patterns (thresholds in ``trainer.health``): the entropy collapsing to a fraction of its first value, responses
-running to ``max_response_length``, prompt groups whose responses all got the same reward (no GRPO signal), and
-the training score rising while a held-out score falls from one validation to the next (reward hacking).
+running to ``max_response_length``, prompt groups whose responses all got the same reward (no GRPO signal), the
+training score rising while a held-out score falls from one validation to the next (reward hacking), and the
+rollout engine's probabilities of its samples far from the actor's (``training/rollout_probs_diff_mean``).
 
 A warning names a run that stopped learning, so the first three count only while the training score has stalled:
 over the last ``stall_window`` steps its least-squares trend is not significantly above zero (t < 2) and its mean
@@ -17,7 +18,7 @@ over the later half of them stays below ``converged_share`` of the way from the 
 score of those steps. Low
 entropy while the score climbs, or once most responses score the best, is what learning looks like. The fourth
 needs the training score to rise significantly between validations (Welch's t > 2 on the steps' scores), not
-by noise.
+by noise. The fifth fires at once.
 
 ``NonFiniteGuard`` stops a run whose updates keep being skipped for NaN/inf losses or gradients.
 """
@@ -41,7 +42,8 @@ SCORE_MAX, SCORE_MIN = "critic/score/max", "critic/score/min"
 SIGNIFICANT = 2.0  # t statistic above which a rise is more than noise
 ZERO_STD = "health/frac_reward_zero_std"
 HELD_OUT = re.compile(r"val-(core|aux)/.+/mean@\d+")  # per-source validation means: reward and extra scores
-WARNINGS = ("entropy_collapse", "responses_at_limit", "all_equal_groups", "reward_vs_held_out")
+PROBS_DIFF = "training/rollout_probs_diff_mean"
+WARNINGS = ("entropy_collapse", "responses_at_limit", "all_equal_groups", "reward_vs_held_out", "rollout_mismatch")
 
 
 def trend(values: list[float]) -> float:
@@ -107,11 +109,14 @@ class HealthMonitor:
             "responses_at_limit": self._above(CLIP, metrics, self.config.max_clip_ratio, stalled),
             "all_equal_groups": self._above(ZERO_STD, metrics, self.config.max_all_equal_share, stalled),
             "reward_vs_held_out": self._divergence(metrics),
+            "rollout_mismatch": self._mismatch(metrics),
         }
         for name, message in messages.items():
             if message is None:  # the streak stands
                 continue
-            limit = self.config.divergence_validations if name == "reward_vs_held_out" else self.config.patience
+            limit = {"reward_vs_held_out": self.config.divergence_validations, "rollout_mismatch": 1}.get(
+                name, self.config.patience
+            )
             self.streaks[name] = self.streaks[name] + 1 if message else 0
             firing = self.streaks[name] >= limit
             out[f"health/warning/{name}"] = float(firing)
@@ -175,6 +180,22 @@ class HealthMonitor:
             f"for {patience} steps{stalled}; such groups give GRPO no signal: the prompts are too easy or too "
             "hard for the policy (raise actor_rollout_ref.rollout.n or change the data's difficulty; "
             "trainer.health.max_all_equal_share sets the threshold)"
+        )
+
+    def _mismatch(self, metrics: dict[str, float]) -> str | None:
+        """The sampler and the learner disagree on the sampled tokens' probabilities (at once: it is a setup
+        problem, not a trend): stale weights, another precision, or an engine's kernels far from the actor's."""
+        if PROBS_DIFF not in metrics:
+            return None
+        gap, threshold = metrics[PROBS_DIFF], self.config.max_rollout_probs_diff
+        if gap <= threshold:
+            return ""
+        return (
+            f"the rollout's token probabilities differ from the actor's by {gap:.3g} on average "
+            f"({PROBS_DIFF} above {threshold}): the samples are off-policy for the update (check that the rollout "
+            "engine computes in the actor's precision (fsdp_config.mixed_precision) and takes its weights; "
+            "rollout correction, algorithm.rollout_correction, weights for the gap; "
+            "trainer.health.max_rollout_probs_diff sets the threshold)"
         )
 
     def _divergence(self, metrics: dict[str, float]) -> str | None:

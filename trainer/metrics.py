@@ -69,6 +69,30 @@ def compute_data_metrics(batch: Mapping[str, Tensor], use_critic: bool) -> dict[
     return {name: float(value) for name, value in metrics.items()}
 
 
+def rollout_probs_diff(batch: Mapping[str, Tensor]) -> dict[str, float]:
+    """verl's sampler-vs-learner gap (``training/rollout_probs_diff_*``): |π_rollout(y_t) − π_actor(y_t)| over the
+    sampled response tokens, from ``rollout_log_probs`` (the rollout engine's) and ``old_log_probs`` (the actor's
+    forward) (B, R), and the Pearson correlation of the two probabilities (``training/rollout_actor_probs_
+    pearson_corr``). ~0 when the rollout computes with the actor's own module; larger with another engine's
+    kernels (vLLM), another precision, or stale weights. {} without both inputs; NaN without response tokens."""
+    if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
+        return {}
+    mask = batch["response_mask"].bool()
+    rollout, actor = (batch[k].float().exp()[mask] for k in ("rollout_log_probs", "old_log_probs"))
+    prefix = "training/rollout_probs_diff"
+    if rollout.numel() == 0:
+        keys = (f"{prefix}_max", f"{prefix}_mean", f"{prefix}_std", "training/rollout_actor_probs_pearson_corr")
+        return {f"{prefix}_valid": 0.0, **dict.fromkeys(keys, float("nan"))}
+    diff = (rollout - actor).abs()
+    return {
+        f"{prefix}_valid": 1.0,
+        f"{prefix}_max": float(diff.max()),
+        f"{prefix}_mean": float(diff.mean()),
+        f"{prefix}_std": float(diff.std()) if diff.numel() > 1 else 0.0,
+        "training/rollout_actor_probs_pearson_corr": float(torch.corrcoef(torch.stack([actor, rollout]))[0, 1]),
+    }
+
+
 def reward_group_metrics(scores: Tensor, uids: Sequence[Hashable]) -> dict[str, float]:
     """``health/frac_reward_zero_std`` (TRL's ``frac_reward_zero_std``): the share of prompt groups (rows sharing a
     uid: one prompt's n responses) whose scores (B,) are all equal. GRPO's advantages are zero there, so those

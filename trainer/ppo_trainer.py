@@ -45,6 +45,7 @@ from trainer.metrics import (
     multi_turn_metrics,
     reduce_metrics,
     reward_group_metrics,
+    rollout_probs_diff,
     timed,
 )
 from trainer.placement import role_classes
@@ -283,6 +284,7 @@ class RayPPOTrainer:
                 prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
                 self.generations.training_step(batch, prompts, reward_extras, self.global_step)
         metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
+        metrics.update(rollout_probs_diff(batch.batch))
         metrics.update(compute_timing_metrics(batch.batch, timing))
         metrics.update(compute_throughput_metrics(batch.batch, timing, self.plan.n_workers))
         metrics["training/global_step"] = self.global_step

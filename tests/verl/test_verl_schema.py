@@ -65,9 +65,8 @@ def test_verls_whole_config_loads_and_records_its_class_names():
         == "verl.workers.config.DistillationTeacherModelConfig"
     )
     assert cfg.global_profiler["global_tool_config"]["nsys"]["controller_nsight_options"]["trace"]
-    # verl's file sets nothing ColoRL ignores but the engine it names
-    warned = {line.split("=")[0] for line in inert_warnings(cfg)}
-    assert warned == {"actor_rollout_ref.rollout.name"}
+    # verl's file sets nothing ColoRL ignores, and the engine it is given here (vllm) reads its own keys
+    assert inert_warnings(cfg) == []
 
 
 @pytest.mark.parametrize(

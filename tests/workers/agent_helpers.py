@@ -267,14 +267,25 @@ def run(
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>'
 
 
-def save_tool_calling_model(path, question: str = "1+2?", steps: int = 200, seed: int = 0) -> str:
-    """A 1-layer model taught (supervised, seconds) to answer ``question`` by calling the calculator on 1+2 and
-    then writing ``#### 3``: greedy it does exactly that; sampled at temperature 1 its calls are sometimes
+def save_tool_calling_model(
+    path, question: str = "1+2?", steps: int = 200, seed: int = 0, hidden_size: int = 64
+) -> str:
+    """A 1-layer model (4 heads) taught (supervised, seconds) to answer ``question`` by calling the calculator on
+    1+2 and then writing ``#### 3``: greedy it does exactly that; sampled at temperature 1 its calls are sometimes
     malformed. Saved with its tokenizer."""
     from data.builtin import build_tiny_model
 
     tokenizer = chat_tokenizer()
-    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=1, max_position_embeddings=512, seed=seed)
+    model = build_tiny_model(tokenizer, hidden_size=hidden_size, num_layers=1, max_position_embeddings=512, seed=seed)
+    teach_tool_call(model, tokenizer, question, steps)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return str(path)
+
+
+def teach_tool_call(model, tokenizer, question: str = "1+2?", steps: int = 200, lr: float = 3e-3) -> None:
+    """Teach ``model`` (``chat_tokenizer``'s vocabulary) to answer ``question`` with the calculator call on 1+2,
+    then ``#### 3`` after the tool turn; left in eval mode."""
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
     )
@@ -285,7 +296,7 @@ def save_tool_calling_model(path, question: str = "1+2?", steps: int = 200, seed
         ids += part
         labels += part if learned else [-100] * len(part)
     batch = {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels])}
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
         loss = model(**batch).loss
@@ -293,6 +304,3 @@ def save_tool_calling_model(path, question: str = "1+2?", steps: int = 200, seed
         loss.backward()
         optimizer.step()
     model.eval()
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
-    return str(path)

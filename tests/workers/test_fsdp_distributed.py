@@ -124,7 +124,7 @@ def _lora_grads(model_dir: str, data, checkpointing: bool) -> dict:
     (enabled as the workers do, before the adapters), and how often a block's MLP ran."""
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     if checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(0)
     model = lora.add_adapters(model, ModelConfig(lora_rank=4, lora_alpha=8))
     with torch.no_grad():  # B away from its zero init, so every adapter gets a gradient
@@ -143,6 +143,23 @@ def _lora_grads(model_dir: str, data, checkpointing: bool) -> dict:
         if p.grad is not None
     }
     return {"grads": grads, "mlp_calls": len(calls)}
+
+
+def _units(model_dir: str) -> dict:
+    """``fsdp.gathered_units`` over a sharded LoRA model: what the vLLM engine's sync loads, unit by unit."""
+    torch.manual_seed(0)
+    model = lora.add_adapters(AutoModelForCausalLM.from_pretrained(model_dir), ModelConfig(lora_rank=4, lora_alpha=8))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    params = len(list(model.named_parameters()))  # base weights and adapters
+    model = fsdp.apply_fsdp(model)
+    units, loaded = [], {}
+    for named in fsdp.gathered_units(model):
+        units.append(len(named))
+        loaded.update({name: tensor.clone() for name, tensor in lora.merged_weights(model, named)})
+    return {"units": units, "params": params, "loaded": loaded, "sharded_after": _sharded(model)}
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
@@ -171,6 +188,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     block = sum(p.numel() for p in plain.model.layers[0].parameters())
     result["grouped"] = {n: _grouped_update(model_dir, data, n) for n in (block + 1, 10**9)}  # 2 blocks; all
     result["lora_checkpointing"] = {on: _lora_grads(model_dir, data, on) for on in (False, True)}
+    result["units"] = _units(model_dir)
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -271,3 +289,24 @@ def test_activation_checkpointing_with_lora_and_fsdp2_gives_the_same_gradients(r
         for name, grad in checkpointed["grads"].items():
             assert grad.abs().sum() > 0, name
             torch.testing.assert_close(grad, plain["grads"][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_gathered_units_give_every_full_weight_once_merged_and_leave_the_model_sharded(results, tiny_model_dir):
+    """What the vLLM engine loads: every base weight under its checkpoint name, once, full, with the LoRA adapters
+    merged in (W + (α/r)·B·A, as peft's merge computes it), a unit at a time, and the model sharded after."""
+    torch.manual_seed(0)
+    model = lora.add_adapters(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), ModelConfig(lora_rank=4, lora_alpha=8)
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    expected = dict(model.merge_and_unload().named_parameters())
+    for r in results:
+        units = r["units"]
+        assert units["sharded_after"] and len(units["units"]) > 1  # the root's own, then each block's
+        assert sum(units["units"]) == units["params"]  # each parameter in one unit's list, adapters included
+        assert set(units["loaded"]) == set(expected)
+        for name, tensor in units["loaded"].items():
+            torch.testing.assert_close(tensor, expected[name], rtol=1e-6, atol=1e-6)

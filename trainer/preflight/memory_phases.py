@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from config.dataflow import when
 from config.distillation import uses_topk
 from config.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
@@ -35,6 +37,7 @@ from trainer.preflight.memory_estimate import (
     placement,
     uses_math_attention,
 )
+from workers.compute.vllm_rollout import VLLM_RUNTIME_CPU_BYTES, cpu_kv_cache_bytes
 
 ARR = "actor_rollout_ref"
 
@@ -96,6 +99,7 @@ class _Estimator:
         self.cfg, self.plan, self.roles, self.device, self.lengths = cfg, plan, roles, device, lengths
         self.rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // plan.n_workers
         self.width = cfg.data.max_prompt_length + cfg.data.max_response_length
+        self.vllm = cfg.actor_rollout_ref.rollout.name == "vllm"
 
     def phases(self, val_rows: int) -> list[Phase]:
         step = [ESTIMATORS[p.memory](self, p) for p in self.worker_phases()]
@@ -134,6 +138,10 @@ class _Estimator:
             if r.trained and (not r.placement.offload_optimizer or name == updating)
         )
         runtime = RUNTIME_CPU_BYTES + self.rows * self.width * 8 * 6 if self.device == "cpu" else 0
+        if self.vllm and self.device == "cpu":  # the engine keeps its weights and its own share of the process
+            actor = self.roles["actor"]
+            weights += actor.placement.compute_bytes * actor.sizes.params
+            runtime += VLLM_RUNTIME_CPU_BYTES
         return {"weights": weights, "optimizer": optimizer, "runtime": runtime}
 
     def _phase(
@@ -163,6 +171,8 @@ class _Estimator:
         """Every row of the worker decodes at once over a StaticCache; prefill runs on the prompts."""
         actor = self.roles["actor"]
         c, m = actor.placement.compute_bytes, actor.sizes
+        if self.vllm:
+            return self._phase(name, "actor", self.vllm_generate(m, c, rows), key=key)
         merged = FP32 * m.merged if c == FP32 else 0  # fp32 LoRA samples with merged copies of its linears
         terms = {
             "weights": actor.placement.gathered(m, whole=True) + merged,
@@ -171,6 +181,30 @@ class _Estimator:
             "logits": 4 * rows * m.vocab * FP32,
         }  # the last position's, as sampling scales and sorts them
         return self._phase(name, "actor", terms, key=key)
+
+    def vllm_generate(self, m: ModelSizes, c: int, rows: int) -> dict[str, int]:
+        """The vLLM engine's rollout: the sync gathers one FSDP unit at a time; the KV cache is its reservation (a
+        CPU's for the step's rows, ``workers.compute.vllm_rollout``; on CUDA gpu_memory_utilization of the device, its
+        weights included, which sleep mode frees between rollouts); vLLM prefills at most
+        ``max_num_batched_tokens`` tokens a step and samples ``max_num_seqs`` rows at once."""
+        rollout = self.cfg.actor_rollout_ref.rollout
+        engine = c * m.params
+        if self.device == "cpu":
+            kv = cpu_kv_cache_bytes(
+                rollout, m.layers, m.kv_dim, c, self.plan.gen_rows, self.cfg.trainer.n_gpus_per_node
+            )
+        elif torch.cuda.is_available():
+            kv = max(int(rollout.gpu_memory_utilization * torch.cuda.get_device_properties(0).total_memory) - engine, 0)
+        else:  # a dry run for GPUs on a machine without one: what the step's rows need, a lower bound
+            kv = kv_cache_bytes(m, self.plan.gen_rows, self.width, c)
+        return {
+            "weights": self.roles["actor"].placement.gathered(m) + (engine if self.device != "cpu" else 0),
+            "kv_cache": kv,
+            "activations": forward_transient(
+                m, min(rows * self.cfg.data.max_prompt_length, rollout.max_num_batched_tokens), c
+            ),
+            "logits": 4 * min(rows, rollout.max_num_seqs) * m.vocab * FP32,
+        }
 
     def micro(self, rows: int, packed: bool, dynamic_budget: int | None, policy: bool = False) -> Micro:
         """A micro-batch of ``rows``; a ``policy`` forward's (actor, reference) groups of n share their prompt

@@ -119,8 +119,8 @@ def response_rows(
         attention_mask=mask,
         position_ids=micro["position_ids"],
         use_cache=False,
-        logits_to_keep=predictors.expand(batch, response_length),
-    ).logits  # (B, R, D), contiguous
+        logits_to_keep=predictors,  # one index per column, as every transformers 5 reads it (a per-row (B, R) is 5.20+)
+    ).logits  # (B, R, D), contiguous: an indexed copy
     valid = mask[:, -response_length:].bool()
 
     def unpack(values: Tensor) -> Tensor:

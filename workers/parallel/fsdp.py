@@ -176,6 +176,38 @@ def gathered_params(model: nn.Module) -> Iterator[nn.Module]:
             m.reshard()
 
 
+def gathered_units(model: nn.Module) -> Iterator[list[tuple[str, Tensor]]]:
+    """The full parameters of ``model``, one FSDP unit at a time: each list holds (name, full tensor) of the
+    parameters one unit's gather made whole (named as in ``model``; copies under FSDP, since the unit is resharded
+    before the next is gathered). So a consumer (the vLLM engine's weight load) holds one unit's full tensors at a
+    time beside the shards, plus any it keeps. All ranks must iterate together (each gather is a collective).
+    A plain module is one unit with its parameters as they are."""
+    done: set[str] = set()
+    for unit in fsdp_modules(model) or [model]:
+        if all(n in done for n, _ in _own_parameters(model, unit)):
+            continue  # a block of a multi-block unit that was gathered with an earlier block
+        if isinstance(unit, FSDPModule):
+            unit.unshard()
+        try:
+            full = [
+                (n, p.detach()) for n, p in model.named_parameters() if n not in done and not isinstance(p, DTensor)
+            ]
+            # copies under FSDP: the reshard frees the gathered storage, and a consumer may keep a tensor longer
+            # (vLLM defers a vocabulary layer padded beyond the checkpoint's rows to the end of the load)
+            named = [(n, p.clone()) for n, p in full] if isinstance(unit, FSDPModule) else full
+            done.update(n for n, _ in named)
+            yield named
+        finally:
+            if isinstance(unit, FSDPModule):
+                unit.reshard()
+
+
+def _own_parameters(model: nn.Module, unit: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """``unit``'s parameters, named as in ``model`` (the root's include its blocks')."""
+    prefix = next(name for name, module in model.named_modules() if module is unit)
+    yield from unit.named_parameters(prefix=prefix)
+
+
 def clip_grad_norm_(optimizer: torch.optim.Optimizer, max_norm: float) -> Tensor:
     """Clip the gradients of the parameters ``optimizer`` steps to a global L2 norm of ``max_norm``; returns the
     pre-clip norm as a plain scalar tensor.

@@ -136,6 +136,33 @@ def merged_adapters(module: nn.Module) -> Iterator[None]:
             del layer.forward
 
 
+def merged_weights(module: nn.Module, named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """``module``'s parameters ``named`` (e.g. one gathered FSDP unit's) under the base model's checkpoint names,
+    each LoRA linear's adapters merged into its weight (W + ΔW, a new tensor): what an inference engine without
+    adapters loads. A model without adapters passes through. The adapters of a LoRA linear must be in the same
+    list as its base weight (they are in the same block, so in the same FSDP unit)."""
+    if not is_lora(module):
+        return named
+    out = []
+    with torch.no_grad():
+        for name, tensor in named:
+            if ".lora_" in name:  # folded into the base weight below
+                continue
+            owner, _, leaf = name.rpartition(".base_layer.")
+            if owner and leaf == "weight":
+                layer = module.get_submodule(owner)
+                if layer not in mergeable(layer):
+                    raise ValueError(f"{owner}: a {type(layer).__name__} adapter cannot be merged for vLLM")
+                tensor = tensor + sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
+            out.append((_base_name(name), tensor))
+    return out
+
+
+def _base_name(name: str) -> str:
+    """peft's parameter name -> the base model's (``base_model.model.`` and ``.base_layer`` removed)."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
 def mergeable(module: nn.Module) -> list[nn.Module]:
     """The LoRA linears of ``module`` that :func:`merged_adapters` can merge: an ``nn.Linear`` base, no DoRA."""
     return [

@@ -14,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,6 +36,7 @@ from workers.compute.reward_model import compute_rm_scores, load_reward_model
 from workers.compute.rollout import eos_token_ids, generate_sequences
 from workers.compute.step_store import STORE
 from workers.compute.teacher import merge_by_rows, score_batch, teacher_rows
+from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler
 from workers.parallel import fsdp, lora
 from workers.roles.role import FrozenRole, TrainedRole
 from workers.runtime import malloc
@@ -67,7 +71,7 @@ def load_causal_lm(model_config: Any) -> nn.Module:
         **(getattr(model_config, "override_config", None) or {}),
     )
     if model_config.enable_gradient_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 
@@ -131,6 +135,8 @@ class ActorRolloutRefWorker(Worker):
                 distillation=self.distillation if self.distillation and self.distillation.enabled else None,
             )
             self.generation_config = getattr(self.trained.module, "generation_config", None)  # HF models have one
+            # rollout.name=vllm: the engine lives here, beside the actor, and takes its weights before each rollout
+            self.engine = VLLMRollout.of_worker(self, seed) if cfg.rollout.name == "vllm" else None
             # tool-calling rollouts (rollout.multi_turn): loading the tools runs the code the tool config names
             multi_turn = cfg.rollout.multi_turn.enable
             self.agent_loop = build_agent_loop(self.tokenizer, cfg.rollout) if multi_turn else None
@@ -166,13 +172,11 @@ class ActorRolloutRefWorker(Worker):
         pad_id = self.tokenizer.pad_token_id
         eos_ids = eos_token_ids(self.generation_config, self.tokenizer)
         start = time.perf_counter()
-        # LoRA samples with merged weights (one matmul per linear); the update runs the adapters as they are
-        with self.trained.onloaded(), fsdp.gathered_params(self.trained.module) as module, lora.merged_adapters(module):
-            module.eval()
+        with self.trained.onloaded(), self._sampler() as module:
             ids = {"eos_token_id": eos_ids, "pad_token_id": pad_id if pad_id is not None else eos_ids[0]}
             if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools
                 out, rows, metrics = self.agent_loop.generate(
-                    module,
+                    module if self.engine is None else VLLMTurnSampler(module),
                     inputs.batch,
                     inputs.non_tensor_batch,
                     response_length=int(rollout.response_length),
@@ -181,8 +185,7 @@ class ActorRolloutRefWorker(Worker):
                     **ids,
                 )
             else:
-                out = generate_sequences(
-                    module,
+                out = (module.generate if self.engine is not None else partial(generate_sequences, module))(
                     *(inputs.batch[k] for k in PROMPT),
                     response_length=int(rollout.response_length),
                     return_log_probs=rollout.calculate_log_probs,
@@ -193,7 +196,21 @@ class ActorRolloutRefWorker(Worker):
         if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy
             out["old_log_probs"] = out["rollout_log_probs"]
         metrics["timing_s/worker_gen"] = time.perf_counter() - start
+        if self.engine is not None:
+            metrics["timing_s/update_weights"] = self.engine.sync_seconds
         return STORE.outputs(prompts, out, meta_info={"metrics": metrics}, non_tensors=rows)
+
+    @contextmanager
+    def _sampler(self) -> Iterator[Any]:
+        """What samples: the vLLM engine synced with the actor, or the actor's own module gathered (LoRA sampling
+        with merged weights, one matmul per linear; the update runs the adapters as they are)."""
+        if self.engine is not None:
+            with self.engine.awake(self.trained.module) as engine:
+                yield engine
+            return
+        with fsdp.gathered_params(self.trained.module) as module, lora.merged_adapters(module):
+            module.eval()
+            yield module
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -328,7 +345,7 @@ class CriticWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         model = load_value_model(cfg.model.path, cfg.model.trust_remote_code, cfg.model.override_config)
         if cfg.model.enable_gradient_checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.trained = TrainedRole(self, model, cfg.fsdp, cfg.optim, total_training_steps)
         self.critic = DataParallelPPOCritic(
             self.trained.module,
