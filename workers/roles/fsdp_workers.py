@@ -1,12 +1,11 @@
 """Ray-side role workers: the actor/rollout/reference worker, the critic, the reward model and the distillation
 teachers, on FSDP2.
 
-Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed
-method runs on every rank with that rank's chunk of the batch. Each data method is one phase of
-``config.phases.declare_flows``: it takes its inputs from ``STORE.inputs`` (what the call carries, plus what an
-earlier phase of the step kept in this process) and hands what it computed to ``STORE.outputs``, which keeps
-what a later worker phase reads and returns what the driver reads (``workers/compute/step_store.py``), as CPU tensors.
-The config sections and the step plan they are built with are the typed ones of ``config``.
+Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed method
+runs on every rank with its chunk of the batch. Each data method is one phase of ``config.phases``: it takes its
+inputs from ``STORE.inputs`` (what the call carries, plus what an earlier phase kept in this process) and hands
+its results to ``STORE.outputs``, which keeps what a later worker phase reads and returns what the driver reads
+(``workers/compute/step_store.py``), as CPU tensors.
 """
 
 from __future__ import annotations
@@ -78,13 +77,10 @@ def load_causal_lm(model_config: Any) -> nn.Module:
 class ActorRolloutRefWorker(Worker):
     """The policy in its three roles: rollout (sampling), actor (PPO update) and/or frozen reference.
 
-    ``config`` is the ``actor_rollout_ref`` section; ``role`` is one of ``ROLES``; ``plan`` the step plan (the
-    per-rank mini-batch, whether the reference lives in the actor's process). Rollout runs on the actor's own
-    FSDP module (no second copy of the weights); ``ref`` holds a separate frozen copy. ``actor_rollout_ref``
-    holds both in one object, which ``kl_loss_type=full`` needs: its loss reads the reference logits. With
-    ``model.lora_rank`` > 0 the reference is the actor's own module with its adapters disabled
-    (``workers.parallel.lora``), so a LoRA actor is always ``actor_rollout_ref`` when there is a reference.
-    """
+    ``config``: the ``actor_rollout_ref`` section; ``role``: one of ``ROLES``; ``plan``: the step plan. Rollout runs
+    on the actor's own FSDP module (or a vLLM engine beside it); ``ref`` holds a frozen copy; ``actor_rollout_ref``
+    both in one object (``kl_loss_type=full`` reads the reference logits in the loss; a LoRA actor is its own
+    reference, adapters disabled: ``workers.parallel.lora``)."""
 
     def __init__(self, config: Any, role: str, plan: StepPlan, distillation: Any = None) -> None:
         super().__init__()
