@@ -316,11 +316,9 @@ class VLLMRollout:
 
 
 class VLLMTurnSampler(TurnSampler):
-    """The agent loop's ``TurnSampler`` on a vLLM engine, turn by turn: each live row's next assistant turn is one
-    request whose prompt is the row's token ids so far (prompt, earlier turns as sampled, the tool turns fed), so
-    with the prefix cache (``rollout.enable_prefix_caching``) a turn prefills only the tokens the engine has not
-    seen (whole KV blocks are reused). The turns that ended in one round go to ``end_turns`` together (their tools
-    run at once); a turn cut by the budget leaves its row unfinished."""
+    """The agent loop's ``TurnSampler`` on vLLM: each live row's next turn is one request whose prompt is the row's
+    token ids so far, so with ``rollout.enable_prefix_caching`` a turn prefills only its new tokens. Turns that end
+    in one round go to ``end_turns`` together; a turn cut by the budget leaves its row unfinished."""
 
     def __init__(self, engine: VLLMRollout) -> None:
         self.engine = engine
