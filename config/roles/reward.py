@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from config.checks import ConfigError, check, is_int, non_negative, positive_int
 from config.roles.engine import RefFSDPConfig
+from config.roles.rollout import DisaggregationTree
 from config.tree import InertTree
 
 
@@ -105,15 +106,7 @@ class RewardRolloutTree(InertTree):
         "quantization": None,
         "quantization_config_file": None,
         "mtp": None,
-        "disaggregation": {
-            "enabled": False,
-            "prefill_replicas": 1,
-            "decode_replicas": 1,
-            "decode_tensor_model_parallel_size": None,
-            "transfer_backend": "nixl",
-            "bootstrap_port": None,
-            "ib_device": None,
-        },
+        "disaggregation": dict(DisaggregationTree.DEFAULTS),  # the rollout's section of the same name
     }
 
 
