@@ -3,8 +3,9 @@
 Each advantage estimator and policy loss is one line here: its name (verl's), the name of its function, the batch
 inputs it needs (so the step plan knows which phases must produce them) and the config keys it reads.
 ``algos.advantages.ADV_ESTIMATORS``, ``algos.losses.POLICY_LOSSES`` and ``algos.distillation.DISTILLATION_LOSSES``
-attach the functions by those names. The KL types and the loss aggregation modes are listed here too. Loading, checking and planning a config reads only
-this module, so a config mistake is reported before torch loads (``main.py``).
+attach the functions by those names. The KL types and the loss aggregation modes are listed here too. Loading,
+checking and planning a config reads only this module, so a config mistake is reported before torch loads
+(``main.py``).
 """
 
 from __future__ import annotations

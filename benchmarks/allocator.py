@@ -6,9 +6,9 @@
 Each allocator runs in its own process, one after the other: the preset's actor (its model, LoRA and loss) does
 ``--iterations`` forward + backward passes of one micro-batch of ``--micro`` random sequences, as long as the
 preset's mean arithmetic problem (73 prompt and 40 response tokens in rows of 96 + 64; remove-padding packs them).
-``mimalloc`` is what the trainer preloads into its CPU workers (``workers/runtime/malloc.py``); ``glibc-kept`` its fallback,
-glibc with ``keep_freed_memory``; ``glibc-returned`` glibc with a fixed 128 KiB mmap threshold (every block above
-it handed back to the kernel on free). Prints JSON per allocator: RSS after the model loads, the peak over the
+``mimalloc`` is what the trainer preloads into its CPU workers (``workers/runtime/malloc.py``); ``glibc-kept`` its
+fallback, glibc with ``keep_freed_memory``; ``glibc-returned`` glibc with a fixed 128 KiB mmap threshold (every block
+above it handed back to the kernel on free). Prints JSON per allocator: RSS after the model loads, the peak over the
 passes (VmHWM) and the median seconds of the passes after the first.
 """
 

@@ -3,34 +3,30 @@
     python -m benchmarks.floor [--algo grpo|ppo] [--hidden 128 --layers 2] [--prompts 16 --n 8]
                                [--response-length 8] [--threads N] [--steps 20 --warmup 3] [--device cpu|cuda]
 
-Same model (the same HF dir as ``benchmarks.step``), same batches (the trainer's dataloader, repeated n
-times), same code: ``workers.compute.rollout.generate_sequences`` on the plain module (LoRA under
-``lora.merged_adapters``), the actor's ``compute_log_prob`` (old; ref with ``--kl``; with
-``rollout.calculate_log_probs`` the rollout's log-probs are the update's old ones, as in the trainer, and the
-forward is timed only for ``gen_fwd_train``), the critic's ``compute_values`` (ppo), and the actor's (and
-critic's) ``update_*``: forward + backward + grad clip + AdamW, one optimizer step over the whole batch.
-Rewards and advantages come from the trainer's reward function and ``algos.compute_advantage``. With
-``actor_rollout_ref.model.lora_rank`` > 0 (``--set``) the policy carries the workers' adapters
-(``workers.parallel.lora.add_adapters``), AdamW steps only them, and the reference is the policy with its adapters
-disabled (``workers.parallel.lora.as_reference``), as in the trainer.
+Same model (the same HF dir as ``benchmarks.step``), same batches (the trainer's dataloader, repeated n times), same
+code: ``workers.compute.rollout.generate_sequences`` on the plain module (LoRA under ``lora.merged_adapters``), the
+actor's ``compute_log_prob`` (old; ref with ``--kl``; with ``rollout.calculate_log_probs`` the rollout's log-probs are
+the update's old ones, as in the trainer, and the forward is timed only for ``gen_fwd_train``), the critic's
+``compute_values`` (ppo), and the actor's (and critic's) ``update_*``: forward + backward + grad clip + AdamW, one
+optimizer step over the whole batch. Rewards and advantages: the trainer's reward function, ``algos.compute_advantage``.
+With ``actor_rollout_ref.model.lora_rank`` > 0 (``--set``) the policy has the workers' adapters (``lora.add_adapters``),
+AdamW steps only them, and the reference is the policy, adapters disabled (``lora.as_reference``), as in the trainer.
 
-Prints JSON: the median of each phase (reward and adv too, though the floors leave them out), and the
-per-step sums gen+train (no extra forwards), gen+fwd+train (with old/ref log-prob and value forwards) and
-``floor_s``: gen + train + the forwards the trainer runs in this configuration (``floor_phases``: ref with a
-KL, values with a critic, old log-probs unless the update is one on-policy step) — the floor that applies;
-``perf``: its MFU (``mfu/floor``, counted as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's);
-``response_tokens_per_s_floor``: the non-pad response tokens sampled / ``floor_s``; ``peak_rss_gb``: this
-process's peak resident memory from the model load on (after the dataloader and any built-in assets); with
-``--phase-memory``, ``memory_gb``: the actor's weights and optimizer state, its KV cache at this shape and each
-phase's peak RSS (``memory_breakdown``). ``--vocab-size`` (with ``--model-path``) swaps in the same architecture
-with another vocabulary and random weights.
-Precision follows each role's ``fsdp_config.mixed_precision`` as in the workers (bf16 on CUDA by default, fp32 on
-CPU): in bf16 the models compute with bf16 weights and activations, and the optimizer steps fp32 master weights
-(``workers.parallel.master_weights.MasterWeights``, as a single worker rank does; FSDP's mixed precision without FSDP).
+Prints JSON: the median of each phase (reward and adv too, though the floors leave them out), and the per-step sums
+gen+train (no extra forwards), gen+fwd+train (with old/ref log-prob and value forwards) and ``floor_s``: gen + train +
+the forwards the trainer runs in this configuration (``floor_phases``: ref with a KL, values with a critic, old
+log-probs unless the update is one on-policy step) — the floor that applies; ``perf``: its MFU (``mfu/floor``, counted
+as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's); ``response_tokens_per_s_floor``: the non-pad
+response tokens sampled / ``floor_s``; ``peak_rss_gb``: this process's peak resident memory from the model load on
+(after the dataloader and any built-in assets); with ``--phase-memory``, ``memory_gb``: the actor's weights and
+optimizer state, its KV cache at this shape and each phase's peak RSS (``memory_breakdown``). ``--vocab-size`` (with
+``--model-path``) swaps in the same architecture with another vocabulary and random weights.
+Precision: each role's ``fsdp_config.mixed_precision``, as in the workers (bf16 on CUDA by default, fp32 on CPU); in
+bf16 the models compute in bf16 and AdamW steps fp32 master weights (``MasterWeights``, as one worker rank does).
 
-Threads: the default (all cores in one process) matches the trainer's workers × threads. On a machine that
-other busy processes share, OpenMP threads spin while they wait on a descheduled sibling and a 2-thread run
-can be 10-20x slower than a 1-thread one: compare figures taken at low load (``machine.loadavg``).
+Threads: the default (all cores in one process) matches the trainer's workers × threads. On a machine that other busy
+processes share, OpenMP threads spin while they wait on a descheduled sibling and a 2-thread run can be 10-20x slower
+than a 1-thread one: compare figures taken at low load (``machine.loadavg``).
 """
 
 from __future__ import annotations
@@ -168,11 +164,9 @@ class Floor:
             self.critic = DataParallelPPOCritic(value_model, optimizer, None, cfg.critic, self.sequences)
 
     def step(self, prompts: DataProto) -> dict[str, float]:
-        """One step's work on ``prompts`` (repeated n times, with ``uid`` per prompt); seconds per phase.
-
-        Rewards and advantages are the trainer's (its reward function, ``algos.compute_advantage``), so
-        the policy learns as in ``benchmarks.step`` and response lengths evolve alike.
-        """
+        """One step's work on ``prompts`` (repeated n times, with ``uid`` per prompt); seconds per phase. Rewards and
+        advantages are the trainer's (its reward function, ``algos.compute_advantage``), so the policy learns as in
+        ``benchmarks.step`` and response lengths evolve alike."""
         timing: dict[str, float] = {}
         timer = _phase_timer(timing, self.device, self.phases)
         rollout, micro = self.rollout, self.sequences
@@ -243,8 +237,7 @@ class Floor:
 def _phase_timer(
     timing: dict[str, float], device: torch.device, phases: PhasePeaks | None = None
 ) -> Callable[[str], contextlib.AbstractContextManager]:
-    """``with timer("gen"): ...`` records the block's seconds (GPU work included) in ``timing`` (and its peak RSS
-    in ``phases``)."""
+    """``with timer(name):`` puts the block's seconds (GPU work included) in ``timing``, its peak RSS in ``phases``."""
 
     @contextlib.contextmanager
     def timer(name: str) -> Iterator[None]:
@@ -283,8 +276,7 @@ def memory_breakdown(floor: Floor, sequences: int, sequence_length: int) -> dict
 
 
 def summarize(rows: list[dict[str, float]], forwards: list[str]) -> dict[str, Any]:
-    """Phase medians and the floors (per step, then the median): gen+train, gen+fwd+train, and gen + train +
-    ``forwards`` (the forward phases the trainer runs)."""
+    """Phase medians and per-step floors' medians: gen+train, gen+fwd+train, gen + train + ``forwards`` (trainer's)."""
     gen_train = [r["gen"] + sum(r.get(p, 0.0) for p in TRAIN_PHASES) for r in rows]
     gen_fwd_train = [g + sum(r.get(p, 0.0) for p in FORWARD_PHASES) for g, r in zip(gen_train, rows)]
     applicable = [g + sum(r[p] for p in forwards) for g, r in zip(gen_train, rows)]

@@ -1,4 +1,5 @@
-"""The memory estimate (``trainer.dry_run``'s, ``trainer/preflight/memory_estimate.py``) against the measured peak per worker.
+"""The memory estimate (``trainer.dry_run``'s, ``trainer/preflight/memory_estimate.py``) against the measured peak
+per worker.
 
     python -m benchmarks.memory_estimate [--config-name demo] [--steps 2] [--set KEY=VALUE ...]
 

@@ -73,8 +73,8 @@ def run_steps(trainer: Any, warmup: int, steps: int) -> list[dict[str, float]]:
 def flops_model(
     path: str, value_model: bool = False, lora_rank: int = 0, target_modules: str | tuple[str, ...] = "all-linear"
 ) -> Any:
-    """The ``workers.runtime.perf.FlopsModel`` of the checkpoint at ``path`` (a value model: its scalar head, no lm_head),
-    with the workers' LoRA adapters where ``lora_rank`` > 0 (its frozen base computes no weight gradients)."""
+    """The ``workers.runtime.perf.FlopsModel`` of the checkpoint at ``path`` (a value model: its scalar head, no
+    lm_head), with the workers' LoRA adapters where ``lora_rank`` > 0 (its frozen base computes no weight gradients)."""
     from types import SimpleNamespace
 
     import torch

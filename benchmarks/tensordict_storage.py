@@ -6,7 +6,8 @@ For one PPO-shaped batch (``--keys`` int64 tensors of ``rows x width``) it measu
 - ``chunk_pickled_mib``: what one of ``--chunks`` chunks pickles to (what Ray copies into its object store);
 - ``chunk_put_get_s``: ``ray.get(ray.put(chunk))``, the transfer a worker-group call pays per rank;
 - ``chunk_s`` / ``concat_s``: splitting the batch into ``--chunks`` parts and joining them back.
-Prints JSON; times are [median, best] of ``--repeats``. DataProto chunks are views; its pickling copies out their rows only.
+Prints JSON; times are [median, best] of ``--repeats``. DataProto chunks are views; its pickling copies out their
+rows only.
 """
 
 import argparse

@@ -15,8 +15,8 @@ that knows about phases reads these tables:
 - ``trainer.faults``: the keys an out-of-memory error in a worker method advises to lower.
 
 Adding a phase is an entry here plus its compute code (a worker method, or the driver's line in ``train_step``); a
-new role is also an entry of ``config.worker_roles.ROLES``. A phase that drops or reorders rows on the driver (``selects_rows``) makes
-every key written before it and read after it pass through the driver.
+new role is also an entry of ``config.worker_roles.ROLES``. A phase that drops or reorders rows on the driver
+(``selects_rows``) makes every key written before it and read after it pass through the driver.
 """
 
 from __future__ import annotations

@@ -21,11 +21,12 @@ from config.phases import ARR, Step, lookup
 class WorkerRole:
     """A model each worker may hold: the key of its ``path``, its ``model`` section (trust_remote_code,
     use_remove_padding, enable_gradient_checkpointing, where it has them), the key of the FSDP section that places
-    it (``placement``), whether it trains, whether it ends in a value head (one output, not the vocabulary), whether LoRA
-    ``adapters`` apply, and whether a plan places it (``held``). ``shares``: the role whose model this is, which
+    it (``placement``), whether it trains, whether it ends in a value head (one output, not the vocabulary), whether
+    LoRA ``adapters`` apply, and whether a plan places it (``held``). ``shares``: the role whose model this is, which
     computes its phases when it is not held (a LoRA actor is its own reference: its module, adapters disabled).
     ``instances``: a role of several models (distillation's teachers), each model's name -> the key of its path;
-    ``fsdp``: its FSDP config when it is not the section at ``placement`` (the teachers': the reference's, offloaded)."""
+    ``fsdp``: its FSDP config when it is not the section at ``placement`` (the teachers': the reference's,
+    offloaded)."""
 
     name: str
     path: str

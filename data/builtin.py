@@ -139,7 +139,10 @@ def write_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
 
 def _cache_key(settings: dict[str, Any]) -> str:
     digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{settings['task']}-h{settings['hidden_size']}-l{settings['num_layers']}-sft{settings['sft_warmup_steps']}-{digest}"
+    return (
+        f"{settings['task']}-h{settings['hidden_size']}-l{settings['num_layers']}"
+        f"-sft{settings['sft_warmup_steps']}-{digest}"
+    )
 
 
 def _build(target: Path, settings: dict[str, Any]) -> None:

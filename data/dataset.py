@@ -235,7 +235,7 @@ def _is_prompt(prompt: Any) -> bool:
 
 
 def _truncate(ids: list[int], length: int, side: str) -> list[int]:
-    """The ``length`` tokens of ``ids`` that ``side`` keeps: left -> the last, right -> the first, middle -> both ends."""
+    """The ``length`` tokens of ``ids`` that ``side`` keeps: left: the last, right: the first, middle: both ends."""
     if len(ids) <= length:
         return ids
     if side == "left":

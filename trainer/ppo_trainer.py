@@ -4,9 +4,9 @@ Every model lives in the workers: one ``WorkerDict`` process per device holds th
 policy, the critic and distillation's teachers (colocation: ``trainer.placement``). The driver calls them phase by
 phase and computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the
 phases of the table ``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and
-method come from its entry. Tensors stay where they are next read: each call sends only what the driver holds of what the phase reads,
-and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``); the rest stays in
-the workers' step store.
+method come from its entry. Tensors stay where they are next read: each call sends only what the driver holds of
+what the phase reads, and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``);
+the rest stays in the workers' step store.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ class RayPPOTrainer:
             [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
         )
         roles = role_classes(cfg, plan)  # the role workers of one process (trainer.placement)
-        # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step (workers/runtime/malloc.py)
+        # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step
+        # (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
             pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
         )

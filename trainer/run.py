@@ -54,7 +54,8 @@ def run_command_line(cfg: PPOConfig, plan: StepPlan) -> int:
 
 
 def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
-    """Start a local Ray cluster, or join ray_kwargs.ray_init.address / RAY_ADDRESS; False when Ray was already running."""
+    """Start a local Ray cluster, or join ray_kwargs.ray_init.address / RAY_ADDRESS; False when Ray was already
+    running."""
     if ray.is_initialized():  # the caller (a test, a notebook) owns Ray and will shut it down
         return False
     ray_init = cfg.ray_kwargs.ray_init

@@ -98,7 +98,8 @@ def _check_modes(dispatch_mode, execute_mode) -> None:
         missing = {"dispatch_fn", "collect_fn"} - set(dispatch_mode)
         if missing or not all(callable(dispatch_mode[k]) for k in ("dispatch_fn", "collect_fn")):
             raise ValueError(
-                f"a custom dispatch_mode must be {{'dispatch_fn': f, 'collect_fn': g}} with callables; missing {sorted(missing)}"
+                f"a custom dispatch_mode must be {{'dispatch_fn': f, 'collect_fn': g}} with callables; "
+                f"missing {sorted(missing)}"
             )
     elif not isinstance(dispatch_mode, Dispatch):
         valid = ", ".join(f"Dispatch.{m.name}" for m in Dispatch)

@@ -159,7 +159,7 @@ def fold_batch_dim(data: Any, new_batch_size: int) -> Any:
 
 
 def unfold_batch_dim(data: Any, batch_dims: int = 2) -> Any:
-    """The first ``batch_dims`` dims of every tensor and column merged into one batch dim (undoes ``fold_batch_dim``)."""
+    """The first ``batch_dims`` dims of every tensor and column merged into one batch dim (undoes fold_batch_dim)."""
     return _reshaped(data, lambda value: value.reshape(-1, *value.shape[batch_dims:]))
 
 

@@ -1,4 +1,5 @@
-"""The seed's tensor-parallel example (compat; the trainer never uses it): LLaMA's MLP, whole and tensor-parallel (Megatron-style: gate/up column-parallel, down row-parallel).
+"""The seed's tensor-parallel example (compat; the trainer never uses it): LLaMA's MLP, whole and tensor-parallel
+(Megatron-style: gate/up column-parallel, down row-parallel).
 
     y = down(silu(gate(x)) * up(x))            x, y: (..., hidden); gate(x), up(x): (..., ffn)
 

@@ -1,4 +1,5 @@
-"""The seed's Megatron API (compat; the trainer never uses it): a worker group of tensor-parallel workers: data-parallel inputs in, the model's parallelism hidden.
+"""The seed's Megatron API (compat; the trainer never uses it): a worker group of tensor-parallel workers:
+data-parallel inputs in, the model's parallelism hidden.
 
 Driver code sees only ``dp_size``: a ``Dispatch.MEGATRON_COMPUTE`` method takes lists of length
 dp_size, every rank of a dp group (all its tp and pp ranks) gets that group's item, and only tp

@@ -1,4 +1,6 @@
-"""The seed's Megatron API (compat; the trainer never uses it). ``TensorParallelWorker``: a worker that lives in a (pp, dp, tp) mesh of its group's ranks.
+"""The seed's Megatron API (compat; the trainer never uses it).
+
+``TensorParallelWorker``: a worker that lives in a (pp, dp, tp) mesh of its group's ranks.
 
 This plays the part of Megatron-LM's ``parallel_state`` (``mpu``) on top of PyTorch's own
 ``DeviceMesh``, so it runs on gloo (CPU) as well as nccl (GPU). Ranks are laid out as Megatron

@@ -1,4 +1,5 @@
-"""Pools made from other pools (verl's API; the trainer uses one pool): ``split_resource_pool`` and ``merge_resource_pool``.
+"""Pools made from other pools (verl's API; the trainer uses one pool): ``split_resource_pool`` and
+``merge_resource_pool``.
 
 - ``split_resource_pool(pool, split_size)`` cuts a pool's bundles, in rank order, into consecutive
   ``SubRayResourcePool``s; each holds its own worker group, all in the placement groups of the pool they
@@ -48,7 +49,10 @@ class SubRayResourcePool(RayResourcePool):
         """Nothing to release: the placement groups belong to the pool this one was cut from."""
 
     def __repr__(self) -> str:
-        return f"SubRayResourcePool(bundles {self.start_bundle_index}..{self.start_bundle_index + self.world_size - 1} of {self.process_on_nodes})"
+        return (
+            f"SubRayResourcePool(bundles {self.start_bundle_index}..{self.start_bundle_index + self.world_size - 1} "
+            f"of {self.process_on_nodes})"
+        )
 
 
 def split_resource_pool(resource_pool: RayResourcePool, split_size: int | list[int]) -> list[SubRayResourcePool]:

@@ -53,7 +53,8 @@ class VerlWorkerMethods:
         if mesh_name not in dispatch:
             raise ContractError(
                 f"{type(self).__name__} rank {os.environ.get('RANK')} declared no mesh {mesh_name!r} "
-                f"(declared: {sorted(dispatch)}); call self._register_dispatch_collect_info({mesh_name!r}, dp_rank, is_collect)"
+                f"(declared: {sorted(dispatch)}); "
+                f"call self._register_dispatch_collect_info({mesh_name!r}, dp_rank, is_collect)"
             )
         return dispatch[mesh_name], collect[mesh_name]
 

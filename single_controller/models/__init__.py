@@ -1,1 +1,4 @@
-"""The seed's import path for the tensor-parallel LLaMA MLP (seed 000, chapter 4): single_controller/compat/llama_tp_mlp.py."""
+"""The seed's import path for the tensor-parallel LLaMA MLP (seed 000, chapter 4).
+
+The code is in single_controller/compat/llama_tp_mlp.py.
+"""

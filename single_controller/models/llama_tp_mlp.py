@@ -1,4 +1,7 @@
-"""The seed's import path (``single_controller.models.llama_tp_mlp``); the code is in single_controller/compat/llama_tp_mlp.py."""
+"""The seed's import path (``single_controller.models.llama_tp_mlp``).
+
+The code is in single_controller/compat/llama_tp_mlp.py.
+"""
 
 from single_controller.compat.llama_tp_mlp import (
     LlamaMLP,

@@ -1,4 +1,7 @@
-"""The seed's import path (``single_controller.ray.megatron``); the code is in single_controller/compat/megatron_group.py."""
+"""The seed's import path (``single_controller.ray.megatron``).
+
+The code is in single_controller/compat/megatron_group.py.
+"""
 
 from single_controller.compat.megatron_group import NVMegatronRayWorkerGroup, TensorParallelRayWorkerGroup
 

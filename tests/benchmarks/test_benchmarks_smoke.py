@@ -244,7 +244,7 @@ def test_transfer_round_trips_a_dataproto_through_the_workers():
     assert len(out["round_trip_s_all"]) == 2 and out["payload_gb_per_s"] > 0
 
 
-@pytest.mark.slow  # two training steps per setting: ~27 s (what stays in the workers: tests/trainer/test_dataflow.py, tests/e2e)
+@pytest.mark.slow  # two training steps per setting: ~27 s (what stays in the workers: test_dataflow.py, tests/e2e)
 def test_transfer_counts_the_bytes_a_step_moves(cache_dir):
     """The demo's GRPO step on one worker: the prompts go out, the advantages follow; the responses, their masks
     and the attention mask come back; the rollout's sequences never travel again."""

@@ -1,5 +1,6 @@
-"""trainer.build.build_trainer's reward wiring: several train/val files with different data sources mix, validation reports
-each source, and custom_reward_function.{path,name} replaces the built-in rewards (or is a one-line ConfigError).
+"""trainer.build.build_trainer's reward wiring: several train/val files with different data sources mix, validation
+reports each source, and custom_reward_function.{path,name} replaces the built-in rewards (or is a one-line
+ConfigError).
 
 Generation is scripted (``ScriptedRollout`` answers from a table) so that no Ray worker starts; everything else
 is the real path: config, parquet files, tokenizer from disk, datasets, reward managers, ``validate``.
@@ -120,7 +121,8 @@ def test_custom_reward_function_scores_train_and_val(assets, tmp_path):
         (
             "def other(*args):\n    return 0.0\n",
             "compute_score",
-            r"^reward\.custom_reward_function\.name='compute_score': .*no function 'compute_score'; callables in it: \['other'\]",
+            r"^reward\.custom_reward_function\.name='compute_score': .*no function 'compute_score'; "
+            r"callables in it: \['other'\]",
         ),
         (
             "import no_such_module_here\n",

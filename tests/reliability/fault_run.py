@@ -3,7 +3,8 @@
     python tests/reliability/fault_run.py kill|hang|oom RANK CALL [key=value ...]
 
 In the first worker group only (a restarted group is healthy), rank RANK's ``update_actor`` SIGKILLs its own
-process, hangs, or raises CUDA's out-of-memory error, on its CALL-th call. Everything else is the ordinary ``python main.py key=value ...``.
+process, hangs, or raises CUDA's out-of-memory error, on its CALL-th call. Everything else is the ordinary
+``python main.py key=value ...``.
 """
 
 import os

@@ -60,8 +60,8 @@ def build(tmp_path, assets, *overrides: str):
         (
             "actor_rollout_ref.model.lora_rank=4 actor_rollout_ref.model.target_modules=[q_prj,v_proj]",
             [
-                "actor_rollout_ref.model.target_modules=['q_prj', 'v_proj']: ['q_prj'] match no layer of the model; its "
-                "layers are named [",
+                "actor_rollout_ref.model.target_modules=['q_prj', 'v_proj']: ['q_prj'] match no layer of the model; "
+                "its layers are named [",
                 "'q_proj'",
                 "or use 'all-linear'",
             ],
@@ -146,8 +146,8 @@ def test_a_reward_function_that_returns_no_score_is_refused_before_any_model_loa
             f"custom_reward_function.name={name}",
         )
     assert str(info.value) == (
-        f"reward.custom_reward_function.name='{name}': returned {shown} for the first prompt (with an empty response); a "
-        "reward function must return a number, or a dict with a numeric 'score' (and any other values)"
+        f"reward.custom_reward_function.name='{name}': returned {shown} for the first prompt (with an empty response); "
+        "a reward function must return a number, or a dict with a numeric 'score' (and any other values)"
     )
 
 

@@ -49,9 +49,9 @@ def test_out_of_memory_also_names_the_micro_batch_keys_to_lower(group):
     with pytest.raises(torch.OutOfMemoryError) as info:
         group.update_actor(0, "oom")
     assert str(named(info.value)) == (
-        f"worker rank 0 of 2 raised OutOfMemoryError during Faulty.update_actor: {where(group.processes[0])}; CUDA out "
-        "of memory. Tried to allocate 2.00 GiB; out of memory: lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu "
-        "(ppo_max_token_len_per_gpu with use_dynamic_bsz)"
+        f"worker rank 0 of 2 raised OutOfMemoryError during Faulty.update_actor: {where(group.processes[0])}; "
+        "CUDA out of memory. Tried to allocate 2.00 GiB; out of memory: lower "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (ppo_max_token_len_per_gpu with use_dynamic_bsz)"
     )
 
 

@@ -20,7 +20,8 @@ def test_seed_000_chapter1_ray_actor(ray_cluster):
     assert seed_000_ray_api.chapter1() == (0, 10)
 
 
-@pytest.mark.slow  # 16 worker processes on 2 cores: ~75 s (the same API in make test: test_dispatch.py, test_worker_groups_verl.py, the other seed tests)
+# the same API in make test: test_dispatch.py, test_worker_groups_verl.py, the other seed tests
+@pytest.mark.slow  # 16 worker processes on 2 cores: ~75 s
 def test_seed_000_chapters2_and_3(ray_cluster):
     out = seed_000_ray_api.chapters2_and_3(use_gpu=False)
     assert values(out["add_1"]) == [1, 2, 3, 4]

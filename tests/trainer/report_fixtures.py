@@ -22,8 +22,8 @@ REWARDS = [1.0, 0.0, 1.0, 0.0]
 
 
 def rollout_step(tokenizer, model) -> tuple[DataProto, tuple[torch.Tensor, torch.Tensor], dict[str, list]]:
-    """(the step's batch after the advantages, the prompts' ids and mask (B, P), the reward function's extras) of one GRPO
-    step over ``QUESTIONS`` (two prompt groups of two), as the driver holds them."""
+    """(the step's batch after the advantages, the prompts' ids and mask (B, P), the reward function's extras) of one
+    GRPO step over ``QUESTIONS`` (two prompt groups of two), as the driver holds them."""
     loop = make_loop(tokenizer)
     tensors, stats, _ = run(loop, model, tokenizer, QUESTIONS, TURNS, RESPONSE_LENGTH, return_log_probs=True)
     prompt = prompt_batch(tokenizer, QUESTIONS, loop.toolbox.schemas)

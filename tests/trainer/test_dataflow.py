@@ -127,7 +127,8 @@ def test_a_direct_call_carries_every_input_and_gets_every_output():
 
 
 def test_the_old_log_probs_come_to_the_driver_only_for_the_sampled_tokens():
-    """The run report (and trainer.rollout_data_dir) show each sampled token's log-prob: then the rollout's come back."""
+    """The run report (and trainer.rollout_data_dir) show each sampled token's log-prob: then the rollout's come
+    back."""
     on = make_plan(load_config([], config_name="smollm2_arith"), 1).flows["step"]
     assert "old_log_probs" in on.route("gen").give and on.phase("dump_rollout_generations").reads == ("old_log_probs",)
     off = make_plan(load_config(["trainer.report.enable=false"], config_name="smollm2_arith"), 1).flows["step"]

@@ -1,5 +1,5 @@
-"""Token statistics from hidden states (workers.compute.logprob): the fused head equals the full logits, through LoRA and
-the exact KL, padded and packed; which heads it applies to; the LM-head override."""
+"""Token statistics from hidden states (workers.compute.logprob): the fused head equals the full logits, through LoRA
+and the exact KL, padded and packed; which heads it applies to; the LM-head override."""
 
 import pytest
 import torch

@@ -25,7 +25,9 @@ CALC = call("calculator", expression="1+2")
 TOOL_TURNS = {
     "tiny": "\n<|tool|>3<eos>\n<|assistant|>",
     "chatml": "\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
-    "llama3": "<|start_header_id|>ipython<|end_header_id|>\n\n3<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    "llama3": (
+        "<|start_header_id|>ipython<|end_header_id|>\n\n3<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    ),
 }
 TOKENIZERS = {"tiny": chat_tokenizer, "chatml": chatml_tokenizer, "llama3": llama3_tokenizer}
 

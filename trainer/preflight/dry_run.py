@@ -139,15 +139,15 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
         raise ConfigError.invalid(
             key,
             path,
-            f"a {config.model_type!r} model is not a causal LM; the {'teacher' if 'teacher' in key else 'policy'} needs one "
-            "that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)",
+            f"a {config.model_type!r} model is not a causal LM; the {'teacher' if 'teacher' in key else 'policy'} "
+            "needs one that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)",
         )
 
 
 def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
-    """The sizes of each role's own model (``config.worker_roles.ROLES`` that the plan places), from its ``config.json``;
-    ``demo_config()`` gives the built-in model's config when ``actor_rollout_ref.model.path`` is null, and a null
-    path of another role is the actor's model."""
+    """The sizes of each role's own model (``config.worker_roles.ROLES`` that the plan places), from its
+    ``config.json``; ``demo_config()`` gives the built-in model's config when ``actor_rollout_ref.model.path`` is null,
+    and a null path of another role is the actor's model."""
     arr, step = cfg.actor_rollout_ref, Step(cfg, plan)
     actor_path = arr.model.path
     actor_config = (

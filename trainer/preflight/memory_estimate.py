@@ -15,8 +15,8 @@ dtype's bytes, T tokens through the model, N response tokens, V the vocabulary, 
 - **activations**: what backward keeps per token and block of a Llama-style block (gated MLP), counted with
   saved-tensor hooks on Llama and Qwen2 blocks: ``6h + 2·kv + 4i`` values, ``+2h`` when the norms train (not under
   LoRA), ``+r`` per LoRA-adapted linear, ``+W`` for an explicit attention mask over rows of W tokens, ``+2·heads·W``
-  under math attention (a bf16 CPU update of short rows, ``workers.compute.attention``); the norms keep their inputs in fp32.
-  With gradient checkpointing a block keeps its input (h) and one block is recomputed at a time. On a CPU this is
+  under math attention (a bf16 CPU update of short rows, ``workers.compute.attention``); the norms keep their inputs in
+  fp32. With gradient checkpointing a block keeps its input (h) and one block is recomputed at a time. On a CPU this is
   the resident memory too, with the workers' allocator (mimalloc, ``workers/runtime/malloc.py``); glibc's heap, the
   fallback where mimalloc is not installed, fragments (a peak 1.5–3× larger: docs/benchmarks.md), which the
   estimate does not model.

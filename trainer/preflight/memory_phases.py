@@ -1,10 +1,9 @@
 """The phases of a run on one worker and what each holds at its peak: the memory estimate of a config.
 
-A worker holds every role the step plan places on it (``config.worker_roles.ROLES``): the actor (+ rollout), the reference
-unless the actor is its own (LoRA), the critic, the reward model, distillation's
-teachers. Each phase adds its own terms
-(``trainer.preflight.memory_estimate``) to what persists: loading, every worker phase of the step that the plan runs
-(``config.phases.STEP_PHASES``, each by the estimator its entry names in ``ESTIMATORS``) and validation's
+A worker holds every role the step plan places on it (``config.worker_roles.ROLES``): the actor (+ rollout), the
+reference unless the actor is its own (LoRA), the critic, the reward model, distillation's teachers. Each phase adds its
+own terms (``trainer.preflight.memory_estimate``) to what persists: loading, every worker phase of the step that the
+plan runs (``config.phases.STEP_PHASES``, each by the estimator its entry names in ``ESTIMATORS``) and validation's
 generation. Every phase knows the key that sizes its batch, so a refusal can name what to lower.
 """
 

@@ -12,8 +12,8 @@ from config.distillation import active_teachers, uses_topk
 
 
 def check_teachers(cfg: PPOConfig, check_model: Any) -> None:
-    """``check_model(key, path, trust_remote_code, causal_lm)`` (``trainer.preflight.dry_run``'s) on every teacher, then the
-    vocabularies; ConfigError in one line naming the key, the path and the difference."""
+    """``check_model(key, path, trust_remote_code, causal_lm)`` (``trainer.preflight.dry_run``'s) on every teacher, then
+    the vocabularies; ConfigError in one line naming the key, the path and the difference."""
     if not cfg.distillation.enabled:
         return
     student = cfg.actor_rollout_ref.model

@@ -148,6 +148,6 @@ def load_plain(file: str | Path | io.BytesIO, name: str | None = None) -> Any:
     except pickle.UnpicklingError as exc:
         first_line = (str(exc).splitlines() or [""])[0]
         raise UnsafeCheckpointError(
-            f"refusing to load {name or file}: it holds pickled Python objects other than tensors and plain types, which "
-            f"could run code when loaded (a crafted file, or one written by an older ColoRL): {first_line}"
+            f"refusing to load {name or file}: it holds pickled Python objects other than tensors and plain types, "
+            f"which could run code when loaded (a crafted file, or one written by an older ColoRL): {first_line}"
         ) from None

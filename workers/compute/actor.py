@@ -144,8 +144,8 @@ class DataParallelPPOActor:
         max_token_len: int | None = None,
         stats: tuple[str, ...] = (),
     ) -> dict[str, Tensor]:
-        """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``workers.compute.logprob.STATS``), each
-        (B, R)."""
+        """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``workers.compute.logprob.STATS``),
+        each (B, R)."""
         self.module.eval()
         tensors = {k: data.batch[k] for k in forward_keys(self.use_remove_padding)}
         response_length = tensors["responses"].shape[-1]

@@ -83,8 +83,8 @@ class AgentLoop:
         module: ``HFTurnSampler``; or any ``TurnSampler``).
 
         ``non_tensors`` may hold ``raw_prompt``, ``agent_name`` and ``tools_kwargs`` per row. Returns the rollout
-        tensors (as ``workers.compute.rollout.generate_sequences``: with ``return_log_probs`` rollout_log_probs, 0 on tool
-        tokens), per-row non-tensors (``__num_turns__``, ``tool_call_counts``, ``tool_error_counts``,
+        tensors (as ``workers.compute.rollout.generate_sequences``: with ``return_log_probs`` rollout_log_probs, 0 on
+        tool tokens), per-row non-tensors (``__num_turns__``, ``tool_call_counts``, ``tool_error_counts``,
         ``tool_rewards``, ``reward_scores``, ``tool_response_tokens``, ``stop_reason``, ``tokenization_mismatch``,
         ``messages``) and worker metrics.
         """

@@ -73,8 +73,8 @@ def minibatch_update(
     micro-batch's share of the mini-batch's loss (``algos.agg_loss``), so the accumulated, FSDP-averaged
     gradient is that of the whole global mini-batch's loss however it was split. A mini-batch whose clipped
     gradient norm is not finite is skipped (its gradients dropped). Metrics: the loss_fn's, once per
-    micro-batch, plus ``{prefix}/grad_norm``, ``{prefix}/lr`` and ``{prefix}/nonfinite_skipped`` (1 for a skipped mini-batch)
-    once per mini-batch.
+    micro-batch, plus ``{prefix}/grad_norm``, ``{prefix}/lr`` and ``{prefix}/nonfinite_skipped`` (1 for a skipped
+    mini-batch) once per mini-batch.
     """
     metrics: dict[str, list] = defaultdict(list)
     device = model_device(module)

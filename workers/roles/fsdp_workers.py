@@ -48,7 +48,7 @@ def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
     """CPU threads (workers × threads ≤ cores) and malloc, per-rank seed, determinism, the torch.distributed world."""
     if worker.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // worker.local_world_size))
-        malloc.keep_freed_memory()  # glibc only: the trainer preloads mimalloc where installed (workers/runtime/malloc.py)
+        malloc.keep_freed_memory()  # glibc only: the trainer preloads mimalloc if installed (workers/runtime/malloc.py)
     torch.manual_seed(seed + worker.rank)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)

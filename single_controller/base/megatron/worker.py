@@ -1,4 +1,7 @@
-"""The seed's import path (``single_controller.base.megatron.worker``); the code is in single_controller/compat/megatron_worker.py."""
+"""The seed's import path (``single_controller.base.megatron.worker``).
+
+The code is in single_controller/compat/megatron_worker.py.
+"""
 
 from single_controller.compat.megatron_worker import (
     DistGlobalInfo,
