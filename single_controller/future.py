@@ -1,5 +1,4 @@
-"""Results that are not there yet: ``DataProtoFuture`` (a ``blocking=False`` DataProto call) and joining per-rank
-results."""
+"""Results not there yet: ``DataProtoFuture`` (a ``blocking=False`` DataProto call), and joining per-rank results."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ __all__ = ["DataProtoFuture", "concat_results"]
 
 
 def concat_results(parts: Sequence[Any]) -> Any:
-    """Join the per-rank results of a data-parallel call: DataProtos with ``DataProto.concat``, TensorDicts with
-    ``torch.cat``."""
+    """Join a data-parallel call's rank results: DataProtos by ``DataProto.concat``, TensorDicts by ``torch.cat``."""
     if all(isinstance(p, DataProto) for p in parts):
         return DataProto.concat(parts)
     if all(is_tensordict(p) for p in parts):

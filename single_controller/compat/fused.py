@@ -37,14 +37,12 @@ class FusedWorker(WorkerDict):
 
 
 def create_colocated_worker_raw_cls(class_dict: dict[str, RayClassWithInitArgs]) -> type:
-    """A ``FusedWorker`` subclass holding the roles of ``class_dict``, named ``FusedWorker_<role>_<role>...`` as in
-    verl."""
+    """A ``FusedWorker`` subclass holding ``class_dict``'s roles, named ``FusedWorker_<role>_<role>...`` (verl's)."""
     return colocated_class(FusedWorker, class_dict, "_".join(["FusedWorker", *class_dict]))
 
 
 def create_colocated_worker_cls_fused(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
-    """The raw fused class, ready for a worker group (verl's ``fused_worker_used`` flag set, which ColoRL does not
-    need)."""
+    """The raw fused class, ready for a worker group (verl's ``fused_worker_used`` flag set; ColoRL needs none)."""
     cia = RayClassWithInitArgs(ray.remote(create_colocated_worker_raw_cls(class_dict)))
     cia.fused_worker_used = True
     return cia

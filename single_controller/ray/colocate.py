@@ -45,8 +45,7 @@ class WorkerDict(Worker):
 
 
 class AsyncRoles:
-    """For roles with ``async def`` methods: ``execute_role`` awaits them (Ray then runs the class as an async
-    actor)."""
+    """For roles with ``async def`` methods: ``execute_role`` awaits them (Ray runs the class as an async actor)."""
 
     async def execute_role(self, role: str, method_name: str, *args, **kwargs) -> Any:
         result = getattr(self.worker_dict[role], method_name)(*args, **kwargs)
