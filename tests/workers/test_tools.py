@@ -324,3 +324,17 @@ def test_the_arithmetic_calculators_tool_turn_never_scores_by_itself():
     turn = tool["config"]["result_template"].format(result="44")
     assert "44" in turn  # the result itself is there
     assert compute_score("colorl/arith", f"Let me compute. {turn}", "44")["score"] == 0.0
+
+
+def test_the_tools_preset_keeps_the_calculators_turn_whole():
+    """A cut reminder ("...(truncated)...th #### followed by this number.") is not the turn the preset means."""
+    import yaml
+
+    from config import load_config
+
+    path = Path(__file__).resolve().parents[2] / "conf/tools/arith_calculator.yaml"
+    (tool,) = yaml.safe_load(path.read_text())["tools"]
+    multi_turn = load_config([], config_name="smollm2_tools").actor_rollout_ref.rollout.multi_turn
+    longest = tool["config"]["result_template"].format(result=-99 * 99 * 99)  # beyond any two-step problem's
+    cut = truncate(longest, multi_turn.max_tool_response_length, multi_turn.tool_response_truncate_side)
+    assert cut == longest
