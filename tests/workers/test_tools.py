@@ -313,28 +313,29 @@ def test_verls_tool_files_run_with_verls_own_classes_when_verl_is_installed(verl
     assert not any(name.startswith("verl.experimental") for name in out["verl_modules"])  # only what files import
 
 
-def test_the_arithmetic_calculators_tool_turn_never_scores_by_itself():
-    """The reward reads tool turns too: the benchmark calculator's reminder must not hold a scorable answer."""
+def arith_calculator_template() -> str:
+    """The benchmark calculator's ``result_template`` (conf/tools/arith_calculator.yaml)."""
     import yaml
-
-    from data.rewards.arith import compute_score
 
     path = Path(__file__).resolve().parents[2] / "conf/tools/arith_calculator.yaml"
     (tool,) = yaml.safe_load(path.read_text())["tools"]
-    turn = tool["config"]["result_template"].format(result="44")
+    return tool["config"]["result_template"]
+
+
+def test_the_arithmetic_calculators_tool_turn_never_scores_by_itself():
+    """The reward reads tool turns too: the benchmark calculator's reminder must not hold a scorable answer."""
+    from data.rewards.arith import compute_score
+
+    turn = arith_calculator_template().format(result="44")
     assert "44" in turn  # the result itself is there
     assert compute_score("colorl/arith", f"Let me compute. {turn}", "44")["score"] == 0.0
 
 
 def test_the_tools_preset_keeps_the_calculators_turn_whole():
     """A cut reminder ("...(truncated)...th #### followed by this number.") is not the turn the preset means."""
-    import yaml
-
     from config import load_config
 
-    path = Path(__file__).resolve().parents[2] / "conf/tools/arith_calculator.yaml"
-    (tool,) = yaml.safe_load(path.read_text())["tools"]
     multi_turn = load_config([], config_name="smollm2_tools").actor_rollout_ref.rollout.multi_turn
-    longest = tool["config"]["result_template"].format(result=-99 * 99 * 99)  # beyond any two-step problem's
+    longest = arith_calculator_template().format(result=-99 * 99 * 99)  # beyond any two-step problem's
     cut = truncate(longest, multi_turn.max_tool_response_length, multi_turn.tool_response_truncate_side)
     assert cut == longest
