@@ -237,6 +237,9 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         f"data.train_batch_size × {ARR}.rollout.n at once)",
         columns=AGENT_KEYS,
     ),
+    # trainer.v1's async modes: a batch is generated while another trains (on a group of its own, or before the
+    # update on the same one), so what the rollout writes comes to the driver with it (trainer.ahead)
+    StepPhase("handover", DRIVER, _gen_writes, _gen_writes, runs=lambda s: s.plan.mode.asynchronous, timed=False),
     # trainer.balance_batch, at verl's place (after generation, before the reward): the driver reorders the rows so
     # each worker's share holds a similar number of tokens (trainer.balance); with dynamic sampling, filter_groups
     # balances the rows it keeps instead (verl's DAPO loop)

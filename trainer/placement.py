@@ -2,7 +2,8 @@
 
 Each entry of ``config.worker_roles.ROLES`` that the plan places computes its phases on one of these, by the name
 ``init_workers`` maps it to: the actor (+ rollout, and the reference when it lives in the actor's process), the
-reference, the critic, the reward model and distillation's teachers.
+reference, the critic, the reward model and distillation's teachers. A rollout group of its own
+(``trainer.v1.trainer_mode=separate_async``) holds the actor alone (``rollout_class``).
 """
 
 from __future__ import annotations
@@ -35,3 +36,11 @@ def role_classes(cfg: PPOConfig, plan: StepPlan) -> dict[str, RayClassWithInitAr
             TeacherWorker, config=cfg.distillation, actor_rollout_ref=arr, plan=plan
         )
     return roles
+
+
+def rollout_class(cfg: PPOConfig, rollout_plan: StepPlan) -> RayClassWithInitArgs:
+    """The worker of a rollout group of its own: the actor, whose rollout generates and whose weights the trainer's
+    group sends (``workers.roles.weight_sync``); ``rollout_plan`` is the plan on that group's workers."""
+    return RayClassWithInitArgs(
+        ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout", plan=rollout_plan
+    )

@@ -31,6 +31,7 @@ from single_controller import DataProto
 from single_controller.ray import RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from trainer.advantage import compute_advantage
+from trainer.ahead import Ahead
 from trainer.balance import balance_batch
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.data_position import DataPosition
@@ -51,14 +52,13 @@ from trainer.metrics import (
 from trainer.placement import role_classes
 from trainer.preemption import StopSignals
 from trainer.report import RunReport
-from trainer.routing import request, take_back
+from trainer.routing import STEP_TOKEN, request, take_back
 from trainer.run_dir import open_run
 from trainer.tracking import Tracking
 from trainer.validation import ValidationTally
 from trainer.watchdog import PhaseWatchdog
 from workers.runtime import malloc
 
-STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 
 
@@ -103,9 +103,10 @@ class RayPPOTrainer:
         self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
             {},
             config.trainer.phase_timeout_s,
-            dump_fn=lambda: stall_report(self.fused_wg.processes),
-            teardown_fn=lambda: shutdown_worker_group(self.fused_wg),
+            dump_fn=lambda: stall_report([p for group in self.worker_groups() for p in group.processes]),
+            teardown_fn=lambda: [shutdown_worker_group(group) for group in self.worker_groups()],
         )
+        self.ahead: Ahead | None = None  # trainer.v1's async modes: the batches generated ahead (trainer.ahead)
 
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
@@ -136,12 +137,23 @@ class RayPPOTrainer:
             for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.teacher_wg, self.actor_rollout_wg):
                 if wg is not None:
                     wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
+            if plan.mode.asynchronous:  # separate_async: the rollout group starts here
+                self.ahead = Ahead.start(cfg, plan, self.actor_rollout_wg, self.total_training_steps)
+
+    def worker_groups(self) -> list[RayWorkerGroup]:
+        """The groups of worker processes placed so far: the fused one, and a rollout group of its own."""
+        groups = [getattr(self, "fused_wg", None)]
+        if self.ahead is not None and self.ahead.separate:
+            groups.append(self.ahead.rollout_group)
+        return [group for group in groups if group is not None]
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
         """Train (or resume) up to ``total_training_steps``; returns the last step's metrics."""
         cfg = self.config.trainer
         resumed = self.load_checkpoint()
+        if self.ahead is not None:
+            self.ahead.begin(self.global_step)
         self.generations.drop_steps_after(self.global_step)  # a resumed run computes the later steps again
         self.logger = Tracking(
             project_name=cfg.project_name,
@@ -222,6 +234,7 @@ class RayPPOTrainer:
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
             "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
+            **({"ahead": self.ahead.state()} if self.ahead is not None else {}),
         }
 
     def load_checkpoint(self) -> bool:
@@ -243,6 +256,8 @@ class RayPPOTrainer:
         self.data.load(state)
         self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
         self.wandb_run_id = state["wandb_run_id"]
+        if self.ahead is not None:
+            self.ahead.load(state["ahead"])
         print(f"[colorl] resumed from {path} (step {self.global_step})", flush=True)
         return True
 
@@ -267,6 +282,10 @@ class RayPPOTrainer:
                 batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
                 if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
                     sampled.update(self._balance(batch, reward_extras))
+            elif self.ahead is not None:  # trainer.v1's async modes: the oldest batch generated ahead
+                with self._phase("gen", timing):
+                    batch, sampled = self.ahead.next(batch, more, self.global_step, self._prepare)
+                reward_extras = self._scored(batch, sampled, timing)
             else:
                 batch, reward_extras, sampled = sample(batch)
             metrics.update(sampled)
@@ -281,6 +300,8 @@ class RayPPOTrainer:
             metrics.update(self._worker("update_critic", batch, timing))
             if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
                 metrics.update(self._worker("update_actor", batch, timing))
+            if self.ahead is not None:  # the rollout's next batches take this step's weights (verl's timer name)
+                metrics.update(self.ahead.sync_weights(self.global_step))
             with self._phase("dump_rollout_generations", timing):  # verl's timer name
                 prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
                 self.generations.training_step(batch, prompts, reward_extras, self.global_step)
@@ -296,25 +317,39 @@ class RayPPOTrainer:
         """A batch of prompts through generation and reward: (its n responses a prompt, the reward function's
         per-row extras, the phases' metrics)."""
         metrics: dict[str, Any] = {}
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this batch is under it
+        reward_baselines = None
         if self.plan.runs("gen_max"):  # ReMax's baseline: the greedy answer's reward
             with self._phase("gen_max", timing):
-                batch.batch["reward_baselines"] = self._greedy_reward(batch)
+                reward_baselines = self._greedy_reward(batch)
+        batch = self._prepare(batch, reward_baselines)
+        with self._phase("gen", timing):
+            metrics.update(self._call("gen", batch))
+        return batch, self._scored(batch, metrics, timing), metrics
+
+    def _prepare(self, batch: DataProto, reward_baselines: torch.Tensor | None = None) -> DataProto:
+        """A drawn batch ready to generate from: its prompts' ids, the token of its worker calls, rollout.n rows a
+        prompt (interleaved), and the prompts as given (verl's "prompts", for the dumps: the rollout rewrites
+        input_ids and attention_mask)."""
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this batch is under it
+        if reward_baselines is not None:
+            batch.batch["reward_baselines"] = reward_baselines
         batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
-        # the prompts as given, for the dumps (verl's "prompts"): the rollout rewrites input_ids and attention_mask
         batch.batch["prompts"], batch.batch["prompt_attention_mask"] = (
             batch.batch["input_ids"],
             batch.batch["attention_mask"],
         )
-        with self._phase("gen", timing):
-            metrics.update(self._generate(batch))
+        return batch
+
+    def _scored(self, batch: DataProto, metrics: dict, timing: dict[str, float]) -> dict[str, list]:
+        """A generated batch balanced over the workers (when the plan does) and rewarded: the reward function's
+        per-row extras; the phases' metrics into ``metrics``."""
+        metrics.update(multi_turn_metrics(batch.non_tensor_batch))
         if self.plan.runs("balance"):
             with self._phase("balance", timing):
                 metrics.update(self._balance(batch))
         with self._phase("reward", timing):
-            reward_extras = self._reward(batch, metrics)
-        return batch, reward_extras, metrics
+            return self._reward(batch, metrics)
 
     def _balance(self, batch: DataProto, extras: dict[str, list] | None = None) -> dict[str, float]:
         """``trainer.balance_batch``: reorder the rows (and the per-row ``extras``) so each worker's share gets a
@@ -353,11 +388,6 @@ class RayPPOTrainer:
         take_back(batch, route, out)
         return metrics
 
-    def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
-        """Responses to ``batch``'s prompts (its gen phase in ``flow``); the rollout's metrics, multi-turn's too."""
-        metrics = self._call("gen", batch, flow, meta_info)
-        return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}
-
     def _reward(self, batch: DataProto, metrics: dict) -> dict[str, list]:
         """Token-level scores into ``batch``: the reward function's, plus the reward model's on the last response
         token (and their group statistics into ``metrics``); returns the reward function's per-row extra values."""
@@ -375,7 +405,7 @@ class RayPPOTrainer:
         """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
         greedy = self.config.actor_rollout_ref.rollout.val_kwargs.sampling()
         prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)  # every non-tensor too
-        self._generate(prompts, GREEDY_FLOW, meta_info=greedy)
+        self._call("gen", prompts, GREEDY_FLOW, meta_info=greedy)
         return self.reward_fn(prompts)[0].sum(-1)
 
     # ------------------------------------------------------------------ validation
@@ -388,7 +418,7 @@ class RayPPOTrainer:
             batch = batch.repeat(val_kwargs.n, interleave=True)
             prompts = batch.batch["input_ids"], batch.batch["attention_mask"]
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
-                self._generate(batch, VALIDATION_FLOW, val_kwargs.sampling())
+                self._call("gen", batch, VALIDATION_FLOW, val_kwargs.sampling())
                 tally.add(batch, prompts, *self.val_reward_fn(batch))
         self.generations.validation(tally.parts, self.global_step, getattr(self, "logger", None))
         return tally.metrics()
