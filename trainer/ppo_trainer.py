@@ -282,12 +282,8 @@ class RayPPOTrainer:
                 batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
                 if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
                     sampled.update(self._balance(batch, reward_extras))
-            elif self.ahead is not None:  # trainer.v1's async modes: the oldest batch generated ahead
-                with self._phase("gen", timing):
-                    batch, sampled = self.ahead.next(batch, more, self.global_step, self._prepare)
-                reward_extras = self._scored(batch, sampled, timing)
             else:
-                batch, reward_extras, sampled = sample(batch)
+                batch, reward_extras, sampled = sample(batch, more=more)
             metrics.update(sampled)
             metrics.update(self._worker("old_log_prob", batch, timing))
             metrics.update(self._worker("ref", batch, timing))
@@ -313,43 +309,45 @@ class RayPPOTrainer:
         return {k: float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ phases
-    def _sample(self, batch: DataProto, timing: dict[str, float]) -> tuple[DataProto, dict[str, list], dict]:
+    def _sample(
+        self, batch: DataProto, timing: dict[str, float], more: Iterator[DataProto] | None = None
+    ) -> tuple[DataProto, dict[str, list], dict]:
         """A batch of prompts through generation and reward: (its n responses a prompt, the reward function's
-        per-row extras, the phases' metrics)."""
+        per-row extras, the phases' metrics). In trainer.v1's async modes (``self.ahead``) ``batch`` is asked for,
+        and the oldest batch asked for (drawing more from ``more`` at first) comes back generated instead."""
         metrics: dict[str, Any] = {}
-        reward_baselines = None
-        if self.plan.runs("gen_max"):  # ReMax's baseline: the greedy answer's reward
-            with self._phase("gen_max", timing):
-                reward_baselines = self._greedy_reward(batch)
-        batch = self._prepare(batch, reward_baselines)
+        prepare = functools.partial(self._prepare, timing=timing)
+        if self.ahead is None:
+            batch = prepare(batch)
         with self._phase("gen", timing):
-            metrics.update(self._call("gen", batch))
-        return batch, self._scored(batch, metrics, timing), metrics
+            if self.ahead is None:
+                metrics.update(self._call("gen", batch))
+            else:
+                batch, generated = self.ahead.next(batch, more, self.global_step, prepare)
+                metrics.update(generated)
+        metrics.update(multi_turn_metrics(batch.non_tensor_batch))
+        if self.plan.runs("balance"):
+            with self._phase("balance", timing):
+                metrics.update(self._balance(batch))
+        with self._phase("reward", timing):
+            reward_extras = self._reward(batch, metrics)
+        return batch, reward_extras, metrics
 
-    def _prepare(self, batch: DataProto, reward_baselines: torch.Tensor | None = None) -> DataProto:
-        """A drawn batch ready to generate from: its prompts' ids, the token of its worker calls, rollout.n rows a
-        prompt (interleaved), and the prompts as given (verl's "prompts", for the dumps: the rollout rewrites
-        input_ids and attention_mask)."""
+    def _prepare(self, batch: DataProto, timing: dict[str, float]) -> DataProto:
+        """A drawn batch ready to generate from: its prompts' ids and the token of its worker calls, ReMax's greedy
+        baseline, rollout.n rows a prompt (interleaved), and the prompts as given (verl's "prompts", for the dumps:
+        the rollout rewrites input_ids and attention_mask)."""
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this batch is under it
-        if reward_baselines is not None:
-            batch.batch["reward_baselines"] = reward_baselines
+        if self.plan.runs("gen_max"):  # ReMax's baseline: the greedy answer's reward
+            with self._phase("gen_max", timing):
+                batch.batch["reward_baselines"] = self._greedy_reward(batch)
         batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
         batch.batch["prompts"], batch.batch["prompt_attention_mask"] = (
             batch.batch["input_ids"],
             batch.batch["attention_mask"],
         )
         return batch
-
-    def _scored(self, batch: DataProto, metrics: dict, timing: dict[str, float]) -> dict[str, list]:
-        """A generated batch balanced over the workers (when the plan does) and rewarded: the reward function's
-        per-row extras; the phases' metrics into ``metrics``."""
-        metrics.update(multi_turn_metrics(batch.non_tensor_batch))
-        if self.plan.runs("balance"):
-            with self._phase("balance", timing):
-                metrics.update(self._balance(batch))
-        with self._phase("reward", timing):
-            return self._reward(batch, metrics)
 
     def _balance(self, batch: DataProto, extras: dict[str, list] | None = None) -> dict[str, float]:
         """``trainer.balance_batch``: reorder the rows (and the per-row ``extras``) so each worker's share gets a
