@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from config.worker_roles import ACTOR, CRITIC
 from workers.checkpoint.safe_files import (
     WRITE_ERRORS,
     UnsafeCheckpointError,
@@ -80,7 +81,7 @@ class CheckpointManager:
         self, root: str, max_actor_ckpt_to_keep: int | None = None, max_critic_ckpt_to_keep: int | None = None
     ):
         self.root = Path(root)
-        self.keep = {"actor": max_actor_ckpt_to_keep, "critic": max_critic_ckpt_to_keep}
+        self.keep = {ACTOR.name: max_actor_ckpt_to_keep, CRITIC.name: max_critic_ckpt_to_keep}
 
     def staging_path(self, step: int) -> Path:
         """The hidden directory that step ``step`` is written into before it is committed."""

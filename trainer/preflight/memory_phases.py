@@ -20,7 +20,7 @@ from config.dataflow import when
 from config.distillation import uses_topk
 from config.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
 from config.plan import StepPlan
-from config.worker_roles import ROLE, ROLES
+from config.worker_roles import ACTOR, REF, ROLE, ROLES
 from trainer.preflight.memory_estimate import (
     FP32,
     RUNTIME_CPU_BYTES,
@@ -138,7 +138,7 @@ class _Estimator:
         )
         runtime = RUNTIME_CPU_BYTES + self.rows * self.width * 8 * 6 if self.device == "cpu" else 0
         if self.vllm and self.device == "cpu":  # the engine keeps its weights and its own share of the process
-            actor = self.roles["actor"]
+            actor = self.roles[ACTOR.name]
             weights += actor.placement.compute_bytes * actor.sizes.params
             runtime += VLLM_RUNTIME_CPU_BYTES
         return {"weights": weights, "optimizer": optimizer, "runtime": runtime}
@@ -168,10 +168,10 @@ class _Estimator:
 
     def generate(self, name: str, rows: int, key: str) -> Phase:
         """Every row of the worker decodes at once over a StaticCache; prefill runs on the prompts."""
-        actor = self.roles["actor"]
+        actor = self.roles[ACTOR.name]
         c, m = actor.placement.compute_bytes, actor.sizes
         if self.vllm:
-            return self._phase(name, "actor", self.vllm_generate(m, c, rows), key=key)
+            return self._phase(name, ACTOR.name, self.vllm_generate(m, c, rows), key=key)
         merged = FP32 * m.merged if c == FP32 else 0  # fp32 LoRA samples with merged copies of its linears
         terms = {
             "weights": actor.placement.gathered(m, whole=True) + merged,
@@ -179,7 +179,7 @@ class _Estimator:
             "activations": forward_transient(m, rows * self.cfg.data.max_prompt_length, c),
             "logits": 4 * rows * m.vocab * FP32,
         }  # the last position's, as sampling scales and sorts them
-        return self._phase(name, "actor", terms, key=key)
+        return self._phase(name, ACTOR.name, terms, key=key)
 
     def vllm_generate(self, m: ModelSizes, c: int, rows: int) -> dict[str, int]:
         """The vLLM engine's rollout: the sync gathers one FSDP unit at a time; the KV cache is its reservation (a
@@ -197,7 +197,7 @@ class _Estimator:
         else:  # a dry run for GPUs on a machine without one: what the step's rows need, a lower bound
             kv = kv_cache_bytes(m, self.plan.gen_rows, self.width, c)
         return {
-            "weights": self.roles["actor"].placement.gathered(m) + (engine if self.device != "cpu" else 0),
+            "weights": self.roles[ACTOR.name].placement.gathered(m) + (engine if self.device != "cpu" else 0),
             "kv_cache": kv,
             "activations": forward_transient(
                 m, min(rows * self.cfg.data.max_prompt_length, rollout.max_num_batched_tokens), c
@@ -277,7 +277,7 @@ class _Estimator:
             return logits, 0
         logits += logits_bytes(head, n, vocab, c, micro.packed, backward=False, fused=fused)
         logits += 0 if fused else 2 * n * vocab * FP32
-        ref = self.roles.get("ref")
+        ref = self.roles.get(REF.name)
         return logits, ref.placement.gathered(ref.sizes) if ref else 0
 
     def generate_step(self, phase: StepPhase) -> Phase:
