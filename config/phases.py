@@ -30,6 +30,7 @@ from typing import Any
 from algos.registry import estimator_needs, policy_loss_spec
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 from config.distillation import teacher_columns, teacher_outputs
+from config.tree import ARR
 
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
 SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
@@ -38,7 +39,6 @@ WORKER_ESTIMATOR_INPUTS = ("values", "old_log_probs", "sum_pi_squared")  # what 
 # what the reward function reads (with tool turns, a response's length is its attended tokens), and validation's
 SCORED = ("responses", "response_mask", "attention_mask")
 STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
-ARR = "actor_rollout_ref"
 
 
 def lookup(cfg: Any, key: str) -> Any:

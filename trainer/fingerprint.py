@@ -18,7 +18,6 @@ docs/reliability.md ("Resuming with a changed config") lists the same keys.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import os
 import re
@@ -27,6 +26,7 @@ from typing import Any
 
 from config import ConfigError, PPOConfig
 from config.phases import lookup
+from config.tree import flat
 from config.verl import current_place
 from config.worker_roles import ROLES
 
@@ -110,15 +110,7 @@ _UNSET = "<not recorded>"  # a key the checkpoint's config did not have
 
 def config_record(cfg: PPOConfig) -> dict[str, Any]:
     """``cfg`` as {dotted key: plain value}: what a checkpoint records (loadable with ``weights_only``)."""
-    return dict(_flat(dataclasses.asdict(cfg)))
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> Any:
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _flat(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", list(value) if isinstance(value, tuple) else value
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in flat(cfg)}
 
 
 def _matches(key: str, patterns: Any) -> bool:

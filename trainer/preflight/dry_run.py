@@ -24,13 +24,12 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from config import ConfigError, PPOConfig, StepPlan
 from config.inert import inert_warnings
 from config.phases import STEP_PHASES, Step, lookup
+from config.tree import ARR
 from config.worker_roles import ACTOR, ROLES, TEACHER
 from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
 from trainer.preflight.teacher_checks import check_teachers
-
-ARR = "actor_rollout_ref"
 
 
 @dataclass(frozen=True)

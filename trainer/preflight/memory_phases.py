@@ -27,7 +27,7 @@ from trainer.preflight.memory_estimate import (
     MemoryEstimate,
     Micro,
     ModelSizes,
-    Phase,
+    PhasePeak,
     Placement,
     activation_bytes,
     forward_transient,
@@ -37,8 +37,6 @@ from trainer.preflight.memory_estimate import (
     uses_math_attention,
 )
 from workers.compute.vllm_rollout import VLLM_RUNTIME_CPU_BYTES, cpu_kv_cache_bytes
-
-ARR = "actor_rollout_ref"
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class _Estimator:
         self.width = cfg.data.max_prompt_length + cfg.data.max_response_length
         self.vllm = cfg.actor_rollout_ref.rollout.name == "vllm"
 
-    def phases(self, val_rows: int) -> list[Phase]:
+    def phases(self, val_rows: int) -> list[PhasePeak]:
         step = [ESTIMATORS[p.memory](self, p) for p in self.worker_phases()]
         validate = when(val_rows > 0, self.generate("validate", val_rows, "data.val_batch_size"))
         return [self.load(), *step, *validate]
@@ -152,21 +150,21 @@ class _Estimator:
         key: str | None = None,
         updating: bool = False,
         activations_other: int | None = None,
-    ) -> Phase:
+    ) -> PhasePeak:
         base = self.persistent(active=role, updating=role if updating else None)
         merged = {k: base.get(k, 0) + terms.get(k, 0) for k in {*base, *terms}}
-        return Phase(name, merged, micro, key, activations_other)
+        return PhasePeak(name, merged, micro, key, activations_other)
 
     # ------------------------------------------------------------------ phases
-    def load(self) -> Phase:
+    def load(self) -> PhasePeak:
         """Each role is read in full fp32 before it is sharded or cast: the largest one's extra at the end."""
         extra = max(
             max(FP32 * r.sizes.params - r.placement.persistent(r.sizes, r.trained), 0) for r in self.roles.values()
         )
         terms = {"weights": sum(r.placement.persistent(r.sizes, r.trained) for r in self.roles.values()) + extra}
-        return Phase("load", {**terms, "runtime": self.persistent()["runtime"]})
+        return PhasePeak("load", {**terms, "runtime": self.persistent()["runtime"]})
 
-    def generate(self, name: str, rows: int, key: str) -> Phase:
+    def generate(self, name: str, rows: int, key: str) -> PhasePeak:
         """Every row of the worker decodes at once over a StaticCache; prefill runs on the prompts."""
         actor = self.roles[ACTOR.name]
         c, m = actor.placement.compute_bytes, actor.sizes
@@ -226,7 +224,7 @@ class _Estimator:
         micro = self.micro(micro_rows, bool(getattr(model, "use_remove_padding", False)), dynamic, policy)
         return section, micro, b.key(cfg)
 
-    def forward(self, phase: StepPhase) -> Phase:
+    def forward(self, phase: StepPhase) -> PhasePeak:
         """A no-grad forward per micro-batch: a block's temporaries, and an LM head's logits."""
         name, r = self.role(phase)
         _, micro, key = self.batch(phase, self.rows)
@@ -239,7 +237,7 @@ class _Estimator:
             terms["logits"] = logits_bytes(head, n, r.sizes.vocab, c, micro.packed, backward=False, fused=fused)
         return self._phase(phase.name, name, terms, micro, key)
 
-    def update(self, phase: StepPhase) -> Phase:
+    def update(self, phase: StepPhase) -> PhasePeak:
         """Forward and backward per micro-batch of the role's mini-batch: activations (with gradient checkpointing
         as configured, and switched), gradients, and an LM head's logits (with the full KL's, the reference's too)."""
         name, r = self.role(phase)
@@ -280,13 +278,13 @@ class _Estimator:
         ref = self.roles.get(REF.name)
         return logits, ref.placement.gathered(ref.sizes) if ref else 0
 
-    def generate_step(self, phase: StepPhase) -> Phase:
+    def generate_step(self, phase: StepPhase) -> PhasePeak:
         """The step's generation: every row of the worker's share of a generation batch at once."""
         return self.generate(phase.name, getattr(self.plan, phase.batch.rows), phase.batch.key(self.cfg))
 
 
 # the memory estimate each entry of config.phases.STEP_PHASES names (its ``memory``)
-ESTIMATORS: dict[str, Callable[[_Estimator, StepPhase], Phase]] = {
+ESTIMATORS: dict[str, Callable[[_Estimator, StepPhase], PhasePeak]] = {
     "generate": _Estimator.generate_step,
     "forward": _Estimator.forward,
     "update": _Estimator.update,
