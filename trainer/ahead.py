@@ -1,8 +1,8 @@
 """Generation ahead of training: ``trainer.v1.trainer_mode`` = ``separate_async`` or ``colocate_async``.
 
-The step's phases are the synchronous step's; only the generation moves. A batch drawn at step k is asked for at
-once (and at the first step ``lookahead`` more), and step k trains on the oldest batch asked for (the
-``trainer.replay_buffer`` queue): its generation ran while earlier steps trained.
+The step's phases are the synchronous step's (``trainer.step``); only the generation moves. A batch drawn at step k
+is asked for at once (and at the first step ``lookahead`` more), and step k trains on the oldest batch asked for
+(the ``trainer.replay_buffer`` queue): its generation ran while earlier steps trained.
 
 - ``separate_async``: the rollout is a worker group of its own (``actor_rollout_ref.rollout.nnodes ×
   n_gpus_per_node`` workers, its own resource pool). After each step the trainer's group puts the actor's weights
@@ -26,18 +26,26 @@ from typing import Any
 
 import numpy as np
 
-from config.phases import STEP_FLOW
 from config.plan import StepPlan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayResourcePool, RayWorkerGroup
-from trainer.metrics import reduce_metrics
 from trainer.placement import rollout_class
-from trainer.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics, staleness_metrics
-from trainer.routing import STEP_TOKEN, request, take_back
+from trainer.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
+from trainer.routing import STEP_TOKEN
 from workers.runtime import malloc
 
 SEED_STRIDE = 7919  # batch i of a run generates under trainer.seed + i × SEED_STRIDE (+ the rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generating:
+    """The step's side of a generation (``trainer.step``): ``prepare`` a drawn batch (the phases before ``gen``,
+    the repeats), ``start`` its generation on a group with some meta_info, ``finish`` it into the batch (metrics)."""
+
+    prepare: Callable[[DataProto], DataProto]
+    start: Callable[[Any, DataProto, dict], Any]
+    finish: Callable[[DataProto, Any], dict[str, float]]
 
 
 @dataclasses.dataclass
@@ -73,7 +81,7 @@ class Ahead:
         )
         workers = plan.mode.rollout_workers
         rows = cfg.data.train_batch_size * rollout.n // workers
-        rollout_plan = dataclasses.replace(plan, n_workers=workers, gen_rows=rows)
+        rollout_plan = dataclasses.replace(plan, n_workers=workers, gen_rows=rows, ref_in_actor=False)  # no ref
         group = RayWorkerGroup(
             pool,
             rollout_class(cfg, rollout_plan),
@@ -89,26 +97,26 @@ class Ahead:
         self.version = step
         self.sync_weights(step)
 
-    def next(self, batch: DataProto, more: Iterator[DataProto], step: int, prepare: Callable) -> tuple[DataProto, dict]:
-        """Ask for ``batch`` (and as many more from ``more`` as the look-ahead wants), then the oldest batch step
-        ``step`` may train on, generated, with its samples' versions; the metrics of its generation and staleness.
-        ``prepare`` gives a drawn batch its ids and its rollout.n repeats (``RayPPOTrainer._prepare``)."""
-        self._ask(prepare(batch), step)
+    def next(
+        self, batch: DataProto, more: Iterator[DataProto], step: int, generating: Generating
+    ) -> tuple[DataProto, dict]:
+        """Ask for ``batch`` (ready to generate from; and for as many more drawn from ``more`` as the look-ahead
+        wants), then give the oldest batch step ``step`` may train on, generated, each sample with its weights'
+        version (``VERSION``); the metrics of its generation and of the batches evicted as too old."""
+        self._ask(batch, step, generating)
         while self.buffer.wanted():
-            self._ask(prepare(next(more)), step)
+            self._ask(generating.prepare(next(more)), step, generating)
         dropped: list[Generation] = []
         while True:  # drop: each evicted batch is replaced by a fresh one (verl's "evict k; refill k")
             taken, evicted = self.buffer.take(step)
             dropped += evicted
             for _ in evicted:
-                self._ask(prepare(next(more)), step)
+                self._ask(generating.prepare(next(more)), step, generating)
             if taken is not None:
                 break
-        batch = self._answered(taken.result)
-        versions = np.full(len(batch), taken.version, dtype=np.int64)
-        batch.non_tensor_batch[VERSION] = versions
-        metrics = {**taken.result.metrics, **staleness_metrics(step, versions)}
-        return batch, {**metrics, **eviction_metrics(step, dropped, self.cfg.data.train_batch_size)}
+        batch = self._answered(taken.result, generating)
+        batch.non_tensor_batch[VERSION] = np.full(len(batch), taken.version, dtype=np.int64)
+        return batch, {**taken.result.metrics, **eviction_metrics(step, dropped, self.cfg.data.train_batch_size)}
 
     def sync_weights(self, step: int) -> dict[str, float]:
         """After step ``step``'s update: the next batches asked for are generated with its weights. With a rollout
@@ -124,11 +132,11 @@ class Ahead:
         return {"timing_s/update_weights": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ checkpoints
-    def state(self) -> dict[str, Any]:
-        """The queued batches (waited for: tensors, columns, versions) and the counters, as plain types."""
+    def state(self, generating: Generating) -> dict[str, Any]:
+        """The queued batches (waited for: tensors, columns, versions) and the batches asked for, as plain types."""
         queued = []
         for generation in self.buffer.queue:
-            batch = self._answered(generation.result)
+            batch = self._answered(generation.result, generating)
             queued.append(
                 {
                     "asked_at": generation.asked_at,
@@ -149,22 +157,17 @@ class Ahead:
             self.buffer.add(Generation(item["asked_at"], item["version"], Asked(batch, None, metrics=item["metrics"])))
 
     # ------------------------------------------------------------------ internals
-    def _ask(self, batch: DataProto, step: int) -> None:
-        route = self.plan.flows[STEP_FLOW].route("gen")
+    def _ask(self, batch: DataProto, step: int, generating: Generating) -> None:
         seed = {"seed": self.cfg.trainer.seed + self.asked * SEED_STRIDE}
-        call = self.rollout_group.generate_sequences.start(
-            request(batch, batch.meta_info[STEP_TOKEN], route, meta_info=seed)
-        )
+        call = generating.start(self.rollout_group, batch, seed)
         self.asked += 1
         self.buffer.add(Generation(step, self.version, Asked(batch, call, self.sync)))
 
-    def _answered(self, asked: Asked) -> DataProto:
+    def _answered(self, asked: Asked, generating: Generating) -> DataProto:
         """``asked``'s batch with what its generation wrote (waiting for it once)."""
         if asked.call is not None:
-            if asked.sync is not None:
+            if asked.sync is not None:  # the weight sync before it: its errors surface here
                 asked.sync.result()
-            out = asked.call.result()
-            asked.metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
-            take_back(asked.batch, self.plan.flows[STEP_FLOW].route("gen"), out)
+            asked.metrics = generating.finish(asked.batch, asked.call)
             asked.call = asked.sync = None
         return asked.batch
