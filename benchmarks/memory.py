@@ -205,7 +205,7 @@ def _build_actor(args: dict[str, Any], device: torch.device, world: int) -> tupl
     one rank plain, or computing on a bf16 copy of fp32 masters (bf16 on CUDA by default)."""
     from transformers import AutoModelForCausalLM
 
-    from config.roles import ActorConfig, FSDPConfig, WrapPolicyConfig
+    from config.sections import ActorConfig, FSDPConfig, WrapPolicyConfig
     from workers.compute.actor import DataParallelPPOActor
     from workers.parallel.master_weights import optimizer_for
     from workers.roles.role import shard_role

@@ -31,7 +31,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import emit, machine, stdout_to_stderr
-from config.roles import ActorConfig, OptimConfig
+from config.sections import ActorConfig, OptimConfig
 from single_controller import DataProto
 from workers.compute.actor import DataParallelPPOActor
 

@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.common import default_device, emit, machine
-from config.roles import MultiTurnConfig
+from config.sections import MultiTurnConfig
 from data.dataset import RLHFDataset
 from data.reward import RewardManager
 from single_controller import DataProto

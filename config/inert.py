@@ -10,7 +10,6 @@ A new machinery's keys (an inference engine's, say) are one edit of this table.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import re
 from collections.abc import Iterator
@@ -18,9 +17,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from config.checks import ConfigError
+from config.checks import ConfigError, show
 from config.distillation import teacher_warnings
-from config.tree import leaves
+from config.tree import flat
 
 ARR, RO = "actor_rollout_ref", "actor_rollout_ref.rollout"
 FSDP = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp",
@@ -81,7 +80,7 @@ INERT: dict[str, Inert] = {
         "checkpoint.load_contents",
         Inert("ColoRL resumes the whole state (model, optimizer, data position)", refuse=True),
     ),
-    f"{ARR}.actor.fsdp_config.model_dtype": Inert("", never=True),  # config.roles: refused unless LoRA
+    f"{ARR}.actor.fsdp_config.model_dtype": Inert("", never=True),  # config.sections: refused unless LoRA
     "critic.fsdp.model_dtype": Inert(
         "a trained role keeps fp32 master weights; critic.fsdp.dtype sets the compute dtype",
         quiet=("fp32", "float32"),
@@ -255,18 +254,6 @@ def entry(key: str) -> Inert | None:
     return next((found for pattern, found in _compiled() if pattern.match(key)), None)
 
 
-def flat(cfg: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every leaf of a built config (dataclasses and verl's subtrees)."""
-    for f in dataclasses.fields(cfg):
-        key, value = f"{prefix}{f.name}", getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from flat(value, key + ".")
-        elif isinstance(value, dict):
-            yield from leaves(value, key)
-        else:
-            yield key, value
-
-
 @cache
 def _written_defaults() -> dict[str, Any]:
     """Each key's default as the schema writes it (``${...}`` where it follows another key)."""
@@ -296,18 +283,14 @@ def check_refused(cfg: Any) -> None:
     """ConfigError for the first listed key whose value would change the results ColoRL computes."""
     for key, value, default, found in _set(cfg):
         if found.refuse:
-            raise ConfigError(f"{key}={_show(value)}: {found.instead}; set {key}={_show(default)}")
+            raise ConfigError(f"{key}={show(value)}: {found.instead}; set {key}={show(default)}")
 
 
 def inert_warnings(cfg: Any) -> list[str]:
     """One line per listed key set to a value ColoRL does not honour, naming what it does instead; then those of
     the distillation teachers' server and pool keys (``config.distillation.teacher_warnings``)."""
     return [
-        f"{key}={_show(value)}: {found.instead or 'not used by ColoRL'}; set {key}={_show(default)} to silence this"
+        f"{key}={show(value)}: {found.instead or 'not used by ColoRL'}; set {key}={show(default)} to silence this"
         for key, value, default, found in _set(cfg)
         if not found.refuse
     ] + teacher_warnings(cfg.distillation)
-
-
-def _show(value: Any) -> str:
-    return "null" if value is None else str(value)
