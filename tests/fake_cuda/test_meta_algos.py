@@ -9,7 +9,7 @@ import torch
 
 import algos
 from algos.distillation import DISTILLATION_LOSSES, distillation_token_losses
-from config.roles import PolicyLossConfig, RolloutCorrectionConfig
+from config.sections import PolicyLossConfig, RolloutCorrectionConfig
 from tests.workers.helpers import actor_config
 
 pytestmark = pytest.mark.fake_cuda

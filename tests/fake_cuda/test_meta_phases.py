@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from algos.host_sync import READS
-from config.roles import CriticModelConfig
+from config.sections import CriticModelConfig
 from tests.fake_cuda.standin import StandinLM
 from tests.workers.helpers import actor_config, critic_config, make_update_batch
 from workers.compute.actor import DataParallelPPOActor
