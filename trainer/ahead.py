@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from config.plan import StepPlan
+from config.plan import StepPlan, rollout_plan
 from config.schema import PPOConfig
 from single_controller import DataProto
 from single_controller.ray import RayResourcePool, RayWorkerGroup
@@ -79,12 +79,9 @@ class Ahead:
         pool = RayResourcePool(
             [rollout.n_gpus_per_node] * rollout.nnodes, use_gpu=cfg.trainer.device == "cuda", max_colocate_count=1
         )
-        workers = plan.mode.rollout_workers
-        rows = cfg.data.train_batch_size * rollout.n // workers
-        rollout_plan = dataclasses.replace(plan, n_workers=workers, gen_rows=rows, ref_in_actor=False)  # no ref
         group = RayWorkerGroup(
             pool,
-            rollout_class(cfg, rollout_plan),
+            rollout_class(cfg, rollout_plan(cfg, plan)),
             name_prefix=f"rollout{uuid.uuid4().hex[:4]}",
             worker_env=malloc.worker_env(cfg.trainer.device),
         )
