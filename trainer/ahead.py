@@ -38,6 +38,14 @@ from workers.runtime import malloc
 SEED_STRIDE = 7919  # batch i of a run generates under trainer.seed + i × SEED_STRIDE (+ the rank)
 
 
+def node_workers(cfg: PPOConfig, plan: StepPlan) -> int | None:
+    """The worker processes sharing a node's cores with a rollout group of its own (the trainer's and the
+    rollout's per node), else None: each group's own count (``malloc.compute_threads``)."""
+    if not plan.mode.separate:
+        return None
+    return cfg.trainer.n_gpus_per_node + cfg.actor_rollout_ref.rollout.n_gpus_per_node
+
+
 @dataclasses.dataclass(frozen=True)
 class Generating:
     """The step's side of a generation (``trainer.step``): ``prepare`` a drawn batch (the phases before ``gen``,
@@ -83,7 +91,7 @@ class Ahead:
             pool,
             rollout_class(cfg, rollout_plan(cfg, plan)),
             name_prefix=f"rollout{uuid.uuid4().hex[:4]}",
-            worker_env=malloc.worker_env(cfg.trainer.device),
+            worker_env=malloc.worker_env(cfg.trainer.device, node_workers(cfg, plan)),
         )
         group.init_model(total_steps, seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
         return cls(cfg, plan, actor_group, group)

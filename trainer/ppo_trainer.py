@@ -28,7 +28,7 @@ from config.worker_roles import ROLE, ROLES, WorkerRole
 from single_controller import DataProto
 from single_controller.ray import RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
-from trainer.ahead import Ahead
+from trainer.ahead import Ahead, node_workers
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.data_position import DataPosition
 from trainer.fingerprint import config_record
@@ -106,7 +106,9 @@ class RayPPOTrainer(PhaseSteps):
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step
         # (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
-            pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
+            pool,
+            create_colocated_worker_cls(roles),
+            worker_env=malloc.worker_env(trainer.device, node_workers(cfg, plan)),
         )
         where = ", ".join(
             f"rank {rank} pid {p['pid']} on {p['node_ip']} (node {p['node_id'][:8]})"
