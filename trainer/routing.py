@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from config.dataflow import Route
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.step_store import ROWS, STEP, StepCall
 
 

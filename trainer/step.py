@@ -21,7 +21,7 @@ import numpy as np
 
 from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW
 from config.worker_roles import ROLE
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from trainer.advantage import compute_advantage
 from trainer.balance import balance_batch
 from trainer.dynamic_sampling import collect
