@@ -243,6 +243,9 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         f"data.train_batch_size × {ARR}.rollout.n at once)",
         columns=AGENT_KEYS,
     ),
+    # trainer.v1's async modes: a batch is generated while another trains (on a group of its own, or before the
+    # update on the same one), so what the rollout writes comes to the driver with it (trainer.ahead)
+    StepPhase("handover", DRIVER, _gen_writes, _gen_writes, runs=lambda s: s.plan.mode.asynchronous, timer=None),
     # trainer.balance_batch, at verl's place (after generation, before the reward): the driver reorders the rows so
     # each worker's share holds a similar number of tokens (trainer.balance); with dynamic sampling, filter_groups
     # balances the rows it keeps instead (verl's DAPO loop)
@@ -339,6 +342,9 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         memory="update",
         batch=_update_batching(f"{ARR}.actor", "actor_mini_batch_size"),
     ),
+    # trainer.v1's async modes: the batches asked for from now on are generated with these weights; a rollout group
+    # of its own takes them (verl's timer name)
+    StepPhase("update_weights", DRIVER, runs=lambda s: s.plan.mode.asynchronous),
     # verl's generation dumps and the run report's samples (trainer.generations), with each token's log-prob
     StepPhase("dump_rollout_generations", DRIVER, lambda s: when(s.has_old and samples_tokens(s.cfg), "old_log_probs")),
     StepPhase(  # the step's data metrics (trainer.metrics.compute_data_metrics)

@@ -2,7 +2,8 @@
 
 Each entry of ``config.worker_roles.ROLES`` that the plan gives a worker of its own (``WorkerRole.placed``) is one
 role worker of the process, by the name its methods get as a prefix (``WorkerRole.worker``): its class and
-constructor arguments come from its entry.
+constructor arguments come from its entry. A rollout group of its own (``trainer.v1.trainer_mode=separate_async``)
+holds the rollout's role alone (``rollout_class``).
 """
 
 from __future__ import annotations
@@ -30,3 +31,10 @@ def role_classes(cfg: PPOConfig, plan: StepPlan) -> dict[str, RayClassWithInitAr
 def _with_args(role: WorkerRole, cfg: PPOConfig, plan: StepPlan) -> RayClassWithInitArgs:
     module, name = role.worker_class.split(":")
     return RayClassWithInitArgs(getattr(importlib.import_module(module), name), **role.init_args(cfg, plan))
+
+
+def rollout_class(cfg: PPOConfig, rollout_plan: StepPlan) -> RayClassWithInitArgs:
+    """The worker of a rollout group of its own: the role that generates, built for ``rollout_plan`` (the plan on
+    that group's workers), whose weights the trainer's group sends (``workers.roles.weight_sync``)."""
+    role = next(role for role in ROLES if role.rollout)
+    return _with_args(role, cfg, rollout_plan)

@@ -28,6 +28,7 @@ from config.worker_roles import ROLE, ROLES, WorkerRole
 from single_controller import DataProto
 from single_controller.ray import RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from single_controller.ray.health import shutdown_worker_group, stall_report
+from trainer.ahead import Ahead
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.data_position import DataPosition
 from trainer.fingerprint import config_record
@@ -88,9 +89,10 @@ class RayPPOTrainer(PhaseSteps):
         self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
             {},
             config.trainer.phase_timeout_s,
-            dump_fn=lambda: stall_report(self.fused_wg.processes),
-            teardown_fn=lambda: shutdown_worker_group(self.fused_wg),
+            dump_fn=lambda: stall_report([p for group in self.worker_groups() for p in group.processes]),
+            teardown_fn=lambda: [shutdown_worker_group(group) for group in self.worker_groups()],
         )
+        self.ahead: Ahead | None = None  # trainer.v1's async modes: the batches generated ahead (trainer.ahead)
 
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
@@ -122,12 +124,23 @@ class RayPPOTrainer(PhaseSteps):
                 views[role.worker].init_model(
                     self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic
                 )
+            if plan.mode.asynchronous:  # separate_async: the rollout group starts here
+                self.ahead = Ahead.start(cfg, plan, self.actor_rollout_wg, self.total_training_steps)
+
+    def worker_groups(self) -> list[RayWorkerGroup]:
+        """The groups of worker processes placed so far: the fused one, and a rollout group of its own."""
+        groups = [getattr(self, "fused_wg", None)]
+        if self.ahead is not None and self.ahead.separate:
+            groups.append(self.ahead.rollout_group)
+        return [group for group in groups if group is not None]
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
         """Train (or resume) up to ``total_training_steps``; returns the last step's metrics."""
         cfg = self.config.trainer
         resumed = self.load_checkpoint()
+        if self.ahead is not None:
+            self.ahead.begin(self.global_step)
         self.generations.drop_steps_after(self.global_step)  # a resumed run computes the later steps again
         self.logger = Tracking(
             project_name=cfg.project_name,
@@ -211,6 +224,7 @@ class RayPPOTrainer(PhaseSteps):
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
             "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
+            **({"ahead": self.ahead.state(self._generating())} if self.ahead is not None else {}),
         }
 
     def load_checkpoint(self) -> bool:
@@ -234,6 +248,8 @@ class RayPPOTrainer(PhaseSteps):
         self.data.load(state)
         self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
         self.wandb_run_id = state["wandb_run_id"]
+        if self.ahead is not None:
+            self.ahead.load(state["ahead"])
         print(f"[colorl] resumed from {path} (step {self.global_step})", flush=True)
         return True
 

@@ -12,6 +12,8 @@ from config.dataflow import Route
 from single_controller import DataProto
 from workers.compute.step_store import ROWS, STEP, StepCall
 
+STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
+
 
 def request(batch: DataProto, token: str, route: Route, meta_info: dict | None = None) -> DataProto:
     """The driver's call of ``route``'s phase on ``batch``: each row's index, the keys the phase reads that the driver

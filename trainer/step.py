@@ -5,7 +5,9 @@ A phase is either a worker phase, its entry's method on its role's worker group 
 (``_call``, ``trainer.routing``), or a phase with driver code, found by its name in ``STEP_CODE``. The step is data:
 a synchronous step runs the plan's list; dynamic sampling's ``filter_groups`` runs the prefix before it once per
 generation batch; another order (an asynchronous mode's generation on one group and training on another) is another
-list of the same names through ``run_phases``.
+list of the same names through ``run_phases``: with ``trainer.v1``'s async modes (``trainer.ahead``), the phases
+before ``gen`` run on each batch as it is drawn and its generation is asked for; the ``gen`` phase of the step takes
+back the oldest batch asked for, generated, and the phases after it run on that one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import numpy as np
 from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW
 from config.worker_roles import ROLE
 from single_controller import DataProto
+from single_controller.ray.binding import StartedCall
 from trainer.advantage import compute_advantage
+from trainer.ahead import Generating
 from trainer.balance import balance_batch
 from trainer.dynamic_sampling import collect
 from trainer.metrics import (
@@ -35,9 +39,8 @@ from trainer.metrics import (
     rollout_probs_diff,
     timed,
 )
-from trainer.routing import request, take_back
-
-STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
+from trainer.replay_buffer import VERSION, staleness_metrics
+from trainer.routing import STEP_TOKEN, request, take_back
 
 
 @dataclasses.dataclass
@@ -104,15 +107,47 @@ class PhaseSteps:
         batch.batch["reward_baselines"] = self.reward_fn(prompts)[0].sum(-1)
 
     def _gen(self, state: StepState) -> None:
-        """``rollout.n`` responses to each prompt (rows of a prompt next to each other)."""
-        batch = state.batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+        """``rollout.n`` responses to each prompt (rows of a prompt next to each other). In trainer.v1's async modes
+        this batch is asked for, and the oldest batch asked for comes back generated instead (``trainer.ahead``)."""
+        batch = self._repeated(state.batch)
+        if self.ahead is None:
+            state.batch = batch
+            state.metrics.update(self._generate(batch))
+            return
+        state.batch, generated = self.ahead.next(batch, state.more, self.global_step, self._generating())
+        state.metrics.update({**generated, **multi_turn_metrics(state.batch.non_tensor_batch)})
+
+    def _generating(self) -> Generating:
+        """How the batches generated ahead go through this step's phases (``trainer.ahead``)."""
+        return Generating(
+            prepare=self._drawn,
+            start=lambda group, batch, meta_info: self._start("gen", batch, group=group, meta_info=meta_info),
+            finish=lambda batch, call: self._finish("gen", batch, call),
+        )
+
+    def _repeated(self, batch: DataProto) -> DataProto:
+        batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
         # the prompts as given, for the dumps (verl's "prompts"): the rollout rewrites input_ids and attention_mask
         batch.batch["prompts"], batch.batch["prompt_attention_mask"] = (
             batch.batch["input_ids"],
             batch.batch["attention_mask"],
         )
-        state.batch = batch
-        state.metrics.update(self._generate(batch))
+        return batch
+
+    def _drawn(self, batch: DataProto) -> DataProto:
+        """A batch drawn ahead (trainer.v1's async modes) through the plan's phases before ``gen``, repeated."""
+        part = StepState(batch)
+        self.run_phases(self.plan.step_phases[: self.plan.step_phases.index("gen")], part)
+        return self._repeated(part.batch)
+
+    def _handover(self, state: StepState) -> None:
+        """A batch generated ahead reaches the training phases: verl's staleness of its samples."""
+        versions = state.batch.non_tensor_batch[VERSION]
+        state.metrics.update(staleness_metrics(self.global_step, versions))
+
+    def _update_weights(self, state: StepState) -> None:
+        """The batches asked for from now on are generated with this step's weights (a rollout group takes them)."""
+        state.metrics.update(self.ahead.sync_weights(self.global_step))
 
     def _balance_rows(self, state: StepState) -> None:
         state.metrics.update(self._balance(state.batch, state.extras or None))
@@ -174,11 +209,13 @@ class PhaseSteps:
         "prompts": _prompts,
         "gen_max": _gen_max,
         "gen": _gen,
+        "handover": _handover,
         "balance": _balance_rows,
         "reward": _reward,
         "filter_groups": _filter_groups,
         "adv": _adv,
         "update_actor": _update_actor,
+        "update_weights": _update_weights,
         "dump_rollout_generations": _dump,
         "metrics": _data_metrics,
     }
@@ -206,11 +243,21 @@ class PhaseSteps:
     ) -> dict[str, float]:
         """Worker ``phase`` of ``flow`` on ``batch``: its entry's method on its role's workers, moving what its
         route says (trainer/routing.py); returns the phase's metrics."""
+        return self._finish(phase, batch, self._start(phase, batch, flow, meta_info=meta_info), flow)
+
+    def _start(
+        self, phase: str, batch: DataProto, flow: str = STEP_FLOW, group: Any = None, meta_info: dict | None = None
+    ) -> StartedCall:
+        """Start worker ``phase`` of ``flow`` on ``batch`` (on ``group``, by default its role's), not waiting."""
         entry, route = PHASES[phase], self.plan.flows[flow].route(phase)
-        method = getattr(self._role_group(entry.role), entry.method)
-        out = method(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
+        method = getattr(group if group is not None else self._role_group(entry.role), entry.method)
+        return method.start(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
+
+    def _finish(self, phase: str, batch: DataProto, call: StartedCall, flow: str = STEP_FLOW) -> dict[str, float]:
+        """Wait for ``call`` of ``phase``, take what its route gives back into ``batch``; the phase's metrics."""
+        out = call.result()
         metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
-        take_back(batch, route, out)
+        take_back(batch, self.plan.flows[flow].route(phase), out)
         return metrics
 
     def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:

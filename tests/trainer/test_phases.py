@@ -37,6 +37,7 @@ PLANS = {
     "remax": ["algorithm.adv_estimator=remax"],
     "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=24", "trainer.rollout_data_dir=/no/dumps"],
     "opd": ["distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/no/teacher/is/read"],
+    "async": ["trainer.v1.trainer_mode=colocate_async"],
 }
 WORKER_CLASSES = {
     "actor": ActorRolloutRefWorker,
