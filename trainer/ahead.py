@@ -28,8 +28,9 @@ import numpy as np
 
 from config.plan import StepPlan
 from config.schema import PPOConfig
-from single_controller import DataProto
-from single_controller.ray import RayResourcePool, RayWorkerGroup
+from single_controller.data_proto import DataProto
+from single_controller.ray.group import RayWorkerGroup
+from single_controller.ray.placement import RayResourcePool
 from trainer.placement import rollout_class
 from trainer.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
 from trainer.routing import STEP_TOKEN

@@ -25,9 +25,11 @@ from config.phases import VALIDATION_FLOW
 from config.plan import StepPlan
 from config.schema import PPOConfig
 from config.worker_roles import ROLE, ROLES, WorkerRole
-from single_controller import DataProto
-from single_controller.ray import RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from single_controller.data_proto import DataProto
+from single_controller.ray.colocate import create_colocated_worker_cls
+from single_controller.ray.group import RayWorkerGroup
 from single_controller.ray.health import shutdown_worker_group, stall_report
+from single_controller.ray.placement import RayResourcePool
 from trainer.ahead import Ahead
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.data_position import DataPosition
