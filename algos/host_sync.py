@@ -20,6 +20,15 @@ from torch import Tensor
 
 # name -> where it is read, how often, and why it cannot stay on the device
 HOST_SYNCS: dict[str, str] = {
+    "rollout.live_rows": (
+        "decode loop, once every rollout.EOS_CHECK_INTERVAL tokens: how many rows are still decoding, to stop when "
+        "none is and to drop ended rows from the batch (a new batch shape is a host decision)"
+    ),
+    "turn_sampler.ended_turns": (
+        "multi-turn decode loop, once per position: which rows sampled a stop token, since their tool turn runs on "
+        "the host and is fed from the very next position (lockstep decoding, no rewind)"
+    ),
+    "turn_sampler.turn_ids": "multi-turn: the ids of a turn that ended, for the tool-call parser (once per turn)",
     "update.grad_norm_finite": (
         "once per optimizer step: a mini-batch whose clipped gradient norm is not finite skips its step"
     ),

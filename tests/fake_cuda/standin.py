@@ -72,6 +72,9 @@ class StandinLM(nn.Module):
         else:
             self.score = nn.Linear(HIDDEN, 1)
 
+    def prepare_inputs_for_generation(self, *args, **kwargs):  # read (never called) by peft's causal-LM wrapper
+        raise NotImplementedError
+
     def get_output_embeddings(self) -> nn.Module | None:
         return getattr(self, "lm_head", None)
 
@@ -83,6 +86,7 @@ class StandinLM(nn.Module):
         past_key_values=None,
         use_cache: bool = False,
         logits_to_keep: int | Tensor = 0,
+        **unused,  # what peft's wrapper passes along (inputs_embeds, labels, ...: None)
     ) -> SimpleNamespace:
         batch, length = input_ids.shape
         if position_ids is None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import workers.compute.update as update_module
 from algos.host_sync import READS
-from config.sections import CriticModelConfig
+from config.sections import CriticModelConfig, ModelConfig, OptimConfig
 from tests.fake_cuda.standin import StandinLM
 from tests.workers.helpers import actor_config, critic_config, make_update_batch
 from workers.compute.actor import DataParallelPPOActor
@@ -18,6 +19,9 @@ from workers.compute.logprob import token_stats
 from workers.compute.reward_model import device_sequence_scores
 from workers.compute.teacher import device_scores
 from workers.compute.update import to_device
+from workers.parallel.lora import add_adapters
+from workers.parallel.master_weights import on_one_rank, optimizer_for
+from workers.roles.optim import build_optimizer
 
 pytestmark = pytest.mark.fake_cuda
 
@@ -144,8 +148,6 @@ def test_critic_update_on_meta():
 def _metrics_on_meta(update):
     """The update's metrics: their one copy to the host per step fails on ``meta`` (nothing to copy), after every
     device computation has run; each metric tensor it was about to copy is checked to be on ``meta``."""
-    import workers.compute.update as update_module
-
     seen = {}
 
     def keep(metrics):
@@ -166,3 +168,35 @@ def _metrics_on_meta(update):
 
 
 CPU_METRICS = {"actor/kl_coef"}  # a config constant, logged as is
+
+
+def test_lora_update_steps_only_the_adapters_on_meta():
+    """LoRA: the optimizer ColoRL builds holds the adapters only; the update (with the exact KL to the actor's own
+    adapter-free reference) runs on ``meta``."""
+    model = add_adapters(meta_model(), ModelConfig(lora_rank=4, target_modules=["q_proj", "v_proj"]))
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-3))
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    names = [n for n, p in model.named_parameters() if id(p) in stepped]
+    assert names and all("lora_" in n for n in names)
+    actor = DataParallelPPOActor(
+        model, optimizer, None, actor_config(use_kl_loss=True, kl_loss_type="full"), ref_module=model
+    )
+    metrics = _metrics_on_meta(lambda: actor.update_policy(_batch()))
+    assert {"actor/pg_loss", "actor/kl_loss"} <= set(metrics)
+    assert all(p.grad is None for p in model.parameters())  # zeroed after each step
+
+
+def test_bf16_update_with_fp32_master_weights_on_meta():
+    """One rank in bf16: the module computes in bf16, the optimizer steps the fp32 masters (``MasterWeights``)."""
+    module, weights = on_one_rank(meta_model(), torch.bfloat16, trained=True)
+    optimizer = optimizer_for(module, weights, OptimConfig(lr=1e-3))
+    assert all(p.dtype == torch.float32 and p.device == META for g in optimizer.param_groups for p in g["params"])
+    actor = DataParallelPPOActor(module, optimizer, None, actor_config())
+    metrics = _metrics_on_meta(lambda: actor.update_policy(_batch()))
+    assert "actor/grad_norm" in metrics
+    assert all(p.dtype == torch.bfloat16 and p.device == META for p in module.parameters())
+
+
+# Not on meta, with the reason: FSDP2's process group (the all-reduces of micro_batch_indices and
+# mini_batch_totals, the sharded gradient norm of workers.parallel.fsdp.clip_grad_norm_) needs a real backend:
+# tests/workers/test_fsdp_distributed.py runs them on gloo. The arithmetic they wrap runs here on a plain module.
