@@ -59,7 +59,7 @@ from benchmarks.common import (
 )
 from benchmarks.memory import PhasePeaks, reset_peak_rss, storage_bytes
 from config.phases import uses_full_kl
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute import attention
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.critic import DataParallelPPOCritic, load_value_model

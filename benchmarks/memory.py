@@ -165,7 +165,7 @@ def allocated_peak_bytes(run: Callable[[], None]) -> int:
 
 def random_batch(rows: int, args: dict[str, Any], seed: int) -> Any:
     """A PPO batch (``rows`` sequences): random prompt and response tokens, random advantages."""
-    from single_controller import DataProto
+    from single_controller.data_proto import DataProto
 
     g = torch.Generator().manual_seed(seed)
     p, r, vocab = args["prompt_length"], args["response_length"], args["vocab_size"]

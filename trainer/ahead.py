@@ -28,8 +28,10 @@ import numpy as np
 
 from config.plan import StepPlan
 from config.schema import PPOConfig
-from single_controller import DataProto
-from single_controller.ray import RayResourcePool, RayWorkerGroup
+from single_controller.data_proto import DataProto
+from single_controller.ray.group import RayWorkerGroup
+from single_controller.ray.placement import RayResourcePool
+from trainer import console
 from trainer.placement import rollout_class
 from trainer.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
 from trainer.routing import STEP_TOKEN
@@ -86,7 +88,7 @@ class Ahead:
             pool,
             rollout_class(cfg, rollout_plan),
             name_prefix=f"rollout{uuid.uuid4().hex[:4]}",
-            worker_env=malloc.worker_env(cfg.trainer.device),
+            worker_env={**malloc.worker_env(cfg.trainer.device), **console.worker_env()},
         )
         group.init_model(total_steps, seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
         return cls(cfg, plan, actor_group, group)

@@ -14,7 +14,7 @@ from config.phases import Step
 from config.plan import StepPlan
 from config.schema import PPOConfig
 from config.worker_roles import ROLES, WorkerRole
-from single_controller.ray import RayClassWithInitArgs
+from single_controller.ray.placement import RayClassWithInitArgs
 
 
 def placed_roles(cfg: PPOConfig, plan: StepPlan) -> tuple[WorkerRole, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from config.dataflow import Route
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.step_store import ROWS, STEP, StepCall
 
 STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)

@@ -23,7 +23,7 @@ import numpy as np
 
 from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW
 from config.worker_roles import ROLE
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from single_controller.ray.binding import StartedCall
 from trainer.advantage import compute_advantage
 from trainer.ahead import Generating

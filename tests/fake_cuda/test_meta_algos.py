@@ -39,6 +39,8 @@ def test_estimator_on_meta(name):
 
 @pytest.mark.parametrize("name", sorted(set(algos.POLICY_LOSSES) - {"bypass_mode"}))
 def test_policy_loss_on_meta(name):
+    """kl_cov picks its penalised tokens on the CPU (verl's ties): a meta batch reads as no valid token
+    (``policy_losses.kl_cov_count``), so its device arithmetic runs here and its CPU top-k does not."""
     log_prob = torch.randn(B, R, device=META, requires_grad=True)
     loss, metrics = algos.compute_policy_loss(
         name,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import workers.compute.update as update_module
 from algos.host_sync import READS
 from config.sections import CriticModelConfig, ModelConfig, OptimConfig
 from tests.fake_cuda.standin import StandinLM
@@ -147,8 +148,6 @@ def test_critic_update_on_meta():
 def _metrics_on_meta(update):
     """The update's metrics: their one copy to the host per step fails on ``meta`` (nothing to copy), after every
     device computation has run; each metric tensor it was about to copy is checked to be on ``meta``."""
-    import workers.compute.update as update_module
-
     seen = {}
 
     def keep(metrics):

@@ -16,7 +16,7 @@ from algos.distillation import combine_with_policy_loss, distillation_loss, dist
 from config.distillation import uses_topk
 from config.phases import forward_keys, uses_full_kl
 from config.plan import is_single_step
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.logprob import token_stats
 from workers.compute.packing import restore_order
 from workers.compute.update import configured_update, micro_batches, model_device, to_device

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from algos import compute_value_loss
 from config.phases import forward_keys
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.packing import pack_batch, pack_width, restore_order
 from workers.compute.update import configured_update, micro_batches, model_device, to_device
 

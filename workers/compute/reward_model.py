@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForSequenceClassification
 
 from config.phases import SEQUENCE
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.update import model_device
 
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from config.phases import forward_keys
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.logprob import teacher_scores
 from workers.compute.packing import restore_order
 from workers.compute.update import micro_batches, model_device, to_device

@@ -25,9 +25,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from config.distillation import active_teachers, teacher_fsdp_config, uses_topk
 from config.phases import PROMPT, uses_full_kl
 from config.plan import StepPlan
-from single_controller import DataProto
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, register
+from single_controller.base.register import Dispatch, register
+from single_controller.base.worker import Worker
+from single_controller.data_proto import DataProto
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.agent_loop import build_agent_loop
 from workers.compute.critic import DataParallelPPOCritic, load_value_model

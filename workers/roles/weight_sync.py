@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-from single_controller.base.decorator import Dispatch, register
+from single_controller.base.register import Dispatch, register
 from workers.parallel import fsdp
 
 
