@@ -12,6 +12,7 @@ only what the driver holds of what the phase reads, and takes back only what a d
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -155,8 +156,8 @@ class RayPPOTrainer(PhaseSteps):
             config=dataclasses.asdict(self.config),
             local_dir=cfg.default_local_dir,
             total_steps=self.total_training_steps,
-            # the budget that ends the run is the one its bar shows: the wall time when no step count is given
-            wall_budget_s=cfg.max_wall_time_s if cfg.total_training_steps is None else None,
+            # the bar shows the budget that ends the run: the steps, or the wall time when that runs out first
+            wall_budget_s=cfg.max_wall_time_s,
             started=start,
             resume_id=self.wandb_run_id,
             resume_step=self.global_step,  # steps logged after it are computed again: one history
@@ -224,9 +225,13 @@ class RayPPOTrainer(PhaseSteps):
             "report": report,
             "metrics": self.logger.metrics_path if self.logger.metrics_path.exists() else None,
         }
-        steps = None if self.logger.wall_budget_s else self.total_training_steps  # a wall-time budget: no step count
+        no_count = cfg.total_training_steps is None and cfg.max_wall_time_s  # a wall-time budget: no step count
+        steps = None if no_count else self.total_training_steps
+        argv = console.continue_argv(
+            sys.argv[1:], self.global_step if why.startswith("done") else None, cfg.resume_mode
+        )
         records = self.logger.records()
-        return console.last_word(why, self.global_step, steps, wall_s, records, paths, cfg.default_local_dir)
+        return console.last_word(why, self.global_step, steps, wall_s, records, paths, cfg.default_local_dir, argv)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
