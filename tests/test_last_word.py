@@ -96,3 +96,25 @@ def test_the_command_that_continues():
         "trainer.total_training_steps=4",
     ]
     assert continue_argv(["trainer.resume_mode=disable"], None, "disable") == ["trainer.resume_mode=auto"]
+
+
+@pytest.mark.slow  # a run of its own (~35 s)
+def test_a_run_the_nan_guard_stops_ends_with_its_last_word_then_its_error(tmp_path):
+    """The demo at a learning rate that makes step 2's losses NaN, the guard at 1 step: the last word says why,
+    names the checkpoint of step 1, and the error line follows it (exit status 1)."""
+    args = [
+        "trainer.total_training_steps=4",
+        "trainer.max_nonfinite_steps=1",
+        "actor_rollout_ref.actor.optim.lr=1e30",
+        "trainer.save_freq=1",
+        f"trainer.default_local_dir={tmp_path}",
+    ]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    word = result.stdout[result.stdout.index("colorl: run ended:") :]
+    assert word.startswith("colorl: run ended: the NaN guard stopped it (1 steps in a row")
+    checkpoint = Path(re.search(r"^  checkpoint: (\S+)$", word, re.M)[1])
+    assert checkpoint.is_dir() and checkpoint.parent == tmp_path
+    assert "had NaN/inf losses or gradients" in result.stderr.strip().splitlines()[-1]

@@ -37,7 +37,7 @@ from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_s
 from trainer.data_position import DataPosition
 from trainer.fingerprint import config_record
 from trainer.generations import GenerationLog
-from trainer.health import HealthMonitor, NonFiniteGuard
+from trainer.health import HealthMonitor, NonFiniteGuard, NonFiniteLossError
 from trainer.metrics import timed
 from trainer.placement import placed_roles, role_classes
 from trainer.preemption import StopSignals
@@ -203,16 +203,22 @@ class RayPPOTrainer(PhaseSteps):
             stop.restore()
             self.logger.finish()
             report = self.report.write(self.logger.records(), self.health.fired)
+            if isinstance(sys.exc_info()[1], NonFiniteLossError):  # the NaN guard: its last word, then its line
+                print(self._last_word(False, False, time.monotonic() - start, report, nan_stop=True), flush=True)
         preempted = stop.signal is not None and self.global_step < self.total_training_steps
         print(self._last_word(preempted, out_of_time, time.monotonic() - start, report), flush=True)
         if preempted:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
 
-    def _last_word(self, preempted: bool, out_of_time: bool, wall_s: float, report: Path | None) -> str:
+    def _last_word(
+        self, preempted: bool, out_of_time: bool, wall_s: float, report: Path | None, nan_stop: bool = False
+    ) -> str:
         """The run's summary (``trainer.console.last_word``): why it ended, what it reached, where it all is."""
         cfg = self.config.trainer
-        if preempted:
+        if nan_stop:
+            why = f"the NaN guard stopped it ({cfg.max_nonfinite_steps} steps in a row with NaN/inf losses)"
+        elif preempted:
             why = "preempted (a stop signal): the step was finished and checkpointed"
         elif out_of_time:
             why = f"its wall-time budget ran out (trainer.max_wall_time_s={cfg.max_wall_time_s:g})"
