@@ -103,7 +103,7 @@ def compute_optimal_token_baseline_advantage(
     baselines = baselines.masked_fill((sizes == 1).unsqueeze(-1), 0.0)
     if handle_zero_tail:
         lengths = response_mask.sum(dim=-1)
-        n_groups = int(group.max()) + 1
+        n_groups = len(group)  # at most one group per response: no read of the group count from the device
         longest = lengths.new_zeros(n_groups).scatter_reduce(0, group, lengths, "amax")[group]
         n_longest = ge.group_sum((lengths == longest).to(lengths.dtype), group)
         others = torch.where(lengths == longest, -1, lengths)

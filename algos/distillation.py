@@ -69,8 +69,10 @@ def forward_kl_topk(
     metrics = {}
     for name, mass in (("student", student_mass), ("teacher", teacher_mass)):
         metrics[f"distillation/{name}_mass"] = masked_mean(mass, response_mask)
-        metrics[f"distillation/{name}_mass_min"] = mass[valid].min() if valid.any() else mass.new_zeros(())
-        metrics[f"distillation/{name}_mass_max"] = mass[valid].max() if valid.any() else mass.new_zeros(())
+        # on the device (no read of ``valid``): 0 without a valid token
+        lowest, highest = mass.masked_fill(~valid, float("inf")).min(), mass.masked_fill(~valid, float("-inf")).max()
+        metrics[f"distillation/{name}_mass_min"] = torch.where(valid.any(), lowest, 0.0)
+        metrics[f"distillation/{name}_mass_max"] = torch.where(valid.any(), highest, 0.0)
     return losses, metrics
 
 

@@ -24,8 +24,8 @@ def group_ids(index: np.ndarray, device: torch.device) -> Tensor:
 
 def group_sum(values: Tensor, group: Tensor) -> Tensor:
     """Σ of ``values`` (bs, ...) over each response's group, per response: (bs, ...)."""
-    n_groups = int(group.max()) + 1
-    return values.new_zeros((n_groups, *values.shape[1:])).index_add(0, group, values)[group]
+    # as many sums as responses (no group is empty of them): the group count needs no read from the device
+    return values.new_zeros(values.shape).index_add(0, group, values)[group]
 
 
 def group_mean_std(scores: Tensor, index: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
@@ -77,14 +77,16 @@ def compute_grpo_passk_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)
     advantages = torch.zeros_like(scores)
-    group = group_ids(index, scores.device)
-    for g in range(int(group.max()) + 1):
-        rows = torch.nonzero(group == g).squeeze(-1)
+    _, group = np.unique(np.asarray(index), return_inverse=True)  # on the host: no read from the device
+    group = group.reshape(-1)
+    for g in range(group.max() + 1 if len(group) else 0):
+        rows = torch.as_tensor(np.flatnonzero(group == g), device=scores.device)
         if len(rows) < 2:
             raise ValueError(f"grpo_passk needs at least 2 responses per prompt, got {len(rows)}")
         top = torch.topk(scores[rows], 2)
         best = top.values[0] - top.values[1]
-        advantages[rows[top.indices[0]]] = best / (scores[rows].std() + epsilon) if norm_adv_by_std_in_grpo else best
+        best = best / (scores[rows].std() + epsilon) if norm_adv_by_std_in_grpo else best
+        advantages[rows[top.indices[:1]]] = best  # a 1-element index: a 0-d one would be read on the host
     return _broadcast(advantages, response_mask)
 
 

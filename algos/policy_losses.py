@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from algos.host_sync import host_read
 from algos.stats import masked_mean
 
 
@@ -289,11 +290,15 @@ def compute_policy_loss_clip_cov(
     valid = response_mask > 0
     with torch.no_grad():
         cov = (advantages - masked_mean(advantages, response_mask)) * (log_prob - masked_mean(log_prob, response_mask))
-        candidates = torch.nonzero(valid & ~(loss2 > loss1) & (cov > clip_cov_lb) & (cov < clip_cov_ub))
-        n_clip = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
-        chosen = candidates[torch.randperm(len(candidates))[:n_clip]] if len(candidates) else candidates
+        candidate = (valid & ~(loss2 > loss1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)).flatten()
+        counts = torch.stack([response_mask.sum(), candidate.sum().to(response_mask.dtype)])
+        n_valid, n_candidates = host_read("policy_losses.clip_cov_count", counts, meta_value=[advantages.numel()] * 2)
+        n_clip = max(int(clip_cov_ratio * n_valid), 1)
+        # the candidates' flat indices in row-major order (nonzero's, without its data-dependent shape)
+        candidates = torch.argsort((~candidate).to(torch.uint8), stable=True)[: int(n_candidates)]
         keep = torch.ones_like(advantages)
-        keep[chosen[:, 0], chosen[:, 1]] = 0
+        if n_candidates:  # torch's global RNG draws only then, as with verl's
+            keep.view(-1)[candidates[torch.randperm(int(n_candidates))[:n_clip]]] = 0
     return PolicyLossTerms(
         torch.maximum(loss1, loss2) * keep, _metrics(response_mask, pg_clipfrac=keep == 0, ppo_kl=-log_ratio)
     )
@@ -317,7 +322,7 @@ def compute_policy_loss_kl_cov(
     log_ratio = log_prob - old_log_prob
     losses = -advantages * torch.exp(log_ratio)
     valid = response_mask > 0
-    n_valid = int(valid.sum())
+    n_valid = int(host_read("policy_losses.kl_cov_count", valid.sum(), meta_value=0))
     if n_valid:
         with torch.no_grad():  # on the CPU, as verl, so that ties pick the same tokens
             adv, logp = advantages[valid].cpu(), log_prob[valid].cpu()

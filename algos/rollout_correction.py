@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from algos.host_sync import host_read
 from algos.policy_losses import PolicyLossTerms, compute_policy_loss_vanilla
 from algos.stats import masked_mean, masked_sum
 
@@ -32,6 +33,11 @@ RS_OPTIONS = (
     "seq_max_k2",
     "seq_max_k3",
 )
+
+
+def _require_valid(mask: Tensor) -> None:
+    if not host_read("rollout_correction.any_valid", mask.any(), meta_value=True):
+        raise ValueError("response_mask must contain at least one valid token")
 
 
 def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
@@ -79,11 +85,9 @@ def _masked_extreme(values: Tensor, mask: Tensor, largest: bool) -> Tensor:
 
 def _clamped_std(values: Tensor, mask: Tensor, low: float, high: float) -> Tensor:
     """√(E[x²] − E[x]²) of the masked values clamped to [low, high]; 0 for fewer than 2 tokens."""
-    if mask.sum() <= 1:
-        return torch.zeros((), device=values.device)
     clamped = values.clamp(min=low, max=high)
     var = masked_mean(clamped.square(), mask) - masked_mean(clamped, mask).square()
-    return var.clamp(min=0.0).sqrt()
+    return torch.where(mask.sum() > 1, var.clamp(min=0.0).sqrt(), 0.0)  # kept on the device: no branch on the count
 
 
 def _batch_mean(values: Tensor, weights: Tensor) -> Tensor:
@@ -123,9 +127,9 @@ def rollout_is_weights(
             mean = _batch_mean(weights, response_mask.to(weights.dtype))
         else:
             mean = _batch_mean(masked_mean(weights, response_mask, dim=-1), (response_mask.sum(-1) > 0).float())
-        normalise = bool(mean > 1e-8)
-        weights = weights / mean if normalise else weights
-        metrics["rollout_is_batch_norm_factor"] = mean if normalise else torch.ones(())
+        factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))  # no normalising by a vanishing mean
+        weights = weights / factor
+        metrics["rollout_is_batch_norm_factor"] = factor
     return weights, metrics
 
 
@@ -133,15 +137,14 @@ def _is_metrics(
     weights: Tensor, raw: Tensor, log_w: Tensor, mask: Tensor, level: str, upper: float, lower: float | None
 ) -> dict[str, Tensor]:
     """verl's ``rollout_is_*`` diagnostics: extremes, fractions outside the bounds, std, effective sample size."""
-    if not mask.any():
-        raise ValueError("response_mask must contain at least one valid token")
+    _require_valid(mask)
     floor = 1.0 / upper if lower is None else lower
     m = {"rollout_is_mean": masked_mean(weights, mask)}
     if level == "sequence":
         m["rollout_is_max"] = torch.exp(log_w.max().clamp(max=SAFETY_BOUND))
         m["rollout_is_min"] = torch.exp(log_w.min())
-        m["rollout_is_ratio_fraction_high"] = (log_w > torch.log(torch.tensor(upper))).float().mean()
-        m["rollout_is_ratio_fraction_low"] = (log_w < torch.log(torch.tensor(floor))).float().mean()
+        m["rollout_is_ratio_fraction_high"] = (log_w > math.log(upper)).float().mean()
+        m["rollout_is_ratio_fraction_low"] = (log_w < math.log(floor)).float().mean()
     else:
         m["rollout_is_ratio_fraction_high"] = masked_mean((raw > upper).float(), mask)
         m["rollout_is_ratio_fraction_low"] = masked_mean((raw < floor).float(), mask)
@@ -154,7 +157,7 @@ def _is_metrics(
     raw_seq = masked_mean(raw, mask, dim=-1)
     m.update(
         rollout_is_seq_mean=seq.mean(),
-        rollout_is_seq_std=seq.std() if seq.numel() > 1 else torch.zeros(()),
+        rollout_is_seq_std=seq.std() if seq.numel() > 1 else seq.new_zeros(()),
         rollout_is_seq_max=seq.max(),
         rollout_is_seq_min=seq.min(),
         rollout_is_seq_max_deviation=(seq - 1.0).abs().max(),
@@ -209,7 +212,7 @@ def rollout_rejection_mask(
         seq_keep = ~(~keep & valid).any(dim=-1)
         metrics[f"rollout_rs_{option}_masked_fraction"] = masked_mean(1.0 - keep.float(), response_mask)
         metrics[f"rollout_rs_{option}_seq_masked_fraction"] = (
-            ((~seq_keep).float() * seq_valid).sum() / seq_valid.sum() if seq_valid.any() else torch.zeros(())
+            ((~seq_keep).float() * seq_valid).sum() / seq_valid.sum().clamp_min(1)  # 0 without a valid sequence
         )
     metrics["rollout_rs_masked_fraction"] = masked_mean(1.0 - keep_all, response_mask)
     metrics["rollout_rs_seq_masked_fraction"] = ((keep_all <= 0.5) & valid).any(dim=-1).float().mean()
@@ -227,10 +230,11 @@ def _rs_metrics(
     two_sided: bool,
 ) -> dict[str, Tensor]:
     """verl's ``rollout_rs_<option>_*`` diagnostics of one rejection statistic (per token, or per sequence)."""
-    if not mask.any():
-        raise ValueError("response_mask must contain at least one valid token")
-    p, zero = f"rollout_rs_{option}", torch.zeros(())
-    seq = (masked_mean(stat, mask, dim=-1) if seq_stat is None else seq_stat)[seq_valid]
+    _require_valid(mask)
+    p, zero = f"rollout_rs_{option}", stat.new_zeros(())
+    # the sequences with a valid token, picked on the host: a boolean mask's selection has a data-dependent shape
+    rows = host_read("rollout_correction.valid_sequences", seq_valid, meta_value=[True] * len(seq_valid))
+    seq = (masked_mean(stat, mask, dim=-1) if seq_stat is None else seq_stat)[torch.tensor(rows, dtype=torch.bool)]
     by_sequence = seq_stat is not None and seq.numel() > 0
     m = {f"{p}_mean": masked_mean(stat, mask)}
     if by_sequence:
@@ -329,8 +333,7 @@ def compute_policy_loss_bypass_mode(
     ρ = π/π_rollout (the clip already bounds the importance weight, so w is only reported), or ``reinforce``:
     L = −A·log π·w with the truncated importance weights w (``rollout_is``; none when null).
     """
-    if not response_mask.any():
-        raise ValueError("response_mask must contain at least one valid token")
+    _require_valid(response_mask)
     with torch.no_grad():
         log_ratio = log_prob - old_log_prob
         weights, metrics = (

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from algos.host_sync import host_read
+
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Σ values·mask over ``dim`` (all elements when None); a NaN or inf outside the mask does not leak in."""
@@ -25,8 +27,9 @@ def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     var = masked_mean(centered**2, mask)
     if unbiased:
         n = mask.sum()
-        if n < 2:
-            raise ValueError(f"masked_var(unbiased=True) needs at least 2 unmasked elements, got {n.item()}")
+        count = host_read("stats.masked_var_count", n, meta_value=2)
+        if count < 2:
+            raise ValueError(f"masked_var(unbiased=True) needs at least 2 unmasked elements, got {count}")
         var = var * n / (n - 1)
     return var
 

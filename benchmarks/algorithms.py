@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
-from config.roles import PolicyLossConfig
+from config.sections import PolicyLossConfig
 from data.tasks import default_compute_score
 from trainer.tracking import read_metrics
 

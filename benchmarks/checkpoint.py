@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _build(args: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """(module, optimizer, scheduler, tokenizer) as a trainer rank holds them, AdamW state filled by one step."""
-    from config.roles import FSDPConfig
+    from config.sections import FSDPConfig
     from data.builtin import build_char_tokenizer, build_tiny_model
     from workers.roles.role import shard_role
 

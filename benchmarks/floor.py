@@ -18,8 +18,9 @@ the forwards the trainer runs in this configuration (``floor_phases``: ref with 
 log-probs unless the update is one on-policy step) — the floor that applies; ``perf``: its MFU (``mfu/floor``, counted
 as ``benchmarks.step`` counts a step; ``mfu/actor``, the update's); ``response_tokens_per_s_floor``: the non-pad
 response tokens sampled / ``floor_s``; ``peak_rss_gb``: this process's peak resident memory from the model load on
-(after the dataloader and any built-in assets); with ``--phase-memory``, ``memory_gb``: the actor's weights and
-optimizer state, its KV cache at this shape and each phase's peak RSS (``memory_breakdown``). ``--vocab-size`` (with
+(after the dataloader and any built-in assets); on CUDA ``cuda_max_allocated_gb``, ``torch.cuda.max_memory_allocated``;
+with ``--phase-memory``, ``memory_gb``: the actor's weights and optimizer state, its KV cache at this shape and each
+phase's peak RSS (``memory_breakdown``). ``--vocab-size`` (with
 ``--model-path``) swaps in the same architecture with another vocabulary and random weights.
 Precision: each role's ``fsdp_config.mixed_precision``, as in the workers (bf16 on CUDA by default, fp32 on CPU); in
 bf16 the models compute in bf16 and AdamW steps fp32 master weights (``MasterWeights``, as one worker rank does).
@@ -58,7 +59,7 @@ from benchmarks.common import (
 )
 from benchmarks.memory import PhasePeaks, reset_peak_rss, storage_bytes
 from config.phases import uses_full_kl
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute import attention
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.critic import DataParallelPPOCritic, load_value_model
@@ -361,6 +362,11 @@ def main(argv: list[str] | None = None) -> None:
             "perf": mfu,
             "response_length_mean": round(statistics.median(r["response_tokens"] for r in rows) / sequences, 3),
             "peak_rss_gb": round(perf.peak_rss_bytes() / perf.GiB, 3),
+            **(
+                {"cuda_max_allocated_gb": round(torch.cuda.max_memory_allocated() / perf.GiB, 3)}
+                if args.device == "cuda"
+                else {}
+            ),
             **(
                 {"memory_gb": memory_breakdown(floor, sequences, args.prompt_length + args.response_length)}
                 if args.phase_memory

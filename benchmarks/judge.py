@@ -62,9 +62,13 @@ class _Judge(BaseHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # the listen backlog: http.server's 5 drops concurrent connections (a 1 s retry each)
+
+
 def serve(delay: float, fate: Fate = lambda body: "ok") -> tuple[ThreadingHTTPServer, str]:
     """Start the judge on a free loopback port in a daemon thread; the server (``shutdown()`` stops it) and URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+    server = _Server(("127.0.0.1", 0), _Judge)
     server.daemon_threads, server.delay, server.fate = True, delay, fate
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/"

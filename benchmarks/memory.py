@@ -165,7 +165,7 @@ def allocated_peak_bytes(run: Callable[[], None]) -> int:
 
 def random_batch(rows: int, args: dict[str, Any], seed: int) -> Any:
     """A PPO batch (``rows`` sequences): random prompt and response tokens, random advantages."""
-    from single_controller import DataProto
+    from single_controller.data_proto import DataProto
 
     g = torch.Generator().manual_seed(seed)
     p, r, vocab = args["prompt_length"], args["response_length"], args["vocab_size"]
@@ -205,7 +205,7 @@ def _build_actor(args: dict[str, Any], device: torch.device, world: int) -> tupl
     one rank plain, or computing on a bf16 copy of fp32 masters (bf16 on CUDA by default)."""
     from transformers import AutoModelForCausalLM
 
-    from config.roles import ActorConfig, FSDPConfig, WrapPolicyConfig
+    from config.sections import ActorConfig, FSDPConfig, WrapPolicyConfig
     from workers.compute.actor import DataParallelPPOActor
     from workers.parallel.master_weights import optimizer_for
     from workers.roles.role import shard_role

@@ -31,8 +31,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.common import emit, machine, stdout_to_stderr
-from config.roles import ActorConfig, OptimConfig
-from single_controller import DataProto
+from config.sections import ActorConfig, OptimConfig
+from single_controller.data_proto import DataProto
 from workers.compute.actor import DataParallelPPOActor
 
 VARIANTS = {  # name -> (remove_padding, dynamic batch size, shared prompts)

@@ -57,7 +57,7 @@ def start_ray(workers: int, device: str) -> None:
 
 def run_steps(trainer: Any, warmup: int, steps: int) -> list[dict[str, float]]:
     """Metrics of the ``steps`` measured train steps (after ``warmup`` unmeasured ones)."""
-    from single_controller import DataProto
+    from single_controller.data_proto import DataProto
 
     batches = cycle(trainer.train_dataloader)
     measured = []

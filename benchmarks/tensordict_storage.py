@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from benchmarks.common import emit, machine
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 
 
 def timed_s(fn: Callable[[], object], repeats: int) -> list[float]:

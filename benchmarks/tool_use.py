@@ -26,10 +26,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.common import default_device, emit, machine
-from config.roles import MultiTurnConfig
+from config.sections import MultiTurnConfig
 from data.dataset import RLHFDataset
 from data.reward import RewardManager
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.agent_loop import AgentLoop
 from workers.compute.rollout import eos_token_ids
 from workers.tools import ToolBox, load_tools

@@ -25,10 +25,11 @@ import ray
 import torch
 
 from benchmarks.common import emit, machine, stdout_to_stderr
-from single_controller import DataProto
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, register
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from single_controller.base.register import Dispatch, register
+from single_controller.base.worker import Worker
+from single_controller.data_proto import DataProto
+from single_controller.ray.group import RayWorkerGroup
+from single_controller.ray.placement import RayClassWithInitArgs, RayResourcePool
 
 
 class EchoWorker(Worker):

@@ -1,6 +1,6 @@
 """ColoRL's configuration: the typed schema, loading it from Hydra, and the step plan derived from it.
 
-Below the workers and the driver, which both import it: ``config.schema``/``config.roles`` (the frozen
+Below the workers and the driver, which both import it: ``config.schema``/``config.sections`` (the frozen
 dataclasses, home of every default), ``config.load`` (compose, build, check), ``config.plan`` (what a step runs).
 """
 

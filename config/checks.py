@@ -23,14 +23,15 @@ class ConfigError(ValueError):
     @classmethod
     def invalid(cls, key: str, value: Any, reason: str) -> ConfigError:
         """``key=value: reason``, keeping the parts so a parent can prefix the key (see ``under``)."""
-        return cls(f"{key}={_show(value)}: {reason}", key=key, value=value, reason=reason)
+        return cls(f"{key}={show(value)}: {reason}", key=key, value=value, reason=reason)
 
     def under(self, prefix: str) -> ConfigError:
         """The same error with ``prefix.`` in front of its key (a component only knows its own keys)."""
         return self if self.key is None else ConfigError.invalid(f"{prefix}.{self.key}", self.value, self.reason)
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """A value as a command line writes it: ``null`` for None, a string quoted (so an empty one shows)."""
     if value is None:
         return "null"
     return repr(value) if isinstance(value, str) else str(value)

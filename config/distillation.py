@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from algos.registry import DISTILLATION_LOSS_SPECS
-from config.checks import ConfigError, check, is_int, non_negative, positive
+from config.checks import ConfigError, check, is_int, non_negative, positive, show
 
 DistillationLossMode = Literal[tuple(DISTILLATION_LOSS_SPECS)]  # type: ignore[valid-type]
 DEFAULT_TEACHER = "teacher_model"  # verl's entry for a single teacher; dropped when other teachers are named
@@ -165,14 +165,10 @@ def teacher_warnings(config: DistillationConfig) -> list[str]:
             for f in fields(TeacherInferenceConfig)
         ]
     return [
-        f"{key}={_show(value)}: {colocated}, {why}; set {key}={_show(default)} to silence this"
+        f"{key}={show(value)}: {colocated}, {why}; set {key}={show(default)} to silence this"
         for key, value, default, why in found
         if value != default
     ]
-
-
-def _show(value: Any) -> str:
-    return "null" if value is None else str(value)
 
 
 def teacher_roles(config: DistillationConfig) -> dict[str, str]:

@@ -10,7 +10,6 @@ A new machinery's keys (an inference engine's, say) are one edit of this table.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import re
 from collections.abc import Iterator
@@ -18,9 +17,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from config.checks import ConfigError
+from config.checks import ConfigError, show
 from config.distillation import teacher_warnings
-from config.tree import leaves
+from config.tree import flat
 
 ARR, RO = "actor_rollout_ref", "actor_rollout_ref.rollout"
 FSDP = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp",
@@ -34,13 +33,15 @@ QUIET = ()  # the default only
 class Inert:
     """``instead``: what ColoRL does; ``quiet``: values it honours as they are (no warning); ``refuse``: a value
     other than the default and ``quiet`` ones changes the results, so it is an error; ``never``: no warning at all
-    (verl fills the key itself); ``engine``: the ``rollout.name`` whose engine honours the key (no warning then)."""
+    (verl fills the key itself); ``engine``: the ``rollout.name`` whose engine honours the key (no warning then);
+    ``modes``: the ``trainer.v1.trainer_mode``s that honour it (no warning then)."""
 
     instead: str
     quiet: tuple = QUIET
     refuse: bool = False
     never: bool = False
     engine: str | None = None
+    modes: tuple[str, ...] = ()
 
 
 def _each(sections: tuple[str, ...], suffix: str, entry: Inert) -> dict[str, Inert]:
@@ -81,7 +82,7 @@ INERT: dict[str, Inert] = {
         "checkpoint.load_contents",
         Inert("ColoRL resumes the whole state (model, optimizer, data position)", refuse=True),
     ),
-    f"{ARR}.actor.fsdp_config.model_dtype": Inert("", never=True),  # config.roles: refused unless LoRA
+    f"{ARR}.actor.fsdp_config.model_dtype": Inert("", never=True),  # config.sections: refused unless LoRA
     "critic.fsdp.model_dtype": Inert(
         "a trained role keeps fp32 master weights; critic.fsdp.dtype sets the compute dtype",
         quiet=("fp32", "float32"),
@@ -143,14 +144,16 @@ INERT: dict[str, Inert] = {
     ),  # fmt: skip
     f"{ARR}.ref.use_torch_compile": Inert("the reference's forward runs eagerly", quiet=(False,)),
     f"{RO}.name": Inert(ENGINE, quiet=("hf", "vllm")),
+    **{
+        f"{RO}.{key}": Inert("the rollout runs on the training workers", modes=("separate_async",))
+        for key in ("nnodes", "n_gpus_per_node")
+    },
     f"{RO}.tensor_model_parallel_size": Inert(
         "the rollout runs on each worker's gathered actor model", quiet=(1,), engine="vllm"
     ),
     **{
         f"{RO}.{key}": Inert(instead, engine="vllm" if key in VLLM_KEYS else None)
         for key, instead in {
-            "nnodes": "the rollout runs on the training workers",
-            "n_gpus_per_node": "the rollout runs on the training workers",
             "full_determinism": "trainer.deterministic=true makes runs repeatable",
             "seed": "sampling is seeded from trainer.seed",
             "dtype": "the rollout computes in the actor's dtype (fsdp_config.mixed_precision)",
@@ -232,8 +235,17 @@ INERT: dict[str, Inert] = {
     "trainer.del_local_ckpt_after_load": Inert("checkpoints are kept (trainer.max_actor_ckpt_to_keep prunes)"),
     "trainer.ray_wait_register_center_timeout": Inert("trainer.phase_timeout_s bounds each phase"),
     "trainer.use_v1": Inert("ColoRL has one trainer (verl's v1 sync mode)", never=True),
-    "trainer.v1.trainer_mode": Inert("ColoRL runs the synchronous loop: each step generates, then updates"),
-    "trainer.v1.*": Inert("ColoRL runs the synchronous loop: each step generates, then updates"),
+    # trainer.v1.trainer_mode and its keys: config.trainer_modes
+    "trainer.v1.separate_async.hybrid_rollout.*": Inert("the trainer's workers never generate for the rollout group"),
+    "trainer.v1.separate_async.*": Inert("read by trainer.v1.trainer_mode=separate_async", modes=("separate_async",)),
+    "trainer.v1.colocate_async.*": Inert("read by trainer.v1.trainer_mode=colocate_async", modes=("colocate_async",)),
+    "trainer.v1.sampler.max_off_policy_*": Inert(
+        "a synchronous step trains on its own samples", modes=("colocate_async", "separate_async")
+    ),  # fmt: skip
+    "trainer.v1.sampler.sync_refill_failed_groups": Inert(
+        "no group fails in ColoRL's rollout: a failing tool or reward function ends one trajectory with its score"
+    ),  # fmt: skip
+    "trainer.v1.sampler.*": Inert("ColoRL's replay buffer is trainer.replay_buffer (in-order, whole batches)"),
     "trainer.default_hdfs_dir": Inert("checkpoints stay in trainer.default_local_dir"),
     "trainer.use_legacy_worker_impl": Inert("ColoRL has one worker implementation"),
     "ray_kwargs.ray_init.runtime_env.*": Inert("workers inherit the driver's environment"),
@@ -255,18 +267,6 @@ def entry(key: str) -> Inert | None:
     return next((found for pattern, found in _compiled() if pattern.match(key)), None)
 
 
-def flat(cfg: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every leaf of a built config (dataclasses and verl's subtrees)."""
-    for f in dataclasses.fields(cfg):
-        key, value = f"{prefix}{f.name}", getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from flat(value, key + ".")
-        elif isinstance(value, dict):
-            yield from leaves(value, key)
-        else:
-            yield key, value
-
-
 @cache
 def _written_defaults() -> dict[str, Any]:
     """Each key's default as the schema writes it (``${...}`` where it follows another key)."""
@@ -283,6 +283,8 @@ def _set(cfg: Any) -> Iterator[tuple[str, Any, Any, Inert]]:
         found = entry(key)
         if found is None or found.never or (found.engine and found.engine == values.get(f"{RO}.name")):
             continue
+        if values.get("trainer.v1.trainer_mode") in found.modes:
+            continue
         default = reference = written.get(key)
         if isinstance(reference, str) and reference.startswith("${"):
             if not re.fullmatch(r"\$\{[\w.]+\}", reference):
@@ -296,18 +298,14 @@ def check_refused(cfg: Any) -> None:
     """ConfigError for the first listed key whose value would change the results ColoRL computes."""
     for key, value, default, found in _set(cfg):
         if found.refuse:
-            raise ConfigError(f"{key}={_show(value)}: {found.instead}; set {key}={_show(default)}")
+            raise ConfigError(f"{key}={show(value)}: {found.instead}; set {key}={show(default)}")
 
 
 def inert_warnings(cfg: Any) -> list[str]:
     """One line per listed key set to a value ColoRL does not honour, naming what it does instead; then those of
     the distillation teachers' server and pool keys (``config.distillation.teacher_warnings``)."""
     return [
-        f"{key}={_show(value)}: {found.instead or 'not used by ColoRL'}; set {key}={_show(default)} to silence this"
+        f"{key}={show(value)}: {found.instead or 'not used by ColoRL'}; set {key}={show(default)} to silence this"
         for key, value, default, found in _set(cfg)
         if not found.refuse
     ] + teacher_warnings(cfg.distillation)
-
-
-def _show(value: Any) -> str:
-    return "null" if value is None else str(value)

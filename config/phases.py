@@ -8,13 +8,14 @@ gives). The roles, the models a worker may hold, are the other table (``config.w
 that knows about phases reads these tables:
 
 - ``declare_flows`` (below): the routes of each flow's phases that run (``config.dataflow``), kept in the plan;
-- ``trainer.ppo_trainer.RayPPOTrainer.train_step``: one timed line per phase, in this order, the worker's method
-  taken from here (``tests/trainer/test_phases.py`` checks its lines against the table);
+- ``trainer.step.PhaseSteps.train_step``: runs the plan's phases in this order, each a worker call of the method
+  named here or the driver code ``STEP_CODE`` holds under its name, timed on the line its entry names; ``timing_s/``
+  metrics divided by the tokens its entry names;
 - ``trainer.preflight.memory_phases``: each phase's memory terms, by the estimator its entry names, over the roles;
 - ``trainer.preflight.dry_run``: each phase's batch arithmetic, and the models' configs it reads;
 - ``trainer.faults``: the keys an out-of-memory error in a worker method advises to lower.
 
-Adding a phase is an entry here plus its compute code (a worker method, or the driver's line in ``train_step``); a
+Adding a phase is an entry here plus its compute code (a worker method, or the driver's in ``trainer.step``); a
 new role is also an entry of ``config.worker_roles.ROLES``. A phase that drops or reorders rows on the driver
 (``selects_rows``) makes every key written before it and read after it pass through the driver.
 """
@@ -24,14 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from algos.registry import estimator_needs, policy_loss_spec
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 from config.distillation import teacher_columns, teacher_outputs
-
-if TYPE_CHECKING:
-    from config.plan import StepPlan
+from config.tree import ARR
 
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
 SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
@@ -40,7 +39,6 @@ WORKER_ESTIMATOR_INPUTS = ("values", "old_log_probs", "sum_pi_squared")  # what 
 # what the reward function reads (with tool turns, a response's length is its attended tokens), and validation's
 SCORED = ("responses", "response_mask", "attention_mask")
 STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
-ARR = "actor_rollout_ref"
 
 
 def lookup(cfg: Any, key: str) -> Any:
@@ -81,7 +79,7 @@ class Step:
     """What a declaration reads: the config, the plan's decisions, and the key groups they imply."""
 
     cfg: Any
-    plan: StepPlan
+    plan: Any  # a config.plan.StepPlan (config.plan imports this module, not the other way)
 
     @property
     def policy(self) -> tuple[str, ...]:
@@ -139,8 +137,10 @@ class StepPhase:
     """One phase of a step (see the module docstring). ``reads``/``writes``: per-token keys, or a function of the
     ``Step``; ``runs``: whether a plan runs it; ``memory``: the name of its estimate in
     ``trainer.preflight.memory_phases.ESTIMATORS`` (a worker phase's peak); ``advice``: what to lower when its
-    worker method runs out of memory (default: its batch keys); ``timed``: ``train_step`` times it on its own line
-    (``timing_s/<name>``); ``columns``: the non-tensor columns it reads (or a function of the ``Step``)."""
+    worker method runs out of memory (default: its batch keys); ``timer``: the line of ``timing_s/`` that times it
+    (its own name by default, another phase's to count within it, ``None``: untimed); ``tokens``: what
+    ``timing_per_token_ms/<name>`` divides its time by (``"response"`` or ``"all"`` tokens, ``None``: no such
+    metric); ``columns``: the non-tensor columns it reads (or a function of the ``Step``)."""
 
     name: str
     on: str
@@ -153,8 +153,13 @@ class StepPhase:
     batch: Batching | None = None
     advice: str | None = None
     columns: Keys = ()
-    timed: bool = True
+    timer: str | None = ""
+    tokens: str | None = None
     selects_rows: bool = False
+
+    def __post_init__(self) -> None:
+        if self.timer == "":  # by default a phase is timed on its own line
+            object.__setattr__(self, "timer", self.name)
 
     def declared(self, s: Step) -> Phase:
         """This phase's per-token reads and writes for ``s``."""
@@ -221,7 +226,7 @@ def _update_batching(section: str, mini: str) -> Batching:
 
 
 STEP_PHASES: tuple[StepPhase, ...] = (
-    StepPhase("prompts", DRIVER, writes=PROMPT, timed=False),  # the dataloader's batch
+    StepPhase("prompts", DRIVER, writes=PROMPT, timer=None),  # the dataloader's batch
     # ReMax's baseline: each prompt's greedy response, generated (GREEDY_FLOW) and scored
     StepPhase("gen_max", DRIVER, PROMPT, ("reward_baselines",), runs=lambda s: s.plan.compute_greedy_baseline),
     StepPhase(
@@ -232,11 +237,15 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         role="actor",
         method="generate_sequences",
         memory="generate",
+        tokens="response",  # tool turns included: the rollout feeds them
         batch=Batching(rows="gen_rows", rows_key=_generation_batch),
         advice="data.train_batch_size or data.max_response_length (a worker generates its whole share of "
         f"data.train_batch_size × {ARR}.rollout.n at once)",
         columns=AGENT_KEYS,
     ),
+    # trainer.v1's async modes: a batch is generated while another trains (on a group of its own, or before the
+    # update on the same one), so what the rollout writes comes to the driver with it (trainer.ahead)
+    StepPhase("handover", DRIVER, _gen_writes, _gen_writes, runs=lambda s: s.plan.mode.asynchronous, timer=None),
     # trainer.balance_batch, at verl's place (after generation, before the reward): the driver reorders the rows so
     # each worker's share holds a similar number of tokens (trainer.balance); with dynamic sampling, filter_groups
     # balances the rows it keeps instead (verl's DAPO loop)
@@ -253,13 +262,13 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         method="compute_rm_score",
         memory="forward",
         batch=Batching("reward.reward_model", "micro_batch_size_per_gpu"),
-        timed=False,
+        timer="reward",
     ),
     StepPhase("reward", DRIVER, lambda s: (*SCORED, *when(s.reward_model, "rm_scores")), ("token_level_scores",)),
     # DAPO's dynamic sampling: the phases above run once per generation batch, then the prompt groups with signal
     # are kept (trainer.dynamic_sampling.collect), and with trainer.balance_batch balanced over the workers; the
     # kept rows come from several batches, so what crosses it comes to the driver and goes back
-    StepPhase("filter_groups", DRIVER, runs=lambda s: s.plan.dynamic_sampling, timed=False, selects_rows=True),
+    StepPhase("filter_groups", DRIVER, runs=lambda s: s.plan.dynamic_sampling, timer=None, selects_rows=True),
     StepPhase(
         "old_log_prob",
         WORKER,
@@ -268,6 +277,7 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.recompute_old_log_prob,
         role="actor",
         method="compute_log_prob",
+        tokens="all",
         memory="forward",
         batch=_log_prob_batching(f"{ARR}.rollout"),
     ),
@@ -279,6 +289,7 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.compute_ref_log_prob,
         role="ref",
         method="compute_ref_log_prob",
+        tokens="all",
         memory="forward",
         batch=_log_prob_batching(f"{ARR}.ref"),
     ),
@@ -290,6 +301,7 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.compute_teacher,
         role="teacher",
         method="compute_teacher_log_prob",
+        tokens="all",
         memory="forward",
         batch=_log_prob_batching(f"{ARR}.rollout"),  # micro-batched as the old log-probs' (workers.compute.teacher)
         columns=lambda s: teacher_columns(s.cfg.distillation),  # several teachers: the column that routes rows
@@ -302,12 +314,13 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.use_critic,
         role="critic",
         method="compute_values",
+        tokens="all",
         memory="forward",
         batch=Batching(
             "critic", "forward_micro_batch_size_per_gpu", "use_dynamic_bsz", "forward_max_token_len_per_gpu"
         ),
     ),
-    StepPhase("adv", DRIVER, _adv_reads, ("token_level_rewards", "advantages", "returns")),
+    StepPhase("adv", DRIVER, _adv_reads, ("token_level_rewards", "advantages", "returns"), tokens="all"),
     StepPhase(
         "update_critic",
         WORKER,
@@ -315,6 +328,7 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.use_critic,
         role="critic",
         method="update_critic",
+        tokens="all",
         memory="update",
         batch=_update_batching("critic", "critic_mini_batch_size"),
     ),
@@ -324,9 +338,13 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         _update_actor_reads,
         role="actor",
         method="update_actor",
+        tokens="all",
         memory="update",
         batch=_update_batching(f"{ARR}.actor", "actor_mini_batch_size"),
     ),
+    # trainer.v1's async modes: the batches asked for from now on are generated with these weights; a rollout group
+    # of its own takes them (verl's timer name)
+    StepPhase("update_weights", DRIVER, runs=lambda s: s.plan.mode.asynchronous),
     # verl's generation dumps and the run report's samples (trainer.generations), with each token's log-prob
     StepPhase("dump_rollout_generations", DRIVER, lambda s: when(s.has_old and samples_tokens(s.cfg), "old_log_probs")),
     StepPhase(  # the step's data metrics (trainer.metrics.compute_data_metrics)
@@ -338,13 +356,13 @@ STEP_PHASES: tuple[StepPhase, ...] = (
             # the sampler's log-probs against the learner's (training/rollout_probs_diff_*)
             + when(s.plan.recompute_old_log_prob and rollout_log_probs(s.cfg), "rollout_log_probs", "old_log_probs")
         ),
-        timed=False,
+        timer=None,
     ),
 )
 PHASES = {phase.name: phase for phase in STEP_PHASES}
 
 
-def declare_flows(cfg: Any, plan: StepPlan, table: tuple[StepPhase, ...] = STEP_PHASES) -> dict[str, Dataflow]:
+def declare_flows(cfg: Any, plan: Any, table: tuple[StepPhase, ...] = STEP_PHASES) -> dict[str, Dataflow]:
     """Each flow's phases in order, with the per-token keys each reads and writes (only the phases that run): the
     step's (``table``'s), and validation's and ReMax's greedy baseline's (prompts, generation, reward)."""
     s = Step(cfg, plan)

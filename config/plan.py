@@ -21,7 +21,16 @@ from typing import Any
 from algos.registry import estimator_needs, estimator_needs_critic, policy_loss_spec
 from config.checks import ConfigError, is_int
 from config.dataflow import Dataflow
-from config.phases import PHASES, STEP_FLOW, declare_flows, rollout_log_probs, uses_full_kl, uses_ref_log_prob
+from config.phases import (
+    PHASES,
+    STEP_FLOW,
+    declare_flows,
+    lookup,
+    rollout_log_probs,
+    uses_full_kl,
+    uses_ref_log_prob,
+)
+from config.trainer_modes import TrainerMode, trainer_mode
 
 ROLLOUT_LOG_PROBS = (
     "needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (verl's key)"
@@ -61,12 +70,18 @@ class StepPlan:
     filter_metric: str | None
     dynamic_sampling: bool
     flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
+    mode: TrainerMode = TrainerMode()  # trainer.v1: sync, or generation ahead of training (config.trainer_modes)
+
+    @property
+    def step_phases(self) -> tuple[str, ...]:
+        """The names of the phases a step of this plan runs, in the table's order."""
+        return tuple(p.name for p in self.flows[STEP_FLOW].phases)
 
     def runs(self, phase: str) -> bool:
         """Whether a step of this plan runs ``phase`` (a name of ``config.phases.STEP_PHASES``)."""
         if phase not in PHASES:
             raise KeyError(f"no phase {phase!r} in config.phases.STEP_PHASES: {list(PHASES)}")
-        return any(p.name == phase for p in self.flows[STEP_FLOW].phases)
+        return phase in self.step_phases
 
 
 def num_workers(cfg: Any) -> int:
@@ -95,61 +110,23 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     _check_estimator(cfg)
     gen_batch_size, filter_metric = _check_dynamic_sampling(cfg, n_workers)
     dynamic_sampling = filter_metric is not None or gen_batch_size != data.train_batch_size
+    mode = trainer_mode(cfg, n_workers)
+    _check_async(cfg, mode, dynamic_sampling)
     critic = uses_critic(cfg)
     use_reference_policy = bool(actor.use_kl_loss or algo.use_kl_in_reward)
-    lora = cfg.actor_rollout_ref.model.lora_rank > 0
-    # the estimator reading old log-probs (or Σπ², computed with them) needs them before the update
-    needs_old = estimator_needs(algo.adv_estimator, "old_log_probs")
-    on_policy = is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size)
-    own_log_probs = not needs_old and actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy
-    sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
-    # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²); vLLM samples with other
-    # kernels than the actor's, so there they are the old ones only in bypass mode (verl's rule), and the forward
-    # runs beside them (its gap to them is logged: trainer.metrics.rollout_probs_diff)
-    same_kernels = rollout.name != "vllm" or actor.policy_loss.loss_mode == "bypass_mode"
-    if not same_kernels and rollout_log_probs(cfg):
-        own_log_probs = False
-    from_rollout = rollout_log_probs(cfg) and same_kernels and not own_log_probs and not sum_pi_squared
-    recompute = not (own_log_probs or from_rollout)
-    ref_log_prob = bool(algo.use_kl_in_reward or uses_ref_log_prob(actor))
-    balance = bool(cfg.trainer.balance_batch) and n_workers > 1  # one worker: nothing to balance
-    if balance and actor.use_prefix_grouper and data.train_batch_size % n_workers:
-        raise ConfigError(
-            f"trainer.balance_batch=true with actor_rollout_ref.actor.use_prefix_grouper=true places whole prompt "
-            f"groups: data.train_batch_size={data.train_batch_size} must be a multiple of the {n_workers} workers"
-        )
-    arr = "actor_rollout_ref"
-    _require_micro(  # the teacher's forward is micro-batched as the old log-probs' (workers.roles.fsdp_workers)
-        f"{arr}.rollout.log_prob_micro_batch_size_per_gpu",
-        rollout.log_prob_micro_batch_size_per_gpu,
-        (recompute or cfg.distillation.enabled) and not rollout.log_prob_use_dynamic_bsz,
-        f"{arr}.rollout.log_prob_use_dynamic_bsz",
-    )
-    ref = cfg.actor_rollout_ref.ref
-    _require_micro(
-        f"{arr}.ref.log_prob_micro_batch_size_per_gpu",
-        ref.log_prob_micro_batch_size_per_gpu,
-        ref_log_prob and not ref.log_prob_use_dynamic_bsz,
-        f"{arr}.ref.log_prob_use_dynamic_bsz",
-    )
-    _require_micro(
-        "critic.forward_micro_batch_size_per_gpu",
-        cfg.critic.forward_micro_batch_size_per_gpu,
-        critic and not cfg.critic.use_dynamic_bsz,
-        "critic.use_dynamic_bsz",
-    )
+    recompute, from_rollout, sum_pi_squared = _old_log_probs(cfg, mode.asynchronous)
     plan = StepPlan(
         n_workers=n_workers,
         use_critic=critic,
         use_reference_policy=use_reference_policy,
-        ref_in_actor=uses_full_kl(actor) or (use_reference_policy and lora),
+        ref_in_actor=uses_full_kl(actor) or (use_reference_policy and cfg.actor_rollout_ref.model.lora_rank > 0),
         recompute_old_log_prob=recompute,
         old_log_prob_from_rollout=from_rollout,
-        compute_ref_log_prob=ref_log_prob,
+        compute_ref_log_prob=bool(algo.use_kl_in_reward or uses_ref_log_prob(actor)),
         compute_teacher=cfg.distillation.enabled,
         compute_greedy_baseline=estimator_needs(algo.adv_estimator, "reward_baselines"),
         compute_sum_pi_squared=sum_pi_squared,
-        balance_batch=balance,
+        balance_batch=_balance(cfg, n_workers),
         actor_mini_batch_size=_mini_batch_per_rank(
             "actor_rollout_ref.actor",
             actor,
@@ -167,8 +144,72 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         filter_metric=filter_metric,
         dynamic_sampling=dynamic_sampling,
         flows={},
+        mode=mode,
     )
-    return dataclasses.replace(plan, flows=declare_flows(cfg, plan))  # the flows follow the plan's decisions
+    plan = dataclasses.replace(plan, flows=declare_flows(cfg, plan))  # the flows follow the plan's decisions
+    _check_micro_batches(cfg, plan)
+    return plan
+
+
+def _old_log_probs(cfg: Any, ahead: bool) -> tuple[bool, bool, bool]:
+    """Where the old log-probs come from: (the forward recomputes them, they are the rollout's, Σπ² is needed);
+    ``ahead``: generation runs ahead of training (trainer.v1's async modes)."""
+    data, rollout, actor, algo = cfg.data, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor, cfg.algorithm
+    # the estimator reading old log-probs (or Σπ², computed with them) needs them before the update
+    needs_old = estimator_needs(algo.adv_estimator, "old_log_probs")
+    on_policy = is_single_step(actor.ppo_epochs, actor.ppo_mini_batch_size, data.train_batch_size)
+    own_log_probs = not needs_old and actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy
+    sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
+    # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²); vLLM samples with other
+    # kernels than the actor's, so there they are the old ones only in bypass mode (verl's rule), and the forward
+    # runs beside them (its gap to them is logged: trainer.metrics.rollout_probs_diff)
+    # generated ahead of the update, they are an older policy's: the old ones only in bypass mode too
+    same_kernels = (rollout.name != "vllm" and not ahead) or actor.policy_loss.loss_mode == "bypass_mode"
+    if not same_kernels and rollout_log_probs(cfg):
+        own_log_probs = False
+    from_rollout = rollout_log_probs(cfg) and same_kernels and not own_log_probs and not sum_pi_squared
+    return not (own_log_probs or from_rollout), from_rollout, sum_pi_squared
+
+
+def _check_async(cfg: Any, mode: TrainerMode, dynamic_sampling: bool) -> None:
+    """What the async modes cannot do: generation batches other than the step's (dynamic sampling), and ReMax's
+    greedy baseline (generated by the policy being trained, in the step)."""
+    if not mode.asynchronous:
+        return
+    key = f"trainer.v1.trainer_mode={mode.mode}"
+    if dynamic_sampling:
+        raise ConfigError(
+            f"{key}: generation ahead of training takes whole training batches; unset algorithm.filter_groups.enable "
+            "and data.gen_batch_size, or use trainer.v1.trainer_mode=sync"
+        )
+    if estimator_needs(cfg.algorithm.adv_estimator, "reward_baselines"):
+        raise ConfigError(
+            f"{key}: algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates a greedy baseline with the "
+            "policy being trained; use trainer.v1.trainer_mode=sync"
+        )
+
+
+def _balance(cfg: Any, n_workers: int) -> bool:
+    """trainer.balance_batch on more than one worker (one has nothing to balance)."""
+    balance = bool(cfg.trainer.balance_batch) and n_workers > 1
+    if balance and cfg.actor_rollout_ref.actor.use_prefix_grouper and cfg.data.train_batch_size % n_workers:
+        raise ConfigError(
+            f"trainer.balance_batch=true with actor_rollout_ref.actor.use_prefix_grouper=true places whole prompt "
+            f"groups: data.train_batch_size={cfg.data.train_batch_size} must be a multiple of the {n_workers} workers"
+        )
+    return balance
+
+
+def _check_micro_batches(cfg: Any, plan: StepPlan) -> None:
+    """Each worker phase that runs and micro-batches by sequences needs its micro-batch size (its entry's
+    ``Batching``): verl gives none a default."""
+    for phase in plan.flows[STEP_FLOW].phases:
+        batching = PHASES[phase.name].batch
+        if batching is None or batching.section is None or batching.mini is not None:  # updates: _mini_batch_per_rank
+            continue
+        dynamic = batching.dynamic is not None and lookup(cfg, f"{batching.section}.{batching.dynamic}")
+        key = f"{batching.section}.{batching.micro}"
+        _require_micro(key, lookup(cfg, key), not dynamic, f"{batching.section}.{batching.dynamic}")
 
 
 def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch_size: int, n_workers: int) -> int:

@@ -1,7 +1,7 @@
 """ColoRL's configuration schema: the root ``PPOConfig`` and the run-level components (data, algorithm, trainer).
 
 One frozen dataclass per component is the single home of its defaults; the worker roles' components live in
-``config.roles``. ``conf/*.yaml`` holds only presets on top of these defaults, and ``config.load`` builds the
+``config.sections``. ``conf/*.yaml`` holds only presets on top of these defaults, and ``config.load`` builds the
 typed, resolved config that travels to the driver and the workers. Choices are ``Literal`` types (checked when
 the config is built), ranges are checked in each ``__post_init__``.
 """
@@ -26,9 +26,9 @@ from config.checks import (
 )
 from config.distillation import DistillationConfig
 from config.machinery import RayKwargsConfig, SkipTree, TrainerV1Tree, TransferQueueTree
-from config.roles import ActorRolloutRefConfig, CriticConfig, RewardConfig, RolloutCorrectionConfig
-from config.roles.profiler import GlobalProfilerTree
-from config.roles.reward import LegacyCustomRewardFunctionConfig, LegacyRewardModelConfig, LegacySandboxFusionConfig
+from config.sections import ActorRolloutRefConfig, CriticConfig, RewardConfig, RolloutCorrectionConfig
+from config.sections.profiler import GlobalProfilerTree
+from config.sections.reward import LegacyCustomRewardFunctionConfig, LegacyRewardModelConfig, LegacySandboxFusionConfig
 from config.tree import InertTree
 
 AdvEstimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]

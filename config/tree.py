@@ -9,10 +9,13 @@ as given; ``config.inert`` warns about, or refuses, values other than the defaul
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from config.checks import ConfigError
+
+ARR = "actor_rollout_ref"  # verl's section of the policy's three roles, the prefix of most keys
 
 
 class InertTree(dict):
@@ -45,13 +48,18 @@ def _check_keys(value: Any, defaults: Any, key: str) -> None:
         _check_keys(item, defaults[name], f"{key}.{name}")
 
 
-def leaves(value: Any, key: str) -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every leaf under ``value`` (a nested mapping); an empty mapping is a leaf."""
-    if isinstance(value, Mapping) and value:
-        for name, item in value.items():
-            yield from leaves(item, f"{key}.{name}")
+def flat(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf under ``value``: a config's dataclasses and nested mappings (verl's
+    subtrees, ``dataclasses.asdict``'s); an empty mapping is a leaf. The one flattener of configs."""
+    if dataclasses.is_dataclass(value):
+        items: Iterator[tuple[str, Any]] = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    elif isinstance(value, Mapping) and value:
+        items = iter(value.items())
     else:
-        yield key, value
+        yield prefix, value
+        return
+    for name, item in items:
+        yield from flat(item, f"{prefix}.{name}" if prefix else str(name))
 
 
 def plain(value: Any) -> Any:

@@ -1,6 +1,6 @@
 """verl command lines on ColoRL: older spellings of keys, and the keys verl derives from others.
 
-verl's keys and defaults are ColoRL's (``config.schema``, ``config.roles``), so a verl command line means the same
+verl's keys and defaults are ColoRL's (``config.schema``, ``config.sections``), so a verl command line means the same
 here. verl also accepts older places of some keys, and fills some keys from others when it starts; both happen
 here, on the composed config, before it is built (``config.load.to_config``):
 
@@ -22,9 +22,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from config.checks import ConfigError
-from config.tree import leaves
+from config.tree import ARR, flat
 
-ARR = "actor_rollout_ref"
 # an older place of a key -> its current one (prefixes; a "+" before an aliased override is dropped: the target
 # exists). ColoRL's own older spellings are here too.
 ALIASES = {
@@ -105,8 +104,7 @@ def normalize(written: dict) -> dict:
     places moved, the legacy reward sections migrated and verl's start-up derivations applied; ConfigError for a
     contradiction."""
     node = copy.deepcopy(written)
-    for key, value in list(leaves(node, "")):
-        key = key[1:]
+    for key, value in list(flat(node)):
         moved = _aliased(key)
         if moved != key:
             _delete(node, key)

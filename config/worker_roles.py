@@ -1,10 +1,12 @@
 """The models a worker may hold, declared once: ``ROLES``, the other table beside ``config.phases.STEP_PHASES``.
 
 An entry says where its model's path, model options and FSDP section sit in the config (verl's layout), whether it
-trains, whether it ends in a value head, and whether a step plan places it. The memory estimate
-(``trainer.preflight.memory_phases``) and the dry run (``trainer.preflight.dry_run``) read it; a phase's entry names
-the role that computes it. Adding a role is an entry here plus its worker class (``workers.roles``) and its place in
-``trainer.ppo_trainer.RayPPOTrainer.init_workers``.
+trains, whether it ends in a value head, whether a step plan places it, and its worker: the class, its arguments and
+the driver's worker group that calls it. Everything that knows about roles reads this table: the placement
+(``trainer.placement``), ``RayPPOTrainer.init_workers`` and the driver's group of each phase (``trainer.step``),
+the checkpoints and the resume check of the trained roles (``trainer.fingerprint``), the memory estimate
+(``trainer.preflight.memory_phases``) and the dry run (``trainer.preflight.dry_run``); a phase's entry names the
+role that computes it. Adding a role is an entry here plus its worker class (``workers.roles``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ class WorkerRole:
     computes its phases when it is not held (a LoRA actor is its own reference: its module, adapters disabled).
     ``instances``: a role of several models (distillation's teachers), each model's name -> the key of its path;
     ``fsdp``: its FSDP config when it is not the section at ``placement`` (the teachers': the reference's,
-    offloaded)."""
+    offloaded). ``worker``: the name of its worker in the colocated process (its methods' prefix; the driver calls
+    it through its attribute ``group``), ``worker_class`` (``module:Class``) and ``init_args`` its constructor's
+    arguments for a config and plan; ``own_worker``: whether the plan gives it a worker of its own (default:
+    ``held``; else its phases run on the worker of the role it ``shares``); ``rollout``: it holds the rollout engine,
+    which sizes its cache by what the other models leave, so it loads last."""
 
     name: str
     path: str
@@ -39,6 +45,20 @@ class WorkerRole:
     held: Callable[[Step], bool] = lambda s: True
     instances: Callable[[Any], dict[str, str]] | None = None
     fsdp: Callable[[Any], Any] | None = None
+    worker: str = ""
+    worker_class: str = ""
+    init_args: Callable[[Any, Any], dict[str, Any]] = lambda cfg, plan: {}
+    own_worker: Callable[[Step], bool] | None = None
+    rollout: bool = False
+
+    @property
+    def group(self) -> str:
+        """The driver's attribute that holds this role's worker group (verl's ``actor_rollout_wg``, ...)."""
+        return f"{self.worker}_wg"
+
+    def placed(self, s: Step) -> bool:
+        """Whether plan ``s`` gives this role a worker of its own."""
+        return (self.own_worker or self.held)(s)
 
     def paths(self, cfg: Any) -> dict[str, str]:
         """The models of this role on a worker: each one's name -> the key of its path."""
@@ -55,8 +75,27 @@ def _teachers(cfg: Any) -> dict[str, str]:
     return {role: f"distillation.teacher_models.{name}.model_path" for role, name in roles.items()}
 
 
+WORKERS = "workers.roles.fsdp_workers"
 ROLES: tuple[WorkerRole, ...] = (
-    WorkerRole("actor", f"{ARR}.model.path", f"{ARR}.model", f"{ARR}.actor.fsdp_config", trained=True, adapters=True),
+    WorkerRole(
+        "actor",
+        f"{ARR}.model.path",
+        f"{ARR}.model",
+        f"{ARR}.actor.fsdp_config",
+        trained=True,
+        adapters=True,
+        worker="actor_rollout",
+        worker_class=f"{WORKERS}:ActorRolloutRefWorker",
+        # the exact KL loss reads reference logits inside the update, and a LoRA actor is its own reference
+        # (adapters disabled): then one object holds actor and ref (verl's role names)
+        init_args=lambda cfg, plan: dict(
+            config=cfg.actor_rollout_ref,
+            role="actor_rollout_ref" if plan.ref_in_actor else "actor_rollout",
+            plan=plan,
+            distillation=cfg.distillation,
+        ),
+        rollout=True,
+    ),
     WorkerRole(
         "ref",
         f"{ARR}.model.path",
@@ -65,6 +104,10 @@ ROLES: tuple[WorkerRole, ...] = (
         trained=False,
         shares="actor",
         held=lambda s: s.plan.use_reference_policy and s.cfg.actor_rollout_ref.model.lora_rank == 0,
+        worker="ref",
+        worker_class=f"{WORKERS}:ActorRolloutRefWorker",
+        init_args=lambda cfg, plan: dict(config=cfg.actor_rollout_ref, role="ref", plan=plan),
+        own_worker=lambda s: s.plan.use_reference_policy and not s.plan.ref_in_actor,
     ),
     WorkerRole(
         "critic",
@@ -74,6 +117,9 @@ ROLES: tuple[WorkerRole, ...] = (
         True,
         value_head=True,
         held=lambda s: s.plan.use_critic,
+        worker="critic",
+        worker_class=f"{WORKERS}:CriticWorker",
+        init_args=lambda cfg, plan: dict(config=cfg.critic, plan=plan),
     ),
     WorkerRole(  # verl's reward model section has its path and options in one place (no model sub-section)
         "rm",
@@ -83,6 +129,9 @@ ROLES: tuple[WorkerRole, ...] = (
         trained=False,
         value_head=True,
         held=lambda s: s.reward_model,
+        worker="rm",
+        worker_class=f"{WORKERS}:RewardModelWorker",
+        init_args=lambda cfg, plan: dict(config=cfg.reward.reward_model),
     ),
     WorkerRole(  # frozen, offloaded between its forwards (config.distillation.teacher_fsdp_config)
         "teacher",
@@ -93,6 +142,10 @@ ROLES: tuple[WorkerRole, ...] = (
         held=lambda s: s.plan.compute_teacher,
         instances=_teachers,
         fsdp=lambda cfg: teacher_fsdp_config(cfg.actor_rollout_ref),
+        worker="teacher",
+        worker_class=f"{WORKERS}:TeacherWorker",
+        init_args=lambda cfg, plan: dict(config=cfg.distillation, actor_rollout_ref=cfg.actor_rollout_ref, plan=plan),
     ),
 )
 ROLE = {role.name: role for role in ROLES}
+ACTOR, REF, CRITIC, RM, TEACHER = ROLES  # for the readers that single one out

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from config import ConfigError
 from data.tasks import default_compute_score
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 
 ComputeScore = Callable[..., "float | dict[str, Any]"]
 Failure = tuple[str, str]  # why a response scored 0 (reward/errors/<reason>: raised, invalid, timeout) and its line

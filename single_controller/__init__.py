@@ -20,37 +20,34 @@ Compatibility — in compat/, never used by the trainer, reachable under the see
 helpers, n-d mesh dispatch, ``split_resource_pool``, fused colocated classes, ``from_detached``/``fuse``,
 ``update_options``). What is supported and how: docs/verl_api.md.
 
-The dependency points one way: the core never imports compat/. The modules that are verl's import paths (this one,
-protocol.py, base/decorator.py, ray/__init__.py, ray/base.py, ray/megatron.py, base/megatron/, models/) import
-both. verl's extra methods are added to the core classes by the modules every import passes through (this one for
-``DataProto`` and ``Worker``, ray/__init__.py for the Ray classes; single_controller/extension.py), and the extra
-dispatch modes register themselves (compat/dispatch.py), so no import order sees a class or a mode without them.
+The dependency points one way: the core never imports compat/, and adds nothing to its classes. This module and
+the other verl import paths (protocol.py, base/__init__.py, base/decorator.py, ray/__init__.py, ray/base.py,
+ray/megatron.py, base/megatron/, models/) give verl's classes: compat/'s subclasses of the core's (``DataProto``,
+``Worker``, ``RayWorkerGroup``, ``RayClassWithInitArgs``, the colocated ``WorkerDict``) and verl's ``Dispatch`` enum
+of every mode. They load on first use, so importing a core module (``single_controller.data_proto``) imports no
+compat module; the trainer imports the core modules themselves.
 """
 
 from importlib import import_module
 
-from single_controller.base.register import Dispatch, Execute, register
-from single_controller.base.worker import Worker
-from single_controller.compat import dispatch as _verl_dispatch_modes  # noqa: F401  (registers the modes on import)
-from single_controller.compat.data_proto import VerlDataProtoMethods
-from single_controller.compat.worker import VerlWorkerMethods
-from single_controller.extension import add_methods
-from single_controller.protocol import DataProto, DataProtoConfig, DataProtoFuture
-
-add_methods(DataProto, VerlDataProtoMethods)
-add_methods(Worker, VerlWorkerMethods)
-
-# Loaded on first use: `from single_controller import DataProto` must not import Ray.
+# verl's names, loaded on first use: `import single_controller.data_proto` must import neither compat/ nor Ray
 _LAZY = {
+    "DataProto": "single_controller.compat.data_proto",
+    "DataProtoConfig": "single_controller.padding",
+    "DataProtoFuture": "single_controller.future",
+    "Dispatch": "single_controller.compat.dispatch",
+    "Execute": "single_controller.base.register",
+    "register": "single_controller.base.register",
+    "Worker": "single_controller.compat.worker",
     "RayResourcePool": "single_controller.ray.placement",
-    "RayClassWithInitArgs": "single_controller.ray.placement",
-    "RayWorkerGroup": "single_controller.ray.group",
-    "create_colocated_worker_cls": "single_controller.ray.colocate",
+    "RayClassWithInitArgs": "single_controller.compat.placement",
+    "RayWorkerGroup": "single_controller.compat.worker_group",
+    "create_colocated_worker_cls": "single_controller.compat.fused",
     "WorkerDiedError": "single_controller.ray.health",
     "shutdown_worker_group": "single_controller.ray.health",
 }
 
-__all__ = ["DataProto", "DataProtoConfig", "DataProtoFuture", "Dispatch", "Execute", "Worker", "register", *_LAZY]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str):

@@ -191,7 +191,7 @@ class DataProto:
         tensors = {k: self.batch.pop(k) for k in batch_keys or []}
         non_tensors = {k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys or []}
         meta = {k: self.meta_info.pop(k) for k in meta_info_keys or []}
-        return DataProto.from_dict(tensors, non_tensors, meta)
+        return type(self).from_dict(tensors, non_tensors, meta)
 
     def _check_keys(self, batch_keys, non_tensor_batch_keys, meta_info_keys) -> None:
         for kind, keys, have in (
@@ -360,14 +360,14 @@ class DataProto:
         with open(path, "wb") as f:
             f.write(buffer.getvalue())
 
-    @staticmethod
-    def load_from_disk(path: str) -> DataProto:
+    @classmethod
+    def load_from_disk(cls, path: str) -> DataProto:
         payload = torch.load(path, weights_only=True)
         rest = json.loads(payload["json"])
         columns = {k: _column_from_json(**v) for k, v in rest["non_tensor_batch"].items()}
         tensors = payload["tensors"]
         batch = TensorBatch(tensors) if tensors else None
-        return DataProto(batch=batch, non_tensor_batch=columns, meta_info=rest["meta_info"])
+        return cls(batch=batch, non_tensor_batch=columns, meta_info=rest["meta_info"])
 
 
 def _column_from_json(rows: list, dtype: str, shape: list[int]) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The data protocol between the driver and the workers, in one import path (as verl's ``verl.protocol``).
 
-- ``DataProto``: single_controller/data_proto.py (its verl-only methods: compat/data_proto.py)
+- ``DataProto``: verl's, compat/data_proto.py (the core's with verl's methods: single_controller/data_proto.py)
 - ``TensorBatch``, DataProto's tensor storage: single_controller/tensor_batch.py
 - ``DataProtoConfig`` and the padding helpers: single_controller/padding.py
 - ``DataProtoFuture``: single_controller/future.py
@@ -8,14 +8,13 @@
 - verl's reshaping, gathering and encoding helpers: compat/data_proto.py, compat/serialization.py
 """
 
-from single_controller.compat.data_proto import all_gather_data_proto, fold_batch_dim, unfold_batch_dim
+from single_controller.compat.data_proto import DataProto, all_gather_data_proto, fold_batch_dim, unfold_batch_dim
 from single_controller.compat.serialization import (
     deserialize_single_tensor,
     deserialize_tensordict,
     serialize_single_tensor,
     serialize_tensordict,
 )
-from single_controller.data_proto import DataProto
 from single_controller.errors import ContractError
 from single_controller.future import DataProtoFuture
 from single_controller.merge import list_of_dict_to_dict_of_list, union_numpy_dict, union_tensor_dict

@@ -130,3 +130,25 @@ def test_every_module_imports_first_in_a_fresh_process():
     assert out.returncode == 0, out.stderr[-3000:]
     failures = json.loads(out.stdout.strip().splitlines()[-1])
     assert failures == {}, "\n\n".join(f"{m}:\n{e}" for m, e in failures.items())
+
+
+def test_importing_the_core_and_the_trainer_imports_no_compat_module():
+    """The verl layer adds, never patches: a fresh process that imports every core module of single_controller
+    and the trainer's driver and workers loads nothing of compat/ (verl's paths load it on first use)."""
+    core = [
+        name
+        for name in production_modules()
+        if name.startswith("single_controller")
+        and not name.startswith("single_controller.compat")
+        and name not in VERL_PATHS
+        and not name.startswith("single_controller.base.megatron")
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {[*core, 'trainer.ppo_trainer', 'workers.roles.fsdp_workers']!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('single_controller.compat')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -9,7 +9,7 @@ import torch
 
 import algos
 from config.plan import StepPlan
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 
 
 def compute_advantage(

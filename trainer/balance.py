@@ -17,7 +17,7 @@ import heapq
 import numpy as np
 import torch
 
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 
 
 def balanced_partitions(workloads: list[int], parts: int) -> list[list[int]]:

@@ -77,7 +77,7 @@ def _actor_config(cfg: PPOConfig) -> tuple[str, Callable[[], Any]]:
 
 
 def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> RewardManager:
-    """``reward.reward_manager.name`` (``data.reward.REWARD_MANAGERS``) with the ``reward.reward_kwargs`` set away
+    """``reward.reward_manager.name`` (``data.reward_loop.REWARD_MANAGERS``) with the ``reward.reward_kwargs`` set away
     from their defaults as keyword arguments (the dapo manager's ``max_resp_len``, null: data.max_response_length);
     ``ConfigError`` for an unknown name or arguments the manager does not take, before any model loads."""
     name, kwargs = cfg.reward.reward_manager.name, cfg.reward.reward_kwargs

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from config.checks import ConfigError
+from config.worker_roles import ACTOR, CRITIC
 from workers.checkpoint.safe_files import (
     WRITE_ERRORS,
     UnsafeCheckpointError,
@@ -80,7 +82,7 @@ class CheckpointManager:
         self, root: str, max_actor_ckpt_to_keep: int | None = None, max_critic_ckpt_to_keep: int | None = None
     ):
         self.root = Path(root)
-        self.keep = {"actor": max_actor_ckpt_to_keep, "critic": max_critic_ckpt_to_keep}
+        self.keep = {ACTOR.name: max_actor_ckpt_to_keep, CRITIC.name: max_critic_ckpt_to_keep}
 
     def staging_path(self, step: int) -> Path:
         """The hidden directory that step ``step`` is written into before it is committed."""
@@ -128,8 +130,8 @@ class CheckpointManager:
     def _refuse_to_mix(self) -> None:
         """A fresh run must not overwrite an earlier run's checkpoints or append to its metrics."""
         earlier = [p.name for p in self.checkpoints()] + [p.name for p in self.root.glob("metrics.jsonl")]
-        if earlier:
-            raise CheckpointError(
+        if earlier:  # a key's value the user can change: a config error (one line, exit status 2)
+            raise ConfigError(
                 f"trainer.resume_mode=disable, but trainer.default_local_dir={self.root} already holds a run "
                 f"({', '.join(earlier[-3:])}): a fresh run there would overwrite its checkpoints and mix into its "
                 "metrics. Continue it with trainer.resume_mode=auto, or start afresh in another "
@@ -145,7 +147,7 @@ class CheckpointManager:
         if resume_mode == "resume_path":
             path = Path(resume_from_path)
             if not path.is_dir():
-                raise CheckpointError(f"trainer.resume_from_path={resume_from_path}: no such checkpoint directory")
+                raise ConfigError(f"trainer.resume_from_path={resume_from_path}: no such checkpoint directory")
             check_checkpoint(path)
             return path
         path, damaged = self._newest_intact(warn=True)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 
 
 class DataPosition:

@@ -29,7 +29,7 @@ import numpy as np
 
 from config import ConfigError, PPOConfig, StepPlan
 from config.schema import FILTER_TENSOR_METRICS
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from trainer.metrics import reward_group_metrics
 
 Sampled = tuple[DataProto, dict[str, list], dict[str, float]]  # a generation batch, its reward extras, its metrics

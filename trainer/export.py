@@ -28,6 +28,7 @@ from transformers import (
     GenerationConfig,
 )
 
+from config.worker_roles import ACTOR, ROLES
 from trainer.checkpoint import LATEST, PREFIX, CheckpointError, CheckpointManager, check_checkpoint
 from trainer.run_dir import LOCK
 from workers.checkpoint.shards import PlainLoadPlanner, PlainReader, check_fits
@@ -35,7 +36,7 @@ from workers.checkpoint.shards import PlainLoadPlanner, PlainReader, check_fits
 RUN_FILES = (LATEST, "metrics.jsonl", LOCK)  # what a run directory holds besides its checkpoints
 
 
-def export(checkpoint: str, out: str, role: str = "actor", overwrite: bool = False) -> Path:
+def export(checkpoint: str, out: str, role: str = ACTOR.name, overwrite: bool = False) -> Path:
     """Write ``role`` of ``checkpoint`` (a ``global_step_N`` dir, or a run dir: its latest) to ``out``; an ``out``
     that exists and is not empty is refused unless ``overwrite`` (then it is replaced, never merged into). Nothing
     is deleted before the checkpoint is verified and read, and never a run directory."""
@@ -121,7 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a global_step_N directory, or a run directory (its latest checkpoint)")
     parser.add_argument("--out", help="target directory (default: <checkpoint>/hf_<role>)")
-    parser.add_argument("--role", default="actor", choices=["actor", "critic"])
+    parser.add_argument("--role", default=ACTOR.name, choices=[role.name for role in ROLES if role.trained])
     parser.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     args = parser.parse_args()
     out = args.out or str(Path(args.checkpoint) / f"hf_{args.role}")

@@ -18,7 +18,6 @@ docs/reliability.md ("Resuming with a changed config") lists the same keys.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import os
 import re
@@ -26,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from config import ConfigError, PPOConfig
+from config.phases import lookup
+from config.tree import flat
 from config.verl import current_place
+from config.worker_roles import ROLES
 
 MAY_CHANGE = (
     "trainer.total_epochs",
@@ -102,22 +104,13 @@ ARCHITECTURE = (
     "intermediate_size",
     "vocab_size",
 )
-ROLE_MODELS = {"actor": "actor_rollout_ref.model", "critic": "critic.model"}
 _MISSING = object()
 _UNSET = "<not recorded>"  # a key the checkpoint's config did not have
 
 
 def config_record(cfg: PPOConfig) -> dict[str, Any]:
     """``cfg`` as {dotted key: plain value}: what a checkpoint records (loadable with ``weights_only``)."""
-    return dict(_flat(dataclasses.asdict(cfg)))
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> Any:
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _flat(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", list(value) if isinstance(value, tuple) else value
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in flat(cfg)}
 
 
 def _matches(key: str, patterns: Any) -> bool:
@@ -188,9 +181,9 @@ def _architecture_changes(cfg: PPOConfig, checkpoint: Path) -> dict[str, tuple[A
     from transformers import AutoConfig  # deferred: only a resume needs it
 
     changes = {}
-    for role, key in ROLE_MODELS.items():
-        model = cfg.actor_rollout_ref.model if role == "actor" else cfg.critic.model
-        saved_dir = checkpoint / role
+    for role in (role for role in ROLES if role.trained):  # their checkpoints' directories are their names
+        key, model = role.model, lookup(cfg, role.model)
+        saved_dir = checkpoint / role.name
         if not (saved_dir / "config.json").is_file() or not model.path or not os.path.isdir(model.path):
             continue
         saved = AutoConfig.from_pretrained(saved_dir, trust_remote_code=model.trust_remote_code)

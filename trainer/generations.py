@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 
 ROW_COLUMNS = {  # the multi-turn rollout's per-row columns (workers.compute.agent_loop) -> their name in a record
     "messages": "messages",

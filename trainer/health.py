@@ -32,6 +32,8 @@ import sys
 from collections import deque
 from typing import Any
 
+from config.worker_roles import ROLES
+
 ENTROPY, CLIP, SCORE, LENGTH = (
     "actor/entropy",
     "response_length/clip_ratio",
@@ -233,7 +235,9 @@ class NonFiniteGuard:
     def check(self, metrics: dict[str, float], step: int, latest_checkpoint: Any) -> None:
         """Count step ``step``'s ``metrics`` (adding ``training/nonfinite_steps``); ``NonFiniteLossError`` naming
         ``latest_checkpoint`` (intact) when the streak reaches the limit."""
-        skipped = any(metrics.get(f"{role}/nonfinite_skipped", 0.0) > 0 for role in ("actor", "critic"))
+        skipped = any(
+            metrics.get(f"{role}/nonfinite_skipped", 0.0) > 0 for role in (r.name for r in ROLES if r.trained)
+        )
         skipped = skipped or not all(math.isfinite(v) for k, v in metrics.items() if k.endswith("_loss"))
         self.total += skipped
         self.streak = self.streak + 1 if skipped else 0

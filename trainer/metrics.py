@@ -15,8 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# Phases whose cost scales with every token of prompt + response (gen scales with response tokens only).
-_ALL_TOKEN_PHASES = ("ref", "values", "adv", "update_critic", "update_actor", "old_log_prob")
+from config.phases import STEP_PHASES
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, Tensor]:
@@ -107,18 +106,17 @@ def reward_group_metrics(scores: Tensor, uids: Sequence[Hashable]) -> dict[str, 
 
 
 def compute_timing_metrics(batch: Mapping[str, Tensor], timing_raw: Mapping[str, float]) -> dict[str, float]:
-    """timing_s/<name> for every timer, and timing_per_token_ms/<name> for the phases that process tokens.
-
-    gen is normalised by response tokens (tool turns included: the rollout feeds them); ref, values, adv,
-    update_critic, update_actor and old_log_prob by all (prompt + response) tokens.
-    """
-    n_response_tokens = max(int(batch["attention_mask"][:, -batch["responses"].shape[-1] :].sum()), 1)
-    n_all_tokens = max(int(batch["attention_mask"].sum()), 1)
-    tokens_per_phase = {"gen": n_response_tokens, **{name: n_all_tokens for name in _ALL_TOKEN_PHASES}}
+    """timing_s/<name> for every timer, and timing_per_token_ms/<name> for the phases that process tokens: each
+    divided by the tokens its entry of ``config.phases.STEP_PHASES`` names (``tokens``: the response tokens, or all
+    of prompt + response)."""
+    tokens = {
+        "response": max(int(batch["attention_mask"][:, -batch["responses"].shape[-1] :].sum()), 1),
+        "all": max(int(batch["attention_mask"].sum()), 1),
+    }
     metrics = {f"timing_s/{name}": float(seconds) for name, seconds in timing_raw.items()}
-    for name, n_tokens in tokens_per_phase.items():
-        if name in timing_raw:
-            metrics[f"timing_per_token_ms/{name}"] = timing_raw[name] * 1000.0 / n_tokens
+    for phase in STEP_PHASES:
+        if phase.tokens is not None and phase.name in timing_raw:
+            metrics[f"timing_per_token_ms/{phase.name}"] = timing_raw[phase.name] * 1000.0 / tokens[phase.tokens]
     return metrics
 
 

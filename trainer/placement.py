@@ -1,37 +1,40 @@
 """Which role workers one colocated process holds for a plan (``RayPPOTrainer.init_workers`` places them).
 
-Each entry of ``config.worker_roles.ROLES`` that the plan places computes its phases on one of these, by the name
-``init_workers`` maps it to: the actor (+ rollout, and the reference when it lives in the actor's process), the
-reference, the critic, the reward model and distillation's teachers.
+Each entry of ``config.worker_roles.ROLES`` that the plan gives a worker of its own (``WorkerRole.placed``) is one
+role worker of the process, by the name its methods get as a prefix (``WorkerRole.worker``): its class and
+constructor arguments come from its entry. A rollout group of its own (``trainer.v1.trainer_mode=separate_async``)
+holds the rollout's role alone (``rollout_class``).
 """
 
 from __future__ import annotations
 
+import importlib
+
+from config.phases import Step
 from config.plan import StepPlan
 from config.schema import PPOConfig
-from single_controller.ray import RayClassWithInitArgs
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
+from config.worker_roles import ROLES, WorkerRole
+from single_controller.ray.placement import RayClassWithInitArgs
+
+
+def placed_roles(cfg: PPOConfig, plan: StepPlan) -> tuple[WorkerRole, ...]:
+    """The roles of ``plan`` that have a worker of their own, in the table's order."""
+    s = Step(cfg, plan)
+    return tuple(role for role in ROLES if role.placed(s))
 
 
 def role_classes(cfg: PPOConfig, plan: StepPlan) -> dict[str, RayClassWithInitArgs]:
     """The worker classes (with their arguments) of ``plan``'s roles, by the prefix their methods get."""
-    arr = cfg.actor_rollout_ref
-    # the exact KL loss reads reference logits inside the update, and a LoRA actor is its own reference
-    # (adapters disabled): then one object holds actor and ref
-    actor_role = "actor_rollout_ref" if plan.ref_in_actor else "actor_rollout"
-    roles = {
-        "actor_rollout": RayClassWithInitArgs(
-            ActorRolloutRefWorker, config=arr, role=actor_role, plan=plan, distillation=cfg.distillation
-        )
-    }
-    if plan.use_reference_policy and not plan.ref_in_actor:
-        roles["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, config=arr, role="ref", plan=plan)
-    if plan.use_critic:
-        roles["critic"] = RayClassWithInitArgs(CriticWorker, config=cfg.critic, plan=plan)
-    if cfg.reward.reward_model.enable:
-        roles["rm"] = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward.reward_model)
-    if plan.compute_teacher:  # on-policy distillation: frozen teachers, offloaded between their forwards
-        roles["teacher"] = RayClassWithInitArgs(
-            TeacherWorker, config=cfg.distillation, actor_rollout_ref=arr, plan=plan
-        )
-    return roles
+    return {role.worker: _with_args(role, cfg, plan) for role in placed_roles(cfg, plan)}
+
+
+def _with_args(role: WorkerRole, cfg: PPOConfig, plan: StepPlan) -> RayClassWithInitArgs:
+    module, name = role.worker_class.split(":")
+    return RayClassWithInitArgs(getattr(importlib.import_module(module), name), **role.init_args(cfg, plan))
+
+
+def rollout_class(cfg: PPOConfig, rollout_plan: StepPlan) -> RayClassWithInitArgs:
+    """The worker of a rollout group of its own: the role that generates, built for ``rollout_plan`` (the plan on
+    that group's workers), whose weights the trainer's group sends (``workers.roles.weight_sync``)."""
+    role = next(role for role in ROLES if role.rollout)
+    return _with_args(role, cfg, rollout_plan)

@@ -2,67 +2,55 @@
 
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout), the reference
 policy, the critic and distillation's teachers (colocation: ``trainer.placement``). The driver calls them phase by
-phase and computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step`` runs the
-phases of the table ``config.phases.STEP_PHASES`` in its order, one timed line each; a worker phase's role and
-method come from its entry. Tensors stay where they are next read: each call sends only what the driver holds of
-what the phase reads, and takes back only what a driver phase reads (the routes of ``config.phases.declare_flows``);
-the rest stays in the workers' step store.
+phase and computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step``
+(``trainer.step``) runs the plan's phases of the table ``config.phases.STEP_PHASES`` in its order, one timed line
+each; a worker phase's role and method come from its entry. Tensors stay where they are next read: each call sends
+only what the driver holds of what the phase reads, and takes back only what a driver phase reads (the routes of
+``config.phases.declare_flows``); the rest stays in the workers' step store.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import algos
-from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW, VALIDATION_FLOW
+from config.phases import VALIDATION_FLOW
 from config.plan import StepPlan
 from config.schema import PPOConfig
-from single_controller import DataProto
-from single_controller.ray import RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from config.worker_roles import ROLE, ROLES, WorkerRole
+from single_controller.data_proto import DataProto
+from single_controller.ray.colocate import create_colocated_worker_cls
+from single_controller.ray.group import RayWorkerGroup
 from single_controller.ray.health import shutdown_worker_group, stall_report
-from trainer.advantage import compute_advantage
-from trainer.balance import balance_batch
+from single_controller.ray.placement import RayResourcePool
+from trainer.ahead import Ahead
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.data_position import DataPosition
-from trainer.dynamic_sampling import collect
 from trainer.fingerprint import config_record
 from trainer.generations import GenerationLog
 from trainer.health import HealthMonitor, NonFiniteGuard
-from trainer.metrics import (
-    compute_data_metrics,
-    compute_throughput_metrics,
-    compute_timing_metrics,
-    multi_turn_metrics,
-    reduce_metrics,
-    reward_group_metrics,
-    rollout_probs_diff,
-    timed,
-)
-from trainer.placement import role_classes
+from trainer.metrics import timed
+from trainer.placement import placed_roles, role_classes
 from trainer.preemption import StopSignals
 from trainer.report import RunReport
-from trainer.routing import request, take_back
 from trainer.run_dir import open_run
+from trainer.step import STEP_TOKEN, PhaseSteps
 from trainer.tracking import Tracking
 from trainer.validation import ValidationTally
 from trainer.watchdog import PhaseWatchdog
 from workers.runtime import malloc
 
-STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 
 
-class RayPPOTrainer:
+class RayPPOTrainer(PhaseSteps):
     """PPO / GRPO over colocated FSDP workers. ``fit`` is the algorithm; ``init_workers`` the placement."""
 
     def __init__(
@@ -103,13 +91,14 @@ class RayPPOTrainer:
         self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
             {},
             config.trainer.phase_timeout_s,
-            dump_fn=lambda: stall_report(self.fused_wg.processes),
-            teardown_fn=lambda: shutdown_worker_group(self.fused_wg),
+            dump_fn=lambda: stall_report([p for group in self.worker_groups() for p in group.processes]),
+            teardown_fn=lambda: [shutdown_worker_group(group) for group in self.worker_groups()],
         )
+        self.ahead: Ahead | None = None  # trainer.v1's async modes: the batches generated ahead (trainer.ahead)
 
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
-        """Start one WorkerDict per device holding every role, then build the models (actor last)."""
+        """Start one WorkerDict per device holding every role, then build the models (the rollout's last)."""
         cfg, plan = self.config, self.plan
         trainer = cfg.trainer
         pool = RayResourcePool(
@@ -127,21 +116,33 @@ class RayPPOTrainer:
         )
         print(f"[colorl] workers: {where}", flush=True)
         views = self.fused_wg.spawn(prefix_set=roles.keys())
-        self.actor_rollout_wg = views["actor_rollout"]
-        self.ref_wg = self.actor_rollout_wg if plan.ref_in_actor else views.get("ref")
-        self.critic_wg = views.get("critic")
-        self.rm_wg = views.get("rm")
-        self.teacher_wg = views.get("teacher")
+        for role in ROLES:  # a role without a worker of its own runs its phases on the one it shares
+            view = views.get(role.worker)
+            setattr(self, role.group, views[ROLE[role.shares].worker] if view is None and role.shares else view)
+        # the rollout engine sizes its cache by the memory the other models leave: its role loads last
+        placed = sorted(placed_roles(cfg, plan), key=lambda role: role.rollout)
         with self.watchdog.phase("init_model"):  # loading a model from a shared file system can hang too
-            for wg in (self.critic_wg, views.get("ref"), self.rm_wg, self.teacher_wg, self.actor_rollout_wg):
-                if wg is not None:
-                    wg.init_model(self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic)
+            for role in placed:
+                views[role.worker].init_model(
+                    self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic
+                )
+            if plan.mode.asynchronous:  # separate_async: the rollout group starts here
+                self.ahead = Ahead.start(cfg, plan, self.actor_rollout_wg, self.total_training_steps)
+
+    def worker_groups(self) -> list[RayWorkerGroup]:
+        """The groups of worker processes placed so far: the fused one, and a rollout group of its own."""
+        groups = [getattr(self, "fused_wg", None)]
+        if self.ahead is not None and self.ahead.separate:
+            groups.append(self.ahead.rollout_group)
+        return [group for group in groups if group is not None]
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
         """Train (or resume) up to ``total_training_steps``; returns the last step's metrics."""
         cfg = self.config.trainer
         resumed = self.load_checkpoint()
+        if self.ahead is not None:
+            self.ahead.begin(self.global_step)
         self.generations.drop_steps_after(self.global_step)  # a resumed run computes the later steps again
         self.logger = Tracking(
             project_name=cfg.project_name,
@@ -203,9 +204,8 @@ class RayPPOTrainer:
         staging = self.checkpoints.staging_path(self.global_step)
         try:
             self.checkpoints.make_staging(staging)
-            self.actor_rollout_wg.save_checkpoint(str(staging / "actor"))
-            if self.critic_wg is not None:
-                self.critic_wg.save_checkpoint(str(staging / "critic"))
+            for role, group in self._trained_groups():
+                group.save_checkpoint(str(staging / role.name))
             return self.checkpoints.commit(staging, self.global_step, self._driver_state())
         except OSError as exc:  # a worker's OSError reaches us as a RayTaskError that is also an OSError
             self.checkpoints.abandon(staging)
@@ -215,6 +215,10 @@ class RayPPOTrainer:
                 f"the previous checkpoint is intact: {previous or 'none yet'}"
             ) from exc
 
+    def _trained_groups(self) -> list[tuple[WorkerRole, Any]]:
+        """The trained roles this run places, with their worker groups: what a checkpoint holds, by role name."""
+        return [(role, getattr(self, role.group)) for role in ROLES if role.trained and getattr(self, role.group)]
+
     def _driver_state(self) -> dict[str, Any]:
         return {
             "global_step": self.global_step,
@@ -222,6 +226,7 @@ class RayPPOTrainer:
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
             "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
+            **({"ahead": self.ahead.state(self._generating())} if self.ahead is not None else {}),
         }
 
     def load_checkpoint(self) -> bool:
@@ -229,13 +234,15 @@ class RayPPOTrainer:
         path = self.resume_from
         if path is None:
             return False
-        if self.critic_wg is not None and not (path / "critic").exists():
-            raise CheckpointError(f"{path} has no critic/ to resume the critic from (saved by a run without one?)")
+        for role, _ in self._trained_groups():
+            if not (path / role.name).exists():
+                raise CheckpointError(
+                    f"{path} has no {role.name}/ to resume the {role.name} from (saved by a run without one?)"
+                )
         try:
             with self.watchdog.phase("load_checkpoint"):
-                self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
-                if self.critic_wg is not None:
-                    self.critic_wg.load_checkpoint(str(path / "critic"))
+                for role, group in self._trained_groups():
+                    group.load_checkpoint(str(path / role.name))
         except (ValueError, FileNotFoundError) as exc:  # raised in a worker: a different model, missing files
             raise CheckpointError(f"cannot resume from {path}: {getattr(exc, 'cause', exc)}") from exc
         state = load_driver_state(path)
@@ -243,140 +250,10 @@ class RayPPOTrainer:
         self.data.load(state)
         self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
         self.wandb_run_id = state["wandb_run_id"]
+        if self.ahead is not None:
+            self.ahead.load(state["ahead"])
         print(f"[colorl] resumed from {path} (step {self.global_step})", flush=True)
         return True
-
-    def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
-        """One PPO iteration on a batch of prompts: the phases of ``config.phases.STEP_PHASES`` in their order, one
-        timed line each; a phase this plan does not run is skipped (``StepPlan.runs``). With dynamic sampling
-        (``trainer.dynamic_sampling``) ``batch`` is the first generation batch and ``more`` gives the next ones."""
-        timing: dict[str, float] = {}
-        metrics: dict[str, Any] = {}
-        with timed("step", timing):
-            sample = functools.partial(self._sample, timing=timing)
-            if self.plan.dynamic_sampling:  # generation batches until the step's prompts are collected
-                cfg = self.config
-                batch, reward_extras, sampled = collect(
-                    batch,
-                    more,
-                    sample,
-                    cfg.data.train_batch_size,
-                    cfg.actor_rollout_ref.rollout.n,
-                    cfg.algorithm.filter_groups,
-                )
-                batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
-                if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
-                    sampled.update(self._balance(batch, reward_extras))
-            else:
-                batch, reward_extras, sampled = sample(batch)
-            metrics.update(sampled)
-            metrics.update(self._worker("old_log_prob", batch, timing))
-            metrics.update(self._worker("ref", batch, timing))
-            metrics.update(self._worker("teacher", batch, timing))  # after the filter: only the rows that train
-            metrics.update(self._worker("values", batch, timing))
-            with self._phase("adv", timing):
-                compute_advantage(
-                    batch, self.config.algorithm, self.plan, self.kl_ctrl_in_reward, metrics, reward_extras
-                )
-            metrics.update(self._worker("update_critic", batch, timing))
-            if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
-                metrics.update(self._worker("update_actor", batch, timing))
-            with self._phase("dump_rollout_generations", timing):  # verl's timer name
-                prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
-                self.generations.training_step(batch, prompts, reward_extras, self.global_step)
-        metrics.update(compute_data_metrics(batch.batch, use_critic=self.plan.use_critic))
-        metrics.update(rollout_probs_diff(batch.batch))
-        metrics.update(compute_timing_metrics(batch.batch, timing))
-        metrics.update(compute_throughput_metrics(batch.batch, timing, self.plan.n_workers))
-        metrics["training/global_step"] = self.global_step
-        return {k: float(v) for k, v in metrics.items()}
-
-    # ------------------------------------------------------------------ phases
-    def _sample(self, batch: DataProto, timing: dict[str, float]) -> tuple[DataProto, dict[str, list], dict]:
-        """A batch of prompts through generation and reward: (its n responses a prompt, the reward function's
-        per-row extras, the phases' metrics)."""
-        metrics: dict[str, Any] = {}
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # what the workers keep for this batch is under it
-        if self.plan.runs("gen_max"):  # ReMax's baseline: the greedy answer's reward
-            with self._phase("gen_max", timing):
-                batch.batch["reward_baselines"] = self._greedy_reward(batch)
-        batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
-        # the prompts as given, for the dumps (verl's "prompts"): the rollout rewrites input_ids and attention_mask
-        batch.batch["prompts"], batch.batch["prompt_attention_mask"] = (
-            batch.batch["input_ids"],
-            batch.batch["attention_mask"],
-        )
-        with self._phase("gen", timing):
-            metrics.update(self._generate(batch))
-        if self.plan.runs("balance"):
-            with self._phase("balance", timing):
-                metrics.update(self._balance(batch))
-        with self._phase("reward", timing):
-            reward_extras = self._reward(batch, metrics)
-        return batch, reward_extras, metrics
-
-    def _balance(self, batch: DataProto, extras: dict[str, list] | None = None) -> dict[str, float]:
-        """``trainer.balance_batch``: reorder the rows (and the per-row ``extras``) so each worker's share gets a
-        similar number of tokens; whole prompt groups with the prefix grouper. Its metrics."""
-        keep_groups = self.config.actor_rollout_ref.actor.use_prefix_grouper
-        return balance_batch(batch, self.plan.n_workers, keep_groups, extras)
-
-    @contextmanager
-    def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
-        """``timed(name, timing)`` under the hang watchdog's deadline for the phase."""
-        with self.watchdog.phase(name), timed(name, timing):
-            yield
-
-    def _worker(self, phase: str, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
-        """Worker ``phase`` of the step, timed, when the plan runs it; its metrics."""
-        if not self.plan.runs(phase):
-            return {}
-        with self._phase(phase, timing):
-            return self._call(phase, batch)
-
-    def _role_group(self, role: str) -> Any:
-        """The worker group that computes ``role``'s phases (``config.worker_roles.ROLES``): read at each call, so
-        that a group set on the trainer (verl's ``trainer.actor_rollout_wg = ...``) is the one called."""
-        attribute = {"actor": "actor_rollout_wg"}.get(role, f"{role}_wg")
-        return getattr(self, attribute)
-
-    def _call(
-        self, phase: str, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None
-    ) -> dict[str, float]:
-        """Worker ``phase`` of ``flow`` on ``batch``: its entry's method on its role's workers, moving what its
-        route says (trainer/routing.py); returns the phase's metrics."""
-        entry, route = PHASES[phase], self.plan.flows[flow].route(phase)
-        method = getattr(self._role_group(entry.role), entry.method)
-        out = method(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
-        metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
-        take_back(batch, route, out)
-        return metrics
-
-    def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
-        """Responses to ``batch``'s prompts (its gen phase in ``flow``); the rollout's metrics, multi-turn's too."""
-        metrics = self._call("gen", batch, flow, meta_info)
-        return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}
-
-    def _reward(self, batch: DataProto, metrics: dict) -> dict[str, list]:
-        """Token-level scores into ``batch``: the reward function's, plus the reward model's on the last response
-        token (and their group statistics into ``metrics``); returns the reward function's per-row extra values."""
-        scores, reward_extras = self.reward_fn(batch)
-        if getattr(self.reward_fn, "last_errors", 0):  # responses the user's function failed on, scored 0
-            metrics["reward/errors"] = self.reward_fn.last_errors
-        if self.plan.runs("rm_score"):  # timed within the reward, as verl does
-            self._call("rm_score", batch)
-            scores = scores + batch.batch["rm_scores"]
-        batch.batch["token_level_scores"] = scores
-        metrics.update(reward_group_metrics(scores.sum(-1), batch.non_tensor_batch["uid"]))
-        return reward_extras
-
-    def _greedy_reward(self, batch: DataProto) -> torch.Tensor:
-        """(B,) reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
-        greedy = self.config.actor_rollout_ref.rollout.val_kwargs.sampling()
-        prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)  # every non-tensor too
-        self._generate(prompts, GREEDY_FLOW, meta_info=greedy)
-        return self.reward_fn(prompts)[0].sum(-1)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:

@@ -15,7 +15,6 @@ samples exceed ``SAMPLE_BUDGET`` bytes only every k-th step keeps its samples (t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import math
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from config.tree import flat
 from trainer.generations import SAMPLES_DIR, read_jsonl
 from trainer.tracking import PANELS, series_label
 
@@ -97,7 +97,7 @@ class RunReport:
             "panels": panels,
             "labels": {k: series_label(k) for panel in panels for k in panel["left"] + panel["right"]},
             "warnings": [{"name": k, "step": step, "message": text} for k, (step, text) in warnings.items()],
-            "config": _flatten(dataclasses.asdict(config)),
+            "config": dict(flat(config)),
             "preset": config_diff[0] if config_diff else None,
             "diff": [[k, _jsonable(a), _jsonable(b)] for k, a, b in config_diff[1]] if config_diff else [],
             "prompts": prompts,
@@ -198,12 +198,12 @@ def preset_diff(config: Any) -> tuple[str, list[tuple[str, Any, Any]]] | None:
 
     from config.load import CONF_DIR, to_config
 
-    run = _flatten(dataclasses.asdict(config))
+    run = dict(flat(config))
     best: tuple[str, list] | None = None
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for path in sorted(CONF_DIR.glob("*.yaml")):
             try:
-                preset = _flatten(dataclasses.asdict(to_config(compose(config_name=path.stem))))
+                preset = dict(flat(to_config(compose(config_name=path.stem))))
             except Exception:  # noqa: BLE001 - a preset that needs an environment this run lacks is no candidate
                 continue
             diff = [(k, preset.get(k), v) for k, v in run.items() if not _same(preset.get(k), v)]
@@ -219,17 +219,6 @@ def _same(a: Any, b: Any) -> bool:
         except ValueError:
             return False
     return a == b or (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b))
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as dotted keys; lists and scalars are leaves."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        out.update(_flatten(value, name) if isinstance(value, dict) and value else {name: value})
-    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -52,6 +52,6 @@ def _raise_named(exc: BaseException) -> NoReturn:
 
 
 def _shutdown_workers(trainer: Any) -> None:
-    worker_group = getattr(trainer, "fused_wg", None)  # absent when init_workers failed before placing it
-    if worker_group is not None:
+    """Kill the trainer's groups placed so far (none when init_workers failed before placing one)."""
+    for worker_group in trainer.worker_groups():
         shutdown_worker_group(worker_group)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 
 from config.dataflow import Route
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.step_store import ROWS, STEP, StepCall
+
+STEP_TOKEN = "step_token"  # meta_info key of the driver's batch: the token its worker calls carry (StepCall)
 
 
 def request(batch: DataProto, token: str, route: Route, meta_info: dict | None = None) -> DataProto:

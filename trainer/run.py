@@ -29,7 +29,7 @@ def run_ppo(cfg: PPOConfig, plan: StepPlan | None = None) -> dict[str, float]:
     the last step's metrics. A restart after a dead worker resumes from this run's own latest checkpoint
     (resume_mode=auto)."""
     trainer = build_trainer(cfg, plan)
-    started_ray = _init_ray(trainer.config, trainer.plan.n_workers)
+    started_ray = _init_ray(trainer.config, trainer.plan.n_workers + trainer.plan.mode.rollout_workers)
     resuming = replace_keys(cfg, {"trainer.resume_mode": "auto"})
     try:
         return fit_with_restarts(trainer, lambda: build_trainer(resuming, trainer.plan), cfg.trainer.max_restarts)
@@ -63,7 +63,8 @@ def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
     if address:
         _join_ray(address, "ray_kwargs.ray_init.address" if ray_init.address else "RAY_ADDRESS")
     else:
-        # On CPU every worker holds one CPU slot, plus one for the driver's tasks; Ray counts the cores on GPU.
+        # On CPU every worker (the rollout group's too) holds one CPU slot, plus one for the driver's tasks; Ray counts
+        # the cores on GPU.
         cpu_default = n_workers + 1 if cfg.trainer.device == "cpu" else None
         dashboard = ray_init.include_dashboard  # off unless asked for: anyone who reaches it can run code
         if dashboard and importlib.util.find_spec("aiohttp") is None:  # what ray[default] adds to the minimal ray

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from trainer.metrics import validation_metrics
 
 VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n

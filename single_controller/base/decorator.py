@@ -1,7 +1,8 @@
 """verl's import path for ``@register`` and the dispatch modes (``verl.single_controller.base.decorator``).
 
-It only re-exports: ``register``, ``Dispatch``, ``Execute`` and the registry of modes are in base/register.py,
-the trainer's dispatch functions in base/dispatch.py, the seeds' and verl's other modes in compat/dispatch.py.
+It only re-exports: ``register``, ``Execute`` and the registry of modes are in base/register.py, the core's dispatch
+functions in base/dispatch.py; verl's ``Dispatch`` (every mode) and the seeds' and verl's other modes in
+compat/dispatch.py.
 """
 
 from single_controller.base.dispatch import (
@@ -16,7 +17,6 @@ from single_controller.base.register import (
     DISPATCH_MODE_FNS,
     MAGIC_ATTR,
     PADDED_MODES,
-    Dispatch,
     Execute,
     add_dispatch_mode,
     get_dispatch_fns,
@@ -25,6 +25,7 @@ from single_controller.base.register import (
     registered_methods,
 )
 from single_controller.compat.dispatch import (
+    Dispatch,
     collect_dp_compute,
     collect_megatron_compute,
     collect_megatron_compute_data_proto,

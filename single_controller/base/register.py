@@ -4,10 +4,11 @@
 when it is built (``registered_methods`` here, ``single_controller/ray/binding.py`` there) and makes each
 marked method a group method: dispatch -> execute on the ranks -> wait -> collect.
 
-A mode's functions are found in a registry (``add_dispatch_mode``): the trainer's modes, ``Dispatch.ONE_TO_ALL``
-and ``Dispatch.DP_COMPUTE_PROTO`` (and ``ALL_TO_ALL``, the default), are registered here with their functions
-from single_controller/base/dispatch.py; the seeds' and verl's modes register themselves in
-single_controller/compat/dispatch.py. verl's import path for all of it is single_controller/base/decorator.py.
+A mode's functions are found in a registry keyed by the mode's value (``add_dispatch_mode``): the core's modes,
+``Dispatch.ONE_TO_ALL`` and ``Dispatch.DP_COMPUTE_PROTO`` (and ``ALL_TO_ALL``, the default), are registered here
+with their functions from single_controller/base/dispatch.py. verl's ``Dispatch`` (compat/dispatch.py) is an enum
+of every mode, the seeds' and verl's too, which register themselves there under their own values; a member of
+either enum names the same mode by its value. verl's import path for all of it is single_controller/base/decorator.py.
 """
 
 from __future__ import annotations
@@ -33,23 +34,12 @@ MAGIC_ATTR = (
 
 
 class Dispatch(Enum):
-    """verl's names of the ways to spread a call's arguments over the ranks of a worker group.
+    """The core's ways to spread a call's arguments over the ranks of a worker group (verl's names and values;
+    verl's enum of every mode is compat/dispatch.py's ``Dispatch``)."""
 
-    A mode works once its functions are registered (``add_dispatch_mode``): the first three below here, the others
-    by single_controller/compat/dispatch.py, which single_controller/__init__.py imports, so every mode is
-    registered before any code can name it.
-    """
-
-    # used by the trainer (single_controller/base/dispatch.py)
     ONE_TO_ALL = "one_to_all"  # every rank gets the same arguments
     DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments are chunked over ranks, results concatenated
     ALL_TO_ALL = "all_to_all"  # @register's default: arguments pass through; per-rank lists are split by execute
-    # the seeds' and verl's (single_controller/compat/dispatch.py)
-    DP_COMPUTE = "dp_compute"  # every argument is a list with one item per rank
-    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"  # first argument is a function sent to every rank
-    DP_COMPUTE_METRIC = "dp_compute_metric"  # chunked like DP_COMPUTE_PROTO, results returned as a list
-    MEGATRON_COMPUTE = "megatron_compute"  # lists of length dp_size; see single_controller.ray.megatron
-    MEGATRON_COMPUTE_PROTO = "megatron_compute_proto"
 
 
 class Execute(Enum):
@@ -57,21 +47,22 @@ class Execute(Enum):
     RANK_ZERO = "rank_zero"  # run on rank 0 only and return its single result
 
 
-DISPATCH_MODE_FNS: dict[Dispatch, dict[str, Callable]] = {}  # mode -> {"dispatch_fn", "collect_fn"}
+DISPATCH_MODE_FNS: dict[str, dict[str, Callable]] = {}  # mode's value -> {"dispatch_fn", "collect_fn"}
 
 # Modes that pad their DataProto arguments and whose result the group trims back. DP modes pad to a
 # multiple of world_size, MEGATRON_COMPUTE_PROTO to one of dp_size: dp_size divides world_size, so
 # whenever the latter pads the group's world-size check sees padding too and trims.
-PADDED_MODES: set[Dispatch] = set()
+PADDED_MODES: set[str] = set()  # their values
 
 
-def add_dispatch_mode(mode: Dispatch, dispatch_fn: Callable, collect_fn: Callable, padded: bool = False) -> None:
-    """Register ``mode``'s functions (``padded``: it pads DataProto arguments, and the group trims the result)."""
-    if mode in DISPATCH_MODE_FNS:
+def add_dispatch_mode(mode: Enum, dispatch_fn: Callable, collect_fn: Callable, padded: bool = False) -> None:
+    """Register ``mode``'s functions under its value (``padded``: it pads DataProto arguments, and the group trims
+    the result)."""
+    if mode.value in DISPATCH_MODE_FNS:
         raise ValueError(f"{mode} has dispatch functions already")
-    DISPATCH_MODE_FNS[mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
+    DISPATCH_MODE_FNS[mode.value] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
     if padded:
-        PADDED_MODES.add(mode)
+        PADDED_MODES.add(mode.value)
 
 
 add_dispatch_mode(Dispatch.ONE_TO_ALL, dispatch_one_to_all, collect_all_to_all)
@@ -79,18 +70,18 @@ add_dispatch_mode(Dispatch.DP_COMPUTE_PROTO, dispatch_dp_compute_data_proto, col
 add_dispatch_mode(Dispatch.ALL_TO_ALL, dispatch_all_to_all, collect_all_to_all)
 
 
-def is_padded(dispatch_mode: Dispatch | dict) -> bool:
+def is_padded(dispatch_mode: Enum | dict) -> bool:
     """Whether ``dispatch_mode`` pads its DataProto arguments (a custom mode names its own ``pad_divisor``)."""
-    return isinstance(dispatch_mode, Dispatch) and dispatch_mode in PADDED_MODES
+    return isinstance(dispatch_mode, Enum) and dispatch_mode.value in PADDED_MODES
 
 
-def get_dispatch_fns(dispatch_mode: Dispatch | dict) -> dict[str, Callable]:
+def get_dispatch_fns(dispatch_mode: Enum | dict) -> dict[str, Callable]:
     """The ``{"dispatch_fn", "collect_fn"}`` pair of a mode (custom modes are such a dict already)."""
     if isinstance(dispatch_mode, dict):
         return dispatch_mode
-    if dispatch_mode not in DISPATCH_MODE_FNS:
+    if dispatch_mode.value not in DISPATCH_MODE_FNS:
         raise NotImplementedError(f"{dispatch_mode} has no dispatch functions in this worker group")
-    return DISPATCH_MODE_FNS[dispatch_mode]
+    return DISPATCH_MODE_FNS[dispatch_mode.value]
 
 
 def _check_modes(dispatch_mode, execute_mode) -> None:
@@ -101,8 +92,8 @@ def _check_modes(dispatch_mode, execute_mode) -> None:
                 f"a custom dispatch_mode must be {{'dispatch_fn': f, 'collect_fn': g}} with callables; "
                 f"missing {sorted(missing)}"
             )
-    elif not isinstance(dispatch_mode, Dispatch):
-        valid = ", ".join(f"Dispatch.{m.name}" for m in Dispatch)
+    elif not isinstance(dispatch_mode, Enum) or dispatch_mode.value not in DISPATCH_MODE_FNS:
+        valid = ", ".join(f"Dispatch.{value.upper()}" for value in DISPATCH_MODE_FNS)
         raise ValueError(
             f"unknown dispatch_mode {dispatch_mode!r}; valid: {valid}, or a dict with dispatch_fn/collect_fn"
         )
@@ -118,7 +109,7 @@ def _materialize(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def register(
-    dispatch_mode: Dispatch | dict = Dispatch.ALL_TO_ALL,
+    dispatch_mode: Enum | dict = Dispatch.ALL_TO_ALL,
     execute_mode: Execute = Execute.ALL,
     blocking: bool = True,
     materialize_futures: bool = True,

@@ -40,15 +40,12 @@ class Worker:
         self._device = self._pick_device()
 
     def _pick_device(self) -> torch.device:
-        gpu_ids = _gpus_ray_assigned()
-        if not gpu_ids or not torch.cuda.is_available():
-            return torch.device("cpu")
-        # The group asks Ray not to narrow CUDA_VISIBLE_DEVICES, so every GPU of the node is visible
-        # (NCCL peer-to-peer needs that) and LOCAL_RANK is the index of the GPU Ray gave this worker.
-        self._local_rank = int(gpu_ids[0])
-        os.environ["LOCAL_RANK"] = str(self._local_rank)
-        torch.cuda.set_device(self._local_rank)
-        return torch.device("cuda", self._local_rank)
+        device = device_for(_gpus_ray_assigned())
+        if device.type == "cuda":
+            self._local_rank = device.index
+            os.environ["LOCAL_RANK"] = str(device.index)
+            torch.cuda.set_device(device)
+        return device
 
     @property
     def rank(self) -> int:
@@ -75,14 +72,12 @@ class Worker:
         """Join this group's ``torch.distributed`` world (nccl on CUDA, gloo on CPU); no-op if joined."""
         if dist.is_initialized():
             return
-        backend = "nccl" if self._device.type == "cuda" else "gloo"
         dist.init_process_group(
-            backend=backend,
             init_method=f"tcp://{self._master_addr}:{self._master_port}",
             rank=self._rank,
             world_size=self._world_size,
             timeout=timedelta(seconds=timeout_s),
-            device_id=self._device if backend == "nccl" else None,
+            **process_group_backend(self._device),
         )
 
     def whoami(self) -> dict:
@@ -90,6 +85,22 @@ class Worker:
         import socket
 
         return {"rank": self._rank, "pid": os.getpid(), "host": socket.gethostname(), "device": str(self._device)}
+
+
+def device_for(gpu_ids: list) -> torch.device:
+    """The device of a worker that Ray gave ``gpu_ids``: ``cuda:<first id>`` when it has a GPU and CUDA is
+    visible, else ``cpu``. The group asks Ray not to narrow CUDA_VISIBLE_DEVICES, so every GPU of the node is
+    visible (NCCL peer-to-peer needs that) and the id Ray gave is the device's index (the worker's LOCAL_RANK)."""
+    if not gpu_ids or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(gpu_ids[0]))
+
+
+def process_group_backend(device: torch.device) -> dict:
+    """``init_process_group``'s backend for a worker on ``device``: nccl bound to its GPU on CUDA, else gloo."""
+    if device.type == "cuda":
+        return {"backend": "nccl", "device_id": device}
+    return {"backend": "gloo", "device_id": None}
 
 
 def _gpus_ray_assigned() -> list:

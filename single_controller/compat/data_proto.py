@@ -1,7 +1,7 @@
 """The part of verl's DataProto API that only code ported from verl uses (the trainer never calls it).
 
-single_controller/__init__.py adds the methods of :class:`VerlDataProtoMethods` to ``DataProto``
-(single_controller/data_proto.py):
+verl's ``DataProto`` (single_controller.protocol's, and ``from single_controller import DataProto``) is the
+core's (single_controller/data_proto.py) with these methods:
 ``reorder``, ``sample_level_repeat``, ``unfold_column_chunks``, ``select_idxs``, ``to_tensordict`` /
 ``from_tensordict``, ``print_size``, ``print_summary`` and ``get_data_info``. The module functions ``fold_batch_dim`` /
 ``unfold_batch_dim`` reshape the batch dim, and ``all_gather_data_proto`` gathers a batch over ranks, as verl's do.
@@ -19,13 +19,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from single_controller.data_proto import DataProto as CoreDataProto
 from single_controller.errors import ContractError
 
-__all__ = ["VerlDataProtoMethods", "all_gather_data_proto", "column_from_rows", "fold_batch_dim", "unfold_batch_dim"]
+__all__ = ["DataProto", "all_gather_data_proto", "column_from_rows", "fold_batch_dim", "unfold_batch_dim"]
 
 
-class VerlDataProtoMethods:
-    """verl's DataProto methods beyond what the trainer uses; added to ``DataProto``."""
+class DataProto(CoreDataProto):
+    """verl's DataProto: the core's, with verl's methods beyond what the trainer uses. Its own operations give
+    back this class (the core builds results with ``type(self)``)."""
 
     def reorder(self, indices: torch.Tensor) -> None:
         """Put the rows in the order ``indices`` gives, in place (meta_info unchanged)."""

@@ -2,12 +2,15 @@
 ``DP_COMPUTE_PROTO_WITH_FUNC``, ``MEGATRON_COMPUTE(_PROTO)``) and verl's n-d mesh dispatch.
 
 Each is a ``dispatch_fn``/``collect_fn`` pair as described in single_controller/base/dispatch.py, registered
-for its ``Dispatch`` name at the end of this module (``add_dispatch_mode``, single_controller/base/register.py).
+under its value at the end of this module (``add_dispatch_mode``, single_controller/base/register.py). ``Dispatch``
+here is verl's enum of every mode (the core's three too, by the same values): verl's import path
+single_controller/base/decorator.py gives it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 from single_controller.base.dispatch import (
@@ -17,10 +20,12 @@ from single_controller.base.dispatch import (
     per_rank,
     proto_pad_size,
 )
-from single_controller.base.register import Dispatch, add_dispatch_mode
+from single_controller.base.register import Dispatch as CoreDispatch
+from single_controller.base.register import add_dispatch_mode
 from single_controller.future import DataProtoFuture
 
 __all__ = [
+    "Dispatch",
     "collect_dp_compute",
     "collect_megatron_compute",
     "collect_megatron_compute_data_proto",
@@ -161,6 +166,20 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict[str, Callable]
 
 
 # ---------------------------------------------------------------------------- the modes, registered
+class Dispatch(Enum):
+    """verl's names of the ways to spread a call's arguments over the ranks of a worker group: the core's modes
+    (``single_controller.base.register.Dispatch``, the same values) and the seeds' and verl's."""
+
+    ONE_TO_ALL = CoreDispatch.ONE_TO_ALL.value
+    DP_COMPUTE_PROTO = CoreDispatch.DP_COMPUTE_PROTO.value
+    ALL_TO_ALL = CoreDispatch.ALL_TO_ALL.value
+    DP_COMPUTE = "dp_compute"  # every argument is a list with one item per rank
+    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"  # first argument is a function sent to every rank
+    DP_COMPUTE_METRIC = "dp_compute_metric"  # chunked like DP_COMPUTE_PROTO, results returned as a list
+    MEGATRON_COMPUTE = "megatron_compute"  # lists of length dp_size; see single_controller.ray.megatron
+    MEGATRON_COMPUTE_PROTO = "megatron_compute_proto"
+
+
 add_dispatch_mode(Dispatch.DP_COMPUTE, dispatch_dp_compute, collect_dp_compute)
 add_dispatch_mode(
     Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,

@@ -17,10 +17,26 @@ from __future__ import annotations
 
 import ray
 
-from single_controller.ray.colocate import WorkerDict, colocated_class
-from single_controller.ray.placement import RayClassWithInitArgs
+from single_controller.compat.placement import RayClassWithInitArgs
+from single_controller.compat.worker import Worker
+from single_controller.ray import colocate
 
-__all__ = ["FusedWorker", "create_colocated_worker_cls_fused", "create_colocated_worker_raw_cls"]
+__all__ = [
+    "FusedWorker",
+    "WorkerDict",
+    "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
+]
+
+
+class WorkerDict(colocate.WorkerDict, Worker):
+    """verl's colocated class: the core's ``WorkerDict`` that is also verl's ``Worker`` (its methods on the group)."""
+
+
+def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
+    """verl's ``create_colocated_worker_cls``: the core's, its ``WorkerDict`` verl's (see ``WorkerDict``)."""
+    return RayClassWithInitArgs(ray.remote(colocate.colocated_class(WorkerDict, class_dict, "WorkerDict")))
 
 
 class FusedWorker(WorkerDict):
@@ -38,7 +54,7 @@ class FusedWorker(WorkerDict):
 
 def create_colocated_worker_raw_cls(class_dict: dict[str, RayClassWithInitArgs]) -> type:
     """A ``FusedWorker`` subclass holding ``class_dict``'s roles, named ``FusedWorker_<role>_<role>...`` (verl's)."""
-    return colocated_class(FusedWorker, class_dict, "_".join(["FusedWorker", *class_dict]))
+    return colocate.colocated_class(FusedWorker, class_dict, "_".join(["FusedWorker", *class_dict]))
 
 
 def create_colocated_worker_cls_fused(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:

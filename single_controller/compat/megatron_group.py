@@ -9,8 +9,9 @@ rank 0 of the last pipeline stage of each dp group reports back.
 from __future__ import annotations
 
 from single_controller.compat.megatron_worker import DistGlobalInfo, DistRankInfo, TensorParallelWorker
-from single_controller.ray.group import RayWorkerGroup
-from single_controller.ray.placement import RayClassWithInitArgs, RayResourcePool
+from single_controller.compat.placement import RayClassWithInitArgs
+from single_controller.compat.worker_group import RayWorkerGroup
+from single_controller.ray.placement import RayResourcePool
 
 __all__ = ["TensorParallelRayWorkerGroup", "NVMegatronRayWorkerGroup"]
 

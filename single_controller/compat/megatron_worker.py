@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from single_controller.base.worker import Worker
+from single_controller.compat.worker import Worker
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
 

@@ -1,17 +1,18 @@
-"""verl's ``RayClassWithInitArgs`` methods that the trainer does not use; single_controller/ray/__init__.py adds
-them to the class."""
+"""verl's ``RayClassWithInitArgs``: the core's (single_controller/ray/placement.py) with the options the trainer
+does not use."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VerlClassOptions"]
+from single_controller.ray.placement import RayClassWithInitArgs as CoreRayClassWithInitArgs
+
+__all__ = ["RayClassWithInitArgs"]
 
 
-class VerlClassOptions:
-    """Extra Ray actor options for every worker a group starts from this class (verl's API)."""
-
-    _options: dict[str, Any]
+class RayClassWithInitArgs(CoreRayClassWithInitArgs):
+    """A worker class with its arguments, and extra Ray actor options for every worker a group starts from it
+    (verl's API)."""
 
     def update_options(self, options: dict[str, Any]) -> None:
         """Ray ``.options(...)`` to add when the group starts each worker (they win over the group's own)."""

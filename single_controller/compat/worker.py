@@ -1,4 +1,4 @@
-"""verl's Worker methods that the trainer does not use; single_controller/__init__.py adds them to ``Worker``.
+"""verl's ``Worker``: the core's (single_controller/base/worker.py) with the methods the trainer does not use.
 
 - n-d dispatch meshes: a rank declares its dp rank in a named mesh and whether its results are collected
   (``_register_dispatch_collect_info``); worker groups ask with ``_query_dispatch_info`` /
@@ -14,14 +14,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from single_controller.base.register import Dispatch, Execute, register
+from single_controller.base.register import Execute, register
+from single_controller.base.worker import Worker as CoreWorker
+from single_controller.compat.dispatch import Dispatch
 from single_controller.errors import ContractError
 
-__all__ = ["VerlWorkerMethods"]
+__all__ = ["Worker"]
 
 
-class VerlWorkerMethods:
-    """verl's Worker methods beyond what the trainer uses; added to ``Worker`` (``extension.add_methods``)."""
+class Worker(CoreWorker):
+    """verl's Worker: the core's, with verl's methods beyond what the trainer uses (verl's import paths,
+    ``single_controller.base`` and ``single_controller``, give this class)."""
 
     # ---------------------------------------------------------------- n-d dispatch meshes
     def _meshes(self) -> tuple[dict[str, int], dict[str, bool]]:

@@ -1,5 +1,4 @@
-"""verl's worker-group methods that the trainer does not use; single_controller/ray/__init__.py adds them to
-``RayWorkerGroup``.
+"""verl's ``RayWorkerGroup``: the core's (single_controller/ray/group.py) with the methods the trainer does not use.
 
 - ``from_detached``: a group of running workers found by name or handle;
 - ``fuse``: a fused group's role views as attributes (single_controller/compat/fused.py);
@@ -12,11 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VerlWorkerGroupMethods"]
+from single_controller.ray.group import RayWorkerGroup as CoreRayWorkerGroup
+
+__all__ = ["RayWorkerGroup"]
 
 
-class VerlWorkerGroupMethods:
-    """verl's RayWorkerGroup methods beyond what the trainer uses; added to ``RayWorkerGroup``."""
+class RayWorkerGroup(CoreRayWorkerGroup):
+    """verl's RayWorkerGroup: the core's, with verl's methods beyond what the trainer uses (verl's import paths,
+    ``single_controller.ray`` and ``.ray.base``, give this class)."""
 
     @classmethod
     def from_detached(

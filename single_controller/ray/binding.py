@@ -65,6 +65,12 @@ class GroupMethod:
         self.call_name = f"{target.role or group.ray_cls_with_init.user_cls.__name__}.{target.method}"
 
     def __call__(self, *args, **kwargs):
+        started = self.start(*args, **kwargs)
+        return started.result() if self.blocking else started.collected(started.outputs)
+
+    def start(self, *args, **kwargs) -> StartedCall:
+        """Dispatch the call and start it on the ranks, without waiting: ``result()`` waits for it later (the
+        rollout group's generation while the trainer's group trains, ``trainer.ahead``)."""
         group = self.group
         pad = proto_pad_size(self.pad_divisor(group), args, kwargs) if self.pad_divisor else 0
         rows = next((len(a) for a in (*args, *kwargs.values()) if isinstance(a, DataProto)), 0)
@@ -73,13 +79,26 @@ class GroupMethod:
             outputs = group.submit(self.target, [0], args, kwargs)[0]
         else:
             outputs = group.submit(self.target, range(group.world_size), args, kwargs)
-        if self.blocking:
-            outputs = get_alive(outputs, self.call_name, group.processes)
-        result = self.fns["collect_fn"](group, outputs)
-        return _trim(result, keep=rows) if pad else result
+        return StartedCall(self, outputs, rows if pad else None)
 
     def __repr__(self) -> str:
         return f"<group method {self.call_name}>"
+
+
+class StartedCall:
+    """A group call under way: ``outputs`` are its ranks' futures; ``keep``: the rows to keep (dispatch padded)."""
+
+    def __init__(self, method: GroupMethod, outputs: Any, keep: int | None) -> None:
+        self.method, self.outputs, self.keep = method, outputs, keep
+
+    def result(self) -> Any:
+        """Wait (failing fast on a dead worker: ``get_alive``), then collect the ranks' answers."""
+        method = self.method
+        return self.collected(get_alive(self.outputs, method.call_name, method.group.processes))
+
+    def collected(self, outputs: Any) -> Any:
+        result = self.method.fns["collect_fn"](self.method.group, outputs)
+        return result if self.keep is None else _trim(result, keep=self.keep)
 
 
 def _world_size(group: Any) -> int:

@@ -8,7 +8,7 @@ import torch
 
 import algos as ca
 from algos import policy_losses as pl
-from config.roles import ActorConfig, PolicyLossConfig
+from config.sections import ActorConfig, PolicyLossConfig
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import torch
 
 import algos as ca
 from algos import rollout_correction as rc
-from config.roles import ActorConfig, PolicyLossConfig, RolloutCorrectionConfig
+from config.sections import ActorConfig, PolicyLossConfig, RolloutCorrectionConfig
 
 torch.set_num_threads(1)
 LOG_W = torch.log(torch.tensor([[0.5, 1.0, 3.0], [1.5, 1.2, 9.0]]))  # log π − log π_rollout

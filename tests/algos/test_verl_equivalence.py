@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import algos as ca
-from config.roles import ActorConfig, PolicyLossConfig, RolloutCorrectionConfig
 from config.schema import AlgorithmConfig
+from config.sections import ActorConfig, PolicyLossConfig, RolloutCorrectionConfig
 
 _environ = set(os.environ)
 verl = pytest.importorskip("verl", reason="verl is not installed (make setup installs verl==0.9.1 for the tests)")

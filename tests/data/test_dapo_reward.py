@@ -3,7 +3,7 @@
 import pytest
 
 from config import ConfigError, load_config
-from config.roles.reward import OverlongBufferConfig
+from config.sections.reward import OverlongBufferConfig
 from data.reward import DAPORewardManager, RewardManager, overlong_penalty
 from data.reward_loop import REWARD_MANAGERS
 from tests.data.test_data_reward import _batch

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config.roles import FSDPConfig
+from config.sections import FSDPConfig
 from tests.reliability.conftest import tmpfs
 from tests.workers.helpers import build_tiny_checkpoint, free_port, init_gloo
 from trainer.checkpoint import CheckpointManager

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from config import ConfigError
 from tests.workers.helpers import build_tiny_checkpoint
 from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager, check_checkpoint, load_driver_state
 from trainer.export import export
@@ -201,8 +202,8 @@ def test_a_fresh_run_refuses_a_directory_holding_an_earlier_run(tmp_path, earlie
         committed(manager, 3)
     else:
         (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(
-        CheckpointError,
+    with pytest.raises(  # the user's key: a config error (one line, exit status 2)
+        ConfigError,
         match="trainer.resume_mode=disable, but trainer.default_local_dir=.* already "
         "holds a run .*trainer.resume_mode=auto",
     ):

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, LlamaConfig
 
 from benchmarks.memory import allocated_peak_bytes
-from config.roles import ActorConfig
+from config.sections import ActorConfig
 from single_controller import DataProto
 from trainer.preflight.memory_estimate import (
     Micro,

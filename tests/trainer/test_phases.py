@@ -1,12 +1,12 @@
 """The phase table (config.phases) and its readers: a phase missing from any of them fails here.
 
-Readers: the routes (``declare_flows``), ``train_step``'s timed lines, the memory estimate, the dry run's batch table
+Readers: the routes (``declare_flows``), ``train_step``'s loop, the memory estimate, the dry run's batch table
 and the out-of-memory advice. Each test names the reader it holds to the table.
 """
 
 import ast
-import inspect
-import textwrap
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -16,10 +16,10 @@ from config.phases import PHASES, STEP_FLOW, STEP_PHASES
 from config.worker_roles import ROLE, ROLES
 from data.builtin import demo_model_config
 from trainer.faults import MEMORY_KEYS, _memory_hint
-from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import phase_batches
 from trainer.preflight.memory_estimate import model_sizes
 from trainer.preflight.memory_phases import ESTIMATORS, estimate_memory
+from trainer.step import PhaseSteps, StepState
 from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
 
 # between them, these plans run every phase of the table
@@ -37,6 +37,7 @@ PLANS = {
     "remax": ["algorithm.adv_estimator=remax"],
     "dapo": ["algorithm.filter_groups.enable=true", "data.gen_batch_size=24", "trainer.rollout_data_dir=/no/dumps"],
     "opd": ["distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/no/teacher/is/read"],
+    "async": ["trainer.v1.trainer_mode=colocate_async"],
 }
 WORKER_CLASSES = {
     "actor": ActorRolloutRefWorker,
@@ -104,38 +105,49 @@ def test_the_dry_run_has_each_worker_phase_that_runs(planned):
     assert all(b.micro_batches >= 1 and b.tokens > 0 for b in batches)
 
 
-def _phase_calls(cls: type, method: str, path: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """(callee, phase) of each ``self._phase/_worker/_call("<phase>", ...)`` in ``cls.<method>``, in source order,
-    with the other methods of ``cls`` it refers to expanded where it refers to them; ``self.plan.runs`` of a name
-    that is not a phase fails here."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, method))))
-    events = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            first = node.args[0] if node.args else None
-            literal = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
-            if node.func.attr == "runs" and literal is not None:
-                assert literal in PHASES, f"{method}: plan.runs({literal!r}) names no phase"
-            if node.func.attr in ("_phase", "_worker", "_call") and literal is not None:
-                events.append((node.lineno, node.col_offset, [(node.func.attr, literal)]))
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            name = node.attr
-            expand = name not in ("_phase", "_worker", "_call", *path, method) and inspect.isfunction(
-                getattr(cls, name, None)
-            )
-            if expand:
-                events.append((node.lineno, node.col_offset, _phase_calls(cls, name, (*path, method))))
-    return [call for *_, calls in sorted(events, key=lambda e: e[:2]) for call in calls]
+class _Recorder(PhaseSteps):
+    """The real step loop (``run_phases``) with each phase's code replaced by a note of its name and timer."""
+
+    def __init__(self, plan):
+        self.plan, self.order, self.timer = plan, [], None
+
+    def _call(self, phase, batch, *args, **kwargs):
+        self.order.append((phase, self.timer))
+        return {}
+
+    @contextmanager
+    def _phase(self, name, timing):
+        outer, self.timer = self.timer, name
+        yield
+        self.timer, timing[name] = outer, 0.0
 
 
-def test_train_step_times_each_phase_in_the_tables_order_and_calls_each_worker_phase():
-    """train_step is written out (one timed line per phase, read as the algorithm); it must say what the table
-    says: each timed phase once, in order, and each worker phase called by its name."""
-    calls = _phase_calls(RayPPOTrainer, "train_step")
-    timed = [phase for callee, phase in calls if callee in ("_phase", "_worker")]
-    assert timed == [p.name for p in STEP_PHASES if p.timed]
-    called = {phase for callee, phase in calls if callee in ("_worker", "_call")}
-    assert called == {p.name for p in STEP_PHASES if p.on == WORKER}
+def _noting(name):
+    def code(self, state):
+        if name == "filter_groups":  # the filter runs the table's prefix on each generation batch
+            self.run_phases(self.plan.step_phases[: self.plan.step_phases.index(name)], state)
+        self.order.append((name, self.timer))
+
+    return code
+
+
+_Recorder.STEP_CODE = {name: _noting(name) for name in PhaseSteps.STEP_CODE}
+
+
+def test_train_step_runs_the_plans_phases_in_the_tables_order_each_on_its_timer(planned):
+    """The driver runs the table: each phase the plan runs once, in the table's order, worker phases without driver
+    code called by name, each under the timing line its entry names."""
+    _, plan = planned
+    recorder = _Recorder(plan)
+    state = StepState(batch=None)
+    recorder.run_phases(plan.step_phases, state)
+    assert [name for name, _ in recorder.order] == list(plan.step_phases)
+    for name, timer in recorder.order:
+        assert PHASES[name].timer in (timer, None), name
+    assert set(state.timing) == {PHASES[name].timer for name in plan.step_phases} - {None}
+    assert set(PhaseSteps.STEP_CODE) <= set(PHASES)
+    for name in set(PHASES) - set(PhaseSteps.STEP_CODE):  # a phase without driver code is a worker call
+        assert PHASES[name].on == WORKER, name
 
 
 def test_a_phase_that_selects_rows_on_the_driver_brings_what_crosses_it_there_and_back():
@@ -147,3 +159,65 @@ def test_a_phase_that_selects_rows_on_the_driver_brings_what_crosses_it_there_an
     kept = set(plan.flows[STEP_FLOW].route("gen").keep)
     assert kept and step.route("gen").keep == () and kept <= set(step.route("gen").give)
     assert kept <= set(step.phase("balance").writes) and kept <= set(step.route("update_actor").send)
+
+
+# the only production files that name a phase or a role by its string: the two tables and the driver's code of the
+# phases (``trainer.step.STEP_CODE``); elsewhere a word equal to a role's name means something else, said here
+TABLES = {"config/phases.py", "config/worker_roles.py", "trainer/step.py"}
+OTHER_MEANINGS = {
+    ("algos/distillation.py", "teacher"): "a metric's name (distillation/teacher_mass)",
+    ("config/distillation.py", "teacher"): "the teacher role's instance names (worker_roles imports this module)",
+    ("config/inert.py", "critic"): "the config section",
+    ("config/plan.py", "critic"): "the config section",
+    ("config/verl.py", "critic"): "the config section",
+    ("trainer/build.py", "critic"): "the config section",
+    ("workers/compute/actor.py", "actor"): "the metrics' namespace (verl's actor/...)",
+    ("workers/compute/critic.py", "critic"): "the metrics' namespace (verl's critic/...)",
+    ("workers/roles/fsdp_workers.py", "actor"): "the metrics' namespace (verl's actor/...)",
+    ("workers/roles/fsdp_workers.py", "critic"): "the metrics' namespace (verl's critic/...)",
+    ("workers/roles/fsdp_workers.py", "actor_rollout"): "verl's role argument of ActorRolloutRefWorker",
+    ("workers/roles/fsdp_workers.py", "ref"): "verl's role argument of ActorRolloutRefWorker",
+}
+PHASE_CALLS = ("runs", "_call", "route", "_phase", "phase", "_worker")
+
+
+def names_by_string(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each role named by a string (docstrings aside) and each phase named by a string to a call
+    that looks a phase up (``plan.runs("gen")``, ``_call("gen", ...)``, ``PHASES["gen"]``)."""
+    tree, roles = ast.parse(source), {r.name for r in ROLES} | {r.worker for r in ROLES}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in roles and id(node) not in docstrings:
+            found.append((node.lineno, node.value))
+        first = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PHASE_CALLS:
+            first = node.args[0] if node.args else None
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "PHASES":
+            first = node.slice
+        if isinstance(first, ast.Constant) and first.value in PHASES:
+            found.append((node.lineno, first.value))
+    return found
+
+
+def test_no_other_production_file_names_a_phase_or_a_role_by_string():
+    root = Path(__file__).resolve().parents[2]
+    files = sorted(
+        p
+        for d in ("algos", "config", "single_controller", "trainer", "workers", "data")
+        for p in (root / d).rglob("*.py")
+    )
+    found = []
+    for path in files:
+        name = path.relative_to(root).as_posix()
+        named = names_by_string(path.read_text()) if name not in TABLES else []
+        found += [f"{name}:{line} {word!r}" for line, word in named if (name, word) not in OTHER_MEANINGS]
+    assert not found, "name it through config.phases / config.worker_roles (e.g. ACTOR.name): " + ", ".join(found)
+    example = 'plan.runs("gen")\nx = PHASES["adv"]\ny = "critic"'
+    assert names_by_string(example) == [(1, "gen"), (2, "adv"), (3, "critic")]

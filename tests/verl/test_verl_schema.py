@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from config import ConfigError, load_config, to_config
 from config.inert import inert_warnings
 from config.load import CONF_DIR
-from config.tree import leaves
+from config.tree import flat
 
 VERL_YAML = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
 NO_DEFAULT = {"actor_rollout_ref.rollout.name": "vllm", "reward.reward_model.rollout.name": None}  # verl's ???
@@ -29,7 +29,7 @@ def verl_defaults() -> dict:
     """Each leaf key of verl's config (an interpolation is one key) and its default, resolved as verl resolves it."""
     node = verl_config()
     written = OmegaConf.to_container(node, resolve=False)
-    keys = [key.lstrip(".") for key, _ in leaves(written, "")]
+    keys = [key for key, _ in flat(written)]
     values = {key: OmegaConf.select(node, key) for key in keys}
     return {key: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for key, v in values.items()}
 

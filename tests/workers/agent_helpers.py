@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from config.roles import MultiTurnConfig
+from config.sections import MultiTurnConfig
 from tests.data.gsm8k_fixture import printable_tokenizer
 from workers.compute.agent_loop import AgentLoop
 from workers.tools import BaseTool, ToolBox, ToolResponse

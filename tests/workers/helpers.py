@@ -15,8 +15,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from config import PPOConfig, StepPlan, make_plan, to_config
-from config.roles import ActorConfig, ActorRolloutRefConfig, CriticConfig, CriticModelConfig, OptimConfig
 from config.schema import AlgorithmConfig, DataConfig
+from config.sections import ActorConfig, ActorRolloutRefConfig, CriticConfig, CriticModelConfig, OptimConfig
 from single_controller import DataProto
 
 PAD, EOS, BOS = 0, 1, 2

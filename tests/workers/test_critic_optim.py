@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from config.roles import OptimConfig
+from config.sections import OptimConfig
 from tests.workers.helpers import critic_config, make_update_batch
 from workers.compute.critic import DataParallelPPOCritic, load_value_model
 from workers.roles.optim import build_lr_scheduler, build_optimizer

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from transformers import AutoModelForCausalLM
 
-from config.roles import FSDPConfig, ModelConfig
+from config.sections import FSDPConfig, ModelConfig
 from tests.workers.helpers import (
     PAD,
     VOCAB,

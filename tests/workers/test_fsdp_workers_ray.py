@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from config.roles import ActorRolloutRefConfig, ModelConfig, RefConfig, RolloutConfig
+from config.sections import ActorRolloutRefConfig, ModelConfig, RefConfig, RolloutConfig
 from single_controller import DataProto
 from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from tests.workers.helpers import actor_config, critic_config, make_prompts, worker_config

@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from algos.distillation import topk_log_probs_from_logits
-from config.roles import ModelConfig
+from config.sections import ModelConfig
 from tests.workers.helpers import make_update_batch
 from workers.compute.logprob import hidden_states_out, output_head, teacher_scores, token_stats
 from workers.compute.rollout import generate_sequences

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from config import ConfigError, make_plan
-from config.roles import (
+from config.sections import (
     ActorRolloutRefConfig,
     FSDPConfig,
     MixedPrecisionConfig,

@@ -7,7 +7,7 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
 from algos import LOSS_AGG_MODES, agg_loss
-from config.roles import CriticModelConfig
+from config.sections import CriticModelConfig
 from tests.workers.helpers import actor_config, critic_config, free_port, init_gloo, make_update_batch
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.critic import DataParallelPPOCritic, load_value_model

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
-from config.roles import (
+from config.sections import (
     ActorRolloutRefConfig,
     FSDPConfig,
     MixedPrecisionConfig,

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, StaticCache
 
 from config import make_plan
 from config.phases import STEP_FLOW
-from config.roles import ActorRolloutRefConfig, RefConfig, RolloutConfig
+from config.sections import ActorRolloutRefConfig, RefConfig, RolloutConfig
 from single_controller import DataProto
 from tests.workers.helpers import PAD, VOCAB, actor_config, make_prompts, worker_config
 from workers.compute import rollout

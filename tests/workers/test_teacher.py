@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from algos.distillation import topk_log_probs_from_logits
 from algos.kl import kl_penalty
 from config.distillation import DistillationConfig, DistillationLossConfig, teacher_fsdp_config
-from config.roles import ActorRolloutRefConfig
+from config.sections import ActorRolloutRefConfig
 from tests.workers.helpers import VOCAB, actor_config, build_tiny_checkpoint, make_update_batch
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.packing import mini_batch_totals

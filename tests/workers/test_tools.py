@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from config.roles import MultiTurnConfig
+from config.sections import MultiTurnConfig
 from tests.workers import verl_tool_files
 from workers.tools import AgentData, BaseTool, ToolBox, ToolConfigError, load_tools
 from workers.tools.answer import AnswerTool

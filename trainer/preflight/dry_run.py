@@ -24,13 +24,12 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from config import ConfigError, PPOConfig, StepPlan
 from config.inert import inert_warnings
 from config.phases import STEP_PHASES, Step, lookup
-from config.worker_roles import ROLES
+from config.tree import ARR
+from config.worker_roles import ACTOR, ROLES, TEACHER
 from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
 from trainer.preflight.teacher_checks import check_teachers
-
-ARR = "actor_rollout_ref"
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
         if role.instances:  # distillation's teachers: check_teachers, below
             continue
         path = lookup(cfg, role.path)
-        own = role.name == "actor" or path != actor_path
+        own = role is ACTOR or path != actor_path
         if role.held(step) and role.shares is None and path is not None and own:
             trust = bool(getattr(lookup(cfg, role.model), "trust_remote_code", False))
             _check_model(role.path, path, trust, causal_lm=not role.value_head)
@@ -139,8 +138,9 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
         raise ConfigError.invalid(
             key,
             path,
-            f"a {config.model_type!r} model is not a causal LM; the {'teacher' if 'teacher' in key else 'policy'} "
-            "needs one that AutoModelForCausalLM loads (e.g. llama, qwen2, mistral, gpt2)",
+            f"a {config.model_type!r} model is not a causal LM; the "
+            f"{TEACHER.name if key.startswith(TEACHER.path) else 'policy'} needs one that AutoModelForCausalLM loads "
+            "(e.g. llama, qwen2, mistral, gpt2)",
         )
 
 

@@ -253,7 +253,7 @@ def uses_math_attention(m: ModelSizes, device: str, compute_bytes: int, width: i
 
 
 @dataclass(frozen=True)
-class Phase:
+class PhasePeak:
     """A phase's peak on one worker, bytes by term (``TERMS``), and its inputs for the report."""
 
     name: str
@@ -270,8 +270,8 @@ class Phase:
 @dataclass(frozen=True)
 class MemoryEstimate:
     device: str
-    phases: tuple[Phase, ...]
+    phases: tuple[PhasePeak, ...]
 
     @property
-    def peak(self) -> Phase:
+    def peak(self) -> PhasePeak:
         return max(self.phases, key=lambda phase: phase.total)

@@ -20,14 +20,14 @@ from config.dataflow import when
 from config.distillation import uses_topk
 from config.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
 from config.plan import StepPlan
-from config.worker_roles import ROLE, ROLES
+from config.worker_roles import ACTOR, REF, ROLE, ROLES
 from trainer.preflight.memory_estimate import (
     FP32,
     RUNTIME_CPU_BYTES,
     MemoryEstimate,
     Micro,
     ModelSizes,
-    Phase,
+    PhasePeak,
     Placement,
     activation_bytes,
     forward_transient,
@@ -37,8 +37,6 @@ from trainer.preflight.memory_estimate import (
     uses_math_attention,
 )
 from workers.compute.vllm_rollout import VLLM_RUNTIME_CPU_BYTES, cpu_kv_cache_bytes
-
-ARR = "actor_rollout_ref"
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class _Estimator:
         self.width = cfg.data.max_prompt_length + cfg.data.max_response_length
         self.vllm = cfg.actor_rollout_ref.rollout.name == "vllm"
 
-    def phases(self, val_rows: int) -> list[Phase]:
+    def phases(self, val_rows: int) -> list[PhasePeak]:
         step = [ESTIMATORS[p.memory](self, p) for p in self.worker_phases()]
         validate = when(val_rows > 0, self.generate("validate", val_rows, "data.val_batch_size"))
         return [self.load(), *step, *validate]
@@ -138,7 +136,7 @@ class _Estimator:
         )
         runtime = RUNTIME_CPU_BYTES + self.rows * self.width * 8 * 6 if self.device == "cpu" else 0
         if self.vllm and self.device == "cpu":  # the engine keeps its weights and its own share of the process
-            actor = self.roles["actor"]
+            actor = self.roles[ACTOR.name]
             weights += actor.placement.compute_bytes * actor.sizes.params
             runtime += VLLM_RUNTIME_CPU_BYTES
         return {"weights": weights, "optimizer": optimizer, "runtime": runtime}
@@ -152,26 +150,26 @@ class _Estimator:
         key: str | None = None,
         updating: bool = False,
         activations_other: int | None = None,
-    ) -> Phase:
+    ) -> PhasePeak:
         base = self.persistent(active=role, updating=role if updating else None)
         merged = {k: base.get(k, 0) + terms.get(k, 0) for k in {*base, *terms}}
-        return Phase(name, merged, micro, key, activations_other)
+        return PhasePeak(name, merged, micro, key, activations_other)
 
     # ------------------------------------------------------------------ phases
-    def load(self) -> Phase:
+    def load(self) -> PhasePeak:
         """Each role is read in full fp32 before it is sharded or cast: the largest one's extra at the end."""
         extra = max(
             max(FP32 * r.sizes.params - r.placement.persistent(r.sizes, r.trained), 0) for r in self.roles.values()
         )
         terms = {"weights": sum(r.placement.persistent(r.sizes, r.trained) for r in self.roles.values()) + extra}
-        return Phase("load", {**terms, "runtime": self.persistent()["runtime"]})
+        return PhasePeak("load", {**terms, "runtime": self.persistent()["runtime"]})
 
-    def generate(self, name: str, rows: int, key: str) -> Phase:
+    def generate(self, name: str, rows: int, key: str) -> PhasePeak:
         """Every row of the worker decodes at once over a StaticCache; prefill runs on the prompts."""
-        actor = self.roles["actor"]
+        actor = self.roles[ACTOR.name]
         c, m = actor.placement.compute_bytes, actor.sizes
         if self.vllm:
-            return self._phase(name, "actor", self.vllm_generate(m, c, rows), key=key)
+            return self._phase(name, ACTOR.name, self.vllm_generate(m, c, rows), key=key)
         merged = FP32 * m.merged if c == FP32 else 0  # fp32 LoRA samples with merged copies of its linears
         terms = {
             "weights": actor.placement.gathered(m, whole=True) + merged,
@@ -179,7 +177,7 @@ class _Estimator:
             "activations": forward_transient(m, rows * self.cfg.data.max_prompt_length, c),
             "logits": 4 * rows * m.vocab * FP32,
         }  # the last position's, as sampling scales and sorts them
-        return self._phase(name, "actor", terms, key=key)
+        return self._phase(name, ACTOR.name, terms, key=key)
 
     def vllm_generate(self, m: ModelSizes, c: int, rows: int) -> dict[str, int]:
         """The vLLM engine's rollout: the sync gathers one FSDP unit at a time; the KV cache is its reservation (a
@@ -197,7 +195,7 @@ class _Estimator:
         else:  # a dry run for GPUs on a machine without one: what the step's rows need, a lower bound
             kv = kv_cache_bytes(m, self.plan.gen_rows, self.width, c)
         return {
-            "weights": self.roles["actor"].placement.gathered(m) + (engine if self.device != "cpu" else 0),
+            "weights": self.roles[ACTOR.name].placement.gathered(m) + (engine if self.device != "cpu" else 0),
             "kv_cache": kv,
             "activations": forward_transient(
                 m, min(rows * self.cfg.data.max_prompt_length, rollout.max_num_batched_tokens), c
@@ -226,7 +224,7 @@ class _Estimator:
         micro = self.micro(micro_rows, bool(getattr(model, "use_remove_padding", False)), dynamic, policy)
         return section, micro, b.key(cfg)
 
-    def forward(self, phase: StepPhase) -> Phase:
+    def forward(self, phase: StepPhase) -> PhasePeak:
         """A no-grad forward per micro-batch: a block's temporaries, and an LM head's logits."""
         name, r = self.role(phase)
         _, micro, key = self.batch(phase, self.rows)
@@ -239,7 +237,7 @@ class _Estimator:
             terms["logits"] = logits_bytes(head, n, r.sizes.vocab, c, micro.packed, backward=False, fused=fused)
         return self._phase(phase.name, name, terms, micro, key)
 
-    def update(self, phase: StepPhase) -> Phase:
+    def update(self, phase: StepPhase) -> PhasePeak:
         """Forward and backward per micro-batch of the role's mini-batch: activations (with gradient checkpointing
         as configured, and switched), gradients, and an LM head's logits (with the full KL's, the reference's too)."""
         name, r = self.role(phase)
@@ -277,16 +275,16 @@ class _Estimator:
             return logits, 0
         logits += logits_bytes(head, n, vocab, c, micro.packed, backward=False, fused=fused)
         logits += 0 if fused else 2 * n * vocab * FP32
-        ref = self.roles.get("ref")
+        ref = self.roles.get(REF.name)
         return logits, ref.placement.gathered(ref.sizes) if ref else 0
 
-    def generate_step(self, phase: StepPhase) -> Phase:
+    def generate_step(self, phase: StepPhase) -> PhasePeak:
         """The step's generation: every row of the worker's share of a generation batch at once."""
         return self.generate(phase.name, getattr(self.plan, phase.batch.rows), phase.batch.key(self.cfg))
 
 
 # the memory estimate each entry of config.phases.STEP_PHASES names (its ``memory``)
-ESTIMATORS: dict[str, Callable[[_Estimator, StepPhase], Phase]] = {
+ESTIMATORS: dict[str, Callable[[_Estimator, StepPhase], PhasePeak]] = {
     "generate": _Estimator.generate_step,
     "forward": _Estimator.forward,
     "update": _Estimator.update,

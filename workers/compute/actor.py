@@ -16,10 +16,10 @@ from algos.distillation import combine_with_policy_loss, distillation_loss, dist
 from config.distillation import uses_topk
 from config.phases import forward_keys, uses_full_kl
 from config.plan import is_single_step
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.logprob import token_stats
 from workers.compute.packing import restore_order
-from workers.compute.update import configured_update, micro_batches, model_device
+from workers.compute.update import configured_update, micro_batches, model_device, to_device
 
 
 class DataParallelPPOActor:
@@ -145,7 +145,24 @@ class DataParallelPPOActor:
         stats: tuple[str, ...] = (),
     ) -> dict[str, Tensor]:
         """``compute_log_prob``'s log-probs plus the statistics named in ``stats`` (``workers.compute.logprob.STATS``),
-        each (B, R)."""
+        each (B, R), on CPU: one copy from the device per step (``device_token_stats``)."""
+        return {
+            name: value.cpu()
+            for name, value in self.device_token_stats(
+                data, micro_batch_size, temperature, max_token_len, stats
+            ).items()
+        }
+
+    @torch.no_grad()
+    def device_token_stats(
+        self,
+        data: DataProto,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        max_token_len: int | None = None,
+        stats: tuple[str, ...] = (),
+    ) -> dict[str, Tensor]:
+        """``compute_token_stats`` left on the model's device (no read from it inside the micro-batch loop)."""
         self.module.eval()
         tensors = {k: data.batch[k] for k in forward_keys(self.use_remove_padding)}
         response_length = tensors["responses"].shape[-1]
@@ -153,9 +170,9 @@ class DataParallelPPOActor:
         chunks: dict[str, list[Tensor]] = {name: [] for name in ("log_probs", *stats)}
         indices = micro_batches(self.module, tensors, micro_batch_size, max_token_len)
         for index in indices:
-            micro = {k: v[index].to(device) for k, v in tensors.items()}
+            micro = to_device(tensors, index, device)
             for name, value in self._token_stats(micro, response_length, temperature, stats).items():
-                chunks[name].append(value.cpu())
+                chunks[name].append(value)
         return {name: restore_order(values, indices) for name, values in chunks.items()}
 
     def _micro_loss(

@@ -15,9 +15,9 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from algos import compute_value_loss
 from config.phases import forward_keys
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.packing import pack_batch, pack_width, restore_order
-from workers.compute.update import configured_update, micro_batches, model_device
+from workers.compute.update import configured_update, micro_batches, model_device, to_device
 
 HEAD_PREFIXES = ("score.", "classifier.")  # token-classification head names in HF models
 
@@ -51,14 +51,19 @@ def response_values(
     position_ids: Tensor | None,
     response_length: int,
     remove_padding: bool = False,
+    host_attention_mask: Tensor | None = None,
+    host_input_ids: Tensor | None = None,
 ) -> Tensor:
     """Values (B, R) at the positions that predict each response token, i.e. the states before each action.
 
     With ``remove_padding`` the valid tokens run as packed rows (``position_ids`` is not read) and positions
-    without a valid response token are 0.
+    without a valid response token are 0. The packing is planned from ``host_input_ids`` / ``host_attention_mask``
+    (the same rows on the host) when given: then nothing is read from the device.
     """
     if remove_padding:
-        packed = pack_batch(input_ids, attention_mask, response_length, pack_width(module, attention_mask))
+        ids = input_ids if host_input_ids is None else host_input_ids
+        mask = attention_mask if host_attention_mask is None else host_attention_mask
+        packed = pack_batch(ids, mask, response_length, pack_width(module, mask)).to(input_ids.device)
         out = module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
         return packed.unpack(out.logits.flatten(0, 1)[packed.predictors, 0].float())
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -96,6 +101,8 @@ class DataParallelPPOCritic:
             micro.get("position_ids"),
             response_length,
             self.remove_padding,
+            micro.get("host_attention_mask"),
+            micro.get("host_input_ids"),
         )
 
     @torch.no_grad()
@@ -103,8 +110,13 @@ class DataParallelPPOCritic:
         """Values (B, R) on CPU, zero outside ``response_mask``, in row order.
 
         Micro-batches of forward_micro_batch_size_per_gpu rows, or with ``use_dynamic_bsz`` of at most
-        forward_max_token_len_per_gpu valid tokens.
+        forward_max_token_len_per_gpu valid tokens; one copy from the device per call (``device_values``).
         """
+        return self.device_values(data).cpu() * _response_mask(data, data.batch["responses"].shape[-1])
+
+    @torch.no_grad()
+    def device_values(self, data: DataProto) -> Tensor:
+        """``compute_values``' values (B, R) on the model's device, not yet masked."""
         cfg = self.config
         self.module.eval()
         tensors = {k: data.batch[k] for k in forward_keys(self.remove_padding)}
@@ -114,9 +126,9 @@ class DataParallelPPOCritic:
         indices = micro_batches(self.module, tensors, cfg.forward_micro_batch_size_per_gpu, max_token_len)
         values = []
         for index in indices:
-            micro = {k: v[index].to(device) for k, v in tensors.items()}
-            values.append(self._values(micro, response_length).cpu())
-        return restore_order(values, indices) * _response_mask(data, response_length)
+            micro = to_device(tensors, index, device)
+            values.append(self._values(micro, response_length))
+        return restore_order(values, indices)
 
     def _micro_loss(self, micro: dict[str, Tensor], global_batch: dict[str, float]) -> tuple[Tensor, dict[str, Tensor]]:
         return compute_value_loss(

@@ -100,8 +100,10 @@ def response_rows(
     packed rows whether or not remove-padding is on (verl's grouper runs without it).
     """
     input_ids, mask = micro["input_ids"], micro["attention_mask"]
+    # the layout is planned on the host copies (``update.to_device``) when the micro-batch has them
+    host_ids, host_mask = micro.get("host_input_ids", input_ids), micro.get("host_attention_mask", mask)
     if remove_padding or share_prompts:
-        packed = pack_for(module, input_ids, mask, response_length, share_prompts)
+        packed = pack_for(module, host_ids, host_mask, response_length, share_prompts).to(input_ids.device)
         out = module(
             input_ids=packed.input_ids,
             position_ids=packed.position_ids,
@@ -121,10 +123,11 @@ def response_rows(
         use_cache=False,
         logits_to_keep=predictors,  # one index per column, as every transformers 5 reads it (a per-row (B, R) is 5.20+)
     ).logits  # (B, R, D), contiguous: an indexed copy
-    valid = mask[:, -response_length:].bool()
+    # the valid positions as (row, column) indices: a boolean mask's selection would read its count on the host
+    valid = tuple(i.to(input_ids.device) for i in host_mask[:, -response_length:].bool().nonzero(as_tuple=True))
 
     def unpack(values: Tensor) -> Tensor:
-        return values.new_zeros((batch, response_length, *values.shape[1:])).index_put((valid,), values)
+        return values.new_zeros((batch, response_length, *values.shape[1:])).index_put(valid, values)
 
     return ResponseRows(out[valid], input_ids[:, -response_length:][valid], unpack, lambda values: values[valid])
 

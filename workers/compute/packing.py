@@ -27,7 +27,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -149,6 +149,11 @@ class PackedBatch:
     # (K, 1, W, W) True = attend, where rows share a prompt (``PromptUnits``); None: transformers derives the
     # block-diagonal causal mask from the position restarts
     attention_mask: Tensor | None = None
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The same plan with its tensors on ``device`` (planned on the host, run on the device)."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return PackedBatch(**{k: v.to(device) if isinstance(v, Tensor) else v for k, v in moved.items()})
 
     def gather(self, values: Tensor) -> Tensor:
         """Per-position outputs (K, C, ...) at ``keep_columns`` -> (N, ...) at the predictors, in (B, R) order."""

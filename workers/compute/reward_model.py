@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForSequenceClassification
 
 from config.phases import SEQUENCE
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.update import model_device
 
 
@@ -35,11 +35,6 @@ def load_reward_model(path: str) -> nn.Module:
 
 def sequence_scores(module: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
     """(B,) fp32 score of each row: the ``score`` head's output at the row's last attended token."""
-    if int(input_ids.max()) >= module.config.vocab_size:
-        raise ValueError(
-            f"token id {int(input_ids.max())} is outside the reward model's vocabulary ({module.config.vocab_size}); "
-            "the reward model must use the policy's tokenizer"
-        )
     per_token: list[Tensor] = []
     hook = module.score.register_forward_hook(lambda _m, _args, out: per_token.append(out))
     try:
@@ -58,12 +53,7 @@ def compute_rm_scores(module: nn.Module, data: DataProto, micro_batch_size: int)
     Needs input_ids, attention_mask, position_ids, response_mask. A row with an empty response scores 0
     (it has no token to carry the score, as with the rule-based reward).
     """
-    device = model_device(module)
-    scores = []
-    for start in range(0, len(data), micro_batch_size):
-        micro = {k: data.batch[k][start : start + micro_batch_size].to(device) for k in SEQUENCE}
-        scores.append(sequence_scores(module, **micro).cpu())
-    score = torch.cat(scores)
+    score = device_sequence_scores(module, data, micro_batch_size).cpu()  # one copy from the device per call
     response_mask = data.batch["response_mask"]
     # the last real token: with tool calls the response mask has holes where tool turns are
     lengths = data.batch["attention_mask"][:, -response_mask.shape[-1] :].sum(-1).long()
@@ -71,3 +61,20 @@ def compute_rm_scores(module: nn.Module, data: DataProto, micro_batch_size: int)
     rows = torch.nonzero(lengths > 0).squeeze(-1)
     rm_scores[rows, lengths[rows] - 1] = score[rows]
     return rm_scores
+
+
+def device_sequence_scores(module: nn.Module, data: DataProto, micro_batch_size: int) -> Tensor:
+    """(B,) :func:`sequence_scores` of every row, in micro-batches, on the module's device. Token ids outside the
+    reward model's vocabulary are a ValueError, checked on the batch's CPU tensors (no read from the device)."""
+    largest = int(data.batch["input_ids"].max())
+    if largest >= module.config.vocab_size:
+        raise ValueError(
+            f"token id {largest} is outside the reward model's vocabulary ({module.config.vocab_size}); "
+            "the reward model must use the policy's tokenizer"
+        )
+    device = model_device(module)
+    scores = []
+    for start in range(0, len(data), micro_batch_size):
+        micro = {k: data.batch[k][start : start + micro_batch_size].to(device) for k in SEQUENCE}
+        scores.append(sequence_scores(module, **micro))
+    return torch.cat(scores)

@@ -14,8 +14,13 @@ multi-turn, tool-calling rollout): :func:`prefill`, :func:`next_token_logits`, :
   every decode step has the same shapes: a compiled model (``actor.compile_model``) runs one graph for all of
   them instead of one with a growing dynamic length.
 - **Ended rows leave.** Once half of the rows being decoded have ended, the ended ones leave the batch and the
-  cache (``Cache.reorder_cache``): sampled responses end at very different lengths, and decoding an ended row
+  cache (:func:`select_cache_rows`): sampled responses end at very different lengths, and decoding an ended row
   costs as much as a live one (a compiled model then adds one graph with a dynamic batch size).
+- **One host read every ``EOS_CHECK_INTERVAL`` tokens.** Which rows have ended stays on the device; the loop reads
+  how many are live (to stop, or to drop the ended ones) only every ``EOS_CHECK_INTERVAL`` tokens, not once per
+  token (on a GPU each read waits for the queued kernels). An ended row decodes on until then, its tokens padding.
+- **Planned on the host.** The prompts arrive on the host (the worker's batch): which prompts repeat and how they
+  pack are computed there, and only the tensors a forward runs on go to the model's device.
 - **Log-probs on the way.** With ``return_log_probs`` each sampled token's log-prob under the temperature-scaled
   policy (before top-k / top-p filtering: the policy's, not the sampler's) comes back as ``rollout_log_probs``.
 - **The LM head on the last position only**, as a (rows, hidden) matmul (``workers.compute.logprob.hidden_states_out``).
@@ -31,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, StaticCache
 
+from algos.host_sync import host_read
 from workers.compute.logprob import hidden_states_out, output_head
 from workers.compute.packing import (
     best_fit_decreasing,
@@ -39,6 +45,8 @@ from workers.compute.packing import (
     pack_width,
     takes_dense_mask,
 )
+
+EOS_CHECK_INTERVAL = 8  # decode steps between the host reads of how many rows are still live
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float = 1.0) -> Tensor:
@@ -131,9 +139,11 @@ def generate_sequences(
       (B, P+R); attention_mask (B, P+R) and response_mask (B, R), 1 on generated tokens up to and including
       EOS; position_ids (B, P+R) continuing from each prompt's last position; with ``return_log_probs``,
       rollout_log_probs (B, R) fp32 (:func:`token_log_probs` of each sampled token, 0 after the row ended).
-      ``eos_token_id=None`` never stops. Identical prompt rows share one prefill (:func:`prefill`).
+      ``eos_token_id=None`` never stops. Identical prompt rows share one prefill (:func:`prefill`), planned on the
+      prompts' device (the host's, as the worker's batch arrives).
     """
     device = next(model.parameters()).device
+    cache, logits = prefill(model, input_ids, attention_mask, position_ids, input_ids.shape[1] + response_length)
     input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
     batch_size, prompt_length = input_ids.shape
     eos = _eos_tensor(eos_token_id, device)
@@ -142,8 +152,6 @@ def generate_sequences(
     log_probs = torch.zeros((batch_size, response_length), dtype=torch.float32, device=device)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, do_sample=do_sample, generator=generator)
-
-    cache, logits = prefill(model, input_ids, attention_mask, position_ids, prompt_length + response_length)
     # the mask covers the whole cache; each step switches on the position of the token it feeds in
     full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch_size, response_length)], dim=-1)
     step_pos = position_ids[:, -1:]
@@ -156,13 +164,19 @@ def generate_sequences(
         responses[rows, t] = token
         response_mask[rows, t] = (~finished).to(response_mask.dtype)
         finished |= torch.isin(token, eos)
-        live = int((~finished).sum())
-        if t == response_length - 1 or live == 0:
+        if t == response_length - 1:
             break
-        if 2 * live <= len(rows):  # a finished row costs as much to decode as a live one: drop the finished
-            keep = (~finished).nonzero().squeeze(-1)
-            cache.reorder_cache(keep)
-            rows, full_mask, step_pos, token, finished = (x[keep] for x in (rows, full_mask, step_pos, token, finished))
+        if (t + 1) % EOS_CHECK_INTERVAL == 0:
+            # a meta batch (no data) reads as half its rows live: it drops rows, and stops once none is left
+            live = host_read("rollout.live_rows", (~finished).sum(), meta_value=len(rows) // 2)
+            if live == 0:
+                break
+            if 2 * live <= len(rows):  # a finished row costs as much to decode as a live one: drop the finished
+                keep = live_rows(finished, live)
+                select_cache_rows(cache, keep)
+                rows, full_mask, step_pos, token, finished = (
+                    x[keep] for x in (rows, full_mask, step_pos, token, finished)
+                )
         # the finished rows left keep decoding (batched) but their tokens are overwritten with pad above
         full_mask[:, prompt_length + t] = 1
         step_pos = step_pos + 1
@@ -173,6 +187,20 @@ def generate_sequences(
     return out
 
 
+def live_rows(finished: Tensor, live: int) -> Tensor:
+    """The indices (ascending) of the ``live`` rows not ``finished`` (B,): ``nonzero``'s, with the count read
+    already (a stable sort instead of a data-dependent shape)."""
+    return torch.argsort(finished.to(torch.uint8), stable=True)[:live]
+
+
+def select_cache_rows(cache: Any, index: Tensor) -> None:
+    """Keep the cache rows ``index`` (in that order), in every layer. ``Cache.reorder_cache`` would first read the
+    cache's length from the device (a host sync)."""
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+
+
 def prefill(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, max_cache_len: int
 ) -> tuple[StaticCache, Tensor]:
@@ -181,8 +209,10 @@ def prefill(
 
     Each distinct prompt (ids, mask and positions alike) runs once and its cache rows are copied to the rows that
     repeat it. With sdpa or eager attention and full-attention layers the distinct prompts run packed without
-    their padding; otherwise (flash-attention, sliding-window layers) they run left-padded.
+    their padding; otherwise (flash-attention, sliding-window layers) they run left-padded. The plan (distinct
+    prompts, packing) is made where the prompts are, the host's in a worker; the forward runs on the model's device.
     """
+    device = next(model.parameters()).device
     rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype), position_ids.to(input_ids.dtype)], dim=-1)
     distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
     ids, mask, positions = distinct.split(input_ids.shape[1], dim=-1)
@@ -191,8 +221,9 @@ def prefill(
         logits = _packed_prefill(model, ids, mask, positions, cache, width)
     else:
         padded_mask = torch.cat([mask, mask.new_zeros(len(mask), max_cache_len - mask.shape[1])], dim=-1)
-        logits = next_token_logits(model, ids, padded_mask, positions, cache)
-    cache.reorder_cache(inverse)
+        logits = next_token_logits(model, *(x.to(device) for x in (ids, padded_mask, positions)), cache)
+    inverse = inverse.to(device)
+    select_cache_rows(cache, inverse)
     return cache, logits[inverse]
 
 
@@ -227,7 +258,9 @@ def _packed_prefill(
 ) -> Tensor:
     """Prefill the left-padded prompts (U, P) packed into rows of ``width`` tokens (whole prompts, best-fit
     decreasing), attending within each prompt only; write their keys and values into ``cache`` as the padded
-    layout has them (zeros at the padding). Returns the logits (U, V) after each prompt's last token."""
+    layout has them (zeros at the padding). Returns the logits (U, V) after each prompt's last token. Planned on the
+    prompts' device, run on the model's."""
+    device = next(model.parameters()).device
     valid = mask.bool()
     lengths = valid.sum(-1).tolist()
     bins = best_fit_decreasing(lengths, max(width, *lengths))
@@ -247,6 +280,9 @@ def _packed_prefill(
     owner = owner[:-1].view(len(bins), width)
     block_mask = block_causal_mask(owner)  # (K, 1, W, W): True = attend
     last = first + torch.tensor(lengths, device=ids.device) - 1  # (U,) the slot of each prompt's last token
+    packed_ids, packed_positions, block_mask, last, slots = (
+        x.to(device) for x in (packed_ids, packed_positions, block_mask, last, slots)
+    )
     head, packed = output_head(model), DynamicCache()
     with hidden_states_out(head):
         out = model(

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from config.dataflow import Route
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 
 STEP = "colorl_step"  # meta_info key of a routed call: its StepCall
 ROWS = "colorl_rows"  # batch key of a routed call: each row's index in the step's batch (int64)

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from config.phases import forward_keys
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.compute.logprob import teacher_scores
 from workers.compute.packing import restore_order
-from workers.compute.update import micro_batches, model_device
+from workers.compute.update import micro_batches, model_device, to_device
 
 # teacher_scores' names -> the step's keys (config.distillation.TEACHER_LOG_PROBS / TEACHER_TOPK)
 STEP_KEYS = {
@@ -50,7 +50,22 @@ def score_batch(
     ``teacher_log_probs`` (B, R), or with ``topk`` ``teacher_topk_ids`` (B, R, k) and ``teacher_topk_log_probs``
     (B, R, k). Micro-batches of ``micro_batch_size`` rows, or of ``max_token_len`` valid tokens when set;
     ``share_prompts`` (with remove-padding): the rows that repeat a prompt run it once, as the actor's
-    (``actor.use_prefix_grouper``)."""
+    (``actor.use_prefix_grouper``). One copy from the device per call (``device_scores``)."""
+    scores = device_scores(module, data, micro_batch_size, max_token_len, remove_padding, fused, topk, share_prompts)
+    return {name: value.cpu() for name, value in scores.items()}
+
+
+def device_scores(
+    module: nn.Module,
+    data: DataProto,
+    micro_batch_size: int,
+    max_token_len: int | None,
+    remove_padding: bool,
+    fused: bool,
+    topk: int | None,
+    share_prompts: bool = False,
+) -> dict[str, Tensor]:
+    """``score_batch``'s scores on the module's device."""
     module.eval()
     tensors = {k: data.batch[k] for k in forward_keys(remove_padding)}
     response_length = tensors["responses"].shape[-1]
@@ -58,12 +73,12 @@ def score_batch(
     indices = micro_batches(module, tensors, micro_batch_size, max_token_len)
     parts: dict[str, list[Tensor]] = {}
     for index in indices:
-        micro = {k: v[index].to(device) for k, v in tensors.items()}
+        micro = to_device(tensors, index, device)
         scores = teacher_scores(module, micro, response_length, remove_padding, fused, topk, 1.0, share_prompts)
         if topk is not None:
             scores.pop("log_probs")  # the top-k loss reads only the top-k
         for name, value in scores.items():
-            parts.setdefault(STEP_KEYS[name], []).append(value.cpu())
+            parts.setdefault(STEP_KEYS[name], []).append(value)
     return {name: restore_order(values, indices) for name, values in parts.items()}
 
 

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workers.compute.rollout import next_token_logits, prefill, sample_next_token, token_log_probs
+from algos.host_sync import host_read
+from workers.compute.rollout import next_token_logits, prefill, sample_next_token, select_cache_rows, token_log_probs
 
 # {row: the ids it sampled in the turn that just ended, its stop token last} -> {row: tool-turn ids, or None}
 EndTurns = Callable[[dict[int, list[int]]], dict[int, list[int] | None]]
@@ -86,7 +87,6 @@ class HFTurnSampler(TurnSampler):
         return_log_probs: bool = False,
     ) -> SampledTurns:
         model, device = self.model, next(self.model.parameters()).device
-        input_ids, attention_mask, position_ids = (x.to(device) for x in (input_ids, attention_mask, position_ids))
         (batch, prompt_length), length = input_ids.shape, response_length
         eos = torch.tensor(list(eos_token_id), dtype=torch.long, device=device)
         out = SampledTurns(
@@ -97,34 +97,40 @@ class HFTurnSampler(TurnSampler):
             log_probs=torch.zeros((batch, length), dtype=torch.float32, device=device),
         )
         forced = torch.full((batch, length), -1, dtype=torch.long, device=device)  # -1: sample this position
-        turn_start = [0] * batch
+        plan = _HostPlan(batch)  # what the host decides (finished rows, forced spans, the rows decoding), mirrored
         cache, logits = prefill(model, input_ids, attention_mask, position_ids, prompt_length + length)
+        input_ids, attention_mask, position_ids = (x.to(device) for x in (input_ids, attention_mask, position_ids))
         full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch, length)], dim=-1)
         rows, step_pos = torch.arange(batch, device=device), position_ids[:, -1:]
         t = 0
         while True:
-            plan, live = forced[rows, t], ~out.finished[rows]
-            sampled = live & (plan < 0)
+            live = ~out.finished[rows]
+            sampled = live & (forced[rows, t] < 0)
             policy_logits = logits
             if self.logits_processor is not None:
                 logits = self.logits_processor(rows, t, logits, sampled)
-            token = torch.where(live, torch.where(plan < 0, sample_next_token(logits, **sampling), plan), pad_token_id)
+            sample = sample_next_token(logits, **sampling)
+            token = torch.where(live, torch.where(forced[rows, t] < 0, sample, forced[rows, t]), pad_token_id)
             out.responses[rows, t], out.valid[rows, t], out.model_mask[rows, t] = token, live.long(), sampled.long()
             if return_log_probs:
                 scored = token_log_probs(policy_logits, token, sampling.get("temperature", 1.0))
                 out.log_probs[rows, t] = scored.masked_fill(~sampled, 0.0)
-            ended = rows[sampled & torch.isin(token, eos)].tolist()
+            # the one read per position: a meta batch (no data) reads as every row ending its turn
+            stops = host_read("turn_sampler.ended_turns", sampled & torch.isin(token, eos), [True] * len(plan.rows))
+            ended = [row for row, stop in zip(plan.rows, stops) if stop and plan.samples(row, t)]
             if ended:
-                _end_turns(end_turns, ended, t, out, forced, turn_start)
-            live = ~out.finished[rows]
-            if t == length - 1 or not live.any():
+                _end_turns(end_turns, ended, t, out, forced, plan)
+            live_rows = [i for i, row in enumerate(plan.rows) if not plan.finished[row]]
+            if t == length - 1 or not live_rows:
                 return out
-            if 2 * int(live.sum()) <= len(rows):  # a finished row costs as much to decode as a live one: drop them
-                keep = live.nonzero().squeeze(-1)
-                cache.reorder_cache(keep)
-                rows, full_mask, step_pos, token, live = (x[keep] for x in (rows, full_mask, step_pos, token, live))
+            if 2 * len(live_rows) <= len(plan.rows):  # a finished row costs as much to decode as a live one
+                keep = torch.tensor(live_rows, dtype=torch.long, device=device)
+                select_cache_rows(cache, keep)
+                rows, full_mask, step_pos, token = (x[keep] for x in (rows, full_mask, step_pos, token))
+                plan.rows = [plan.rows[i] for i in live_rows]
+            live = ~out.finished[rows]
             span = 1  # the next positions every live row is forced at go into this forward too
-            while t + span < length and bool(((forced[rows, t + span] >= 0) | ~live).all()):
+            while t + span < length and all(plan.finished[r] or plan.forced(r, t + span) for r in plan.rows):
                 span += 1
             chunk = torch.where(live[:, None], forced[rows, t + 1 : t + span], pad_token_id)
             out.responses[rows, t + 1 : t + span], out.valid[rows, t + 1 : t + span] = chunk, live[:, None].long()
@@ -135,15 +141,39 @@ class HFTurnSampler(TurnSampler):
             t += span
 
 
+class _HostPlan:
+    """The host's copy of what it decided: the rows still decoding (batch indices, in the cache's order), which
+    rows finished, each row's turn start and the span of positions its latest tool turn is fed at. The loop
+    reads these instead of the device's tensors."""
+
+    def __init__(self, batch: int) -> None:
+        self.rows = list(range(batch))
+        self.finished = [False] * batch
+        self.turn_start = [0] * batch
+        self.fed = [(0, 0)] * batch  # [start, end) of the positions the row's latest tool turn is fed at
+
+    def forced(self, row: int, t: int) -> bool:
+        start, end = self.fed[row]
+        return start <= t < end
+
+    def samples(self, row: int, t: int) -> bool:
+        return not self.finished[row] and not self.forced(row, t)
+
+
 def _end_turns(
-    end_turns: EndTurns, ended: list[int], t: int, out: SampledTurns, forced: Tensor, turn_start: list[int]
+    end_turns: EndTurns, ended: list[int], t: int, out: SampledTurns, forced: Tensor, plan: _HostPlan
 ) -> None:
     """Hand the turns that ended at position t to ``end_turns``; finish the rows it says, plan the others' tool
     turns as forced positions from t + 1."""
-    turns = {row: out.responses[row, turn_start[row] : t + 1].tolist() for row in ended}
+    turns = {}
+    for row in ended:  # a meta batch (no data) reads as a turn of pad ids
+        ids = out.responses[row, plan.turn_start[row] : t + 1]
+        turns[row] = host_read("turn_sampler.turn_ids", ids, [0] * (t + 1 - plan.turn_start[row]))
     for row, ids in end_turns(turns).items():
         if ids is None:
             out.finished[row] = True
+            plan.finished[row] = True
         else:
             forced[row, t + 1 : t + 1 + len(ids)] = torch.tensor(ids, dtype=torch.long, device=forced.device)
-            turn_start[row] = t + 1 + len(ids)
+            plan.turn_start[row] = t + 1 + len(ids)
+            plan.fed[row] = (t + 1, t + 1 + len(ids))

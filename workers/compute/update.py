@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from algos.host_sync import host_read
 from workers.compute.packing import micro_batch_indices, mini_batch_totals
 from workers.parallel.fsdp import clip_grad_norm_, is_fsdp
 
@@ -34,6 +35,17 @@ def to_float_metrics(metrics: dict[str, list]) -> dict[str, list[float]]:
         else:
             out[key] = [float(v) for v in values]
     return out
+
+
+HOST_KEYS = ("input_ids", "attention_mask")  # a micro-batch's layout (packing, valid positions) is planned from these
+
+
+def to_device(tensors: dict[str, Tensor], index: Tensor, device: torch.device) -> dict[str, Tensor]:
+    """The rows ``index`` of ``tensors`` (the batch's, on the host) on ``device``, plus their host copies of
+    ``HOST_KEYS`` as ``host_<key>``: the forward's layout is planned from those, with no read from the device."""
+    micro = {k: v[index].to(device) for k, v in tensors.items()}
+    micro.update({f"host_{k}": tensors[k][index] for k in HOST_KEYS if k in tensors})
+    return micro
 
 
 def model_device(module: nn.Module) -> torch.device:
@@ -89,13 +101,13 @@ def minibatch_update(
         for mini in split_batch(epoch_tensors, mini_batch_size):
             global_batch = mini_batch_totals(mini["response_mask"], _sync_device(module)).global_batch()
             for index in micro_batches(module, mini, micro_batch_size, max_token_len):
-                micro = {k: v[index].to(device) for k, v in mini.items()}
+                micro = to_device(mini, index, device)
                 loss, micro_metrics = loss_fn(micro, global_batch)
                 loss.backward()
                 for key, value in micro_metrics.items():
                     metrics[key].append(value)
             grad_norm = clip_grad_norm_(optimizer, grad_clip)
-            finite = bool(torch.isfinite(grad_norm))
+            finite = host_read("update.grad_norm_finite", torch.isfinite(grad_norm), meta_value=True)
             if finite:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 # Where apply_fsdp records each sharded module's own reshard_after_forward, so gathered_params can restore it.
 _RESHARD_ATTR = "_colorl_reshard_after_forward"
@@ -200,6 +200,22 @@ def gathered_units(model: nn.Module) -> Iterator[list[tuple[str, Tensor]]]:
         finally:
             if isinstance(unit, FSDPModule):
                 unit.reshard()
+
+
+def load_full_units(model: nn.Module, units: Iterable[dict[str, Tensor]]) -> None:
+    """Copy full tensors (by ``model``'s parameter names, as ``gathered_units`` gives them) into ``model``: each rank
+    keeps its own shard of each (split locally: no collective), a plain module the tensors as they are."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for unit in units:
+            for name, full in unit.items():
+                param = params[name]
+                if isinstance(param, DTensor):
+                    full = full.to(param.device, param.dtype)
+                    shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+                    param.to_local().copy_(shard.to_local())
+                else:
+                    param.copy_(full)
 
 
 def _own_parameters(model: nn.Module, unit: nn.Module) -> Iterator[tuple[str, Tensor]]:

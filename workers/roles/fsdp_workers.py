@@ -25,9 +25,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from config.distillation import active_teachers, teacher_fsdp_config, uses_topk
 from config.phases import PROMPT, uses_full_kl
 from config.plan import StepPlan
-from single_controller import DataProto
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, register
+from single_controller.base.register import Dispatch, register
+from single_controller.base.worker import Worker
+from single_controller.data_proto import DataProto
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.agent_loop import build_agent_loop
 from workers.compute.critic import DataParallelPPOCritic, load_value_model
@@ -38,6 +38,7 @@ from workers.compute.teacher import merge_by_rows, score_batch, teacher_rows
 from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler
 from workers.parallel import fsdp, lora
 from workers.roles.role import FrozenRole, TrainedRole
+from workers.roles.weight_sync import WeightSync
 from workers.runtime import malloc
 
 ROLES = ("actor_rollout", "ref", "actor_rollout_ref")
@@ -74,13 +75,13 @@ def load_causal_lm(model_config: Any) -> nn.Module:
     return model
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(WeightSync, Worker):
     """The policy in its three roles: rollout (sampling), actor (PPO update) and/or frozen reference.
 
     ``config``: the ``actor_rollout_ref`` section; ``role``: one of ``ROLES``; ``plan``: the step plan. Rollout runs
     on the actor's own FSDP module (or a vLLM engine beside it); ``ref`` holds a frozen copy; ``actor_rollout_ref``
     both in one object (``kl_loss_type=full`` reads the reference logits in the loss; a LoRA actor is its own
-    reference, adapters disabled: ``workers.parallel.lora``)."""
+    reference, adapters disabled: ``workers.parallel.lora``); ``WeightSync``: the weights of a rollout group."""
 
     def __init__(self, config: Any, role: str, plan: StepPlan, distillation: Any = None) -> None:
         super().__init__()
@@ -168,6 +169,8 @@ class ActorRolloutRefWorker(Worker):
         pad_id = self.tokenizer.pad_token_id
         eos_ids = eos_token_ids(self.generation_config, self.tokenizer)
         start = time.perf_counter()
+        if "seed" in inputs.meta_info:  # generation ahead of training: each batch its own seed (a resume's too)
+            torch.manual_seed(inputs.meta_info["seed"] + self.rank)
         with self.trained.onloaded(), self._sampler() as module:
             ids = {"eos_token_id": eos_ids, "pad_token_id": pad_id if pad_id is not None else eos_ids[0]}
             if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools
@@ -221,9 +224,8 @@ class ActorRolloutRefWorker(Worker):
                 max_token_len=rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
                 stats=("sum_pi_squared",) if self.plan.compute_sum_pi_squared else (),
             )
-        return STORE.outputs(
-            data, {"old_log_probs" if name == "log_probs" else name: value for name, value in stats.items()}
-        )
+        stats = {"old_log_probs" if name == "log_probs" else name: value for name, value in stats.items()}
+        return STORE.outputs(data, stats)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -247,9 +249,8 @@ class ActorRolloutRefWorker(Worker):
         if not self._is_actor:
             raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
         inputs = STORE.inputs(data)
-        inputs = dataclasses.replace(
-            inputs, meta_info={**inputs.meta_info, "temperature": self.config.rollout.temperature}
-        )
+        meta_info = {**inputs.meta_info, "temperature": self.config.rollout.temperature}
+        inputs = dataclasses.replace(inputs, meta_info=meta_info)
         # kl_loss_type=full runs the reference model inside the update (role actor_rollout_ref)
         with_ref = self.actor.ref_module is not None
         separate_ref = with_ref and self.ref is not self.trained  # not a LoRA actor's own module

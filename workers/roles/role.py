@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from single_controller import DataProto
+from single_controller.data_proto import DataProto
 from workers.checkpoint import shards
 from workers.compute import attention
 from workers.parallel import fsdp

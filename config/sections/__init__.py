@@ -1,4 +1,4 @@
-"""The worker roles' configuration: model, engine (optimizer, FSDP), actor, rollout, reference, critic, rewards.
+"""verl's schema sections, one module each: model, engine (optimizer, FSDP), actor, rollout, reference, critic, rewards.
 
 One frozen dataclass per component is the single home of its defaults (``config.schema`` holds the rest and the
 root); verl's subtrees of machinery ColoRL does not have are ``config.tree.InertTree``s. Choices are ``Literal``
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from config.checks import ConfigError
-from config.roles.actor import (
+from config.sections.actor import (
     ActorConfig,
     KLLossType,
     LossAggMode,
@@ -20,8 +20,8 @@ from config.roles.actor import (
     RefConfig,
     RolloutCorrectionConfig,
 )
-from config.roles.critic import CriticConfig
-from config.roles.engine import (
+from config.sections.critic import CriticConfig
+from config.sections.engine import (
     FSDPConfig,
     MixedPrecisionConfig,
     OptimConfig,
@@ -30,9 +30,9 @@ from config.roles.engine import (
     RefFSDPConfig,
     WrapPolicyConfig,
 )
-from config.roles.model import CriticModelConfig, ModelConfig
-from config.roles.reward import CustomRewardFunctionConfig, RewardConfig, RewardModelConfig
-from config.roles.rollout import AgentLoopConfig, MultiTurnConfig, RolloutConfig, ValKwargs
+from config.sections.model import CriticModelConfig, ModelConfig
+from config.sections.reward import CustomRewardFunctionConfig, RewardConfig, RewardModelConfig
+from config.sections.rollout import AgentLoopConfig, MultiTurnConfig, RolloutConfig, ValKwargs
 
 
 @dataclass(frozen=True)

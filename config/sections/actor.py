@@ -20,8 +20,8 @@ from config.checks import (
     positive,
     positive_int,
 )
-from config.roles.engine import CheckpointTree, FSDPConfig, OptimConfig, RefFSDPConfig, Strategy
-from config.roles.profiler import ProfilerTree
+from config.sections.engine import CheckpointTree, FSDPConfig, OptimConfig, RefFSDPConfig, Strategy
+from config.sections.profiler import ProfilerTree
 from config.tree import InertTree
 
 LossAggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from config.checks import ConfigError, check, is_int, non_negative, positive_int
-from config.roles.engine import RefFSDPConfig
-from config.roles.rollout import DisaggregationTree
+from config.sections.engine import RefFSDPConfig
+from config.sections.rollout import DisaggregationTree
 from config.tree import InertTree
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from config.checks import optional_positive_int, positive, positive_int
-from config.roles.actor import LossAggMode
-from config.roles.engine import CriticCheckpointTree, FSDPConfig, OptimConfig, Strategy
-from config.roles.model import CriticModelConfig
-from config.roles.profiler import ProfilerTree
+from config.sections.actor import LossAggMode
+from config.sections.engine import CriticCheckpointTree, FSDPConfig, OptimConfig, Strategy
+from config.sections.model import CriticModelConfig
+from config.sections.profiler import ProfilerTree
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from config.checks import ConfigError, check, check_sampling, is_number, optional_positive_int, positive, positive_int
-from config.roles.profiler import RolloutProfilerTree
+from config.sections.profiler import RolloutProfilerTree
 from config.tree import InertTree
 
 

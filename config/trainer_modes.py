@@ -1,0 +1,119 @@
+"""verl's trainer modes (``trainer.v1``), read with verl's defaults and checked before anything starts.
+
+- ``sync``: each step generates its batch, then trains on it (ColoRL's loop).
+- ``separate_async``: a rollout group of its own (``actor_rollout_ref.rollout.nnodes × n_gpus_per_node`` workers,
+  beside the trainer's ``trainer.nnodes × n_gpus_per_node``) generates the next batches while the trainer's group
+  trains on the current one; the weights go to it after every step.
+- ``colocate_async``: the same schedule on the one group: generation of the next batches is asked for before the
+  update, and the workers run the two in turn.
+
+``num_warmup_batches`` of the mode is how many batches generation runs ahead of training (fractions round down to
+whole batches); a batch's samples carry the version of the weights that generated them (``trainer.replay_buffer``),
+and ``trainer.v1.sampler.max_off_policy_threshold`` / ``max_off_policy_strategy`` bound how old they may be.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from config.checks import ConfigError, is_int, is_number
+
+MODES = ("sync", "colocate_async", "separate_async")
+STRATEGIES = ("drop", "wait")  # verl's ReplayBuffer: evict and refill a too-old group, or train it before it gets so
+V1 = "trainer.v1"
+
+
+@dataclass(frozen=True)
+class TrainerMode:
+    """What ``trainer.v1`` asks for, checked. ``lookahead``: batches generated ahead of the one training (0 in
+    ``sync``); ``rollout_workers``: the rollout group's workers (``separate_async`` only, else 0);
+    ``max_off_policy_threshold``: null switches the version control off (verl's rule)."""
+
+    mode: str = "sync"
+    lookahead: int = 0
+    parameter_sync_step: int = 1
+    max_off_policy_threshold: int | None = 8
+    max_off_policy_strategy: str = "drop"
+    rollout_workers: int = 0
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.mode != "sync"
+
+    @property
+    def separate(self) -> bool:
+        """The rollout runs on a worker group of its own."""
+        return self.mode == "separate_async"
+
+
+def trainer_mode(cfg: Any, trainer_workers: int) -> TrainerMode:
+    """``cfg.trainer.v1`` (a ``PPOConfig``'s) as a ``TrainerMode``; ConfigError, one line, for a mode verl does not
+    have, a strategy it does not have, ``parameter_sync_step <= 0``, a rollout group that cannot be placed beside
+    the trainer's ``trainer_workers``, or a look-ahead whose every batch the threshold would drop."""
+    v1 = cfg.trainer.v1
+    mode, sampler, separate = v1["trainer_mode"], v1["sampler"], v1["separate_async"]
+    if mode not in MODES:
+        raise ConfigError.invalid(f"{V1}.trainer_mode", mode, f"valid: {', '.join(MODES)}")
+    strategy, threshold = sampler["max_off_policy_strategy"], sampler["max_off_policy_threshold"]
+    if strategy not in STRATEGIES:
+        raise ConfigError.invalid(f"{V1}.sampler.max_off_policy_strategy", strategy, f"valid: {', '.join(STRATEGIES)}")
+    if threshold is not None and not (is_int(threshold) and threshold > 0):
+        raise ConfigError.invalid(
+            f"{V1}.sampler.max_off_policy_threshold", threshold, "must be a positive integer, or null (no bound)"
+        )
+    sync_step = separate["parameter_sync_step"]
+    if not (is_int(sync_step) and sync_step > 0):
+        raise ConfigError.invalid(
+            f"{V1}.separate_async.parameter_sync_step", sync_step, "must be a positive integer (updates per sync)"
+        )
+    if mode == "sync":
+        return TrainerMode(max_off_policy_threshold=threshold, max_off_policy_strategy=strategy)
+    warmup = v1[mode]["num_warmup_batches"]
+    if not (is_number(warmup) and warmup >= 0):
+        raise ConfigError.invalid(f"{V1}.{mode}.num_warmup_batches", warmup, "must be a number >= 0")
+    lookahead = math.floor(warmup)
+    # a batch trains lookahead steps after the step that asked for it: its span (verl's) is lookahead + 1
+    if threshold is not None and lookahead + 1 > threshold and strategy == "drop":
+        raise ConfigError(
+            f"{V1}.{mode}.num_warmup_batches={warmup}: each batch would train {lookahead + 1} steps after it was asked "
+            f"for, past {V1}.sampler.max_off_policy_threshold={threshold}, and be dropped; make it < {threshold}"
+        )
+    rollout_workers = _rollout_group(cfg, trainer_workers, sync_step) if mode == "separate_async" else 0
+    return TrainerMode(mode, lookahead, sync_step if mode == "separate_async" else 1, threshold, strategy,
+                       rollout_workers)  # fmt: skip
+
+
+def _rollout_group(cfg: Any, trainer_workers: int, sync_step: int) -> int:
+    """The rollout group's workers, after checking that they exist, fit beside the trainer's and split the
+    batch; verl's rule that a step is ``parameter_sync_step`` updates of ``ppo_mini_batch_size`` prompts."""
+    rollout, data = cfg.actor_rollout_ref.rollout, cfg.data
+    workers = rollout.nnodes * rollout.n_gpus_per_node
+    prefix = "actor_rollout_ref.rollout"
+    if workers <= 0:
+        raise ConfigError(
+            f"{prefix}.nnodes={rollout.nnodes} × n_gpus_per_node={rollout.n_gpus_per_node}: "
+            f"{V1}.trainer_mode=separate_async runs the rollout on a group of its own; give it workers "
+            f"(e.g. {prefix}.nnodes=1 {prefix}.n_gpus_per_node=1)"
+        )
+    num_cpus = cfg.ray_kwargs.ray_init.num_cpus
+    if cfg.trainer.device == "cpu" and num_cpus is not None and num_cpus < trainer_workers + workers:
+        raise ConfigError(
+            f"ray_kwargs.ray_init.num_cpus={num_cpus}: cannot hold the trainer's {trainer_workers} and the rollout's "
+            f"{workers} workers; set it to at least {trainer_workers + workers + 1} (or null)"
+        )
+    sequences = data.train_batch_size * rollout.n
+    if sequences % workers:
+        raise ConfigError(
+            f"data.train_batch_size={data.train_batch_size} × {prefix}.n={rollout.n} = {sequences} sequences cannot "
+            f"be split evenly across the rollout group's {workers} workers ({prefix}.nnodes × n_gpus_per_node)"
+        )
+    mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    if data.train_batch_size != sync_step * mini:
+        raise ConfigError(
+            f"{V1}.separate_async.parameter_sync_step={sync_step}: a step is parameter_sync_step updates of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} prompts, so data.train_batch_size="
+            f"{data.train_batch_size} must be {sync_step * mini} (verl's rule)"
+        )
+    return workers

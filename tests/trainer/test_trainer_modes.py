@@ -1,0 +1,128 @@
+"""trainer.v1's modes: read with verl's defaults; each bad value one line before anything starts; the replay buffer's
+off-policy bounds and verl's staleness metrics."""
+
+import numpy as np
+import pytest
+
+from config import ConfigError
+from config.inert import inert_warnings
+from config.load import load_with_plan
+from trainer.replay_buffer import Generation, ReplayBuffer, eviction_metrics, staleness_metrics
+
+ONE_EACH = ["trainer.device=cpu", "trainer.n_gpus_per_node=1", "data.train_batch_size=4"]
+ONE_EACH += ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2"]
+SEPARATE = ["trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=1"]
+SEPARATE += ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
+
+
+def _plan(*overrides):
+    return load_with_plan([*ONE_EACH, *overrides])
+
+
+def test_verls_defaults_are_sync_and_a_separate_group_is_read():
+    cfg, plan = _plan()
+    assert (plan.mode.mode, plan.mode.lookahead, plan.mode.rollout_workers) == ("sync", 0, 0)
+    assert inert_warnings(cfg) == []
+    cfg, plan = _plan(*SEPARATE)
+    mode = plan.mode
+    assert (mode.mode, mode.lookahead, mode.rollout_workers, mode.max_off_policy_threshold) == (
+        "separate_async",
+        1,
+        1,
+        8,
+    )
+    assert inert_warnings(cfg) == []  # the rollout group's keys and the mode's are honoured, so no warning
+
+
+def test_keys_of_a_mode_not_chosen_warn():
+    cfg, _ = _plan("trainer.v1.colocate_async.num_warmup_batches=2", "actor_rollout_ref.rollout.nnodes=1")
+    lines = inert_warnings(cfg)
+    assert any(line.startswith("trainer.v1.colocate_async.num_warmup_batches=2") for line in lines)
+    assert any(line.startswith("actor_rollout_ref.rollout.nnodes=1") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (["trainer.v1.trainer_mode=fully_async"], "trainer.v1.trainer_mode='fully_async'"),
+        (["trainer.v1.sampler.max_off_policy_strategy=keep"], "max_off_policy_strategy='keep'"),
+        (["trainer.v1.separate_async.parameter_sync_step=0"], "parameter_sync_step=0"),
+        (["trainer.v1.separate_async.parameter_sync_step=-2"], "parameter_sync_step=-2"),
+        (["trainer.v1.sampler.max_off_policy_threshold=0"], "max_off_policy_threshold=0"),
+        ([*SEPARATE, "actor_rollout_ref.rollout.nnodes=0"], "actor_rollout_ref.rollout.nnodes=0"),
+        ([*SEPARATE, "ray_kwargs.ray_init.num_cpus=1"], "ray_kwargs.ray_init.num_cpus=1"),
+        ([*SEPARATE, "actor_rollout_ref.rollout.n_gpus_per_node=3"], "rollout group's 3 workers"),
+        ([*SEPARATE, "trainer.v1.separate_async.parameter_sync_step=2"], "parameter_sync_step=2"),
+        (
+            ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=8"],
+            "num_warmup_batches=8",
+        ),
+        ([*SEPARATE, "algorithm.filter_groups.enable=true"], "algorithm.filter_groups.enable"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_key(overrides, names):
+    with pytest.raises(ConfigError) as error:
+        _plan(*overrides)
+    message = str(error.value)
+    assert names in message and "\n" not in message
+
+
+def test_async_old_log_probs_are_the_rollouts_only_in_bypass_mode():
+    """The rollout of an async mode samples with older weights: its log-probs stand for the old ones (skipping the
+    forward) only in bypass mode, as algorithm.rollout_correction says."""
+    two = ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.v1.separate_async.parameter_sync_step=2"]
+    logprobs = ["actor_rollout_ref.rollout.calculate_log_probs=true", *two]  # two updates: not on-policy
+    _, sync = _plan(*logprobs)
+    _, separate = _plan(*SEPARATE, *logprobs)
+    _, bypass = _plan(*SEPARATE, *logprobs, "algorithm.rollout_correction.bypass_mode=true")
+    assert sync.old_log_prob_from_rollout and not sync.recompute_old_log_prob
+    assert not separate.old_log_prob_from_rollout and separate.recompute_old_log_prob
+    assert bypass.old_log_prob_from_rollout and not bypass.recompute_old_log_prob
+
+
+def _mode(lookahead, threshold, strategy):
+    _, plan = _plan(
+        "trainer.v1.trainer_mode=colocate_async",
+        f"trainer.v1.colocate_async.num_warmup_batches={lookahead}",
+        f"trainer.v1.sampler.max_off_policy_threshold={threshold}",
+        f"trainer.v1.sampler.max_off_policy_strategy={strategy}",
+    )
+    return plan.mode
+
+
+def test_the_buffer_keeps_lookahead_batches_ahead_in_order():
+    buffer = ReplayBuffer(_mode(2, 8, "drop"))
+    assert buffer.wanted() == 3  # the one to train next and 2 ahead
+    for asked in range(3):
+        buffer.add(Generation(asked_at=1, version=0, result=asked))
+    assert buffer.wanted() == 0
+    taken, evicted = buffer.take(step=1)
+    assert (taken.result, evicted, buffer.wanted()) == (0, [], 1)
+
+
+def test_drop_evicts_batches_past_the_threshold_and_wait_never_asks_that_far():
+    buffer = ReplayBuffer(_mode(1, 2, "drop"))
+    buffer.add(Generation(asked_at=1, version=0, result="old"))
+    buffer.add(Generation(asked_at=3, version=2, result="fresh"))
+    taken, evicted = buffer.take(step=3)  # span of the first: 3 - 1 + 1 = 3 > 2
+    assert taken.result == "fresh" and [g.result for g in evicted] == ["old"]
+    assert eviction_metrics(3, evicted, prompts_each=4) == {
+        "training/off_policy/evicted_samples": 4.0,
+        "training/off_policy/evicted_samples_staleness/mean": 3.0,
+        "training/off_policy/evicted_samples_staleness/max": 3.0,
+        "training/off_policy/evicted_samples_staleness/min": 3.0,
+    }
+    assert ReplayBuffer(_mode(1, 2, "drop")).depth == 1
+    waiting = ReplayBuffer(_mode(5, 3, "wait"))
+    assert waiting.depth == 2  # a batch trains at most 2 steps after it was asked for: span 3, never over
+    waiting.add(Generation(asked_at=1, version=0, result="old"))
+    assert waiting.take(step=9)[0].result == "old"  # wait never drops
+
+
+def test_staleness_metrics_are_verls_names_in_versions():
+    metrics = staleness_metrics(step=5, versions=np.array([4, 4, 3, 2]))
+    assert metrics["training/off_policy/trajectory_staleness/mean"] == pytest.approx(0.75)
+    assert metrics["training/off_policy/trajectory_staleness/max"] == 2
+    assert metrics["training/off_policy/trajectory_staleness/min"] == 0  # the previous step's weights: on-policy
+    assert metrics["training/off_policy/trajectory_spans/max"] == 1
+    assert metrics["training/off_policy/trajectory_staleness_worst/max"] == 2

@@ -1,0 +1,174 @@
+"""Generation ahead of training: ``trainer.v1.trainer_mode`` = ``separate_async`` or ``colocate_async``.
+
+The step's phases are the synchronous step's (``trainer.step``); only the generation moves. A batch drawn at step k
+is asked for at once (and at the first step ``lookahead`` more), and step k trains on the oldest batch asked for
+(the ``trainer.replay_buffer`` queue): its generation ran while earlier steps trained.
+
+- ``separate_async``: the rollout is a worker group of its own (``actor_rollout_ref.rollout.nnodes ×
+  n_gpus_per_node`` workers, its own resource pool). After each step the trainer's group puts the actor's weights
+  into Ray's object store one FSDP unit at a time and the rollout group takes them (``workers.roles.weight_sync``),
+  without the driver waiting: the rollout's worker runs the calls in order, so a batch asked for after the sync is
+  generated with those weights, one asked for before it with the previous ones.
+- ``colocate_async``: the same queue on the training group; its workers run the generation and the phases in turn.
+
+A batch's samples carry the version of the weights that generated them (``replay_buffer.VERSION``: the number of
+steps trained into them). Each batch is generated under its own seed, so checkpoints hold the batches still queued
+(their tensors and versions) and a resumed run trains on exactly what the straight run would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from config.plan import StepPlan
+from config.schema import PPOConfig
+from single_controller.data_proto import DataProto
+from single_controller.ray.group import RayWorkerGroup
+from single_controller.ray.placement import RayResourcePool
+from trainer.placement import rollout_class
+from trainer.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
+from trainer.routing import STEP_TOKEN
+from workers.runtime import malloc
+
+SEED_STRIDE = 7919  # batch i of a run generates under trainer.seed + i × SEED_STRIDE (+ the rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generating:
+    """The step's side of a generation (``trainer.step``): ``prepare`` a drawn batch (the phases before ``gen``,
+    the repeats), ``start`` its generation on a group with some meta_info, ``finish`` it into the batch (metrics)."""
+
+    prepare: Callable[[DataProto], DataProto]
+    start: Callable[[Any, DataProto, dict], Any]
+    finish: Callable[[DataProto, Any], dict[str, float]]
+
+
+@dataclasses.dataclass
+class Asked:
+    """A batch asked for: the driver's copy of it, and the generation call under way (None once taken back)."""
+
+    batch: DataProto
+    call: Any
+    sync: Any = None  # the weight sync started before it, answered before its generation is read
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class Ahead:
+    """The queue of batches generated ahead of training and, with ``separate_async``, the rollout group."""
+
+    def __init__(self, cfg: PPOConfig, plan: StepPlan, trainer_group: Any, rollout_group: Any) -> None:
+        self.cfg, self.plan = cfg, plan
+        self.trainer_group, self.rollout_group = trainer_group, rollout_group
+        self.separate = plan.mode.separate
+        self.buffer = ReplayBuffer(plan.mode)
+        self.version = 0  # steps trained into the weights the rollout generates with
+        self.asked = 0  # batches asked for so far (each one's seed)
+        self.sync: Any = None  # the last weight sync started and not yet answered
+
+    @classmethod
+    def start(cls, cfg: PPOConfig, plan: StepPlan, actor_group: Any, total_steps: int) -> Ahead:
+        """The queue over ``actor_group`` (colocate_async), or over a rollout group started here (separate_async)."""
+        if not plan.mode.separate:
+            return cls(cfg, plan, actor_group, actor_group)
+        rollout = cfg.actor_rollout_ref.rollout
+        pool = RayResourcePool(
+            [rollout.n_gpus_per_node] * rollout.nnodes, use_gpu=cfg.trainer.device == "cuda", max_colocate_count=1
+        )
+        workers = plan.mode.rollout_workers
+        rows = cfg.data.train_batch_size * rollout.n // workers
+        rollout_plan = dataclasses.replace(plan, n_workers=workers, gen_rows=rows, ref_in_actor=False)  # no ref
+        group = RayWorkerGroup(
+            pool,
+            rollout_class(cfg, rollout_plan),
+            name_prefix=f"rollout{uuid.uuid4().hex[:4]}",
+            worker_env=malloc.worker_env(cfg.trainer.device),
+        )
+        group.init_model(total_steps, seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
+        return cls(cfg, plan, actor_group, group)
+
+    # ------------------------------------------------------------------ the step's side
+    def begin(self, step: int) -> None:
+        """Before the first step (or the first after a resume): the rollout group takes the trainer's weights."""
+        self.version = step
+        self.sync_weights(step)
+
+    def next(
+        self, batch: DataProto, more: Iterator[DataProto], step: int, generating: Generating
+    ) -> tuple[DataProto, dict]:
+        """Ask for ``batch`` (ready to generate from; and for as many more drawn from ``more`` as the look-ahead
+        wants), then give the oldest batch step ``step`` may train on, generated, each sample with its weights'
+        version (``VERSION``); the metrics of its generation and of the batches evicted as too old."""
+        self._ask(batch, step, generating)
+        while self.buffer.wanted():
+            self._ask(generating.prepare(next(more)), step, generating)
+        dropped: list[Generation] = []
+        while True:  # drop: each evicted batch is replaced by a fresh one (verl's "evict k; refill k")
+            taken, evicted = self.buffer.take(step)
+            dropped += evicted
+            for _ in evicted:
+                self._ask(generating.prepare(next(more)), step, generating)
+            if taken is not None:
+                break
+        batch = self._answered(taken.result, generating)
+        batch.non_tensor_batch[VERSION] = np.full(len(batch), taken.version, dtype=np.int64)
+        return batch, {**taken.result.metrics, **eviction_metrics(step, dropped, self.cfg.data.train_batch_size)}
+
+    def sync_weights(self, step: int) -> dict[str, float]:
+        """After step ``step``'s update: the next batches asked for are generated with its weights. With a rollout
+        group, the trainer's group puts them in the object store now and the rollout takes them in its turn."""
+        self.version = step
+        if not self.separate:
+            return {}
+        start = time.perf_counter()
+        if self.sync is not None:  # the previous sync's answer (its errors too), long since given
+            self.sync.result()
+        units = self.trainer_group.export_weights()[0]
+        self.sync = self.rollout_group.import_weights.start(tuple(units))
+        return {"timing_s/update_weights": time.perf_counter() - start}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self, generating: Generating) -> dict[str, Any]:
+        """The queued batches (waited for: tensors, columns, versions) and the batches asked for, as plain types."""
+        queued = []
+        for generation in self.buffer.queue:
+            batch = self._answered(generation.result, generating)
+            queued.append(
+                {
+                    "asked_at": generation.asked_at,
+                    "version": generation.version,
+                    "tensors": dict(batch.batch.items()),
+                    "columns": {k: list(v) for k, v in batch.non_tensor_batch.items()},
+                    "token": batch.meta_info[STEP_TOKEN],
+                    "metrics": generation.result.metrics,
+                }
+            )
+        return {"asked": self.asked, "queued": queued}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.asked = state["asked"]
+        for item in state["queued"]:
+            columns = {k: np.array(v, dtype=object) for k, v in item["columns"].items()}
+            batch = DataProto.from_dict(item["tensors"], columns, meta_info={STEP_TOKEN: item["token"]})
+            self.buffer.add(Generation(item["asked_at"], item["version"], Asked(batch, None, metrics=item["metrics"])))
+
+    # ------------------------------------------------------------------ internals
+    def _ask(self, batch: DataProto, step: int, generating: Generating) -> None:
+        seed = {"seed": self.cfg.trainer.seed + self.asked * SEED_STRIDE}
+        call = generating.start(self.rollout_group, batch, seed)
+        self.asked += 1
+        self.buffer.add(Generation(step, self.version, Asked(batch, call, self.sync)))
+
+    def _answered(self, asked: Asked, generating: Generating) -> DataProto:
+        """``asked``'s batch with what its generation wrote (waiting for it once)."""
+        if asked.call is not None:
+            if asked.sync is not None:  # the weight sync before it: its errors surface here
+                asked.sync.result()
+            asked.metrics = generating.finish(asked.batch, asked.call)
+            asked.call = asked.sync = None
+        return asked.batch

@@ -1,0 +1,100 @@
+"""The batches generation has been asked for ahead of training (``trainer.v1``'s async modes), oldest first.
+
+verl's ``ReplayBufferAsync`` keeps prompt groups in a store and samples the oldest finished ones; ColoRL's rollout
+answers whole batches in the order they were asked for, so its buffer is a queue of them. Each ``Generation`` holds
+the step that asked for it (verl's prompt tag ``global_steps``) and the version of the weights that generate it: the
+number of training steps in them (verl's ``min/max_global_steps``; one version per batch, no partial rollouts).
+
+Off-policy bounds are verl's, over a batch's span ``step - asked_at + 1`` at the step that would train it:
+- ``drop``: a batch whose span exceeds ``max_off_policy_threshold`` is evicted, and the caller asks for as many
+  fresh prompts in its place (verl's "evict k; refill k");
+- ``wait``: no batch is asked for so far ahead that it would exceed the threshold: training waits for generation.
+A null threshold bounds nothing. Metric names are verl's (``training/off_policy/...``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from config.trainer_modes import TrainerMode
+
+VERSION = "policy_version"  # the per-sample column: the version of the weights that generated the sample
+OFF_POLICY = "training/off_policy"
+
+
+@dataclass
+class Generation:
+    """One batch asked of the rollout: ``result`` is what stands for it until taken (a future), then the batch."""
+
+    asked_at: int
+    version: int
+    result: Any
+
+    def span(self, step: int) -> int:
+        """verl's span: the versions between the step that asked for the batch and ``step``, both counted."""
+        return step - self.asked_at + 1
+
+
+class ReplayBuffer:
+    """The queue of ``Generation``s, oldest first, ``mode.lookahead`` batches beyond the one training next."""
+
+    def __init__(self, mode: TrainerMode) -> None:
+        self.threshold, self.strategy = mode.max_off_policy_threshold, mode.max_off_policy_strategy
+        depth = mode.lookahead
+        if self.threshold is not None and self.strategy == "wait":  # never ask so far ahead that it gets too old
+            depth = min(depth, self.threshold - 1)
+        self.depth = depth
+        self.queue: deque[Generation] = deque()
+
+    def wanted(self) -> int:
+        """How many batches to ask for now: enough that the next to train and ``depth`` more are under way."""
+        return max(0, self.depth + 1 - len(self.queue))
+
+    def add(self, generation: Generation) -> None:
+        self.queue.append(generation)
+
+    def take(self, step: int) -> tuple[Generation | None, list[Generation]]:
+        """(the oldest batch ``step`` may train on, or None when every queued batch was evicted; the evicted ones).
+        Under ``drop`` a batch past the threshold is evicted; the caller asks for replacements (``wanted``)."""
+        evicted = []
+        while self.queue:
+            oldest = self.queue.popleft()
+            if self.strategy == "drop" and self.threshold is not None and oldest.span(step) > self.threshold:
+                evicted.append(oldest)
+                continue
+            return oldest, evicted
+        return None, evicted
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+
+def staleness_metrics(step: int, versions: np.ndarray) -> dict[str, float]:
+    """verl's off-policy metrics of the samples ``step`` trains on, from each one's weight version (versions:
+    (N,) ints). staleness = (step - 1) - version: 0 when the weights of the step before generated it (on-policy);
+    a sample comes from one version, so its span is 1 and its worst staleness its staleness."""
+    staleness = (step - 1) - versions.astype(np.int64)
+    spans = np.ones_like(staleness)
+    metrics = {}
+    for name, values in (("trajectory_spans", spans), ("trajectory_staleness", staleness),
+                         ("trajectory_staleness_worst", staleness)):  # fmt: skip
+        metrics.update(_stats(f"{OFF_POLICY}/{name}", values))
+    return metrics
+
+
+def eviction_metrics(step: int, evicted: list[Generation], prompts_each: int) -> dict[str, float]:
+    """verl's eviction metrics: the prompt groups dropped for staleness, and their spans (empty when none were)."""
+    if not evicted:
+        return {}
+    spans = np.array([g.span(step) for g in evicted for _ in range(prompts_each)])
+    return {f"{OFF_POLICY}/evicted_samples": float(len(spans)),
+            **_stats(f"{OFF_POLICY}/evicted_samples_staleness", spans)}  # fmt: skip
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()),
+            f"{prefix}/min": float(values.min())}  # fmt: skip

@@ -1,0 +1,266 @@
+"""One training step as the phase table: ``PhaseSteps.train_step`` runs the plan's phases of
+``config.phases.STEP_PHASES`` in the table's order, one timed line each.
+
+A phase is either a worker phase, its entry's method on its role's worker group called with what its route moves
+(``_call``, ``trainer.routing``), or a phase with driver code, found by its name in ``STEP_CODE``. The step is data:
+a synchronous step runs the plan's list; dynamic sampling's ``filter_groups`` runs the prefix before it once per
+generation batch; another order (an asynchronous mode's generation on one group and training on another) is another
+list of the same names through ``run_phases``: with ``trainer.v1``'s async modes (``trainer.ahead``), the phases
+before ``gen`` run on each batch as it is drawn and its generation is asked for; the ``gen`` phase of the step takes
+back the oldest batch asked for, generated, and the phases after it run on that one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW
+from config.worker_roles import ROLE
+from single_controller.data_proto import DataProto
+from single_controller.ray.binding import StartedCall
+from trainer.advantage import compute_advantage
+from trainer.ahead import Generating
+from trainer.balance import balance_batch
+from trainer.dynamic_sampling import collect
+from trainer.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    multi_turn_metrics,
+    reduce_metrics,
+    reward_group_metrics,
+    rollout_probs_diff,
+    timed,
+)
+from trainer.replay_buffer import VERSION, staleness_metrics
+from trainer.routing import STEP_TOKEN, request, take_back
+
+
+@dataclasses.dataclass
+class StepState:
+    """What a step's phases share on the driver: the batch (its rows change at the rollout and at the phases that
+    select rows), the next generation batches (dynamic sampling), the reward function's per-row extras, the
+    metrics and the timings."""
+
+    batch: DataProto
+    more: Iterator[DataProto] | None = None
+    timing: dict[str, float] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    extras: dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+class PhaseSteps:
+    """The step of ``trainer.ppo_trainer.RayPPOTrainer``: its phases' driver code and worker calls. Reads the
+    trainer's ``config``, ``plan``, ``reward_fn``, ``kl_ctrl_in_reward``, ``generations``, ``watchdog``,
+    ``global_step`` and its worker groups (``config.worker_roles.WorkerRole.group``)."""
+
+    def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
+        """One PPO iteration on a batch of prompts: the plan's phases of ``config.phases.STEP_PHASES`` in the
+        table's order (``run_phases``). With dynamic sampling (``trainer.dynamic_sampling``) ``batch`` is the first
+        generation batch and ``more`` gives the next ones: the ``filter_groups`` phase runs the table's prefix (the
+        phases before it) on each."""
+        state = StepState(batch, more)
+        with timed("step", state.timing):
+            self.run_phases(self.plan.step_phases, state)
+        metrics, batch = state.metrics, state.batch
+        metrics.update(compute_timing_metrics(batch.batch, state.timing))
+        metrics.update(compute_throughput_metrics(batch.batch, state.timing, self.plan.n_workers))
+        metrics["training/global_step"] = self.global_step
+        return {k: float(v) for k, v in metrics.items()}
+
+    def run_phases(self, names: tuple[str, ...], state: StepState) -> None:
+        """The phases ``names`` (of the table, in the order given) on ``state``: each one's driver code from
+        ``STEP_CODE``, or else its entry's worker method on its role's group, under the timer its entry names.
+
+        The step is data: a synchronous step runs the plan's phases in the table's order; with dynamic sampling,
+        ``filter_groups`` runs the prefix before it on each generation batch; an asynchronous mode runs the same
+        entries split in two lists (generation on one group, the rest on another), each through this loop."""
+        if "filter_groups" in names:  # the prefix runs inside the filter, once per generation batch
+            names = names[names.index("filter_groups") :]
+        for name in names:
+            code, timer = self.STEP_CODE.get(name), PHASES[name].timer
+            with self._phase(timer, state.timing) if timer else contextlib.nullcontext():
+                if code is not None:
+                    code(self, state)
+                else:
+                    state.metrics.update(self._call(name, state.batch))
+
+    # ------------------------------------------------------------------ the driver's code of the phases
+    def _prompts(self, state: StepState) -> None:
+        """A prompt group's id, and the token under which the workers keep what they compute for this batch."""
+        batch = state.batch
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex
+
+    def _gen_max(self, state: StepState) -> None:
+        """ReMax's baseline: the reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
+        batch, greedy = state.batch, self.config.actor_rollout_ref.rollout.val_kwargs.sampling()
+        prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)  # every non-tensor too
+        self._generate(prompts, GREEDY_FLOW, meta_info=greedy)
+        batch.batch["reward_baselines"] = self.reward_fn(prompts)[0].sum(-1)
+
+    def _gen(self, state: StepState) -> None:
+        """``rollout.n`` responses to each prompt (rows of a prompt next to each other). In trainer.v1's async modes
+        this batch is asked for, and the oldest batch asked for comes back generated instead (``trainer.ahead``)."""
+        batch = self._repeated(state.batch)
+        if self.ahead is None:
+            state.batch = batch
+            state.metrics.update(self._generate(batch))
+            return
+        state.batch, generated = self.ahead.next(batch, state.more, self.global_step, self._generating())
+        state.metrics.update({**generated, **multi_turn_metrics(state.batch.non_tensor_batch)})
+
+    def _generating(self) -> Generating:
+        """How the batches generated ahead go through this step's phases (``trainer.ahead``)."""
+        return Generating(
+            prepare=self._drawn,
+            start=lambda group, batch, meta_info: self._start("gen", batch, group=group, meta_info=meta_info),
+            finish=lambda batch, call: self._finish("gen", batch, call),
+        )
+
+    def _repeated(self, batch: DataProto) -> DataProto:
+        batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
+        # the prompts as given, for the dumps (verl's "prompts"): the rollout rewrites input_ids and attention_mask
+        batch.batch["prompts"], batch.batch["prompt_attention_mask"] = (
+            batch.batch["input_ids"],
+            batch.batch["attention_mask"],
+        )
+        return batch
+
+    def _drawn(self, batch: DataProto) -> DataProto:
+        """A batch drawn ahead (trainer.v1's async modes) through the plan's phases before ``gen``, repeated."""
+        part = StepState(batch)
+        self.run_phases(self.plan.step_phases[: self.plan.step_phases.index("gen")], part)
+        return self._repeated(part.batch)
+
+    def _handover(self, state: StepState) -> None:
+        """A batch generated ahead reaches the training phases: verl's staleness of its samples."""
+        versions = state.batch.non_tensor_batch[VERSION]
+        state.metrics.update(staleness_metrics(self.global_step, versions))
+
+    def _update_weights(self, state: StepState) -> None:
+        """The batches asked for from now on are generated with this step's weights (a rollout group takes them)."""
+        state.metrics.update(self.ahead.sync_weights(self.global_step))
+
+    def _balance_rows(self, state: StepState) -> None:
+        state.metrics.update(self._balance(state.batch, state.extras or None))
+
+    def _reward(self, state: StepState) -> None:
+        """Token-level scores into the batch: the reward function's, plus the reward model's on the last response
+        token (``rm_score``, run just before), with their group statistics; keeps the function's per-row extras."""
+        batch, metrics = state.batch, state.metrics
+        scores, state.extras = self.reward_fn(batch)
+        if getattr(self.reward_fn, "last_errors", 0):  # responses the user's function failed on, scored 0
+            metrics["reward/errors"] = self.reward_fn.last_errors
+        if "rm_scores" in batch.batch.keys():
+            scores = scores + batch.batch["rm_scores"]
+        batch.batch["token_level_scores"] = scores
+        metrics.update(reward_group_metrics(scores.sum(-1), batch.non_tensor_batch["uid"]))
+
+    def _filter_groups(self, state: StepState) -> None:
+        """Generation batches through the table's prefix until the step's prompt groups are collected
+        (``trainer.dynamic_sampling``); the collected rows get a new step token, and are balanced when asked."""
+        prefix = self.plan.step_phases[: self.plan.step_phases.index("filter_groups")]
+
+        def sample(batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+            part = StepState(batch, timing=state.timing)
+            self.run_phases(prefix, part)
+            return part.batch, part.extras, part.metrics
+
+        cfg = self.config
+        n, train_batch_size = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
+        batch, state.extras, sampled = collect(
+            state.batch, state.more, sample, train_batch_size, n, cfg.algorithm.filter_groups
+        )
+        batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
+        if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
+            sampled.update(self._balance(batch, state.extras))
+        state.batch = batch
+        state.metrics.update(sampled)
+
+    def _adv(self, state: StepState) -> None:
+        cfg = self.config.algorithm
+        compute_advantage(state.batch, cfg, self.plan, self.kl_ctrl_in_reward, state.metrics, state.extras)
+
+    def _update_actor(self, state: StepState) -> None:
+        if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
+            state.metrics.update(self._call("update_actor", state.batch))
+
+    def _dump(self, state: StepState) -> None:
+        """verl's generation dumps and the run report's samples."""
+        batch = state.batch
+        prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
+        self.generations.training_step(batch, prompts, state.extras, self.global_step)
+
+    def _data_metrics(self, state: StepState) -> None:
+        state.metrics.update(compute_data_metrics(state.batch.batch, use_critic=self.plan.use_critic))
+        state.metrics.update(rollout_probs_diff(state.batch.batch))
+
+    # the driver's code of each phase that has some, by its name in config.phases.STEP_PHASES; a worker phase
+    # without an entry is its role's method, called with what its route moves (``_call``)
+    STEP_CODE: dict[str, Callable[[PhaseSteps, StepState], None]] = {
+        "prompts": _prompts,
+        "gen_max": _gen_max,
+        "gen": _gen,
+        "handover": _handover,
+        "balance": _balance_rows,
+        "reward": _reward,
+        "filter_groups": _filter_groups,
+        "adv": _adv,
+        "update_actor": _update_actor,
+        "update_weights": _update_weights,
+        "dump_rollout_generations": _dump,
+        "metrics": _data_metrics,
+    }
+
+    # ------------------------------------------------------------------ worker calls
+    def _balance(self, batch: DataProto, extras: dict[str, list] | None = None) -> dict[str, float]:
+        """``trainer.balance_batch``: reorder the rows (and the per-row ``extras``) so each worker's share gets a
+        similar number of tokens; whole prompt groups with the prefix grouper. Its metrics."""
+        keep_groups = self.config.actor_rollout_ref.actor.use_prefix_grouper
+        return balance_batch(batch, self.plan.n_workers, keep_groups, extras)
+
+    @contextmanager
+    def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
+        """``timed(name, timing)`` under the hang watchdog's deadline for the phase."""
+        with self.watchdog.phase(name), timed(name, timing):
+            yield
+
+    def _role_group(self, role: str) -> Any:
+        """The worker group that computes ``role``'s phases (``config.worker_roles.ROLES``): read at each call, so
+        that a group set on the trainer (verl's ``trainer.actor_rollout_wg = ...``) is the one called."""
+        return getattr(self, ROLE[role].group)
+
+    def _call(
+        self, phase: str, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None
+    ) -> dict[str, float]:
+        """Worker ``phase`` of ``flow`` on ``batch``: its entry's method on its role's workers, moving what its
+        route says (trainer/routing.py); returns the phase's metrics."""
+        return self._finish(phase, batch, self._start(phase, batch, flow, meta_info=meta_info), flow)
+
+    def _start(
+        self, phase: str, batch: DataProto, flow: str = STEP_FLOW, group: Any = None, meta_info: dict | None = None
+    ) -> StartedCall:
+        """Start worker ``phase`` of ``flow`` on ``batch`` (on ``group``, by default its role's), not waiting."""
+        entry, route = PHASES[phase], self.plan.flows[flow].route(phase)
+        method = getattr(group if group is not None else self._role_group(entry.role), entry.method)
+        return method.start(request(batch, batch.meta_info[STEP_TOKEN], route, meta_info))
+
+    def _finish(self, phase: str, batch: DataProto, call: StartedCall, flow: str = STEP_FLOW) -> dict[str, float]:
+        """Wait for ``call`` of ``phase``, take what its route gives back into ``batch``; the phase's metrics."""
+        out = call.result()
+        metrics = reduce_metrics(out.meta_info.pop("metrics", {}))
+        take_back(batch, self.plan.flows[flow].route(phase), out)
+        return metrics
+
+    def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
+        """Responses to ``batch``'s prompts (its gen phase in ``flow``); the rollout's metrics, multi-turn's too."""
+        metrics = self._call("gen", batch, flow, meta_info)
+        return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}
