@@ -78,10 +78,12 @@ def _body(data_source: Any, solution_str: str, ground_truth: Any) -> dict:
     return {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth}
 
 
-def judge_score(data_source: Any, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
+def judge_score(
+    data_source: Any, solution_str: str, ground_truth: Any, extra_info: dict | None = None, url: str | None = None
+) -> Any:
     """The judge's answer for one response (sync: one blocking HTTP request; raises on an error status)."""
     request = urllib.request.Request(
-        os.environ[URL_VAR],
+        url or os.environ[URL_VAR],
         data=json.dumps(_body(data_source, solution_str, ground_truth)).encode(),
         headers={"Content-Type": "application/json"},
     )

@@ -120,6 +120,8 @@ class ConcurrentRewardManager(RewardManager):
                 result = await asyncio.wait_for(call_, self.timeout)
             except asyncio.TimeoutError:
                 return {"score": 0.0}, ("timeout", f"reward function {self.name!r} timed out after {self.timeout}s")
+            except ray.exceptions.RayTaskError as exc:  # a remote worker's: the traceback's last line, the function's
+                return {"score": 0.0}, ("raised", f"reward function {self.name!r} raised {str(exc).split(chr(10))[-1]}")
             except Exception as exc:
                 return {"score": 0.0}, raised(self.name, exc)
         return checked(result, self.name)
@@ -172,6 +174,9 @@ class RewardComputeWorker:
     def compute_score(self, **kwargs: Any) -> Any:
         return self.compute_score_fn(**kwargs)
 
+    def ready(self) -> bool:
+        return True
+
 
 class RemoteRewardManager(ConcurrentRewardManager):
     """verl's "remote" manager: ``num_workers`` Ray actors, each scoring one response at a time; created at the
@@ -184,18 +189,31 @@ class RemoteRewardManager(ConcurrentRewardManager):
                 "reward.reward_manager.name", "remote", f"{self.name!r} is async: score it with rate_limited"
             )
         self._idle: asyncio.Queue | None = None
+        self._starting: set[asyncio.Task] = set()  # replacements starting (held: the loop keeps weak references)
+
+    async def _gather(self, calls: list[dict]) -> list[Scored]:
+        if self._idle is None:  # the workers start (outside the calls' timeout): one idle worker for each call
+            self._idle = asyncio.Queue()
+            await asyncio.gather(*(self._ready(self._spawn()) for _ in range(self.max_concurrent)))
+        return await super()._gather(calls)
+
+    def _spawn(self) -> Any:
+        return RewardComputeWorker.remote(self.compute_score)
+
+    async def _ready(self, worker: Any) -> None:
+        """Put ``worker`` among the idle ones once it has started."""
+        await asyncio.wrap_future(worker.ready.remote().future())
+        self._idle.put_nowait(worker)
 
     async def _call(self, call: dict) -> Any:
-        if self._idle is None:  # the semaphore keeps calls to num_workers: one idle worker is there for each
-            self._idle = asyncio.Queue()
-            for _ in range(self.max_concurrent):
-                self._idle.put_nowait(RewardComputeWorker.remote(self.compute_score))
-        worker = await self._idle.get()
+        worker = await self._idle.get()  # the semaphore keeps the calls to num_workers: one is idle
         try:
             result = await asyncio.wrap_future(worker.compute_score.remote(**call).future())
-        except BaseException:  # timed out (cancelled) or died: a fresh worker takes its place
+        except BaseException:  # timed out (cancelled) or died: a fresh worker takes its place once started
             ray.kill(worker)
-            self._idle.put_nowait(RewardComputeWorker.remote(self.compute_score))
+            task = asyncio.get_running_loop().create_task(self._ready(self._spawn()))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
             raise
         self._idle.put_nowait(worker)
         return result

@@ -2,6 +2,7 @@
 it answers after a delay, with an error status, with nonsense or never. No mock of the HTTP client."""
 
 import asyncio
+import functools
 import time
 
 import aiohttp  # noqa: F401 - imported before the clock starts, as a run's first step would have it
@@ -103,7 +104,8 @@ def test_a_judge_down_for_the_whole_batch_is_one_error(char_tokenizer, judge):
 
 
 def test_remote_scores_in_ray_workers_and_replaces_a_hung_one(ray_cluster, char_tokenizer, judge):
-    manager = RemoteRewardManager(char_tokenizer, compute_score=judge_score, num_workers=8, timeout=2 * DELAY + 3.0)
+    function = functools.partial(judge_score, url=judge)  # the cluster's workers started before the URL was set
+    manager = RemoteRewardManager(char_tokenizer, compute_score=function, num_workers=8, timeout=1.0)
     manager(_batch(char_tokenizer, ["21"]))  # the workers start
     answers = ["21"] * 14 + ["2", "1"]
     started = time.perf_counter()
@@ -111,7 +113,7 @@ def test_remote_scores_in_ray_workers_and_replaces_a_hung_one(ray_cluster, char_
     wall = time.perf_counter() - started
     assert extras["score"] == [1.0] * 14 + [0.0] * 2
     assert manager.last_error_reasons == {"raised": 1, "timeout": 1}
-    assert wall < len(answers) * DELAY  # not serial
+    assert wall < len(answers) * DELAY  # two rounds, and the hang's timeout: not the serial sum
     _, extras = manager(_batch(char_tokenizer, ["21"] * 8))  # the hung worker was replaced: 8 answer again
     assert extras["score"] == [1.0] * 8 and manager.last_errors == 0
 
@@ -134,3 +136,19 @@ def test_gdpo_gives_the_dict_per_key_with_the_experiment_name(char_tokenizer):
     _, extras = manager(_batch(char_tokenizer, ["21", "12"]))
     assert extras == {"score": [1.0, 1.0], "accuracy_reward": [1.0, 0.0], "format_reward": [0.5, 0.5]}
     assert seen == ["exp", "exp"]
+
+
+def test_config_builds_verls_reward_loop_managers_from_its_keys(char_tokenizer):
+    from config import load_config
+    from trainer.build import make_reward_manager
+
+    def build(*overrides):
+        return make_reward_manager(load_config(list(overrides)), char_tokenizer, judge_score)
+
+    gdpo = build("reward.reward_manager.name=gdpo", "trainer.experiment_name=exp")
+    assert isinstance(gdpo, GDPORewardManager) and gdpo.experiment_name == "exp"
+    limited = build("reward.reward_manager.name=rate_limited", "+reward.max_concurrent=8", "+reward.max_rpm=600")
+    assert (type(limited), limited.max_concurrent, limited.timeout) == (ConcurrentRewardManager, 8, 300.0)
+    assert limited._loop.limits[1].rate == 10.0 and limited._loop.limits[2] is None  # 600 a minute: 10 a second
+    remote = build("reward.reward_manager.name=remote", "reward.num_workers=3", "+reward.timeout=5")
+    assert (type(remote), remote.max_concurrent, remote.timeout) == (RemoteRewardManager, 3, 5.0)
