@@ -18,12 +18,13 @@ DELAY, RESPONSES = 0.2, 128  # the demo's step: 16 prompts × 8 responses
 
 
 def _fates():
-    """Per request: the first two steps' answers, with an error, nonsense and a hang among each step's; then down."""
+    """Per request: the probe's (build_trainer's, before any model loads) and the first two steps' answers, with an
+    error, nonsense and a hang among each step's; then down."""
     count, lock = itertools.count(), threading.Lock()
 
     def fate(body: dict) -> str:
         with lock:
-            i = next(count)
+            i = next(count) - 1  # -1: the probe
         if i >= 2 * RESPONSES:
             return "error"
         return {5: "error", 6: "nonsense", 7: "hang"}.get(i % RESPONSES, "ok")
