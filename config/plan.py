@@ -151,6 +151,15 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
     return plan
 
 
+def rollout_plan(cfg: Any, plan: StepPlan) -> StepPlan:
+    """The plan on a rollout group of its own (``separate_async``): its workers generate a step's batch and hold the
+    actor alone (no critic, no reference, no teacher)."""
+    workers = plan.mode.rollout_workers
+    rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // workers
+    alone = dict(use_critic=False, use_reference_policy=False, ref_in_actor=False, compute_teacher=False)
+    return dataclasses.replace(plan, n_workers=workers, gen_rows=rows, **alone)
+
+
 def _old_log_probs(cfg: Any, ahead: bool) -> tuple[bool, bool, bool]:
     """Where the old log-probs come from: (the forward recomputes them, they are the rollout's, Σπ² is needed);
     ``ahead``: generation runs ahead of training (trainer.v1's async modes)."""

@@ -26,17 +26,26 @@ from typing import Any
 
 import numpy as np
 
-from config.plan import StepPlan
+from config.plan import StepPlan, rollout_plan
 from config.schema import PPOConfig
 from single_controller.data_proto import DataProto
 from single_controller.ray.group import RayWorkerGroup
 from single_controller.ray.placement import RayResourcePool
+from trainer import console
 from trainer.placement import rollout_class
 from trainer.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
 from trainer.routing import STEP_TOKEN
 from workers.runtime import malloc
 
 SEED_STRIDE = 7919  # batch i of a run generates under trainer.seed + i × SEED_STRIDE (+ the rank)
+
+
+def node_workers(cfg: PPOConfig, plan: StepPlan) -> int | None:
+    """The worker processes sharing a node's cores with a rollout group of its own (the trainer's and the
+    rollout's per node), else None: each group's own count (``malloc.compute_threads``)."""
+    if not plan.mode.separate:
+        return None
+    return cfg.trainer.n_gpus_per_node + cfg.actor_rollout_ref.rollout.n_gpus_per_node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,14 +89,11 @@ class Ahead:
         pool = RayResourcePool(
             [rollout.n_gpus_per_node] * rollout.nnodes, use_gpu=cfg.trainer.device == "cuda", max_colocate_count=1
         )
-        workers = plan.mode.rollout_workers
-        rows = cfg.data.train_batch_size * rollout.n // workers
-        rollout_plan = dataclasses.replace(plan, n_workers=workers, gen_rows=rows, ref_in_actor=False)  # no ref
         group = RayWorkerGroup(
             pool,
-            rollout_class(cfg, rollout_plan),
+            rollout_class(cfg, rollout_plan(cfg, plan)),
             name_prefix=f"rollout{uuid.uuid4().hex[:4]}",
-            worker_env=malloc.worker_env(cfg.trainer.device),
+            worker_env={**malloc.worker_env(cfg.trainer.device, node_workers(cfg, plan)), **console.worker_env()},
         )
         group.init_model(total_steps, seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
         return cls(cfg, plan, actor_group, group)

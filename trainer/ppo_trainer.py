@@ -30,7 +30,8 @@ from single_controller.ray.colocate import create_colocated_worker_cls
 from single_controller.ray.group import RayWorkerGroup
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from single_controller.ray.placement import RayResourcePool
-from trainer.ahead import Ahead
+from trainer import console
+from trainer.ahead import Ahead, node_workers
 from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.data_position import DataPosition
 from trainer.fingerprint import config_record
@@ -108,7 +109,9 @@ class RayPPOTrainer(PhaseSteps):
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step
         # (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
-            pool, create_colocated_worker_cls(roles), worker_env=malloc.worker_env(trainer.device)
+            pool,
+            create_colocated_worker_cls(roles),
+            worker_env={**malloc.worker_env(trainer.device, node_workers(cfg, plan)), **console.worker_env()},
         )
         where = ", ".join(
             f"rank {rank} pid {p['pid']} on {p['node_ip']} (node {p['node_id'][:8]})"
@@ -144,6 +147,7 @@ class RayPPOTrainer(PhaseSteps):
         if self.ahead is not None:
             self.ahead.begin(self.global_step)
         self.generations.drop_steps_after(self.global_step)  # a resumed run computes the later steps again
+        start = time.monotonic()  # trainer.max_wall_time_s counts from here
         self.logger = Tracking(
             project_name=cfg.project_name,
             experiment_name=cfg.experiment_name,
@@ -151,12 +155,16 @@ class RayPPOTrainer(PhaseSteps):
             config=dataclasses.asdict(self.config),
             local_dir=cfg.default_local_dir,
             total_steps=self.total_training_steps,
+            # the budget that ends the run is the one its bar shows: the wall time when no step count is given
+            wall_budget_s=cfg.max_wall_time_s if cfg.total_training_steps is None else None,
+            started=start,
             resume_id=self.wandb_run_id,
             resume_step=self.global_step,  # steps logged after it are computed again: one history
         )
         self.wandb_run_id = self.logger.wandb_run_id
         self.report = RunReport(self.config)  # <default_local_dir>/report.html, at each validation and the end
-        start, last, stop = time.monotonic(), {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
+        last, stop = {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
+        out_of_time = False
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
                 last = self.validate()
@@ -193,10 +201,32 @@ class RayPPOTrainer(PhaseSteps):
         finally:
             stop.restore()
             self.logger.finish()
-            self.report.write(self.logger.records(), self.health.fired)
-        if stop.signal and self.global_step < self.total_training_steps:
+            report = self.report.write(self.logger.records(), self.health.fired)
+        preempted = stop.signal is not None and self.global_step < self.total_training_steps
+        print(self._last_word(preempted, out_of_time, time.monotonic() - start, report), flush=True)
+        if preempted:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
+
+    def _last_word(self, preempted: bool, out_of_time: bool, wall_s: float, report: Path | None) -> str:
+        """The run's summary (``trainer.console.last_word``): why it ended, what it reached, where it all is."""
+        cfg = self.config.trainer
+        if preempted:
+            why = "preempted (a stop signal): the step was finished and checkpointed"
+        elif out_of_time:
+            why = f"its wall-time budget ran out (trainer.max_wall_time_s={cfg.max_wall_time_s:g})"
+        elif cfg.val_only:
+            why = "validation only (trainer.val_only=true)"
+        else:
+            why = f"done: step {self.global_step} reached"
+        paths = {
+            "checkpoint": self.checkpoints.latest(),
+            "report": report,
+            "metrics": self.logger.metrics_path if self.logger.metrics_path.exists() else None,
+        }
+        steps = None if self.logger.wall_budget_s else self.total_training_steps  # a wall-time budget: no step count
+        records = self.logger.records()
+        return console.last_word(why, self.global_step, steps, wall_s, records, paths, cfg.default_local_dir)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:

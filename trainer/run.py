@@ -13,6 +13,7 @@ import ray
 from config import ConfigError, PPOConfig, StepPlan, replace_keys
 from data.reward import RewardError
 from single_controller.ray.health import WorkerDiedError
+from trainer import console
 from trainer.build import build_trainer
 from trainer.checkpoint import CheckpointError
 from trainer.dynamic_sampling import DynamicSamplingError
@@ -74,7 +75,11 @@ def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
                 f"Ray's dashboard needs ray[default]: pip install 'ray[default]=={ray.__version__}'",
             )
         with signals_left_to_driver():  # SIGTERM/SIGINT to the process group: the driver saves, then stops Ray
-            ray.init(num_cpus=ray_init.num_cpus or cpu_default, include_dashboard=dashboard)
+            ray.init(
+                num_cpus=ray_init.num_cpus or cpu_default,
+                include_dashboard=dashboard,
+                **console.quiet_ray_init_kwargs(),
+            )
     return True
 
 

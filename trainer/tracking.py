@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -58,6 +59,8 @@ class Tracking:
         config: dict[str, Any],
         local_dir: str,
         total_steps: int | None = None,
+        wall_budget_s: float | None = None,
+        started: float | None = None,
         resume_id: str | None = None,
         resume_step: int = 0,
     ) -> None:
@@ -69,7 +72,8 @@ class Tracking:
         self.metrics_path = self.local_dir / "metrics.jsonl"
         self.plot_path = self.local_dir / "reward_curve.png"
         self._history: list[dict[str, Any]] = []  # this run's numbers, for the plot and report when there is no file
-        self._bar = tqdm(total=total_steps, desc=experiment_name, unit="step") if "console" in backends else None
+        self.wall_budget_s, self._started = wall_budget_s, started or time.monotonic()
+        self._bar = _progress_bar(experiment_name, total_steps, wall_budget_s) if "console" in backends else None
         self._to_file = "file" in backends
         self._file = self._open_history(resume_step) if self._to_file else None
         self._wandb_run = None
@@ -133,7 +137,8 @@ class Tracking:
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
         if self._bar is not None:
-            self._bar.update(max(0, step - self._bar.n))
+            done = min(time.monotonic() - self._started, self.wall_budget_s) if self.wall_budget_s else step
+            self._bar.update(max(0, done - self._bar.n))
             self._bar.write(_console_line(record))
 
     def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
@@ -180,6 +185,19 @@ class Tracking:
         except OSError:  # the last flush failed (a full disk): its partial line is removed on the next open
             pass
         self._file = None
+
+
+def _progress_bar(name: str, total_steps: int | None, wall_budget_s: float | None) -> tqdm:
+    """The console's bar over the budget that ends the run: its steps, or (``trainer.max_wall_time_s`` without a
+    step count) its wall time, in minutes."""
+    if not wall_budget_s:
+        return tqdm(total=total_steps, desc=name, unit="step")
+    budget = f"{wall_budget_s / 60:.1f} min"
+    return tqdm(
+        total=wall_budget_s,
+        desc=name,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} of the " + budget + " wall-time budget",
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_quick_cpu_check_without_ray_writes_a_summary_and_the_logs(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     parts = summary["parts"]
-    assert list(parts) == ["model", "data", "dry_run", "memory", "gpu_tests", "floor", "grpo_hf", "grpo_vllm"]
+    assert list(parts) == ["model", "data", "dry_run", "memory", "floor", "grpo_hf", "grpo_vllm", "gpu_tests"]
     assert parts["floor"]["status"] == parts["grpo_hf"]["status"] == "skipped: --no-ray"
     assert parts["gpu_tests"]["status"].startswith("skipped: --device cpu")
     for name in ("dry_run", "memory"):  # the parts that need no Ray ran, each with its log
@@ -59,10 +60,18 @@ def test_a_missing_module_is_a_skip_and_a_failure_or_timeout_does_not_stop_the_n
     assert "ModuleNotFoundError" in (tmp_path / "deep.log").read_text()
     fails = Part("fails", ["-c", "raise SystemExit(3)"], 30)
     assert run_part(fails, tmp_path, no_ray=False)["status"] == "failed: exit status 3"
-    hangs = Part("hangs", ["-c", "import time; print('started', flush=True); time.sleep(60)"], 1)
+    hang = "import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+    hangs = Part("hangs", ["-c", f"{hang}.pid, flush=True); time.sleep(60)"], 3)  # and a process it started
     result = run_part(hangs, tmp_path, no_ray=False)
-    assert result["status"] == "failed: timed out after 1 s" and result["seconds"] < 30
+    assert result["status"] == "failed: timed out after 3 s" and result["seconds"] < 30
+    child = int((tmp_path / "hangs.log").read_text().split()[-1])  # its stdout, kept in the log
+    assert _ended(child)
     assert run_part(Part("ray", ["-c", "pass"], 30, ray=True), tmp_path, no_ray=True)["status"] == "skipped: --no-ray"
+    old_run = tmp_path / "run"
+    (old_run / "metrics.jsonl").parent.mkdir()
+    (old_run / "metrics.jsonl").write_text("{}\n")  # an earlier check's run, which main.py would refuse to mix into
+    assert run_part(Part("clears", ["-c", "pass"], 30, clears=old_run), tmp_path, no_ray=False)["status"] == "ok"
+    assert not old_run.exists()
     reads = Part("reads", ["-c", "print(7)"], 30, read=lambda out: ({"x": int(out)}, [] if int(out) < 5 else ["x>=5"]))
     assert run_part(reads, tmp_path, no_ray=False) | {"seconds": 0} == {
         "status": "failed: x>=5",
@@ -70,6 +79,27 @@ def test_a_missing_module_is_a_skip_and_a_failure_or_timeout_does_not_stop_the_n
         "log": "reads.log",
         "figures": {"x": 7},
     }
+
+
+def test_a_spent_budget_skips_the_parts_left(tmp_path):
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--quick", "--budget-s", "0"]) == 0
+    parts = json.loads((tmp_path / "summary.json").read_text())["parts"]
+    assert parts["dry_run"]["status"] == parts["memory"]["status"] == "skipped: --budget-s 0 spent"
+    assert parts["grpo_vllm"]["status"] == "skipped: --quick"  # a reason of its own stands
+    assert not list(tmp_path.glob("*.log"))
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone (or a zombie, killed and not yet reaped) within 10 s."""
+    for _ in range(100):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def _metrics(run_dir: Path, *steps: dict) -> None:
@@ -93,7 +123,7 @@ def test_grpo_figures_must_be_finite_and_both_steps_logged(tmp_path):
 @pytest.mark.slow
 def test_quick_cpu_check_with_ray_runs_the_floor_and_two_grpo_steps(tmp_path):
     """The Ray parts on CPU: the floor and two GRPO steps of main.py with the hf rollout (minutes under load)."""
-    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--quick"]) == 0
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--quick", "--budget-s", "3600"]) == 0
     parts = json.loads((tmp_path / "summary.json").read_text())["parts"]
     assert parts["floor"]["figures"]["decode_tokens_per_s"] > 0
     assert parts["grpo_hf"]["status"] == "ok" and parts["grpo_hf"]["figures"]["steps"] == 2

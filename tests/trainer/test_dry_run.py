@@ -239,3 +239,18 @@ def test_the_dry_run_and_the_memory_estimate_count_the_teacher(qwen_config_dir, 
         "2560",
         "40",
     ]
+
+
+def test_the_dry_run_prints_the_rollout_groups_arithmetic_and_memory(qwen_config_dir, capsys):
+    """separate_async on 2 + 2 workers (verl's defaults: 1024 prompts, 4 updates of 256 a step): the rollout group
+    generates the 1024 sequences over its own 2 workers, 512 each, with its own memory at generation."""
+    separate = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
+    separate += ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"]
+    separate += ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=2"]
+    model = f"actor_rollout_ref.model.path={qwen_config_dir}"
+    cfg = load_config(["trainer.device=cpu", "trainer.dry_run=true", "trainer.n_gpus_per_node=2", model, *separate])
+    with pytest.raises(SystemExit):
+        preflight(cfg, make_plan(cfg, num_workers(cfg)), demo_config=None)
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("rollout group"))
+    assert "2 worker(s) (actor_rollout_ref.rollout.nnodes=1 × n_gpus_per_node=2) beside the trainer's 2" in line
+    assert "512 sequences per worker, generated 1 step(s) ahead of training" in line and "GiB per worker" in line

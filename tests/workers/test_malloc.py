@@ -80,3 +80,14 @@ def test_glibc_is_left_alone_under_mimalloc():
     applied, faults = run_steps(**malloc.worker_env("cpu"))
     assert applied == "False"
     assert faults < 64 * 256 // 100
+
+
+def test_a_rollout_group_beside_the_trainers_shares_the_nodes_cores(monkeypatch):
+    """Two groups on one node (separate_async): each worker's threads are the cores over both groups' workers."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.delenv(malloc.NODE_WORKERS, raising=False)
+    assert malloc.compute_threads(local_world_size=2) == 4
+    assert malloc.worker_env("cpu", node_workers=4)[malloc.NODE_WORKERS] == "4"
+    assert malloc.NODE_WORKERS not in malloc.worker_env("cuda", node_workers=4)
+    monkeypatch.setenv(malloc.NODE_WORKERS, "4")
+    assert malloc.compute_threads(local_world_size=2) == 2

@@ -24,6 +24,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from config import ConfigError, PPOConfig, StepPlan
 from config.inert import inert_warnings
 from config.phases import STEP_PHASES, Step, lookup
+from config.plan import rollout_plan
 from config.tree import ARR
 from config.worker_roles import ACTOR, ROLES, TEACHER
 from trainer.dynamic_sampling import dynamic_sampling_lines
@@ -323,6 +324,7 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
         f"{data.train_batch_size * arr.rollout.n} sequences, {rows} per worker, each up to "
         f"{data.max_prompt_length} + {data.max_response_length} tokens",
         *dynamic_sampling_lines(cfg, plan),
+        *rollout_group_lines(cfg, plan, models, estimate.device),
         "",
         "batch per worker and step   rows  micro-batch  micro-batches  grad. accum.  optimizer steps   tokens",
     ]
@@ -352,6 +354,22 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
     ]
     lines += [f"  {line}" for line in inert]
     return "\n".join(lines)
+
+
+def rollout_group_lines(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], device: str) -> list[str]:
+    """``separate_async``: the rollout group's workers, batch arithmetic and memory (its actor and generation)."""
+    if not plan.mode.separate:
+        return []
+    on_rollout = rollout_plan(cfg, plan)
+    gen = next(p for p in estimate_memory(cfg, on_rollout, models, device).phases if p.name == "gen")
+    rollout = cfg.actor_rollout_ref.rollout
+    return [
+        f"rollout group (trainer.v1.trainer_mode=separate_async): {on_rollout.n_workers} worker(s) "
+        f"(actor_rollout_ref.rollout.nnodes={rollout.nnodes} × n_gpus_per_node={rollout.n_gpus_per_node}) beside "
+        f"the trainer's {plan.n_workers}; {on_rollout.gen_rows} sequences per worker, generated "
+        f"{plan.mode.lookahead} step(s) ahead of training; {gen.total / GiB:.3f} GiB per worker at generation "
+        "(its actor and the rollout's tensors)"
+    ]
 
 
 def _width(term: str) -> int:

@@ -11,7 +11,6 @@ its results to ``STORE.outputs``, which keeps what a later worker phase reads an
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,7 +47,7 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
 def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
     """CPU threads (workers × threads ≤ cores) and malloc, per-rank seed, determinism, the torch.distributed world."""
     if worker.device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // worker.local_world_size))
+        torch.set_num_threads(malloc.compute_threads(worker.local_world_size))
         malloc.keep_freed_memory()  # glibc only: the trainer preloads mimalloc if installed (workers/runtime/malloc.py)
     torch.manual_seed(seed + worker.rank)
     if deterministic:

@@ -43,18 +43,32 @@ def mimalloc_library() -> str | None:
     return str(libraries[0].locate()) if libraries and platform.system() == "Linux" else None
 
 
-def worker_env(device: str) -> dict[str, str]:
+NODE_WORKERS = "COLORL_NODE_WORKERS"  # the worker processes of every group on a node: they share its cores
+
+
+def compute_threads(local_world_size: int) -> int:
+    """Threads of one CPU worker: the node's cores over the workers sharing them (``NODE_WORKERS`` when a second
+    group runs beside this one, a rollout group of its own; else this group's). Fewer workers than threads on the
+    cores: OpenMP's spinning threads would preempt each other (a step 5-10× slower)."""
+    sharers = int(os.environ.get(NODE_WORKERS, local_world_size))
+    return max(1, (os.cpu_count() or 1) // sharers)
+
+
+def worker_env(device: str, node_workers: int | None = None) -> dict[str, str]:
     """Environment variables for a worker process on ``device``: on a CPU, mimalloc preloaded where installed
     (after any library the user preloads), keeping freed memory for the next step (``MIMALLOC_PURGE_DELAY=-1``:
     no page faults re-fetching it; the RSS stays at its peak, which bounds it anyway) unless the user set it. The
-    path is the driver's: on a node without it the loader ignores the preload, with a warning, and glibc serves."""
+    path is the driver's: on a node without it the loader ignores the preload, with a warning, and glibc serves.
+    ``node_workers``: the workers of every group on a node, when more than this group's (``compute_threads``)."""
+    shared = {NODE_WORKERS: str(node_workers)} if node_workers and device == "cpu" else {}
     library = mimalloc_library() if device == "cpu" else None
     if library is None:
-        return {}
+        return shared
     preload = [path for path in os.environ.get("LD_PRELOAD", "").split(":") if path]
     return {
         "LD_PRELOAD": ":".join(preload if library in preload else [*preload, library]),
         "MIMALLOC_PURGE_DELAY": os.environ.get("MIMALLOC_PURGE_DELAY", "-1"),
+        **shared,
     }
 
 
