@@ -6,7 +6,7 @@ alternate (sync, async, sync, ...) so that load from other processes on the mach
 rate is its sequences trained after ``--warmup`` steps over the sum of those steps' ``timing_s/step`` (validation and
 checkpoints off); the per-phase medians are the profile that says where a step's time goes.
 
-    python -m benchmarks.async_modes --steps 30 --rounds 3
+    python -m benchmarks.async_modes --steps 25 --rounds 3 [--modes sync separate_async colocate_async]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ MODES = {
         "actor_rollout_ref.rollout.nnodes=1",
         "actor_rollout_ref.rollout.n_gpus_per_node=1",
     ],
+    "colocate_async": ["trainer.n_gpus_per_node=2", "trainer.v1.trainer_mode=colocate_async"],
 }
 PHASES = ("step", "gen", "worker_gen", "reward", "old_log_prob", "update_actor", "update_weights")
 
@@ -67,19 +68,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", default=["sync", "separate_async"], choices=list(MODES))
     parser.add_argument("--sequences", type=int, default=128, help="sequences a step: train_batch_size × rollout.n")
     parser.add_argument("overrides", nargs="*", help="more config overrides for both modes")
     args = parser.parse_args()
-    results: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    results: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
-            for mode in MODES:
+            for mode in args.modes:
                 results[mode].append(
                     summary(run(mode, args.steps, args.overrides, Path(tmp)), args.warmup, args.sequences)
                 )
                 print(mode, json.dumps(results[mode][-1]), file=sys.stderr, flush=True)
     medians = {mode: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for mode, rows in results.items()}
-    medians["speedup"] = medians["separate_async"]["samples_per_s"] / medians["sync"]["samples_per_s"]
+    for mode in args.modes[1:]:
+        medians[f"{mode}/{args.modes[0]}"] = medians[mode]["samples_per_s"] / medians[args.modes[0]]["samples_per_s"]
     print(json.dumps(medians, indent=1))
 
 

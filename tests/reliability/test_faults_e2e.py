@@ -28,6 +28,24 @@ def test_dead_worker_is_reported_and_everything_torn_down(tmp_path, assets):
     check_checkpoint(tmp_path / "global_step_1")  # the step before the death is kept
 
 
+def test_a_dead_rollout_worker_is_reported_and_both_groups_torn_down(tmp_path, assets):
+    """separate_async: the rollout group's worker dies generating the third batch (asked for at step 2); as in sync
+    mode, one line names it, every process of both groups is gone, the last checkpoint is intact."""
+    separate = ["trainer.n_gpus_per_node=1", "trainer.v1.trainer_mode=separate_async"]
+    separate += ["trainer.v1.separate_async.parameter_sync_step=1", "actor_rollout_ref.rollout.nnodes=1"]
+    separate += ["actor_rollout_ref.rollout.n_gpus_per_node=1"]
+    run = run_child([FAULT_RUN, "kill-rollout", "0", "3", *tiny_overrides(tmp_path, assets), *separate], cwd=tmp_path)
+    assert run.returncode == 1, run.stderr[-3000:]
+    message = [line for line in run.stderr.splitlines() if line.startswith("colorl: ")]
+    assert (
+        len(message) == 1
+        and "worker rank 0 of 1 died during ActorRolloutRefWorker.generate_sequences: pid " in (message[0])
+    ), run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert run.survivors() == []
+    check_checkpoint(tmp_path / "global_step_1")
+
+
 @pytest.mark.slow  # a training run until a worker dies: ~40 s (a dead worker's one line: the test above)
 def test_out_of_memory_in_a_worker_is_one_line_naming_rank_node_and_keys(tmp_path, assets):
     run = run_child([FAULT_RUN, "oom", "1", "2", *tiny_overrides(tmp_path, assets)], cwd=tmp_path)

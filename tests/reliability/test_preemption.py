@@ -41,10 +41,11 @@ def signal_group_when_logged(run_dir, step: int, sig: signal.Signals) -> threadi
     return thread
 
 
-def preempted_run(tmp_path, assets, sig: signal.Signals) -> tuple[list[str], int]:
+def preempted_run(tmp_path, assets, sig: signal.Signals, more: tuple[str, ...] = ()) -> tuple[list[str], int]:
     """A run stopped by ``sig`` to its group: (its arguments, the step it stopped after), checked on the way."""
     # periodic checkpoints off: the one written on the signal is the only one to resume from
     overrides = [o for o in tiny_overrides(tmp_path, assets, STEPS) if not o.startswith("trainer.save_freq")]
+    overrides += more
     args = [str(REPO / "main.py"), *overrides, "trainer.save_freq=-1"]
     signal_group_when_logged(tmp_path, 2, sig)
     first = run_child(args, cwd=tmp_path)
@@ -66,6 +67,21 @@ def test_sigterm_to_the_group_checkpoints_the_step_and_the_same_command_continue
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from {tmp_path / f'global_step_{stopped_at}'} (step {stopped_at})" in second.stdout
     assert logged_steps(tmp_path) == list(range(1, STEPS + 1))  # every step once: none lost, none repeated
+
+
+def test_sigterm_in_separate_async_saves_the_batch_in_flight_and_the_same_command_continues(tmp_path, assets):
+    """trainer.v1.trainer_mode=separate_async (1 + 1 workers): the signal's checkpoint holds the batch generated
+    ahead; the second run trains on it and completes every step once."""
+    separate = ("trainer.n_gpus_per_node=1", "trainer.v1.trainer_mode=separate_async")
+    separate += ("trainer.v1.separate_async.parameter_sync_step=1", "actor_rollout_ref.rollout.nnodes=1")
+    separate += ("actor_rollout_ref.rollout.n_gpus_per_node=1",)
+    args, stopped_at = preempted_run(tmp_path, assets, signal.SIGTERM, separate)
+    second = run_child(args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert logged_steps(tmp_path) == list(range(1, STEPS + 1))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    staleness = [r["training/off_policy/trajectory_staleness/max"] for r in records]
+    assert staleness == [0] + [1] * (STEPS - 1)  # the batch in flight at the signal kept its version
 
 
 @pytest.mark.slow  # a third child run: SIGINT takes the same path as SIGTERM
