@@ -1,6 +1,6 @@
 """What a run prints for its user: Ray's start-up without the notices that ask nothing of the user, workers without
 progress bars for sub-second work, and the run's last word (``last_word``): why it ended, what validation reached,
-where its results are and how to go on.
+where its results are and how to go on; and the progress bar of the budget that ends the run (``BudgetBar``).
 """
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 VAL_SCORE = re.compile(r"val-core/.+/reward/mean@\d+")  # trainer.metrics.validation_metrics' headline
 # Ray's own switch for its Python loggers: when the user sets it, Ray's notices print as Ray decides
@@ -73,7 +76,80 @@ def last_word(
     return "\n".join(lines)
 
 
+def continue_argv(argv: Sequence[str], done_step: int | None, resume_mode: str) -> list[str]:
+    """The command-line arguments that continue a run started with ``argv``: the same ones under
+    ``trainer.resume_mode=auto``; for a run that did all its steps (``done_step``), with twice as many."""
+    extra = [f"trainer.total_training_steps={2 * done_step or 1}"] if done_step is not None else []
+    if resume_mode != "auto":  # disable refuses a directory that holds a run; resume_path names an older one
+        extra.append("trainer.resume_mode=auto")
+    keys = tuple(e.split("=", 1)[0] + "=" for e in extra)
+    return [a for a in argv if not a.lstrip("+").startswith(keys)] + extra
+
+
 def _duration(seconds: float) -> str:
     minutes, seconds = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
+
+
+class BudgetBar:
+    """A tqdm bar over the steps (``total_steps``) or the wall-time budget (``wall_budget_s``), whichever ends the
+    run first at the pace of the steps so far; ``update(step)`` after each logged step."""
+
+    def __init__(
+        self,
+        desc: str,
+        total_steps: int,
+        wall_budget_s: float | None,
+        first_step: int = 0,
+        started: float | None = None,
+    ) -> None:
+        self.total_steps, self.wall_budget_s, self.first_step = total_steps, wall_budget_s, first_step
+        self.started = time.monotonic() if started is None else started  # the budget's clock (fit's start)
+        self.step = first_step
+        fraction, bar_format = self._shown()
+        self.bar = tqdm(desc=desc, total=1.0, initial=fraction, bar_format=bar_format)
+
+    def update(self, step: int) -> None:
+        self.step = max(self.step, step)
+        self._draw()
+
+    def on_wall_clock(self) -> bool:
+        """Whether the wall-time budget ends the run first: there is one, and the remaining steps at the pace so
+        far (none yet: unknown) would not finish in it."""
+        if self.wall_budget_s is None:
+            return False
+        done = self.step - self.first_step
+        if done <= 0:
+            return True
+        per_step = (time.monotonic() - self.started) / done
+        return per_step * (self.total_steps - self.first_step) > self.wall_budget_s
+
+    def _draw(self) -> None:
+        self.bar.n, self.bar.bar_format = self._shown()
+        self.bar.refresh()
+
+    def _shown(self) -> tuple[float, str]:
+        """(the fraction of the budget that ends the run spent, tqdm's ``bar_format`` saying it)."""
+        elapsed = time.monotonic() - self.started
+        if self.on_wall_clock():
+            fraction = min(elapsed / self.wall_budget_s, 1.0)
+            text = f"{elapsed / 60:.1f}/{self.wall_budget_s / 60:.1f} min (trainer.max_wall_time_s), step {self.step}"
+        else:
+            done = self.step - self.first_step
+            left = _clock(elapsed / done * (self.total_steps - self.step)) if done > 0 else "?"
+            fraction = self.step / self.total_steps if self.total_steps else 1.0
+            text = f"{self.step}/{self.total_steps} steps [{_clock(elapsed)}<{left}]"
+        return fraction, "{desc}: {percentage:3.0f}%|{bar}| " + text
+
+    def write(self, line: str) -> None:
+        self.bar.write(line)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"

@@ -12,6 +12,7 @@ only what the driver holds of what the phase reads, and takes back only what a d
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_s
 from trainer.data_position import DataPosition
 from trainer.fingerprint import config_record
 from trainer.generations import GenerationLog
-from trainer.health import HealthMonitor, NonFiniteGuard
+from trainer.health import HealthMonitor, NonFiniteGuard, NonFiniteLossError
 from trainer.metrics import timed
 from trainer.placement import placed_roles, role_classes
 from trainer.preemption import StopSignals
@@ -155,8 +156,8 @@ class RayPPOTrainer(PhaseSteps):
             config=dataclasses.asdict(self.config),
             local_dir=cfg.default_local_dir,
             total_steps=self.total_training_steps,
-            # the budget that ends the run is the one its bar shows: the wall time when no step count is given
-            wall_budget_s=cfg.max_wall_time_s if cfg.total_training_steps is None else None,
+            # the bar shows the budget that ends the run: the steps, or the wall time when that runs out first
+            wall_budget_s=cfg.max_wall_time_s,
             started=start,
             resume_id=self.wandb_run_id,
             resume_step=self.global_step,  # steps logged after it are computed again: one history
@@ -202,16 +203,22 @@ class RayPPOTrainer(PhaseSteps):
             stop.restore()
             self.logger.finish()
             report = self.report.write(self.logger.records(), self.health.fired)
+            if isinstance(sys.exc_info()[1], NonFiniteLossError):  # the NaN guard: its last word, then its line
+                print(self._last_word(False, False, time.monotonic() - start, report, nan_stop=True), flush=True)
         preempted = stop.signal is not None and self.global_step < self.total_training_steps
         print(self._last_word(preempted, out_of_time, time.monotonic() - start, report), flush=True)
         if preempted:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
 
-    def _last_word(self, preempted: bool, out_of_time: bool, wall_s: float, report: Path | None) -> str:
+    def _last_word(
+        self, preempted: bool, out_of_time: bool, wall_s: float, report: Path | None, nan_stop: bool = False
+    ) -> str:
         """The run's summary (``trainer.console.last_word``): why it ended, what it reached, where it all is."""
         cfg = self.config.trainer
-        if preempted:
+        if nan_stop:
+            why = f"the NaN guard stopped it ({cfg.max_nonfinite_steps} steps in a row with NaN/inf losses)"
+        elif preempted:
             why = "preempted (a stop signal): the step was finished and checkpointed"
         elif out_of_time:
             why = f"its wall-time budget ran out (trainer.max_wall_time_s={cfg.max_wall_time_s:g})"
@@ -224,9 +231,13 @@ class RayPPOTrainer(PhaseSteps):
             "report": report,
             "metrics": self.logger.metrics_path if self.logger.metrics_path.exists() else None,
         }
-        steps = None if self.logger.wall_budget_s else self.total_training_steps  # a wall-time budget: no step count
+        no_count = cfg.total_training_steps is None and cfg.max_wall_time_s  # a wall-time budget: no step count
+        steps = None if no_count else self.total_training_steps
+        argv = console.continue_argv(
+            sys.argv[1:], self.global_step if why.startswith("done") else None, cfg.resume_mode
+        )
         records = self.logger.records()
-        return console.last_word(why, self.global_step, steps, wall_s, records, paths, cfg.default_local_dir)
+        return console.last_word(why, self.global_step, steps, wall_s, records, paths, cfg.default_local_dir, argv)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:

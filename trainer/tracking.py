@@ -1,7 +1,8 @@
 """Experiment tracking: one ``log(metrics, step)`` call fans out to the configured backends.
 
 Backends (``trainer.logger``):
-- ``console``: a tqdm bar over the training steps plus one compact line per step;
+- ``console``: a progress bar over the training steps, or the wall-time budget when that ends the run first
+  (``trainer.console.BudgetBar``), plus one compact line per step;
 - ``wandb``: a W&B run under ``<local_dir>/wandb``, offline unless ``WANDB_MODE`` says otherwise;
 - ``file``: ``<local_dir>/metrics.jsonl``, one JSON object per step with a ``step`` key. A resumed run continues
   the same file, which then holds one history: the steps logged after the checkpoint it continues from (by an
@@ -20,16 +21,15 @@ import math
 import os
 import re
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
 from matplotlib.figure import Figure
-from tqdm import tqdm
 
 from config.checks import ConfigError
 from config.schema import LoggerBackend
+from trainer.console import BudgetBar
 from workers.checkpoint.safe_files import write_atomically
 
 LOGGER_BACKENDS = get_args(LoggerBackend)
@@ -72,8 +72,10 @@ class Tracking:
         self.metrics_path = self.local_dir / "metrics.jsonl"
         self.plot_path = self.local_dir / "reward_curve.png"
         self._history: list[dict[str, Any]] = []  # this run's numbers, for the plot and report when there is no file
-        self.wall_budget_s, self._started = wall_budget_s, started or time.monotonic()
-        self._bar = _progress_bar(experiment_name, total_steps, wall_budget_s) if "console" in backends else None
+        console = "console" in backends  # the bar counts what ends the run: its steps or its wall-time budget
+        self._bar = (
+            BudgetBar(experiment_name, total_steps or 0, wall_budget_s, resume_step, started) if console else None
+        )
         self._to_file = "file" in backends
         self._file = self._open_history(resume_step) if self._to_file else None
         self._wandb_run = None
@@ -137,8 +139,7 @@ class Tracking:
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
         if self._bar is not None:
-            done = min(time.monotonic() - self._started, self.wall_budget_s) if self.wall_budget_s else step
-            self._bar.update(max(0, done - self._bar.n))
+            self._bar.update(step)
             self._bar.write(_console_line(record))
 
     def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
@@ -185,19 +186,6 @@ class Tracking:
         except OSError:  # the last flush failed (a full disk): its partial line is removed on the next open
             pass
         self._file = None
-
-
-def _progress_bar(name: str, total_steps: int | None, wall_budget_s: float | None) -> tqdm:
-    """The console's bar over the budget that ends the run: its steps, or (``trainer.max_wall_time_s`` without a
-    step count) its wall time, in minutes."""
-    if not wall_budget_s:
-        return tqdm(total=total_steps, desc=name, unit="step")
-    budget = f"{wall_budget_s / 60:.1f} min"
-    return tqdm(
-        total=wall_budget_s,
-        desc=name,
-        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} of the " + budget + " wall-time budget",
-    )
 
 
 def _plain(value: Any) -> Any:

@@ -55,6 +55,11 @@ def preempted_run(tmp_path, assets, sig: signal.Signals, more: tuple[str, ...] =
     assert f"colorl: received {sig.name}: finishing the current step" in first.stderr
     assert f"colorl: stopped by {sig.name} after step {stopped_at}; its checkpoint is " in first.stderr
     assert "Traceback" not in first.stderr
+    # the run's last word says why it ended and where its checkpoint is; nothing sub-second or from Ray on the way
+    word = first.stdout[first.stdout.index("colorl: run ended: ") :]
+    assert word.startswith("colorl: run ended: preempted (a stop signal)")
+    assert f"  checkpoint: {(tmp_path / f'global_step_{stopped_at}').resolve()}\n" in word
+    assert "Loading weights" not in first.stdout + first.stderr and "Token authentication" not in first.stderr
     assert [p.name for p in tmp_path.glob("global_step_*")] == [f"global_step_{stopped_at}"]
     check_checkpoint(tmp_path / f"global_step_{stopped_at}")
     assert first.survivors() == []
