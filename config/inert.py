@@ -218,7 +218,7 @@ INERT: dict[str, Inert] = {
     },
     "data.dataloader_num_workers": Inert("", never=True),
     "data.filter_overlong_prompts_workers": Inert("", never=True),
-    "reward.num_workers": Inert("rewards are computed on the driver", never=True),
+    "reward.num_workers": Inert("read by the remote reward manager only", never=True),
     "reward.reward_model.enable_resource_pool": Inert("the reward model is colocated with the other roles"),
     "reward.reward_model.n_gpus_per_node": Inert("the reward model is colocated with the other roles"),
     "reward.reward_model.nnodes": Inert("the reward model is colocated with the other roles"),

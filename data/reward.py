@@ -18,6 +18,8 @@ from data.tasks import default_compute_score
 from single_controller.data_proto import DataProto
 
 ComputeScore = Callable[..., "float | dict[str, Any]"]
+Failure = tuple[str, str]  # why a response scored 0 (reward/errors/<reason>: raised, invalid, timeout) and its line
+Scored = tuple[dict[str, Any], "Failure | None"]  # a response's result (with "score") and its failure, if any
 
 
 VALID_RESULT = "a reward function must return a number, or a dict with a numeric 'score' (and any other values)"
@@ -25,6 +27,18 @@ VALID_RESULT = "a reward function must return a number, or a dict with a numeric
 
 class RewardError(ValueError):
     """A reward function failed on a response; the message names the function, the row and the response."""
+
+
+class RewardHandle:
+    """A batch being scored (``RewardManager.submit``): ``result()`` waits for its scores, once."""
+
+    def __init__(self, finish: Callable[[], tuple[torch.Tensor, dict[str, list[Any]]]]) -> None:
+        self._finish, self._result = finish, None
+
+    def result(self) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        if self._result is None:
+            self._result = self._finish()
+        return self._result
 
 
 class RewardManager:
@@ -53,6 +67,7 @@ class RewardManager:
         eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         self.eos_token_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
         self.last_errors = 0  # responses of the last batch that the function failed on (scored 0)
+        self.last_error_reasons: dict[str, int] = {}  # those by reason (Failure)
 
     @property
     def name(self) -> str:
@@ -76,22 +91,26 @@ class RewardManager:
             )
 
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
-        """Score a batch.
+        """Score a batch and wait for it: ``submit(data).result()``."""
+        return self.submit(data).result()
+
+    def submit(self, data: DataProto) -> RewardHandle:
+        """Start scoring a batch; the handle's ``result()`` gives what ``__call__`` returns.
 
         Reads ``batch["responses"]`` (B, R), ``batch["response_mask"]`` (B, R) and the non-tensors
-        ``reward_fn_key``, ``reward_model`` (with ``ground_truth``) and ``extra_info``.
-        Returns ``reward_tensor`` (B, R) float32 and extra per-row lists: ``score`` plus any other keys a
-        ``compute_score`` returning a dict gives. A response on which the function raises or returns no finite
-        score scores 0 (counted in ``last_errors``, with a warning line naming the function, the row and the
-        error); the run goes on. Failing on every response of a batch is a broken function: ``RewardError``.
+        ``reward_fn_key``, ``reward_model`` (with ``ground_truth``) and ``extra_info`` now (the batch may change
+        after); the responses are scored now here, in the background by a concurrent manager (``data.reward_loop``).
+        The result is ``reward_tensor`` (B, R) float32 and extra per-row lists: ``score`` plus any other keys a
+        ``compute_score`` returning a dict gives. A response on which the function raises, times out or returns no
+        finite score scores 0 (counted in ``last_errors`` and, by reason, ``last_error_reasons``, with a warning
+        line naming the function, the row and the error); the run goes on. Failing on every response of a batch
+        is a broken function (or a judge that is down): ``RewardError``.
         """
         responses = data.batch["responses"]
         valid = data.batch["attention_mask"][:, -responses.shape[-1] :] if "attention_mask" in data.batch else None
         lengths = (data.batch["response_mask"] if valid is None else valid).sum(-1).tolist()
         rollout = {key: data.non_tensor_batch.get(key) for key in ("tool_rewards", "__num_turns__", "reward_scores")}
-        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
-        sources = data.non_tensor_batch[self.reward_fn_key]
-        reward_models = data.non_tensor_batch["reward_model"]
+        sources = list(data.non_tensor_batch[self.reward_fn_key])
         extra_infos = data.non_tensor_batch.get("extra_info")
         rows = [row[: int(length)] for row, length in zip(responses.tolist(), lengths)]
         solutions = self.tokenizer.batch_decode(rows, skip_special_tokens=True)  # one call, not one per row
@@ -104,20 +123,37 @@ class RewardManager:
                     num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i]
                 )
             infos.append(extra_info)
-        truths = [reward_model["ground_truth"] for reward_model in reward_models]
+        truths = [reward_model["ground_truth"] for reward_model in data.non_tensor_batch["reward_model"]]
+        pending = self._start(sources, solutions, truths, infos)
+        tools = rollout["tool_rewards"]
+        shape = tuple(responses.shape)
+        return RewardHandle(lambda: self._assemble(shape, rows, sources, solutions, tools, pending()))
+
+    def _start(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> Callable[[], list]:
+        """Start scoring the responses; a function that waits for each one's ``(result, failure)``."""
+        scored = self._score_all(sources, solutions, truths, infos)
+        return lambda: scored
+
+    def _assemble(
+        self, shape: tuple, rows: list, sources: list, solutions: list[str], tools: Any, scored: list
+    ) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        """The reward tensor and per-row extras from each response's ``(result, failure)`` (``submit``)."""
+        reward_tensor = torch.zeros(shape, dtype=torch.float32)
         results: list[dict[str, Any]] = []
         errors: list[str] = []
-        scored = self._score_all(list(sources), solutions, truths, infos)
-        for i, (ids, solution, (result, error)) in enumerate(zip(rows, solutions, scored)):
+        reasons: dict[str, int] = {}
+        for i, (ids, solution, (result, failure)) in enumerate(zip(rows, solutions, scored)):
             reward, shaping = self.shape(result["score"], len(ids))
             result.update(shaping)
-            if error is not None:  # this trajectory scores 0; the others keep theirs
-                errors.append(f"{error} (row {i}, data_source={sources[i]!r}, response={solution!r:.200})")
+            if failure is not None:  # this trajectory scores 0; the others keep theirs
+                reason, line = failure
+                reasons[reason] = reasons.get(reason, 0) + 1
+                errors.append(f"{line} (row {i}, data_source={sources[i]!r}, response={solution!r:.200})")
             results.append(result)
-            tool_reward = float(rollout["tool_rewards"][i]) if rollout["tool_rewards"] is not None else 0.0
+            tool_reward = float(tools[i]) if tools is not None else 0.0
             if ids:  # an empty response has no token to carry its score
                 reward_tensor[i, len(ids) - 1] = reward + tool_reward
-        self.last_errors = len(errors)
+        self.last_errors, self.last_error_reasons = len(errors), reasons
         if errors and len(errors) == len(rows):  # failing on every response is a broken function, not a response
             raise RewardError(f"{errors[0]}; it failed on all {len(rows)} responses of the batch")
         if errors:
@@ -136,33 +172,27 @@ class RewardManager:
         score: the score itself and nothing here (a manager that shapes rewards overrides this)."""
         return score, {}
 
-    def _score_all(
-        self, sources: list, solutions: list[str], truths: list, infos: list[dict]
-    ) -> list[tuple[dict[str, Any], str | None]]:
-        """Each response's ``(result, error)``: the function called once per response (verl's naive manager)."""
+    def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
+        """Each response's ``(result, failure)``: the function called once per response (verl's naive manager)."""
         return [self._score(*args) for args in zip(sources, solutions, truths, infos)]
 
-    def _score(
-        self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict
-    ) -> tuple[dict[str, Any], str | None]:
-        """The user's function on one response, as a dict with ``score`` (0 on failure) and the error's line, if
-        it raised or returned no finite score."""
+    def _score(self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict) -> Scored:
+        """The user's function on one response, as a dict with ``score`` (0 on failure) and the failure, if it
+        raised or returned no finite score."""
         try:
             result = self.compute_score(
                 data_source=data_source, solution_str=solution, ground_truth=ground_truth, extra_info=extra_info
             )
-        except Exception as exc:  # name the function: the traceback would point into user code
-            return {"score": 0.0}, f"reward function {self.name!r} raised {type(exc).__name__}: {exc}"
-        return _checked(result, self.name)
+        except Exception as exc:
+            return {"score": 0.0}, raised(self.name, exc)
+        return checked(result, self.name)
 
 
 class BatchRewardManager(RewardManager):
     """verl's "batch" reward manager: the function is called once per batch with lists (``data_sources``,
     ``solution_strs``, ``ground_truths``, ``extra_infos``) and returns one result per response."""
 
-    def _score_all(
-        self, sources: list, solutions: list[str], truths: list, infos: list[dict]
-    ) -> list[tuple[dict[str, Any], str | None]]:
+    def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
         try:
             results = list(
                 self.compute_score(
@@ -170,11 +200,14 @@ class BatchRewardManager(RewardManager):
                 )
             )
         except Exception as exc:  # the whole batch's scores are lost: each response scores 0
-            return [({"score": 0.0}, f"reward function {self.name!r} raised {type(exc).__name__}: {exc}")] * len(infos)
+            return [({"score": 0.0}, raised(self.name, exc))] * len(infos)
         if len(results) != len(infos):
-            error = f"reward function {self.name!r} returned {len(results)} results for {len(infos)} responses"
+            error = (
+                "invalid",
+                f"reward function {self.name!r} returned {len(results)} results for {len(infos)} responses",
+            )
             return [({"score": 0.0}, error)] * len(infos)
-        return [_checked(result, self.name) for result in results]
+        return [checked(result, self.name) for result in results]
 
     def probe(self, row: dict[str, Any], key: str) -> None:
         """As ``RewardManager.probe``, with the batch function's list arguments (one row)."""
@@ -213,14 +246,18 @@ def overlong_penalty(length: int, max_resp_len: int, buffer_len: int, penalty_fa
     return min(-exceed / buffer_len * penalty_factor, 0.0)
 
 
-# verl's reward managers by name (reward.reward_manager.name): "prime" scores each response as "naive" does (verl
-# runs it in a process pool with a timeout; ColoRL's scoring already survives a function that raises)
-REWARD_MANAGERS: dict[str, type[RewardManager]] = {
-    "naive": RewardManager,
-    "prime": RewardManager,
-    "batch": BatchRewardManager,
-    "dapo": DAPORewardManager,
-}
+class GDPORewardManager(RewardManager):
+    """verl's "gdpo" reward manager: the naive manager, with ``extra_info["experiment_name"]``
+    (``trainer.experiment_name``) for the function; ``algorithm.adv_estimator=gdpo`` normalises the entries of its
+    result dict that ``algorithm.gdpo_reward_keys`` names, one by one."""
+
+    def __init__(self, *args: Any, experiment_name: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.experiment_name = experiment_name
+
+    def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
+        infos = [{**info, "experiment_name": self.experiment_name} for info in infos]
+        return super()._score_all(sources, solutions, truths, infos)
 
 
 def score_of(result: Any) -> float | None:
@@ -231,11 +268,17 @@ def score_of(result: Any) -> float | None:
     return float(score) if isinstance(score, numbers.Real) else None
 
 
-def _checked(result: Any, name: str) -> tuple[dict[str, Any], str | None]:
-    """A function's result as a dict with ``score`` and its extras, or a 0 score and the error's line."""
+def raised(name: str, exc: BaseException) -> Failure:
+    """The failure of function ``name`` that raised ``exc`` (the line names the function: the traceback would
+    point into user code)."""
+    return "raised", f"reward function {name!r} raised {type(exc).__name__}: {exc}"
+
+
+def checked(result: Any, name: str) -> Scored:
+    """A function's result as a dict with ``score`` and its extras, or a 0 score and the failure."""
     score = score_of(result)
     if score is None or not math.isfinite(score):
-        return {"score": 0.0}, f"reward function {name!r} returned {result!r:.80}; {VALID_RESULT}"
+        return {"score": 0.0}, ("invalid", f"reward function {name!r} returned {result!r:.80}; {VALID_RESULT}")
     extras = {k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {}
     return {"score": score, **extras}, None
 

@@ -19,7 +19,8 @@ from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, rep
 from config.inert import inert_warnings
 from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
-from data.reward import REWARD_MANAGERS, DAPORewardManager, RewardManager, load_custom_compute_score
+from data.reward import DAPORewardManager, GDPORewardManager, RewardManager, load_custom_compute_score
+from data.reward_loop import REWARD_MANAGERS, ConcurrentRewardManager, RemoteRewardManager
 from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import check_models, preflight
 from workers.compute.agent_loop import check_tools
@@ -76,7 +77,7 @@ def _actor_config(cfg: PPOConfig) -> tuple[str, Callable[[], Any]]:
 
 
 def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> RewardManager:
-    """``reward.reward_manager.name`` (``data.reward.REWARD_MANAGERS``) with the ``reward.reward_kwargs`` set away
+    """``reward.reward_manager.name`` (``data.reward_loop.REWARD_MANAGERS``) with the ``reward.reward_kwargs`` set away
     from their defaults as keyword arguments (the dapo manager's ``max_resp_len``, null: data.max_response_length);
     ``ConfigError`` for an unknown name or arguments the manager does not take, before any model loads."""
     name, kwargs = cfg.reward.reward_manager.name, cfg.reward.reward_kwargs
@@ -95,6 +96,7 @@ def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> R
             "overlong_buffer_cfg": kwargs.overlong_buffer_cfg,
             "max_resp_len": kwargs.max_resp_len or cfg.data.max_response_length,
         }
+    given.update(_loop_arguments(cfg, cls))
     try:
         return cls(tokenizer, compute_score=compute_score, reward_fn_key=cfg.data.reward_fn_key, **given)
     except TypeError:
@@ -102,6 +104,20 @@ def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> R
         raise ConfigError.invalid(
             f"reward.reward_kwargs.{key}", given[key], f"the {name} reward manager takes no such argument (dapo does)"
         ) from None
+
+
+def _loop_arguments(cfg: PPOConfig, cls: type[RewardManager]) -> dict[str, Any]:
+    """The ``reward`` keys of verl's reward loop that manager ``cls`` reads (data.reward_loop)."""
+    reward = cfg.reward
+    if cls is GDPORewardManager:
+        return {"experiment_name": cfg.trainer.experiment_name}
+    if not issubclass(cls, ConcurrentRewardManager):
+        return {}
+    limits = {"timeout": reward.timeout, "max_rpm": reward.max_rpm, "max_tpm": reward.max_tpm}
+    limits["estimated_tokens_per_request"] = reward.estimated_tokens_per_request
+    if cls is RemoteRewardManager:
+        return {**limits, "num_workers": reward.num_workers}
+    return {**limits, "max_concurrent": reward.max_concurrent}
 
 
 def _check_optimizers(cfg: PPOConfig) -> None:

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from config.dataflow import DRIVER
 from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW
 from config.worker_roles import ROLE
+from data.reward import RewardHandle
 from single_controller.data_proto import DataProto
 from single_controller.ray.binding import StartedCall
 from trainer.advantage import compute_advantage
@@ -54,6 +56,7 @@ class StepState:
     timing: dict[str, float] = dataclasses.field(default_factory=dict)
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     extras: dict[str, list] = dataclasses.field(default_factory=dict)
+    scoring: RewardHandle | None = None  # the batch's rewards being computed (``reward``), until a phase reads them
 
 
 class PhaseSteps:
@@ -85,12 +88,23 @@ class PhaseSteps:
         if "filter_groups" in names:  # the prefix runs inside the filter, once per generation batch
             names = names[names.index("filter_groups") :]
         for name in names:
+            if state.scoring is not None and self._reads_scores(name):
+                self._scored(state)
             code, timer = self.STEP_CODE.get(name), PHASES[name].timer
             with self._phase(timer, state.timing) if timer else contextlib.nullcontext():
                 if code is not None:
                     code(self, state)
                 else:
                     state.metrics.update(self._call(name, state.batch))
+        if state.scoring is not None:  # the phases' caller reads the rewards (dynamic sampling's filter)
+            self._scored(state)
+
+    def _reads_scores(self, name: str) -> bool:
+        """Whether phase ``name`` needs the rewards: a driver phase (it may read the per-row extras) or one that
+        reads ``token_level_scores``; the worker phases before the advantage (old_log_prob, ref, teacher, values)
+        run while the responses are scored."""
+        phase = self.plan.flows[STEP_FLOW].phase(name)
+        return phase.on == DRIVER or "token_level_scores" in phase.reads
 
     # ------------------------------------------------------------------ the driver's code of the phases
     def _prompts(self, state: StepState) -> None:
@@ -153,12 +167,24 @@ class PhaseSteps:
         state.metrics.update(self._balance(state.batch, state.extras or None))
 
     def _reward(self, state: StepState) -> None:
+        """Start scoring the batch (``RewardManager.submit``); the scores land in it at the first phase that reads
+        them (``_scored``), a concurrent manager's (``data.reward_loop``) computed meanwhile."""
+        submit = getattr(self.reward_fn, "submit", None)  # a plain function: scored now
+        batch = state.batch
+        state.scoring = submit(batch) if submit is not None else RewardHandle(lambda: self.reward_fn(batch))
+
+    def _scored(self, state: StepState) -> None:
         """Token-level scores into the batch: the reward function's, plus the reward model's on the last response
-        token (``rm_score``, run just before), with their group statistics; keeps the function's per-row extras."""
+        token (``rm_score``, run before the reward), with their group statistics; keeps the function's per-row
+        extras. The wait is timed on the reward's line (``timing_s/reward``: submitting plus waiting)."""
         batch, metrics = state.batch, state.metrics
-        scores, state.extras = self.reward_fn(batch)
+        with self._phase("reward", state.timing):
+            scores, state.extras = state.scoring.result()
+        state.scoring = None
         if getattr(self.reward_fn, "last_errors", 0):  # responses the user's function failed on, scored 0
             metrics["reward/errors"] = self.reward_fn.last_errors
+            for reason, count in getattr(self.reward_fn, "last_error_reasons", {}).items():
+                metrics[f"reward/errors/{reason}"] = count
         if "rm_scores" in batch.batch.keys():
             scores = scores + batch.batch["rm_scores"]
         batch.batch["token_level_scores"] = scores

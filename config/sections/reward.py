@@ -1,7 +1,7 @@
 """Rewards: verl's ``reward`` section (``RewardConfig``) and its older top-level spellings.
 
 ``reward.custom_reward_function`` is a user's ``compute_score``, ``reward.reward_manager`` how it is called
-(``data.reward.REWARD_MANAGERS``), ``reward.reward_model`` a learned reward model colocated with the other roles
+(``data.reward_loop.REWARD_MANAGERS``), ``reward.reward_model`` a learned reward model colocated with the other roles
 (its score is added to the rule-based reward). verl's older ``custom_reward_function``, ``reward_model`` and
 ``sandbox_fusion`` sections load too: their non-null values move into ``reward`` as verl moves them
 (``config.verl.migrate_legacy_reward``), so ColoRL reads ``reward`` only.
@@ -48,7 +48,8 @@ class ModuleConfig:
 @dataclass(frozen=True)
 class RewardManagerConfig:
     """Which reward manager scores a batch: ``source=register`` picks ``name`` among ColoRL's
-    (``data.reward.REWARD_MANAGERS``: naive, batch, dapo, prime); ``importlib`` (a user's class) is refused."""
+    (``data.reward_loop.REWARD_MANAGERS``: naive, batch, dapo, prime, gdpo, rate_limited, remote); ``importlib``
+    (a user's class) is refused."""
 
     _target_: str = "verl.workers.config.reward.RewardManagerConfig"
     source: Literal["register", "importlib"] = "register"
@@ -60,8 +61,9 @@ class RewardManagerConfig:
             raise ConfigError.invalid(
                 "source",
                 self.source,
-                "a user's reward-manager class is not in ColoRL; use source=register with name naive, batch, dapo "
-                "or prime, and put the scoring in reward.custom_reward_function",
+                "a user's reward-manager class is not in ColoRL; use source=register with a name of verl's "
+                "(naive, batch, dapo, prime, gdpo, rate_limited, remote), and put the scoring in "
+                "reward.custom_reward_function",
             )
 
 
@@ -180,14 +182,28 @@ class RewardKwargsConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     _target_: str = "verl.workers.config.RewardConfig"
-    num_workers: int = 8  # verl's reward-loop processes; ColoRL scores on the driver
+    num_workers: int = 8  # the remote reward manager's Ray workers (calls at a time)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
     reward_kwargs: RewardKwargsConfig = field(default_factory=RewardKwargsConfig)
+    # the rate_limited (and, but max_concurrent, remote) reward manager's; verl's scripts add them with +
+    max_concurrent: int = 1  # calls at a time
+    max_rpm: int | None = None  # requests a minute (null: no limit)
+    max_tpm: int | None = None  # tokens a minute, each request counted as estimated_tokens_per_request
+    estimated_tokens_per_request: int = 2000
+    timeout: float = 300.0  # seconds before a call scores 0 (reward/errors/timeout)
 
     def __post_init__(self) -> None:
+        positive_int(self, "num_workers")
+        positive_int(self, "max_concurrent")
+        positive_int(self, "estimated_tokens_per_request")
+        check(self, ["max_rpm"], lambda v: v is None or (is_int(v) and v > 0), "must be null or positive")
+        check(self, ["max_tpm"], lambda v: v is None or (is_int(v) and v > 0), "must be null or positive")
+        check(
+            self, ["timeout"], lambda v: isinstance(v, (int, float)) and v > 0, "must be a positive number of seconds"
+        )
         if self.reward_kwargs.overlong_buffer_cfg.enable and self.reward_manager.name != "dapo":
             raise ConfigError.invalid(
                 "reward_kwargs.overlong_buffer_cfg.enable",

@@ -4,7 +4,8 @@ import pytest
 
 from config import ConfigError, load_config
 from config.sections.reward import OverlongBufferConfig
-from data.reward import REWARD_MANAGERS, DAPORewardManager, RewardManager, overlong_penalty
+from data.reward import DAPORewardManager, RewardManager, overlong_penalty
+from data.reward_loop import REWARD_MANAGERS
 from tests.data.test_data_reward import _batch
 from trainer.build import make_reward_manager
 

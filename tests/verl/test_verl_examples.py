@@ -10,7 +10,7 @@ import pytest
 
 from config import ConfigError, load_config, make_plan, num_workers
 from config.inert import inert_warnings
-from data.reward import REWARD_MANAGERS
+from data.reward_loop import REWARD_MANAGERS
 from tests.verl.commands_v091 import SCRIPTS
 from tests.verl.test_verl_e2e import bpe_qwen2
 from trainer.build import build_trainer
