@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--no-trl", action="store_true", help="ColoRL's run only")
     parser.add_argument("--no-colorl", action="store_true", help="TRL's run only")
+    parser.add_argument("--out-dir", help="keep the runs' outputs (metrics.jsonl, ...) here (default: a temporary one)")
     return parser.parse_args(argv)
 
 
@@ -146,7 +147,8 @@ def first_gain(curve: list[dict[str, float]], gain: float) -> float | None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="colorl-race-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="colorl-race-") as scratch:
+        tmp = args.out_dir or scratch
         if not args.no_colorl:
             results["colorl"] = {"curve": race_colorl(args, str(Path(tmp) / "colorl"))}
         if not args.no_trl:

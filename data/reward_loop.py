@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
+import importlib.util
 import inspect
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import ray
 
 from config import ConfigError
@@ -26,6 +30,7 @@ from data.reward import (
     BatchRewardManager,
     DAPORewardManager,
     GDPORewardManager,
+    RewardHandle,
     RewardManager,
     Scored,
     checked,
@@ -115,15 +120,18 @@ class ConcurrentRewardManager(RewardManager):
         if tpm is not None:
             await tpm.acquire(self.tokens_per_request)
         async with semaphore:
-            try:
-                call_ = ConcurrentRewardManager._call(self, call) if here else self._call(call)
-                result = await asyncio.wait_for(call_, self.timeout)
-            except asyncio.TimeoutError:
-                return {"score": 0.0}, ("timeout", f"reward function {self.name!r} timed out after {self.timeout}s")
-            except ray.exceptions.RayTaskError as exc:  # a remote worker's: the traceback's last line, the function's
-                return {"score": 0.0}, ("raised", f"reward function {self.name!r} raised {str(exc).split(chr(10))[-1]}")
-            except Exception as exc:
-                return {"score": 0.0}, raised(self.name, exc)
+            return await self._guarded(ConcurrentRewardManager._call(self, call) if here else self._call(call))
+
+    async def _guarded(self, call: Awaitable[Any]) -> Scored:
+        """The result of ``call`` (one response's score) within the timeout, or its failure."""
+        try:
+            result = await asyncio.wait_for(call, self.timeout)
+        except asyncio.TimeoutError:
+            return {"score": 0.0}, ("timeout", f"reward function {self.name!r} timed out after {self.timeout}s")
+        except ray.exceptions.RayTaskError as exc:  # a remote worker's: the traceback's last line, the function's
+            return {"score": 0.0}, ("raised", f"reward function {self.name!r} raised {str(exc).split(chr(10))[-1]}")
+        except Exception as exc:
+            return {"score": 0.0}, raised(self.name, exc)
         return checked(result, self.name)
 
     async def _call(self, call: dict) -> Any:
@@ -217,6 +225,72 @@ class RemoteRewardManager(ConcurrentRewardManager):
             raise
         self._idle.put_nowait(worker)
         return result
+
+
+class ImportedRewardManager(ConcurrentRewardManager):
+    """``reward.reward_manager.source=importlib``: the user's verl reward-manager class, built as verl builds it
+    (``cls(config=, tokenizer=, compute_score=)``, on the reward loop: a verl manager's ``get_event_loop()`` is
+    the loop that runs it). Each response is scored by its ``async run_single(data)`` on a one-row verl
+    ``DataProto`` (``data[0]`` is a ``DataProtoItem``), all at once as verl's reward loop gathers them, each within
+    ``reward.timeout``; it returns verl's ``{"reward_score": float, "reward_extra_info": dict}``."""
+
+    def __init__(self, *args: Any, manager_cls: type, config: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.manager_name, self._rows = manager_cls.__name__, []
+        self.manager = self._loop.run(_built(manager_cls, config, self.tokenizer, self.compute_score))()
+
+    @property
+    def name(self) -> str:
+        return self.manager_name
+
+    def probe(self, row: dict[str, Any], key: str) -> None:
+        """Nothing to try before the run: the class was built (``make_reward_manager``); its scores are the run's."""
+
+    def submit(self, data: Any) -> RewardHandle:
+        # verl's DataProto for the user's code (the trainer's is the core's): the same tensors and columns
+        from single_controller.compat.data_proto import DataProto
+
+        rows = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+        self._rows = [rows[i : i + 1] for i in range(len(rows))]
+        return super().submit(data)
+
+    def _start(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> Callable[[], list]:
+        rows, self._rows = self._rows, []
+        for row, info in zip(rows, infos):  # with ColoRL's additions (stopped_by_eos, num_turns, ...): the row's own
+            row.non_tensor_batch["extra_info"] = np.empty(1, dtype=object)
+            row.non_tensor_batch["extra_info"][0] = info
+        return self._loop.run(self._gather(rows))
+
+    async def _gather(self, rows: list) -> list[Scored]:
+        return list(await asyncio.gather(*(self._guarded(self._run_single(row)) for row in rows)))
+
+    async def _run_single(self, row: Any) -> Any:
+        result = await self.manager.run_single(row)
+        if not (isinstance(result, dict) and "reward_score" in result):
+            return result  # a number is a score; anything else is counted invalid
+        return {**(result.get("reward_extra_info") or {}), "score": result["reward_score"]}
+
+
+async def _built(cls: type, config: Any, tokenizer: Any, compute_score: Any) -> Any:
+    return cls(config=config, tokenizer=tokenizer, compute_score=compute_score)
+
+
+def load_manager_class(path: str, name: str) -> type:
+    """Class ``name`` of verl's ``module.path``: ``pkg://a.b.c`` (an importable module) or a Python file (with or
+    without ``file://``). FileNotFoundError, AttributeError, or what importing raised."""
+    if path.startswith("pkg://"):
+        module = importlib.import_module(path.removeprefix("pkg://").replace("/", "."))
+    else:
+        file = path.removeprefix("file://")
+        if not os.path.isfile(file):
+            raise FileNotFoundError(file)
+        spec = importlib.util.spec_from_file_location(f"colorl_reward_manager_{abs(hash(file))}", file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and inspect.iscoroutinefunction(getattr(cls, "run_single", None))):
+        raise AttributeError(f"{path} has no class {name!r} with an async run_single(data) (verl's RewardManagerBase)")
+    return cls
 
 
 # verl's reward managers by name (reward.reward_manager.name): "prime" scores each response as "naive" does (verl

@@ -10,17 +10,25 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
+from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
 from config.inert import inert_warnings
+from config.tree import plain
 from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
 from data.reward import DAPORewardManager, GDPORewardManager, RewardManager, load_custom_compute_score
-from data.reward_loop import REWARD_MANAGERS, ConcurrentRewardManager, RemoteRewardManager
+from data.reward_loop import (
+    REWARD_MANAGERS,
+    ConcurrentRewardManager,
+    ImportedRewardManager,
+    RemoteRewardManager,
+    load_manager_class,
+)
 from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import check_models, preflight
 from workers.compute.agent_loop import check_tools
@@ -81,6 +89,8 @@ def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> R
     from their defaults as keyword arguments (the dapo manager's ``max_resp_len``, null: data.max_response_length);
     ``ConfigError`` for an unknown name or arguments the manager does not take, before any model loads."""
     name, kwargs = cfg.reward.reward_manager.name, cfg.reward.reward_kwargs
+    if cfg.reward.reward_manager.source == "importlib":
+        return _imported_manager(cfg, tokenizer, compute_score)
     if name not in REWARD_MANAGERS:
         raise ConfigError.invalid("reward.reward_manager.name", name, f"must be one of {', '.join(REWARD_MANAGERS)}")
     if name == "batch" and compute_score is None:
@@ -104,6 +114,40 @@ def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> R
         raise ConfigError.invalid(
             f"reward.reward_kwargs.{key}", given[key], f"the {name} reward manager takes no such argument (dapo does)"
         ) from None
+
+
+def _imported_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> ImportedRewardManager:
+    """The user's reward-manager class (``source=importlib``), built with verl's arguments (the whole config, the
+    tokenizer, the reward function); a class that is not there or cannot be built is a ``ConfigError``."""
+    manager = cfg.reward.reward_manager
+    try:
+        cls = load_manager_class(manager.module.path, manager.name)
+    except FileNotFoundError:
+        raise ConfigError.invalid("reward.reward_manager.module.path", manager.module.path, "no such file") from None
+    except AttributeError as exc:
+        raise ConfigError.invalid("reward.reward_manager.name", manager.name, str(exc)) from None
+    except Exception as exc:  # the user's module failed to import
+        raise ConfigError.invalid(
+            "reward.reward_manager.module.path", manager.module.path, f"importing it raised {_first_line(exc)}"
+        ) from None
+    config = OmegaConf.create(plain(asdict(cfg)))  # verl hands its managers the whole DictConfig
+    try:
+        return ImportedRewardManager(
+            tokenizer,
+            compute_score=compute_score,
+            reward_fn_key=cfg.data.reward_fn_key,
+            manager_cls=cls,
+            config=config,
+            timeout=cfg.reward.timeout,
+        )
+    except Exception as exc:
+        raise ConfigError.invalid(
+            "reward.reward_manager.name", manager.name, f"building it as verl does raised {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
 
 
 def _loop_arguments(cfg: PPOConfig, cls: type[RewardManager]) -> dict[str, Any]:
@@ -149,9 +193,8 @@ def _load_compute_score(cfg: PPOConfig) -> Any:
     except AttributeError as exc:
         raise ConfigError.invalid("reward.custom_reward_function.name", custom.name, str(exc)) from None
     except Exception as exc:  # the user's module failed to import: report it as the config mistake it is
-        first_line = (str(exc).splitlines() or [""])[0]
         raise ConfigError.invalid(
-            "reward.custom_reward_function.path", custom.path, f"importing it raised {type(exc).__name__}: {first_line}"
+            "reward.custom_reward_function.path", custom.path, f"importing it raised {_first_line(exc)}"
         ) from None
 
 

@@ -49,7 +49,8 @@ class ModuleConfig:
 class RewardManagerConfig:
     """Which reward manager scores a batch: ``source=register`` picks ``name`` among ColoRL's
     (``data.reward_loop.REWARD_MANAGERS``: naive, batch, dapo, prime, gdpo, rate_limited, remote); ``importlib``
-    (a user's class) is refused."""
+    builds the user's verl reward-manager class ``name`` from ``module.path`` (``data.reward_loop``,
+    ``ImportedRewardManager``)."""
 
     _target_: str = "verl.workers.config.reward.RewardManagerConfig"
     source: Literal["register", "importlib"] = "register"
@@ -57,13 +58,12 @@ class RewardManagerConfig:
     module: ModuleConfig = field(default_factory=ModuleConfig)
 
     def __post_init__(self) -> None:
-        if self.source == "importlib":
+        if self.source == "importlib" and not self.module.path:
             raise ConfigError.invalid(
-                "source",
-                self.source,
-                "a user's reward-manager class is not in ColoRL; use source=register with a name of verl's "
-                "(naive, batch, dapo, prime, gdpo, rate_limited, remote), and put the scoring in "
-                "reward.custom_reward_function",
+                "module.path",
+                self.module.path,
+                "must name the Python file (or pkg://package.module) of the reward-manager class "
+                f"{self.name!r} when source=importlib",
             )
 
 

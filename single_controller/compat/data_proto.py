@@ -3,8 +3,10 @@
 verl's ``DataProto`` (single_controller.protocol's, and ``from single_controller import DataProto``) is the
 core's (single_controller/data_proto.py) with these methods:
 ``reorder``, ``sample_level_repeat``, ``unfold_column_chunks``, ``select_idxs``, ``to_tensordict`` /
-``from_tensordict``, ``print_size``, ``print_summary`` and ``get_data_info``. The module functions ``fold_batch_dim`` /
-``unfold_batch_dim`` reshape the batch dim, and ``all_gather_data_proto`` gathers a batch over ranks, as verl's do.
+``from_tensordict``, ``print_size``, ``print_summary`` and ``get_data_info``; ``data[i]`` is verl's single-row view,
+a ``DataProtoItem`` (each tensor's row i, each column's value; the core's is a one-row DataProto). The module
+functions ``fold_batch_dim`` / ``unfold_batch_dim`` reshape the batch dim, and ``all_gather_data_proto`` gathers a
+batch over ranks, as verl's do.
 
 TensorDict form of a DataProto (verl's): tensors as they are, each non-tensor column a ``NonTensorStack`` of
 one ``NonTensorData`` per row (nested lists and dicts stay as they are), each meta_info entry a
@@ -14,6 +16,7 @@ dtype and shape (see :func:`column_from_rows`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,12 +25,37 @@ import torch
 from single_controller.data_proto import DataProto as CoreDataProto
 from single_controller.errors import ContractError
 
-__all__ = ["DataProto", "all_gather_data_proto", "column_from_rows", "fold_batch_dim", "unfold_batch_dim"]
+__all__ = [
+    "DataProto",
+    "DataProtoItem",
+    "all_gather_data_proto",
+    "column_from_rows",
+    "fold_batch_dim",
+    "unfold_batch_dim",
+]
+
+
+@dataclass
+class DataProtoItem:
+    """verl's single row of a DataProto (``data[i]``): ``batch`` maps each key to the tensor's row i (one dim less),
+    ``non_tensor_batch`` each column to its value at i; ``meta_info`` is the batch's."""
+
+    batch: dict[str, torch.Tensor] | None = None
+    non_tensor_batch: dict[str, Any] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
 
 
 class DataProto(CoreDataProto):
     """verl's DataProto: the core's, with verl's methods beyond what the trainer uses. Its own operations give
     back this class (the core builds results with ``type(self)``)."""
+
+    def __getitem__(self, item: Any) -> Any:
+        """verl's indexing: an int gives a ``DataProtoItem``; a slice, indices or a mask a DataProto (the core's)."""
+        if not isinstance(item, (int, np.integer)):
+            return super().__getitem__(item)
+        row = super().__getitem__(item)  # one row, range-checked
+        batch = None if row.batch is None else {key: value[0] for key, value in row.batch.items()}
+        return DataProtoItem(batch, {key: value[0] for key, value in row.non_tensor_batch.items()}, row.meta_info)
 
     def reorder(self, indices: torch.Tensor) -> None:
         """Put the rows in the order ``indices`` gives, in place (meta_info unchanged)."""

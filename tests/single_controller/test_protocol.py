@@ -54,8 +54,11 @@ def test_chunk_requires_divisibility():
 
 def test_indexing():
     d = make()
-    assert d[1].batch["act"].tolist() == [1]
-    assert d[-1].non_tensor_batch["label"].tolist() == ["l5"]
+    assert d[1].batch["act"].tolist() == 1  # verl's DataProtoItem: the row, one dim less
+    assert d[-1].non_tensor_batch["label"] == "l5"
+    assert d[1].batch["obs"].shape == d.batch["obs"].shape[1:] and d[1].meta_info is d.meta_info
+    with pytest.raises(IndexError):
+        d[6]
     assert d[1:3].batch["act"].tolist() == [1, 2]
     assert d[[0, 5]].non_tensor_batch["label"].tolist() == ["l0", "l5"]
     mask = torch.tensor([True, False] * 3)
