@@ -48,9 +48,8 @@ class _Judge(BaseHTTPRequestHandler):
         else:
             from data.tasks import default_compute_score
 
-            answer = {
-                "score": float(default_compute_score(body["data_source"], body["solution_str"], body["ground_truth"]))
-            }
+            result = default_compute_score(body["data_source"], body["solution_str"], body["ground_truth"])
+            answer = result if isinstance(result, dict) else {"score": float(result)}  # a task's dict: as it is
         payload = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
