@@ -1,4 +1,5 @@
-"""verl's reward loop: the reward managers by name, and the two that score responses concurrently, in the background.
+"""verl's reward loop: the reward managers by name, the two that score responses concurrently, in the background, and
+a user's manager class (``source=importlib``, ``ImportedRewardManager``), scored the same way.
 
 ``rate_limited`` calls the user's ``compute_score`` (async, or sync in a thread) at most ``reward.max_concurrent``
 at a time, under verl's token buckets (``reward.max_rpm`` requests and ``reward.max_tpm`` ≈ tokens a minute, each

@@ -58,6 +58,7 @@ def run_benchmark(name: str, *args: str, timeout: float = 240) -> dict:
     return out
 
 
+@pytest.mark.slow  # ~18 s
 def test_floor_times_every_phase_of_a_ppo_step(cache_dir):
     out = run_benchmark(
         "floor",
@@ -466,6 +467,7 @@ def test_learning_race_times_the_gain_from_the_first_validation():
     assert first_gain(curve, 0.30) == 14.5 and first_gain(curve, 0.2) == 9.0 and first_gain(curve, 0.5) is None
 
 
+@pytest.mark.slow  # ~23 s
 def test_allocator_runs_the_presets_update_under_each_allocator(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -16,6 +16,7 @@ from benchmarks.gpu_check import Part, read_grpo, run_part
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~34 s, the phases it runs: tests/fake_cuda on meta
 def test_quick_cpu_check_without_ray_writes_a_summary_and_the_logs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(

@@ -88,6 +88,7 @@ def test_between_its_forwards_a_teacher_holds_only_its_shard(self_distilled):
         assert 0.4 < rank["local_share"] <= 0.6
 
 
+@pytest.mark.slow  # ~19 s (the loss and its gradient: the zero-loss test above, tests/algos)
 def test_opd_with_another_teacher_has_a_positive_loss_and_trains(ray_cluster, tmp_path):
     """A larger teacher of the same vocabulary (an untrained demo model of hidden size 48), the top-k forward KL
     added to the task's GRPO loss."""

@@ -82,6 +82,7 @@ def runs(ray_cluster, tmp_path_factory):
     return straight, straight_dir, rows, reads, resumed, resumed_dir
 
 
+@pytest.mark.slow  # the module's runs: ~65 s (the filter and its batches: tests/trainer/test_dynamic_sampling.py)
 def test_steps_draw_generation_batches_until_the_batch_has_signal(runs):
     _, straight_dir, rows, _, _, _ = runs
     records = read_jsonl(straight_dir / "metrics.jsonl")
@@ -97,11 +98,13 @@ def test_steps_draw_generation_batches_until_the_batch_has_signal(runs):
         assert indices[::2] == indices[1::2]  # whole groups, in order
 
 
+@pytest.mark.slow  # the module's runs: ~65 s (the filter and its batches: tests/trainer/test_dynamic_sampling.py)
 def test_the_training_phases_read_exactly_their_declared_keys(runs):
     straight, _, _, reads, _, _ = runs
     assert_declared(straight, reads, {"gen", "old_log_prob", "ref", "update_actor"})
 
 
+@pytest.mark.slow  # the module's runs: ~65 s (the filter and its batches: tests/trainer/test_dynamic_sampling.py)
 def test_a_resume_after_a_step_of_several_generation_batches_is_exact(runs):
     straight, straight_dir, _, _, resumed, resumed_dir = runs
     first = {r["step"]: r for r in read_jsonl(straight_dir / "metrics.jsonl")}

@@ -42,6 +42,7 @@ def vllm_run(ray_cluster, tmp_path_factory):
     return tmp_path
 
 
+@pytest.mark.slow  # ~55 s, a vLLM engine starts (its plan and keys: the tests below)
 def test_two_grpo_steps_on_vllm_log_the_gap_to_the_actor(vllm_run):
     records = read_jsonl(vllm_run / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3]  # validation, two steps, and the resumed third
@@ -64,6 +65,7 @@ def vllm_tools_run(ray_cluster, tmp_path_factory):
     return fit(tool_config(tmp, model, VLLM[:5]))
 
 
+@pytest.mark.slow  # ~30 s, a second engine start-up (turn by turn on the hf rollout: tests/e2e/test_multi_turn_e2e.py)
 def test_tool_calls_run_turn_by_turn_on_vllm(vllm_tools_run):
     """The taught model on the workers' engines: greedy validation calls the calculator, gets the tool turn and
     answers; each step's rows are trained on the tokens vLLM sampled (no tokenization mismatch), whose log-probs

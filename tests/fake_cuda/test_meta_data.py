@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from config.dataflow import Route
-from single_controller import DataProto
+from single_controller.data_proto import DataProto  # the trainer's (the core's: data[i] is one row)
 from workers.compute.step_store import ROWS, STEP, StepCall, StepStore
 
 pytestmark = pytest.mark.fake_cuda

@@ -28,6 +28,7 @@ def test_dead_worker_is_reported_and_everything_torn_down(tmp_path, assets):
     check_checkpoint(tmp_path / "global_step_1")  # the step before the death is kept
 
 
+@pytest.mark.slow  # ~47 s: a separate_async run until its rollout worker dies (one line, teardown: the test above)
 def test_a_dead_rollout_worker_is_reported_and_both_groups_torn_down(tmp_path, assets):
     """separate_async: the rollout group's worker dies generating the third batch (asked for at step 2); as in sync
     mode, one line names it, every process of both groups is gone, the last checkpoint is intact."""

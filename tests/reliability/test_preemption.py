@@ -74,6 +74,8 @@ def test_sigterm_to_the_group_checkpoints_the_step_and_the_same_command_continue
     assert logged_steps(tmp_path) == list(range(1, STEPS + 1))  # every step once: none lost, none repeated
 
 
+# ~85 s, two separate_async child runs (SIGTERM: the test above; the batch in flight: tests/e2e/test_async_e2e.py)
+@pytest.mark.slow
 def test_sigterm_in_separate_async_saves_the_batch_in_flight_and_the_same_command_continues(tmp_path, assets):
     """trainer.v1.trainer_mode=separate_async (1 + 1 workers): the signal's checkpoint holds the batch generated
     ahead; the second run trains on it and completes every step once."""
