@@ -1,6 +1,7 @@
 """The data protocol between the driver and the workers, in one import path (as verl's ``verl.protocol``).
 
-- ``DataProto``: verl's, compat/data_proto.py (the core's with verl's methods: single_controller/data_proto.py)
+- ``DataProto``: verl's, compat/data_proto.py (the core's with verl's methods: single_controller/data_proto.py), and
+  ``DataProtoItem``, its ``data[i]``
 - ``TensorBatch``, DataProto's tensor storage: single_controller/tensor_batch.py
 - ``DataProtoConfig`` and the padding helpers: single_controller/padding.py
 - ``DataProtoFuture``: single_controller/future.py
@@ -8,7 +9,13 @@
 - verl's reshaping, gathering and encoding helpers: compat/data_proto.py, compat/serialization.py
 """
 
-from single_controller.compat.data_proto import DataProto, all_gather_data_proto, fold_batch_dim, unfold_batch_dim
+from single_controller.compat.data_proto import (
+    DataProto,
+    DataProtoItem,
+    all_gather_data_proto,
+    fold_batch_dim,
+    unfold_batch_dim,
+)
 from single_controller.compat.serialization import (
     deserialize_single_tensor,
     deserialize_tensordict,
@@ -26,6 +33,7 @@ __all__ = [
     "all_gather_data_proto",
     "DataProto",
     "DataProtoConfig",
+    "DataProtoItem",
     "DataProtoFuture",
     "TensorBatch",
     "deserialize_single_tensor",
