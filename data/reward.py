@@ -287,11 +287,17 @@ def load_custom_compute_score(path: str, name: str = "compute_score") -> Compute
     """Import ``name`` from the python file at ``path`` (``reward.custom_reward_function.path/name``)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"custom reward file not found: {path!r} (looking for function {name!r})")
-    spec = importlib.util.spec_from_file_location(f"custom_reward_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_file(path)
     function = getattr(module, name, None)
     if not callable(function):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise AttributeError(f"custom reward file {path!r} has no function {name!r}; callables in it: {found}")
     return function
+
+
+def import_file(path: str) -> Any:
+    """The module that the Python file at ``path`` defines, freshly executed (a user's reward file)."""
+    spec = importlib.util.spec_from_file_location(f"colorl_user_{abs(hash(os.path.abspath(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
-import importlib.util
 import inspect
 import os
 import threading
@@ -35,6 +34,7 @@ from data.reward import (
     RewardManager,
     Scored,
     checked,
+    import_file,
     raised,
 )
 
@@ -285,9 +285,7 @@ def load_manager_class(path: str, name: str) -> type:
         file = path.removeprefix("file://")
         if not os.path.isfile(file):
             raise FileNotFoundError(file)
-        spec = importlib.util.spec_from_file_location(f"colorl_reward_manager_{abs(hash(file))}", file)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = import_file(file)
     cls = getattr(module, name, None)
     if not (isinstance(cls, type) and inspect.iscoroutinefunction(getattr(cls, "run_single", None))):
         raise AttributeError(f"{path} has no class {name!r} with an async run_single(data) (verl's RewardManagerBase)")
