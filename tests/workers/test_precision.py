@@ -2,7 +2,9 @@
 
 import dataclasses
 import math
+import platform
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -50,6 +52,18 @@ def test_native_is_bf16_where_the_device_multiplies_it_natively():
         on_cpu = fsdp.mixed_precision(CPU, "native")
     assert on_cpu == ((torch.bfloat16, torch.float32) if fsdp.cpu_has_bf16() else (None, None))
     assert fsdp.mixed_precision(CUDA, "native") == (torch.bfloat16, torch.float32)
+
+
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(), reason="reads x86 Linux's CPU flags"
+)
+def test_native_bf16_is_the_cpus_bf16_instructions_not_avx512():
+    """The kernel's own flags decide: an AVX-512 CPU without AVX512-BF16 or AMX emulates bf16 (oneDNN still calls
+    bf16 "supported" there), so ``native`` must stay fp32 on it."""
+    flags = set(
+        next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    )
+    assert fsdp.cpu_has_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def test_bf16_on_a_cpu_that_emulates_it_warns_with_the_key():

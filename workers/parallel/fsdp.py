@@ -7,6 +7,7 @@ This is the only module that imports ``fully_shard``; the actor, critic and roll
 from __future__ import annotations
 
 import functools
+import platform
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -55,7 +56,11 @@ def mixed_precision(
 
 @functools.cache
 def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (oneDNN's check: AVX512-BF16 or AMX)."""
+    """Whether this CPU multiplies bf16 matrices natively: on x86, AVX512-BF16 or AMX (torch's cpuinfo). oneDNN's
+    ``_is_mkldnn_bf16_supported`` is not that test: it holds on any AVX-512 CPU, which emulates bf16 (a 2-core
+    AVX-512 Xeon: 1024³ at a quarter of its fp32 rate). Elsewhere (ARM), oneDNN's answer."""
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch build without oneDNN: unknown, so no warning
