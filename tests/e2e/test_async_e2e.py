@@ -13,7 +13,7 @@ from trainer.build import build_trainer
 STALENESS = [f"training/off_policy/trajectory_staleness/{s}" for s in ("mean", "max", "min")]
 
 
-def config(tmp_path, steps: int):
+def config(tmp_path, steps: int, *extra: str):
     return load_config(
         [
             f"builtin.cache_dir={tmp_path.parent / 'assets'}",
@@ -38,6 +38,7 @@ def config(tmp_path, steps: int):
             "trainer.deterministic=true",
             f"trainer.default_local_dir={tmp_path}",
             "trainer.logger=[file]",
+            *extra,
         ]
     )
 
@@ -92,3 +93,39 @@ def test_a_resume_with_a_batch_in_flight_is_exact(runs):
     for step in (1, 2, 3, 4):
         keys = COMPARED + STALENESS
         assert {k: second[step][k] for k in keys} == {k: first[step][k] for k in keys}, step
+
+
+def test_with_nothing_generated_ahead_a_step_is_the_sync_steps(ray_cluster, tmp_path):
+    """num_warmup_batches=0: each batch is generated on the rollout group with the weights of the step before, as
+    sync mode generates it on the trainer's. Greedy (no random draws to differ), bypass (π_old = the rollout's, as
+    sync takes it): the two train the same samples into the same weights."""
+    same = (
+        "actor_rollout_ref.rollout.do_sample=false",
+        "actor_rollout_ref.rollout.n=1",  # a prompt's greedy samples are one: no groups
+        "actor_rollout_ref.rollout.calculate_log_probs=true",  # both take pi_old from the rollout
+        "algorithm.adv_estimator=reinforce_plus_plus",
+        "actor_rollout_ref.actor.optim.lr=1e-2",  # each step changes the next step's greedy responses
+        "trainer.save_freq=-1",
+    )
+    modes = {
+        "sync": ("trainer.v1.trainer_mode=sync",),
+        "async": ("trainer.v1.separate_async.num_warmup_batches=0", "algorithm.rollout_correction.bypass_mode=true"),
+    }
+    records, weights = {}, {}
+    for mode, keys in modes.items():
+        trainer = build_trainer(config(tmp_path / mode, 3, *same, *keys))
+        trainer.init_workers()
+        trainer.fit()
+        records[mode] = [
+            {k: r[k] for k in COMPARED} for r in read_jsonl(tmp_path / mode / "metrics.jsonl") if r["step"] > 0
+        ]
+        actor = trainer.fused_wg.execute_all_sync(
+            "__ray_call__", lambda w: _actor_weights(w.worker_dict["actor_rollout"])
+        )
+        weights[mode] = actor[0]
+    assert len(records["async"]) == 3
+    for synced, ahead in zip(records["sync"], records["async"], strict=True):
+        assert ahead == pytest.approx(synced, rel=1e-5, abs=1e-7)
+    assert weights["sync"].keys() == weights["async"].keys()
+    for name in weights["sync"]:
+        torch.testing.assert_close(weights["async"][name], weights["sync"][name], msg=name)
