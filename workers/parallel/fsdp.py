@@ -57,8 +57,8 @@ def mixed_precision(
 @functools.cache
 def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices natively: on x86, AVX512-BF16 or AMX (torch's cpuinfo). oneDNN's
-    ``_is_mkldnn_bf16_supported`` is not that test: it holds on any AVX-512 CPU, which emulates bf16 (a 2-core
-    AVX-512 Xeon: 1024³ at a quarter of its fp32 rate). Elsewhere (ARM), oneDNN's answer."""
+    ``_is_mkldnn_bf16_supported`` is not that test: it holds on any AVX-512 CPU, which emulates bf16 without them
+    (slower than fp32: docs/benchmarks.md, "bf16 on a CPU"). Elsewhere (ARM), oneDNN's answer."""
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
         return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     try:
