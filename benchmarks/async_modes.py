@@ -6,7 +6,10 @@ alternate (sync, async, sync, ...) so that load from other processes on the mach
 rate is its sequences trained after ``--warmup`` steps over the sum of those steps' ``timing_s/step`` (validation and
 checkpoints off); the per-phase medians are the profile that says where a step's time goes.
 
-    python -m benchmarks.async_modes --steps 25 --rounds 3 [--modes sync separate_async colocate_async]
+    python -m benchmarks.async_modes [override ...] --steps 25 --rounds 3 [--config-name smollm2_arith]
+                                     [--modes sync separate_async colocate_async]
+
+(config overrides first: ``--modes`` takes the words after it).
 """
 
 from __future__ import annotations
@@ -33,33 +36,36 @@ MODES = {
 PHASES = ("step", "gen", "worker_gen", "reward", "old_log_prob", "update_actor", "update_weights")
 
 
-def run(mode: str, steps: int, extra: list[str], root: Path) -> list[dict]:
-    """One training run of ``mode``; its metrics records, one a step."""
+def run(mode: str, steps: int, extra: list[str], root: Path, config_name: str | None = None) -> list[dict]:
+    """One training run of ``mode`` (of the preset ``config_name``); its metrics records, one a step."""
     out = root / f"{mode}-{len(list(root.iterdir()))}"
     overrides = [*MODES[mode], f"trainer.total_training_steps={steps}", "trainer.test_freq=-1"]
     overrides += ["trainer.save_freq=-1", "trainer.val_before_train=false", "trainer.logger=[file]"]
     overrides += [f"trainer.default_local_dir={out}", *extra]
-    subprocess.run([sys.executable, "main.py", *overrides], check=True, stdout=subprocess.DEVNULL)
+    preset = [f"--config-name={config_name}"] if config_name else []
+    subprocess.run([sys.executable, "main.py", *preset, *overrides], check=True, stdout=subprocess.DEVNULL)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def summary(records: list[dict], warmup: int, sequences: int) -> dict[str, float]:
     """Trained sequences per second after ``warmup`` steps (``sequences`` a step), the last 5 steps' mean score,
-    each phase's median seconds, the mean staleness (async)."""
+    the mean response length, each phase's median seconds, the mean staleness and span (async)."""
     steps = [r for r in records if r.get("step", 0) > warmup and "timing_s/step" in r]
     seconds = sum(r["timing_s/step"] for r in steps)
     result = {
         "samples_per_s": sequences * len(steps) / seconds,
         "score_last5": statistics.mean(r["critic/score/mean"] for r in steps[-5:]),
+        "response_length": statistics.mean(r["response_length/mean"] for r in steps),
     }
     for phase in PHASES:
         values = [r[f"timing_s/{phase}"] for r in steps if f"timing_s/{phase}" in r]
         if values:
             result[f"{phase}_s"] = statistics.median(values)
-    key = "training/off_policy/trajectory_staleness/mean"
-    staleness = [r[key] for r in steps if key in r]
-    if staleness:
-        result["staleness"] = statistics.mean(staleness)
+    for name in ("staleness", "spans"):
+        key = f"training/off_policy/trajectory_{name}/mean"
+        values = [r[key] for r in steps if key in r]
+        if values:
+            result[name] = statistics.mean(values)
     return result
 
 
@@ -70,6 +76,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=["sync", "separate_async"], choices=list(MODES))
     parser.add_argument("--sequences", type=int, default=128, help="sequences a step: train_batch_size × rollout.n")
+    parser.add_argument("--config-name", default=None, help="a preset of conf/ (default: the demo)")
     parser.add_argument("overrides", nargs="*", help="more config overrides for both modes")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {mode: [] for mode in args.modes}
@@ -77,7 +84,9 @@ def main() -> None:
         for _ in range(args.rounds):
             for mode in args.modes:
                 results[mode].append(
-                    summary(run(mode, args.steps, args.overrides, Path(tmp)), args.warmup, args.sequences)
+                    summary(
+                        run(mode, args.steps, args.overrides, Path(tmp), args.config_name), args.warmup, args.sequences
+                    )
                 )
                 print(mode, json.dumps(results[mode][-1]), file=sys.stderr, flush=True)
     medians = {mode: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for mode, rows in results.items()}

@@ -3,10 +3,10 @@
     python -m benchmarks.generation_tail --model DIR --data train.parquet [--prompts 8] [--n 4]
                                          [--response-length 64] [--temperature 0.5] [--batches 4] [--threads 1]
 
-verl's ``colocate_async`` stops a step's generation once enough prompt groups are complete and resumes the
-unfinished responses, under the new weights, beside the next batch's. In the steady state every decode step then
-runs a full batch of live rows. The gain is the long tail's: the decode steps a whole-batch generation (ColoRL's)
-runs with few rows live.
+``colocate_async`` (verl's, and ColoRL's ``trainer.partial``) stops a step's generation once enough prompt groups
+are complete and resumes the unfinished responses, under the new weights, beside the next batch's. In the steady
+state every decode step then runs a full batch of live rows. The gain is the long tail's: the decode steps a
+whole-batch generation (``sync``) runs with few rows live.
 
 This runs ColoRL's decode loop (``workers.compute.rollout.generate_sequences``, as a rollout worker runs it: the
 preset's prompts, ``n`` samples each, sampled) and times every forward with the number of rows it decodes. It fits

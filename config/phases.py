@@ -30,6 +30,7 @@ from typing import Any
 from algos.registry import estimator_needs, policy_loss_spec
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 from config.distillation import teacher_columns, teacher_outputs
+from config.trainer_modes import partial_rollouts
 from config.tree import ARR
 
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
@@ -175,8 +176,9 @@ class StepPhase:
 
 def _generation_batch(cfg: Any) -> str:
     """What sets the rows a worker generates at once: the prompts of a generation batch (dynamic sampling's, when
-    data.gen_batch_size is set) × the responses to each."""
-    return f"data.{'gen' if cfg.data.gen_batch_size else 'train'}_batch_size × {ARR}.rollout.n"
+    data.gen_batch_size is set) × the responses to each; with partial rollouts, of every batch in flight."""
+    rows = f"data.{'gen' if cfg.data.gen_batch_size else 'train'}_batch_size × {ARR}.rollout.n"
+    return f"{rows} × (1 + trainer.v1.colocate_async.num_warmup_batches)" if partial_rollouts(cfg) else rows
 
 
 def _gen_writes(s: Step) -> tuple[str, ...]:

@@ -140,7 +140,8 @@ def make_plan(cfg: Any, n_workers: int) -> StepPlan:
         if critic
         else 0,
         gen_batch_size=gen_batch_size,
-        gen_rows=gen_batch_size * rollout.n // n_workers,
+        # partial rollouts decode every group in flight at once: the step's and num_warmup_batches' more
+        gen_rows=gen_batch_size * rollout.n * (1 + mode.lookahead if mode.partial else 1) // n_workers,
         filter_metric=filter_metric,
         dynamic_sampling=dynamic_sampling,
         flows={},

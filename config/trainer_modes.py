@@ -4,8 +4,9 @@
 - ``separate_async``: a rollout group of its own (``actor_rollout_ref.rollout.nnodes × n_gpus_per_node`` workers,
   beside the trainer's ``trainer.nnodes × n_gpus_per_node``) generates the next batches while the trainer's group
   trains on the current one; the weights go to it after every step.
-- ``colocate_async``: the same schedule on the one group: generation of the next batches is asked for before the
-  update, and the workers run the two in turn.
+- ``colocate_async``: generation on the one group, the workers running it and training in turn: partial rollouts
+  (``trainer.partial``: a step's generation stops once a batch of groups has ended, the rest goes on at the next
+  step); with a vLLM engine or a multi-turn agent loop, whole batches asked for before the update.
 
 ``num_warmup_batches`` of the mode is how many batches generation runs ahead of training (fractions round down to
 whole batches); a batch's samples carry the version of the weights that generated them (``trainer.replay_buffer``),
@@ -15,6 +16,7 @@ and ``trainer.v1.sampler.max_off_policy_threshold`` / ``max_off_policy_strategy`
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,7 @@ class TrainerMode:
     max_off_policy_threshold: int | None = 8
     max_off_policy_strategy: str = "drop"
     rollout_workers: int = 0
+    partial: bool = False  # colocate_async's partial rollouts (trainer.partial): the hf rollout, single-turn
 
     @property
     def asynchronous(self) -> bool:
@@ -81,8 +84,27 @@ def trainer_mode(cfg: Any, trainer_workers: int) -> TrainerMode:
             f"for, past {V1}.sampler.max_off_policy_threshold={threshold}, and be dropped; make it < {threshold}"
         )
     rollout_workers = _rollout_group(cfg, trainer_workers, sync_step) if mode == "separate_async" else 0
+    if mode == "colocate_async" and not partial_rollouts(cfg):
+        _warn_whole_batches(cfg)
     return TrainerMode(mode, lookahead, sync_step if mode == "separate_async" else 1, threshold, strategy,
-                       rollout_workers)  # fmt: skip
+                       rollout_workers, partial_rollouts(cfg))  # fmt: skip
+
+
+def partial_rollouts(cfg: Any) -> bool:
+    """Whether the rollout stops and goes on (``colocate_async``'s partial rollouts, ``trainer.partial``): the hf
+    decode loop, single-turn. A vLLM engine or a multi-turn agent loop generates whole batches there."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return cfg.trainer.v1["trainer_mode"] == "colocate_async" and rollout.name == "hf" and not rollout.multi_turn.enable
+
+
+def _warn_whole_batches(cfg: Any) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    what = "a multi-turn agent loop" if rollout.multi_turn.enable else f"actor_rollout_ref.rollout.name={rollout.name}"
+    warnings.warn(
+        f"{V1}.trainer_mode=colocate_async with {what}: no partial rollouts (only the hf single-turn rollout stops "
+        "and goes on); generation runs whole batches ahead of training",
+        stacklevel=4,
+    )
 
 
 def _rollout_group(cfg: Any, trainer_workers: int, sync_step: int) -> int:

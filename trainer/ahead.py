@@ -9,7 +9,9 @@ is asked for at once (and at the first step ``lookahead`` more), and step k trai
   into Ray's object store one FSDP unit at a time and the rollout group takes them (``workers.roles.weight_sync``),
   without the driver waiting: the rollout's worker runs the calls in order, so a batch asked for after the sync is
   generated with those weights, one asked for before it with the previous ones.
-- ``colocate_async``: the same queue on the training group; its workers run the generation and the phases in turn.
+- ``colocate_async``: generation on the training group, its workers running it and the phases in turn: with the hf
+  rollout, partial rollouts (``trainer.partial``: the step's generation stops once a batch of groups has ended,
+  the rest goes on at the next step); otherwise the same queue as ``separate_async``.
 
 A batch's samples carry the version of the weights that generated them (``replay_buffer.VERSION``: the number of
 steps trained into them). Each batch is generated under its own seed, so checkpoints hold the batches still queued
@@ -32,6 +34,7 @@ from single_controller.data_proto import DataProto
 from single_controller.ray.group import RayWorkerGroup
 from single_controller.ray.placement import RayResourcePool
 from trainer import console
+from trainer.partial import Pool
 from trainer.placement import rollout_class
 from trainer.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
 from trainer.routing import STEP_TOKEN
@@ -51,11 +54,13 @@ def node_workers(cfg: PPOConfig, plan: StepPlan) -> int | None:
 @dataclasses.dataclass(frozen=True)
 class Generating:
     """The step's side of a generation (``trainer.step``): ``prepare`` a drawn batch (the phases before ``gen``,
-    the repeats), ``start`` its generation on a group with some meta_info, ``finish`` it into the batch (metrics)."""
+    the repeats), ``start`` its generation on a group with some meta_info, ``finish`` it into the batch (metrics);
+    the keys the generation ``writes``."""
 
     prepare: Callable[[DataProto], DataProto]
     start: Callable[[Any, DataProto, dict], Any]
     finish: Callable[[DataProto, Any], dict[str, float]]
+    writes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -71,7 +76,9 @@ class Asked:
 class Ahead:
     """The queue of batches generated ahead of training and, with ``separate_async``, the rollout group."""
 
-    def __init__(self, cfg: PPOConfig, plan: StepPlan, trainer_group: Any, rollout_group: Any) -> None:
+    def __init__(
+        self, cfg: PPOConfig, plan: StepPlan, trainer_group: Any, rollout_group: Any, pad_token_id: int = 0
+    ) -> None:
         self.cfg, self.plan = cfg, plan
         self.trainer_group, self.rollout_group = trainer_group, rollout_group
         self.separate = plan.mode.separate
@@ -79,12 +86,14 @@ class Ahead:
         self.version = 0  # steps trained into the weights the rollout generates with
         self.asked = 0  # batches asked for so far (each one's seed)
         self.sync: Any = None  # the last weight sync started and not yet answered
+        self.pool = Pool(cfg, plan.mode, trainer_group, pad_token_id) if plan.mode.partial else None
 
     @classmethod
-    def start(cls, cfg: PPOConfig, plan: StepPlan, actor_group: Any, total_steps: int) -> Ahead:
-        """The queue over ``actor_group`` (colocate_async), or over a rollout group started here (separate_async)."""
+    def start(cls, cfg: PPOConfig, plan: StepPlan, actor_group: Any, total_steps: int, pad_token_id: int) -> Ahead:
+        """The queue over ``actor_group`` (colocate_async; its partial rollouts pad responses with
+        ``pad_token_id``), or over a rollout group started here (separate_async)."""
         if not plan.mode.separate:
-            return cls(cfg, plan, actor_group, actor_group)
+            return cls(cfg, plan, actor_group, actor_group, pad_token_id)
         rollout = cfg.actor_rollout_ref.rollout
         pool = RayResourcePool(
             [rollout.n_gpus_per_node] * rollout.nnodes, use_gpu=cfg.trainer.device == "cuda", max_colocate_count=1
@@ -110,6 +119,9 @@ class Ahead:
         """Ask for ``batch`` (ready to generate from; and for as many more drawn from ``more`` as the look-ahead
         wants), then give the oldest batch step ``step`` may train on, generated, each sample with its weights'
         version (``VERSION``); the metrics of its generation and of the batches evicted as too old."""
+        if self.pool is not None:
+            drawn = map(generating.prepare, more)
+            return self.pool.next(batch, drawn, step, self.version, self._seed, generating.writes)
         self._ask(batch, step, generating)
         while self.buffer.wanted():
             self._ask(generating.prepare(next(more)), step, generating)
@@ -154,20 +166,28 @@ class Ahead:
                     "metrics": generation.result.metrics,
                 }
             )
-        return {"asked": self.asked, "queued": queued}
+        pool = self.pool.rows if self.pool is not None else None
+        return {"asked": self.asked, "queued": queued, "pool": None if pool is None else _plain(pool)}
 
     def load(self, state: dict[str, Any]) -> None:
         self.asked = state["asked"]
+        if state.get("pool") is not None:
+            pool = state["pool"]
+            columns = {k: np.array(v, dtype=object) for k, v in pool["columns"].items()}
+            self.pool.rows = DataProto.from_dict(pool["tensors"], columns)
         for item in state["queued"]:
             columns = {k: np.array(v, dtype=object) for k, v in item["columns"].items()}
             batch = DataProto.from_dict(item["tensors"], columns, meta_info={STEP_TOKEN: item["token"]})
             self.buffer.add(Generation(item["asked_at"], item["version"], Asked(batch, None, metrics=item["metrics"])))
 
     # ------------------------------------------------------------------ internals
-    def _ask(self, batch: DataProto, step: int, generating: Generating) -> None:
-        seed = {"seed": self.cfg.trainer.seed + self.asked * SEED_STRIDE}
-        call = generating.start(self.rollout_group, batch, seed)
+    def _seed(self) -> int:
+        """The seed of the next generation asked for (its own, so a resumed run generates what the straight did)."""
         self.asked += 1
+        return self.cfg.trainer.seed + (self.asked - 1) * SEED_STRIDE
+
+    def _ask(self, batch: DataProto, step: int, generating: Generating) -> None:
+        call = generating.start(self.rollout_group, batch, {"seed": self._seed()})
         self.buffer.add(Generation(step, self.version, Asked(batch, call, self.sync)))
 
     def _answered(self, asked: Asked, generating: Generating) -> DataProto:
@@ -178,3 +198,8 @@ class Ahead:
             asked.metrics = generating.finish(asked.batch, asked.call)
             asked.call = asked.sync = None
         return asked.batch
+
+
+def _plain(batch: DataProto) -> dict[str, Any]:
+    """A batch's tensors and columns (as lists), for a checkpoint."""
+    return {"tensors": dict(batch.batch.items()), "columns": {k: list(v) for k, v in batch.non_tensor_batch.items()}}

@@ -131,7 +131,9 @@ class RayPPOTrainer(PhaseSteps):
                     self.total_training_steps, seed=trainer.seed, deterministic=trainer.deterministic
                 )
             if plan.mode.asynchronous:  # separate_async: the rollout group starts here
-                self.ahead = Ahead.start(cfg, plan, self.actor_rollout_wg, self.total_training_steps)
+                pad = self.tokenizer.pad_token_id
+                pad = self.tokenizer.eos_token_id if pad is None else pad  # the rollout's padding of responses
+                self.ahead = Ahead.start(cfg, plan, self.actor_rollout_wg, self.total_training_steps, pad)
 
     def worker_groups(self) -> list[RayWorkerGroup]:
         """The groups of worker processes placed so far: the fused one, and a rollout group of its own."""

@@ -1,9 +1,10 @@
 """The batches generation has been asked for ahead of training (``trainer.v1``'s async modes), oldest first.
 
 verl's ``ReplayBufferAsync`` keeps prompt groups in a store and samples the oldest finished ones; ColoRL's rollout
-answers whole batches in the order they were asked for, so its buffer is a queue of them. Each ``Generation`` holds
-the step that asked for it (verl's prompt tag ``global_steps``) and the version of the weights that generate it: the
-number of training steps in them (verl's ``min/max_global_steps``; one version per batch, no partial rollouts).
+group answers whole batches in the order they were asked for, so its buffer is a queue of them (``colocate_async``'s
+partial rollouts keep groups instead: ``trainer.partial``). Each ``Generation`` holds the step that asked for it
+(verl's prompt tag ``global_steps``) and the version of the weights that generate it: the number of training steps
+in them (verl's ``min/max_global_steps``; one version per batch).
 
 Off-policy bounds are verl's, over a batch's span ``step - asked_at + 1`` at the step that would train it:
 - ``drop``: a batch whose span exceeds ``max_off_policy_threshold`` is evicted, and the caller asks for as many
@@ -22,7 +23,8 @@ import numpy as np
 
 from config.trainer_modes import TrainerMode
 
-VERSION = "policy_version"  # the per-sample column: the version of the weights that generated the sample
+VERSION = "policy_version"  # the per-sample column: the version of the weights that generated the sample (its last)
+FIRST_VERSION = "policy_version_first"  # a partial rollout's (trainer.partial): the first version that generated it
 OFF_POLICY = "training/off_policy"
 
 
@@ -73,15 +75,16 @@ class ReplayBuffer:
         return len(self.queue)
 
 
-def staleness_metrics(step: int, versions: np.ndarray) -> dict[str, float]:
-    """verl's off-policy metrics of the samples ``step`` trains on, from each one's weight version (versions:
-    (N,) ints). staleness = (step - 1) - version: 0 when the weights of the step before generated it (on-policy);
-    a sample comes from one version, so its span is 1 and its worst staleness its staleness."""
-    staleness = (step - 1) - versions.astype(np.int64)
-    spans = np.ones_like(staleness)
+def staleness_metrics(step: int, versions: np.ndarray, first: np.ndarray | None = None) -> dict[str, float]:
+    """verl's off-policy metrics of the samples ``step`` trains on, from the last and first version of the weights
+    that generated each one (``versions``, ``first``: (N,) ints; one version when ``first`` is None).
+    staleness = (step - 1) - last: 0 when the weights of the step before generated it (on-policy); the worst
+    staleness counts from the first, and the span is the versions from first to last."""
+    last = versions.astype(np.int64)
+    first = last if first is None else first.astype(np.int64)
     metrics = {}
-    for name, values in (("trajectory_spans", spans), ("trajectory_staleness", staleness),
-                         ("trajectory_staleness_worst", staleness)):  # fmt: skip
+    for name, values in (("trajectory_spans", last - first + 1), ("trajectory_staleness", (step - 1) - last),
+                         ("trajectory_staleness_worst", (step - 1) - first)):  # fmt: skip
         metrics.update(_stats(f"{OFF_POLICY}/{name}", values))
     return metrics
 
@@ -90,7 +93,11 @@ def eviction_metrics(step: int, evicted: list[Generation], prompts_each: int) ->
     """verl's eviction metrics: the prompt groups dropped for staleness, and their spans (empty when none were)."""
     if not evicted:
         return {}
-    spans = np.array([g.span(step) for g in evicted for _ in range(prompts_each)])
+    return eviction_stats(np.array([g.span(step) for g in evicted for _ in range(prompts_each)]))
+
+
+def eviction_stats(spans: np.ndarray) -> dict[str, float]:
+    """verl's eviction metrics of evicted prompt groups with these spans (N,)."""
     return {f"{OFF_POLICY}/evicted_samples": float(len(spans)),
             **_stats(f"{OFF_POLICY}/evicted_samples_staleness", spans)}  # fmt: skip
 

@@ -42,7 +42,7 @@ from trainer.metrics import (
     rollout_probs_diff,
     timed,
 )
-from trainer.replay_buffer import VERSION, staleness_metrics
+from trainer.replay_buffer import FIRST_VERSION, VERSION, staleness_metrics
 from trainer.routing import STEP_TOKEN, request, take_back
 
 
@@ -138,6 +138,7 @@ class PhaseSteps:
             prepare=self._drawn,
             start=lambda group, batch, meta_info: self._start("gen", batch, group=group, meta_info=meta_info),
             finish=lambda batch, call: self._finish("gen", batch, call),
+            writes=self.plan.flows[STEP_FLOW].route("gen").writes,
         )
 
     def _repeated(self, batch: DataProto) -> DataProto:
@@ -157,8 +158,8 @@ class PhaseSteps:
 
     def _handover(self, state: StepState) -> None:
         """A batch generated ahead reaches the training phases: verl's staleness of its samples."""
-        versions = state.batch.non_tensor_batch[VERSION]
-        state.metrics.update(staleness_metrics(self.global_step, versions))
+        columns = state.batch.non_tensor_batch
+        state.metrics.update(staleness_metrics(self.global_step, columns[VERSION], columns.get(FIRST_VERSION)))
 
     def _update_weights(self, state: StepState) -> None:
         """The batches asked for from now on are generated with this step's weights (a rollout group takes them)."""

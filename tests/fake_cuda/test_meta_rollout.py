@@ -62,6 +62,19 @@ def test_generate_sequences_on_meta(attention, sampling):
     assert 0 < READS["rollout.live_rows"] - before <= R // rollout.EOS_CHECK_INTERVAL
 
 
+def test_a_partial_rollouts_piece_on_meta():
+    """A piece of a partial rollout (trainer.partial): per-row budgets, the quota of ended groups and the rows it
+    must end are counted on the device and read with the live rows, in the same one read per check."""
+    before = READS["rollout.live_rows"]
+    group, budget = torch.arange(B) // 2, torch.full((B,), R)
+    piece = rollout.Partial(budget, group, quota=2, required=torch.zeros(B, dtype=torch.bool))
+    out = generate_sequences(
+        _model(), *_prompts(), response_length=R, eos_token_id=EOS, pad_token_id=PAD, partial=piece
+    )
+    assert (out["ended"].device, tuple(out["ended"].shape)) == (META, (B,))
+    assert 0 < READS["rollout.live_rows"] - before <= R // rollout.EOS_CHECK_INTERVAL
+
+
 def test_turn_sampler_tool_turns_on_meta():
     """Every other row gets a tool turn (fed in one chunk, as all live rows are forced at once), then finishes;
     the rows that finish leave the batch; every position costs one read (``turn_sampler.ended_turns``)."""

@@ -126,3 +126,15 @@ def test_staleness_metrics_are_verls_names_in_versions():
     assert metrics["training/off_policy/trajectory_staleness/min"] == 0  # the previous step's weights: on-policy
     assert metrics["training/off_policy/trajectory_spans/max"] == 1
     assert metrics["training/off_policy/trajectory_staleness_worst/max"] == 2
+
+
+def test_colocate_async_has_partial_rollouts_where_the_rollout_can_stop_and_go_on():
+    """The hf single-turn rollout: partial rollouts, each worker decoding every batch in flight at once; a vLLM
+    engine or an agent loop: whole batches, with a warning."""
+    colocate = ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=2"]
+    _, sync = _plan()
+    _, partial = _plan(*colocate)
+    assert partial.mode.partial and partial.gen_rows == 3 * sync.gen_rows
+    with pytest.warns(UserWarning, match="rollout.name=vllm: no partial rollouts"):
+        _, whole = _plan(*colocate, "actor_rollout_ref.rollout.name=vllm")
+    assert not whole.mode.partial and whole.gen_rows == sync.gen_rows

@@ -173,7 +173,8 @@ class _Estimator:
         merged = FP32 * m.merged if c == FP32 else 0  # fp32 LoRA samples with merged copies of its linears
         terms = {
             "weights": actor.placement.gathered(m, whole=True) + merged,
-            "kv_cache": kv_cache_bytes(m, rows, self.width, c),
+            # a partial rollout's continued rows: their tokens so far join the prompt, and R more come
+            "kv_cache": kv_cache_bytes(m, rows, self.width + self.plan.mode.partial * self.lengths.response, c),
             "activations": forward_transient(m, rows * self.cfg.data.max_prompt_length, c),
             "logits": 4 * rows * m.vocab * FP32,
         }  # the last position's, as sampling scales and sorts them

@@ -27,7 +27,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from config.phases import PROMPT
-from workers.compute.rollout import _rollout_batch
+from workers.compute.rollout import rollout_batch
 from workers.compute.turn_sampler import HFTurnSampler, LogitsProcessor, TurnSampler
 from workers.tools import AgentData, ToolBox, ToolConfigError, load_tools
 from workers.tools.parser import parse_tool_calls
@@ -111,7 +111,7 @@ class AgentLoop:
         responses, model_mask, valid = (x.cpu() for x in (out.responses, out.model_mask, out.valid))
         self._close_cut_turns(responses, valid, out.finished.cpu())
         # the attention mask covers every real token (tool tokens too), the response mask the model's only
-        tensors = _rollout_batch(*(batch[k].cpu() for k in PROMPT), responses, valid)
+        tensors = rollout_batch(*(batch[k].cpu() for k in PROMPT), responses, valid)
         tensors["response_mask"] = model_mask * valid
         self._check_tokens(tensors)
         if return_log_probs:  # the old log-probs of an on-policy step; tool tokens are masked out of every loss

@@ -29,6 +29,7 @@ multi-turn, tool-calling rollout): :func:`prefill`, :func:`next_token_logits`, :
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -131,6 +132,7 @@ def generate_sequences(
     do_sample: bool = True,
     generator: torch.Generator | None = None,
     return_log_probs: bool = False,
+    partial: Partial | None = None,
 ) -> dict[str, Tensor]:
     """Sample up to ``response_length`` tokens per left-padded prompt (B, P); each row stops at its EOS.
 
@@ -140,7 +142,9 @@ def generate_sequences(
       EOS; position_ids (B, P+R) continuing from each prompt's last position; with ``return_log_probs``,
       rollout_log_probs (B, R) fp32 (:func:`token_log_probs` of each sampled token, 0 after the row ended).
       ``eos_token_id=None`` never stops. Identical prompt rows share one prefill (:func:`prefill`), planned on the
-      prompts' device (the host's, as the worker's batch arrives).
+      prompts' device (the host's, as the worker's batch arrives). With ``partial`` (a partial rollout's piece)
+      each row stops at its own budget too, the loop may stop early (:class:`Partial`), and ``ended`` (B,) bool
+      says which rows ended (EOS or budget); the others' responses so far are to be continued.
     """
     device = next(model.parameters()).device
     cache, logits = prefill(model, input_ids, attention_mask, position_ids, input_ids.shape[1] + response_length)
@@ -156,6 +160,7 @@ def generate_sequences(
     full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch_size, response_length)], dim=-1)
     step_pos = position_ids[:, -1:]
     rows = torch.arange(batch_size, device=device)  # the batch row of each row still being decoded
+    budget = torch.full((batch_size,), response_length, device=device) if partial is None else partial.budget.to(device)
     for t in range(response_length):
         token = sample_next_token(logits, **sampling)
         if return_log_probs:
@@ -163,28 +168,80 @@ def generate_sequences(
         token = torch.where(finished, pad_token_id, token)
         responses[rows, t] = token
         response_mask[rows, t] = (~finished).to(response_mask.dtype)
-        finished |= torch.isin(token, eos)
+        finished |= torch.isin(token, eos) | (budget <= t + 1)
         if t == response_length - 1:
             break
         if (t + 1) % EOS_CHECK_INTERVAL == 0:
-            # a meta batch (no data) reads as half its rows live: it drops rows, and stops once none is left
-            live = host_read("rollout.live_rows", (~finished).sum(), meta_value=len(rows) // 2)
-            if live == 0:
+            live, enough = _live_rows(finished, rows, batch_size, partial)
+            if live == 0 or enough:
                 break
             if 2 * live <= len(rows):  # a finished row costs as much to decode as a live one: drop the finished
                 keep = live_rows(finished, live)
                 select_cache_rows(cache, keep)
-                rows, full_mask, step_pos, token, finished = (
-                    x[keep] for x in (rows, full_mask, step_pos, token, finished)
+                rows, full_mask, step_pos, token, finished, budget = (
+                    x[keep] for x in (rows, full_mask, step_pos, token, finished, budget)
                 )
         # the finished rows left keep decoding (batched) but their tokens are overwritten with pad above
         full_mask[:, prompt_length + t] = 1
         step_pos = step_pos + 1
         logits = next_token_logits(model, token.unsqueeze(-1), full_mask, step_pos, cache)
-    out = _rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
+    out = rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
     if return_log_probs:
         out["rollout_log_probs"] = log_probs
+    if partial is not None:
+        out["ended"] = _ended(finished, rows, batch_size)
     return out
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A piece of a partial rollout (``trainer.partial``): each row's ``budget`` (B,) of tokens left, and when to
+    stop before every row has ended: once ``quota`` groups (``group`` (B,) ints in [0, B): a prompt's rows) have
+    all their rows ended and no ``required`` (B,) bool row is still decoding (checked every ``EOS_CHECK_INTERVAL``
+    tokens)."""
+
+    budget: Tensor
+    group: Tensor
+    quota: int
+    required: Tensor
+
+
+PARTIAL_KEYS = ("response_budget", "prompt_group", "required_rows")  # a piece's tensors (B,) as the worker gets them
+QUOTA = "partial_quota"  # meta_info: the piece's quota of complete groups
+
+
+def partial_piece(batch: Any, meta_info: dict) -> dict[str, Partial]:
+    """``{"partial": Partial}`` when the worker's ``batch`` is a partial rollout's piece (it carries
+    ``PARTIAL_KEYS``), else ``{}``: the keyword :func:`generate_sequences` takes."""
+    if PARTIAL_KEYS[0] not in batch.keys():
+        return {}
+    budget, group, required = (batch[k] for k in PARTIAL_KEYS)
+    group = torch.unique(group, return_inverse=True)[1]  # this rank's groups numbered 0 .. (planned on the host)
+    return {"partial": Partial(budget, group, int(meta_info[QUOTA]), required.bool())}
+
+
+def _ended(finished: Tensor, rows: Tensor, batch_size: int) -> Tensor:
+    """(B,) bool: the rows that ended; ``rows`` are those still in the loop (the others ended and left it)."""
+    ended = torch.ones(batch_size, dtype=torch.bool, device=finished.device)
+    ended[rows] = finished
+    return ended
+
+
+def _live_rows(finished: Tensor, rows: Tensor, batch_size: int, partial: Partial | None) -> tuple[int, bool]:
+    """(how many rows are still decoding, whether a partial rollout's piece has enough ended): one host read.
+    A meta batch (no data) reads as half its rows live and never enough: it drops rows, and stops once none is."""
+    live = (~finished).sum()
+    if partial is None:
+        return host_read("rollout.live_rows", live, meta_value=len(rows) // 2), False
+    ended, group = _ended(finished, rows, batch_size), partial.group.to(finished.device)
+    per_group = torch.zeros(batch_size, dtype=torch.long, device=ended.device)  # group ids are 0 .. B-1 at most
+    members, open_rows = (per_group.index_add(0, group, x.long()) for x in (torch.ones_like(ended), ~ended))
+    complete = ((members > 0) & (open_rows == 0)).sum()
+    waiting = (~ended & partial.required.to(ended.device)).sum()
+    live, complete, waiting = host_read(
+        "rollout.live_rows", torch.stack([live, complete, waiting]), meta_value=[len(rows) // 2, 0, 1]
+    )
+    return live, complete >= partial.quota and waiting == 0
 
 
 def live_rows(finished: Tensor, live: int) -> Tensor:
@@ -306,7 +363,7 @@ def _padded_layout(states: Tensor, slots: Tensor) -> Tensor:
     return flat[slots].transpose(1, 2)
 
 
-def _rollout_batch(
+def rollout_batch(
     prompts: Tensor, prompt_mask: Tensor, prompt_positions: Tensor, responses: Tensor, response_mask: Tensor
 ) -> dict[str, Tensor]:
     """Join prompts (B, P) and responses (B, R) into the rollout batch; response positions continue the prompt's."""

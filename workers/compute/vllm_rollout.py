@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from config import ConfigError
-from workers.compute.rollout import _rollout_batch
+from workers.compute.rollout import rollout_batch
 from workers.compute.turn_sampler import EndTurns, SampledTurns, TurnSampler
 from workers.parallel import fsdp, lora
 
@@ -309,7 +309,7 @@ class VLLMRollout:
             responses[row, : len(ids)] = torch.tensor(ids, dtype=input_ids.dtype)
             response_mask[row, : len(ids)] = 1
             log_probs[row, : len(scores)] = torch.tensor(scores, dtype=torch.float32)
-        out = _rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
+        out = rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
         if return_log_probs:
             out["rollout_log_probs"] = log_probs
         return out

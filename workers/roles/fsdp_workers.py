@@ -31,7 +31,7 @@ from workers.compute.actor import DataParallelPPOActor
 from workers.compute.agent_loop import build_agent_loop
 from workers.compute.critic import DataParallelPPOCritic, load_value_model
 from workers.compute.reward_model import compute_rm_scores, load_reward_model
-from workers.compute.rollout import eos_token_ids, generate_sequences
+from workers.compute.rollout import eos_token_ids, generate_sequences, partial_piece
 from workers.compute.step_store import STORE
 from workers.compute.teacher import merge_by_rows, score_batch, teacher_rows
 from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler
@@ -150,15 +150,14 @@ class ActorRolloutRefWorker(WeightSync, Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample one response per prompt row (the driver repeats prompts n times beforehand; the repeats share one
-        prefill).
+        prefill); a partial rollout's piece continues rows instead (``rollout.partial_piece``).
 
-        Sampling settings come from ``config.rollout``; ``meta_info`` may override temperature, top_p,
-        top_k and do_sample (validation passes ``val_kwargs``). Writes responses, input_ids, attention_mask,
-        position_ids and response_mask, and with ``rollout.calculate_log_probs`` rollout_log_probs (the sampled
-        tokens' log-probs under this very policy, which are also the old log-probs when the plan takes them from
-        the rollout); with ``rollout.multi_turn.enable`` the agent loop's tensors instead (log-probs 0 on tool
-        tokens), and its per-row non-tensors (``workers.compute.agent_loop``), reading
-        ``raw_prompt``/``agent_name``/``tools_kwargs``.
+        Sampling settings come from ``config.rollout``; ``meta_info`` may override temperature, top_p, top_k and
+        do_sample (validation passes ``val_kwargs``). Writes responses, input_ids, attention_mask, position_ids and
+        response_mask, and with ``rollout.calculate_log_probs`` rollout_log_probs (the sampled tokens' log-probs
+        under this very policy, which are also the old log-probs when the plan takes them from the rollout); with
+        ``rollout.multi_turn.enable`` the agent loop's tensors instead (log-probs 0 on tool tokens), and its per-row
+        non-tensors (``workers.compute.agent_loop``), reading ``raw_prompt``/``agent_name``/``tools_kwargs``.
         """
         inputs = STORE.inputs(prompts)
         if not self._is_actor:
@@ -189,6 +188,7 @@ class ActorRolloutRefWorker(WeightSync, Worker):
                     return_log_probs=rollout.calculate_log_probs,
                     **ids,
                     **sampling,
+                    **partial_piece(inputs.batch, inputs.meta_info),
                 )
                 rows, metrics = None, {}
         if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy

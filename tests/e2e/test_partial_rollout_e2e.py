@@ -1,0 +1,88 @@
+"""trainer.v1's colocate_async end to end on one group of 2 CPU workers (real Ray, gloo, FSDP2): partial rollouts
+(trainer.partial). A step trains the first groups to end; the rows still decoding go on at the next step under
+the new weights (verl's spans > 1), every step on the same number of samples; a resume with rows in flight is
+exact; ``wait`` and ``drop`` keep every span within the threshold."""
+
+import pytest
+
+from config import load_config
+from tests.e2e.test_async_e2e import STALENESS
+from tests.e2e.test_checkpoint import COMPARED
+from tests.e2e.test_ppo_e2e import read_jsonl
+from trainer.build import build_trainer
+
+OFF_POLICY = "training/off_policy"
+SPANS = [f"{OFF_POLICY}/trajectory_spans/{s}" for s in ("mean", "max", "min")]
+
+
+def config(tmp_path, steps: int, *extra: str):
+    return load_config(
+        [
+            f"builtin.cache_dir={tmp_path.parent / 'assets'}",
+            "builtin.hidden_size=32",
+            "builtin.num_train=32",
+            "builtin.num_val=4",
+            "data.train_batch_size=4",
+            "data.max_response_length=48",  # the tiny model's responses end anywhere in it: pieces stop mid-way
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "algorithm.adv_estimator=grpo",
+            "trainer.n_gpus_per_node=2",
+            "trainer.v1.trainer_mode=colocate_async",
+            "trainer.device=cpu",
+            f"trainer.total_training_steps={steps}",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.save_freq=1",
+            "trainer.deterministic=true",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[file]",
+            *extra,
+        ]
+    )
+
+
+def _run(tmp_path, steps: int, *extra: str) -> dict[int, dict]:
+    trainer = build_trainer(config(tmp_path, steps, *extra))
+    trainer.init_workers()
+    trainer.fit()
+    return {r["step"]: r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["step"] > 0}
+
+
+@pytest.fixture(scope="module")
+def runs(ray_cluster, tmp_path_factory):
+    straight_dir, resumed_dir = tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("resumed")
+    straight = _run(straight_dir, 5)
+    for steps in (3, 5):  # stop with rows in flight; resume: they go on
+        resumed = _run(resumed_dir, steps)
+    return straight, resumed, straight_dir
+
+
+def test_unended_rows_go_on_at_the_next_step_under_new_weights(runs):
+    straight, _, _ = runs
+    assert sorted(straight) == [1, 2, 3, 4, 5]
+    assert max(r[f"{OFF_POLICY}/trajectory_spans/max"] for r in straight.values()) > 1  # continued rows
+    for r in straight.values():
+        assert r[f"{OFF_POLICY}/trajectory_staleness_worst/max"] >= r[f"{OFF_POLICY}/trajectory_staleness/max"]
+        assert r["response_length/max"] <= 48  # a row's pieces share one budget
+
+
+def test_a_resume_with_rows_in_flight_is_exact(runs):
+    straight, resumed, _ = runs
+    assert sorted(resumed) == sorted(straight)
+    keys = COMPARED + STALENESS + SPANS
+    for step in straight:
+        assert {k: resumed[step][k] for k in keys} == {k: straight[step][k] for k in keys}, step
+
+
+@pytest.mark.parametrize("strategy", ["wait", "drop"])
+def test_the_threshold_bounds_every_span(ray_cluster, tmp_path, strategy):
+    """wait: a piece waits for the rows that would pass it; drop: their groups are evicted (verl's metrics)."""
+    bounded = (
+        "trainer.v1.sampler.max_off_policy_threshold=2",
+        f"trainer.v1.sampler.max_off_policy_strategy={strategy}",
+    )
+    records = _run(tmp_path, 5, *bounded, "trainer.save_freq=-1")
+    assert all(r[f"{OFF_POLICY}/trajectory_spans/max"] <= 2 for r in records.values())
+    evicted = sum(r.get(f"{OFF_POLICY}/evicted_samples", 0) for r in records.values())
+    assert (evicted > 0) == (strategy == "drop")
