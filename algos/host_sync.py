@@ -22,7 +22,8 @@ from torch import Tensor
 HOST_SYNCS: dict[str, str] = {
     "rollout.live_rows": (
         "decode loop, once every rollout.EOS_CHECK_INTERVAL tokens: how many rows are still decoding, to stop when "
-        "none is and to drop ended rows from the batch (a new batch shape is a host decision)"
+        "none is and to drop ended rows from the batch (a new batch shape is a host decision); in a partial "
+        "rollout's piece, with how many groups have ended, to stop at its quota"
     ),
     "turn_sampler.ended_turns": (
         "multi-turn decode loop, once per position: which rows sampled a stop token, since their tool turn runs on "

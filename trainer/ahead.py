@@ -60,7 +60,7 @@ class Generating:
     prepare: Callable[[DataProto], DataProto]
     start: Callable[[Any, DataProto, dict], Any]
     finish: Callable[[DataProto, Any], dict[str, float]]
-    writes: tuple[str, ...] = ()
+    writes: tuple[str, ...]
 
 
 @dataclasses.dataclass
@@ -77,7 +77,7 @@ class Ahead:
     """The queue of batches generated ahead of training and, with ``separate_async``, the rollout group."""
 
     def __init__(
-        self, cfg: PPOConfig, plan: StepPlan, trainer_group: Any, rollout_group: Any, pad_token_id: int = 0
+        self, cfg: PPOConfig, plan: StepPlan, trainer_group: Any, rollout_group: Any, pad_token_id: int
     ) -> None:
         self.cfg, self.plan = cfg, plan
         self.trainer_group, self.rollout_group = trainer_group, rollout_group
@@ -105,7 +105,7 @@ class Ahead:
             worker_env={**malloc.worker_env(cfg.trainer.device, node_workers(cfg, plan)), **console.worker_env()},
         )
         group.init_model(total_steps, seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
-        return cls(cfg, plan, actor_group, group)
+        return cls(cfg, plan, actor_group, group, pad_token_id)
 
     # ------------------------------------------------------------------ the step's side
     def begin(self, step: int) -> None:
