@@ -152,7 +152,8 @@ class Ahead:
 
     # ------------------------------------------------------------------ checkpoints
     def state(self, generating: Generating) -> dict[str, Any]:
-        """The queued batches (waited for: tensors, columns, versions) and the batches asked for, as plain types."""
+        """The queued batches (waited for: tensors, columns, versions) or the partial rollouts' rows in flight, and
+        the generations asked for, as plain types."""
         queued = []
         for generation in self.buffer.queue:
             batch = self._answered(generation.result, generating)
@@ -160,8 +161,7 @@ class Ahead:
                 {
                     "asked_at": generation.asked_at,
                     "version": generation.version,
-                    "tensors": dict(batch.batch.items()),
-                    "columns": {k: list(v) for k, v in batch.non_tensor_batch.items()},
+                    **_plain(batch),
                     "token": batch.meta_info[STEP_TOKEN],
                     "metrics": generation.result.metrics,
                 }
@@ -172,12 +172,9 @@ class Ahead:
     def load(self, state: dict[str, Any]) -> None:
         self.asked = state["asked"]
         if state.get("pool") is not None:
-            pool = state["pool"]
-            columns = {k: np.array(v, dtype=object) for k, v in pool["columns"].items()}
-            self.pool.rows = DataProto.from_dict(pool["tensors"], columns)
+            self.pool.rows = _from_plain(state["pool"])
         for item in state["queued"]:
-            columns = {k: np.array(v, dtype=object) for k, v in item["columns"].items()}
-            batch = DataProto.from_dict(item["tensors"], columns, meta_info={STEP_TOKEN: item["token"]})
+            batch = _from_plain(item, meta_info={STEP_TOKEN: item["token"]})
             self.buffer.add(Generation(item["asked_at"], item["version"], Asked(batch, None, metrics=item["metrics"])))
 
     # ------------------------------------------------------------------ internals
@@ -203,3 +200,8 @@ class Ahead:
 def _plain(batch: DataProto) -> dict[str, Any]:
     """A batch's tensors and columns (as lists), for a checkpoint."""
     return {"tensors": dict(batch.batch.items()), "columns": {k: list(v) for k, v in batch.non_tensor_batch.items()}}
+
+
+def _from_plain(plain: dict[str, Any], meta_info: dict | None = None) -> DataProto:
+    columns = {k: np.array(v, dtype=object) for k, v in plain["columns"].items()}
+    return DataProto.from_dict(plain["tensors"], columns, meta_info=meta_info)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from config import load_config
+from tests.e2e.runs import run_keys
 from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
 from trainer.build import build_trainer
@@ -13,31 +14,31 @@ from trainer.build import build_trainer
 STALENESS = [f"training/off_policy/trajectory_staleness/{s}" for s in ("mean", "max", "min")]
 
 
+def tiny_async(tmp_path, steps: int) -> list[str]:
+    """The async e2e tests' tiny GRPO run on CPU, deterministic, a checkpoint every step (no mode, no workers)."""
+    return [
+        f"builtin.cache_dir={tmp_path.parent / 'assets'}",
+        "builtin.hidden_size=32",
+        "builtin.num_val=4",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # two updates a step: the old log-probs' forward runs
+        "algorithm.adv_estimator=grpo",
+        *run_keys(tmp_path, steps),
+    ]
+
+
 def config(tmp_path, steps: int, *extra: str):
     return load_config(
         [
-            f"builtin.cache_dir={tmp_path.parent / 'assets'}",
-            "builtin.hidden_size=32",
+            *tiny_async(tmp_path, steps),
             "builtin.num_train=16",
-            "builtin.num_val=4",
-            "data.train_batch_size=4",
             "data.max_response_length=5",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # two updates a step: the old log-probs' forward runs
-            "algorithm.adv_estimator=grpo",
             "trainer.n_gpus_per_node=1",
             "trainer.v1.trainer_mode=separate_async",
             "trainer.v1.separate_async.parameter_sync_step=2",
             "actor_rollout_ref.rollout.nnodes=1",
             "actor_rollout_ref.rollout.n_gpus_per_node=1",
-            "trainer.device=cpu",
-            f"trainer.total_training_steps={steps}",
-            "trainer.test_freq=-1",
-            "trainer.val_before_train=false",
-            "trainer.save_freq=1",
-            "trainer.deterministic=true",
-            f"trainer.default_local_dir={tmp_path}",
-            "trainer.logger=[file]",
             *extra,
         ]
     )

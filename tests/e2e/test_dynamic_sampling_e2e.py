@@ -5,6 +5,7 @@ import pytest
 
 from config import load_config
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
+from tests.e2e.runs import run_keys
 from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
 from trainer.build import build_trainer
@@ -41,14 +42,7 @@ def config(tmp_path, steps: int):
             "algorithm.filter_groups.metric=acc",  # a plain number's acc is its score (verl's dapo manager)
             f"custom_reward_function.path={reward}",
             "trainer.n_gpus_per_node=2",
-            "trainer.device=cpu",
-            f"trainer.total_training_steps={steps}",
-            "trainer.test_freq=-1",
-            "trainer.val_before_train=false",
-            "trainer.save_freq=1",
-            "trainer.deterministic=true",
-            f"trainer.default_local_dir={tmp_path}",
-            "trainer.logger=[file]",
+            *run_keys(tmp_path, steps),
         ]
     )
 

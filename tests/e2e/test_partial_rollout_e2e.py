@@ -6,7 +6,7 @@ exact; ``wait`` and ``drop`` keep every span within the threshold."""
 import pytest
 
 from config import load_config
-from tests.e2e.test_async_e2e import STALENESS
+from tests.e2e.test_async_e2e import STALENESS, tiny_async
 from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
 from trainer.build import build_trainer
@@ -18,25 +18,11 @@ SPANS = [f"{OFF_POLICY}/trajectory_spans/{s}" for s in ("mean", "max", "min")]
 def config(tmp_path, steps: int, *extra: str):
     return load_config(
         [
-            f"builtin.cache_dir={tmp_path.parent / 'assets'}",
-            "builtin.hidden_size=32",
+            *tiny_async(tmp_path, steps),
             "builtin.num_train=32",
-            "builtin.num_val=4",
-            "data.train_batch_size=4",
             "data.max_response_length=48",  # the tiny model's responses end anywhere in it: pieces stop mid-way
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "algorithm.adv_estimator=grpo",
             "trainer.n_gpus_per_node=2",
             "trainer.v1.trainer_mode=colocate_async",
-            "trainer.device=cpu",
-            f"trainer.total_training_steps={steps}",
-            "trainer.test_freq=-1",
-            "trainer.val_before_train=false",
-            "trainer.save_freq=1",
-            "trainer.deterministic=true",
-            f"trainer.default_local_dir={tmp_path}",
-            "trainer.logger=[file]",
             *extra,
         ]
     )
