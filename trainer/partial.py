@@ -36,8 +36,8 @@ from trainer.routing import STEP_TOKEN
 from workers.compute.rollout import PARTIAL_KEYS, QUOTA, rollout_batch
 
 TOKENS, LOG_PROBS, LENGTH, ENDED = "partial_tokens", "partial_log_probs", "partial_length", "partial_ended"
-FIRST, LAST, ASKED = "partial_first", "partial_last", "partial_asked_at"
-STATE = (TOKENS, LOG_PROBS, LENGTH, ENDED, FIRST, LAST, ASKED)  # the pool's own tensors of each row
+FIRST, LAST = "partial_first", "partial_last"
+STATE = (TOKENS, LOG_PROBS, LENGTH, ENDED, FIRST, LAST)  # the pool's own tensors of each row
 
 
 def continuation(prompt: tuple[Tensor, ...], tokens: Tensor, length: Tensor) -> tuple[Tensor, ...]:
@@ -92,10 +92,10 @@ class Pool:
         from ``more`` until the pool holds its groups, and generate with the weights of ``version`` until
         ``train_batch_size`` groups have ended (each piece under ``seed()``); the oldest of them as the step's batch
         (the keys the rollout ``writes``), and the metrics."""
-        self.add(batch, step)
+        self.add(batch)
         evicted = self._evict(step)
         while self._groups(self.rows) < self.in_flight:
-            self.add(next(more), step)
+            self.add(next(more))
         metrics: dict[str, float] = {}
         while (piece := self._piece(step)) is not None:
             index, sent = piece
@@ -106,8 +106,8 @@ class Pool:
             append(self.rows.batch, index, out[: len(index)].batch, version)
         return self._take(writes), {**metrics, **evicted}
 
-    def add(self, batch: DataProto, step: int) -> None:
-        """``batch``'s rows join the pool: nothing generated yet, drawn at ``step``."""
+    def add(self, batch: DataProto) -> None:
+        """``batch``'s rows join the pool, nothing generated yet (groups are taken in the order they joined)."""
         n, zeros = len(batch), torch.zeros(len(batch), dtype=torch.long)
         state = {
             TOKENS: torch.full((n, self.response_length), self.pad, dtype=torch.long),
@@ -116,7 +116,6 @@ class Pool:
             ENDED: torch.zeros(n, dtype=torch.bool),
             FIRST: zeros.clone(),
             LAST: zeros.clone(),
-            ASKED: torch.full((n,), step),
         }
         rows = DataProto.from_dict({**batch.batch, **state}, dict(batch.non_tensor_batch))
         self.rows = rows if self.rows is None else DataProto.concat([self.rows, rows])
@@ -134,9 +133,9 @@ class Pool:
         number[order] = np.arange(len(order))
         return number[inverse]
 
-    def _group_spans(self, step: int) -> Tensor:
-        """Each row's group's span if it generates at ``step``: versions from its group's first to ``step - 1``."""
-        group = self._group_of()
+    def _group_spans(self, step: int, group: np.ndarray) -> Tensor:
+        """Each row's group's span if it generates at ``step``: versions from its group's first to ``step - 1``
+        (``group``: each row's, ``_group_of``)."""
         state, group = self.rows.batch, torch.as_tensor(group)
         first = torch.where(state[LENGTH] > 0, state[FIRST], step - 1)
         oldest = torch.full((int(group.max()) + 1,), step - 1).scatter_reduce(0, group, first, "amin")
@@ -147,7 +146,8 @@ class Pool:
         eviction); their spans' metrics."""
         if self.strategy != "drop" or self.threshold is None or self.rows is None:
             return {}
-        spans, group = self._group_spans(step).numpy(), self._group_of()
+        group = self._group_of()
+        spans = self._group_spans(step, group).numpy()
         stale = np.unique(group[~self.rows.batch[ENDED].numpy() & (spans > self.threshold)])
         if not len(stale):
             return {}
@@ -166,7 +166,7 @@ class Pool:
         if self.strategy != "wait" or self.threshold is None:
             required = torch.zeros_like(required)
         else:  # rows of a group that, generating again at the next step, would span past the threshold
-            required &= self._group_spans(step) + 1 > self.threshold
+            required &= self._group_spans(step, group) + 1 > self.threshold
         if complete >= self.prompts and not required.any():
             return None
         index = torch.as_tensor(np.flatnonzero(~ended))
