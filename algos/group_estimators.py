@@ -62,6 +62,10 @@ def compute_grpo_outcome_advantage(
     return _broadcast(adv / (std + epsilon) if norm_adv_by_std_in_grpo else adv, response_mask)
 
 
+# the "grpo_vectorized" estimator: the same advantages (the function above is vectorized already)
+compute_grpo_vectorized_outcome_advantage = compute_grpo_outcome_advantage
+
+
 @torch.no_grad()
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: Tensor,

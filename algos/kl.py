@@ -18,9 +18,23 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
     """Per-token estimate of KL(π ‖ π_ref) from sampled-token log-probs (Schulman's k1/k2/k3), (bs, response_length).
 
     k1 = log π − log π_ref;  abs = |k1|;  k2 = ½·k1²;  k3 = e^{−k1} + k1 − 1 (≥ 0, low variance, clamped to ±10).
+    A name with ``+`` (``k3+``, ``low_var_kl+``, ...) is straight-through: the estimator's value with k2's gradient,
+
+        est⁺ = sg(est) + k2 − sg(k2)          (sg: stop-gradient)
+
+    since k2's gradient, k1·∇log π, is the one whose expectation is KL's gradient (k1's and k3's are not).
     The exact KL over the vocabulary is ``kl_full``, which takes logits instead.
     """
-    log_ratio = logprob - ref_logprob
+    base = kl_penalty.removesuffix("+")
+    value = _estimate(logprob - ref_logprob, base, kl_penalty)
+    if base == kl_penalty or base in ("mse", "k2"):
+        return value
+    k2 = 0.5 * (logprob - ref_logprob).square()
+    return value.detach() + k2 - k2.detach()
+
+
+def _estimate(log_ratio: Tensor, kl_penalty: str, name: str) -> Tensor:
+    """The estimator ``kl_penalty`` (no ``+``) of ``log_ratio``; ``name`` is the one asked for, for the errors."""
     if kl_penalty in ("kl", "k1"):
         return log_ratio
     if kl_penalty == "abs":
@@ -30,9 +44,9 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
     if kl_penalty in ("low_var_kl", "k3"):
         ref_minus_logp = (-log_ratio).clamp(-20.0, 20.0)
         return (torch.exp(ref_minus_logp) - ref_minus_logp - 1).clamp(-10.0, 10.0)
-    if kl_penalty == "full":
+    if name == "full":
         raise ValueError("kl_penalty 'full' needs logits, not token log-probs: use kl_full(logits, ref_logits)")
-    raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid: {list(KL_PENALTY_TYPES)}")
+    raise ValueError(f"unknown kl_penalty {name!r}; valid: {list(KL_PENALTY_TYPES)}")
 
 
 def kl_full(logits: Tensor, ref_logits: Tensor) -> Tensor:

@@ -37,7 +37,7 @@ OTB_NEEDS = (*GROUP, "old_log_probs", "sum_pi_squared")
 ESTIMATORS: dict[str, EstimatorSpec] = {
     "gae": EstimatorSpec("compute_gae_advantage_return", ("values",), ("gamma", "lam")),
     "grpo": EstimatorSpec("compute_grpo_outcome_advantage", GROUP, GRPO_OPTIONS),
-    "grpo_vectorized": EstimatorSpec("compute_grpo_outcome_advantage", GROUP, GRPO_OPTIONS),
+    "grpo_vectorized": EstimatorSpec("compute_grpo_vectorized_outcome_advantage", GROUP, GRPO_OPTIONS),
     "grpo_passk": EstimatorSpec("compute_grpo_passk_outcome_advantage", GROUP, GRPO_OPTIONS),
     "gdpo": EstimatorSpec(
         "compute_gdpo_outcome_advantage", (*GROUP, "reward_components"), ("gdpo_reward_weights", *GRPO_OPTIONS)
@@ -122,7 +122,9 @@ def policy_loss_spec(loss_mode: str) -> PolicyLossSpec:
 
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# "<estimator>+": the estimator's value with k2's gradient (straight-through, algos.kl.kl_penalty)
+KL_PENALTY_TYPES = (*KL_ESTIMATORS, *(f"{name}+" for name in KL_ESTIMATORS))
 KL_LOSS_TYPES = (*KL_PENALTY_TYPES, "full")  # "full" needs both models' logits: only the actor's KL loss has them
 
 
@@ -135,6 +137,6 @@ class DistillationLossSpec(NamedTuple):
 
 
 DISTILLATION_LOSS_SPECS: dict[str, DistillationLossSpec] = {
-    **{mode: DistillationLossSpec("sampled_token_kl", uses_topk=False) for mode in KL_PENALTY_TYPES},
+    **{mode: DistillationLossSpec("sampled_token_kl", uses_topk=False) for mode in KL_ESTIMATORS},
     "forward_kl_topk": DistillationLossSpec("forward_kl_topk", uses_topk=True),
 }

@@ -20,6 +20,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from data.reward import (
     import_file,
     raised,
 )
+from single_controller.data_proto import DataProto
 
 
 class TokenBucket:
@@ -231,9 +233,9 @@ class RemoteRewardManager(ConcurrentRewardManager):
 class ImportedRewardManager(ConcurrentRewardManager):
     """``reward.reward_manager.source=importlib``: the user's verl reward-manager class, built as verl builds it
     (``cls(config=, tokenizer=, compute_score=)``, on the reward loop: a verl manager's ``get_event_loop()`` is
-    the loop that runs it). Each response is scored by its ``async run_single(data)`` on a one-row verl
-    ``DataProto`` (``data[0]`` is a ``DataProtoItem``), all at once as verl's reward loop gathers them, each within
-    ``reward.timeout``; it returns verl's ``{"reward_score": float, "reward_extra_info": dict}``."""
+    the loop that runs it). Each response is scored by its ``async run_single(data)`` on a one-row batch
+    (``UserRows``: ``data[0]`` is the row, as verl's ``DataProtoItem``), all at once as verl's reward loop gathers
+    them, each within ``reward.timeout``; it returns verl's ``{"reward_score": float, "reward_extra_info": dict}``."""
 
     def __init__(self, *args: Any, manager_cls: type, config: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -248,10 +250,7 @@ class ImportedRewardManager(ConcurrentRewardManager):
         """Nothing to try before the run: the class was built (``make_reward_manager``); its scores are the run's."""
 
     def submit(self, data: Any) -> RewardHandle:
-        # verl's DataProto for the user's code (the trainer's is the core's): the same tensors and columns
-        from single_controller.compat.data_proto import DataProto
-
-        rows = DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+        rows = UserRows(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
         self._rows = [rows[i : i + 1] for i in range(len(rows))]
         return super().submit(data)
 
@@ -270,6 +269,19 @@ class ImportedRewardManager(ConcurrentRewardManager):
         if not (isinstance(result, dict) and "reward_score" in result):
             return result  # a number is a score; anything else is counted invalid
         return {**(result.get("reward_extra_info") or {}), "score": result["reward_score"]}
+
+
+class UserRows(DataProto):
+    """Rows as a user's manager reads them: ``data[i]`` (an int) is row i itself, each tensor one dimension less and
+    each column its value, with the batch's ``meta_info``; any other selection is the core's, of this class."""
+
+    def __getitem__(self, item: Any) -> Any:
+        if not isinstance(item, (int, np.integer)):
+            return super().__getitem__(item)
+        row = super().__getitem__(item)  # one row, range-checked
+        batch = None if row.batch is None else {key: value[0] for key, value in row.batch.items()}
+        columns = {key: value[0] for key, value in row.non_tensor_batch.items()}
+        return SimpleNamespace(batch=batch, non_tensor_batch=columns, meta_info=row.meta_info)
 
 
 async def _built(cls: type, config: Any, tokenizer: Any, compute_score: Any) -> Any:

@@ -12,11 +12,11 @@ import ray
 import torch
 from omegaconf import OmegaConf
 
-from single_controller.base.decorator import Dispatch, register
-from single_controller.base.megatron.worker import MegatronWorker
-from single_controller.models.llama_tp_mlp import LlamaMLP, local_shards, merge_tp_shards, parallel_llama_mlp
-from single_controller.ray.base import RayClassWithInitArgs, RayResourcePool
-from single_controller.ray.megatron import NVMegatronRayWorkerGroup
+from verl_compat.models.llama.megatron.layers import LlamaMLP, local_shards, merge_tp_shards, parallel_llama_mlp
+from verl_compat.single_controller.base.decorator import Dispatch, register
+from verl_compat.single_controller.base.megatron.worker import MegatronWorker
+from verl_compat.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool
+from verl_compat.single_controller.ray.megatron import NVMegatronRayWorkerGroup
 
 SEED_SIZES = {"hidden_size": 4096, "ffn_hidden_size": 11008, "batch_size": 16, "seq_len": 2048}
 CPU_SIZES = {"hidden_size": 64, "ffn_hidden_size": 172, "batch_size": 2, "seq_len": 8}

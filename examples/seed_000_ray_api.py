@@ -6,9 +6,14 @@ Run: python -m examples.seed_000_ray_api [--device cuda]   (8 worker processes; 
 import ray
 import torch
 
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, Execute, collect_all_to_all, register
-from single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, merge_resource_pool
+from verl_compat.single_controller.base import Worker
+from verl_compat.single_controller.base.decorator import Dispatch, Execute, collect_all_to_all, register
+from verl_compat.single_controller.ray.base import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    merge_resource_pool,
+)
 
 DEVICE = "cpu"
 

@@ -8,10 +8,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from single_controller import DataProto
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, register
-from single_controller.ray.base import (
+from verl_compat import DataProto
+from verl_compat.single_controller.base import Worker
+from verl_compat.single_controller.base.decorator import Dispatch, register
+from verl_compat.single_controller.ray.base import (
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,

@@ -8,8 +8,7 @@ A DataProto holds three things that share one leading (batch) dimension:
 - ``meta_info``: a free-form dict that travels with the batch (``metrics``, sampling params, ...).
 
 Everything a worker group does with data (chunking over ranks, padding, concatenating the answers) is
-expressed with the methods here. The methods that only verl code uses (``reorder``, ``to_tensordict``, ...)
-live in single_controller/compat/data_proto.py, and single_controller/__init__.py adds them to the class.
+expressed with the methods here.
 """
 
 from __future__ import annotations

@@ -33,8 +33,10 @@ def quiet_ray_init_kwargs() -> dict[str, Any]:
 
 def worker_env() -> dict[str, str]:
     """The workers' environment for a quiet console: transformers' "Loading weights" bar (under a second for the
-    models a run loads) off, unless the user's environment asks for progress bars."""
-    return {"HF_HUB_DISABLE_PROGRESS_BARS": os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1")}
+    models a run loads) off, unless the user's environment asks for progress bars; and the modules imported before
+    a user's file runs (``COLORL_PRELOAD``, workers/tools/registry.py), on a joined cluster too."""
+    preload = {"COLORL_PRELOAD": os.environ["COLORL_PRELOAD"]} if "COLORL_PRELOAD" in os.environ else {}
+    return {"HF_HUB_DISABLE_PROGRESS_BARS": os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1"), **preload}
 
 
 def validation_scores(records: Sequence[dict[str, Any]]) -> tuple[str, tuple[int, float], tuple[int, float]] | None:

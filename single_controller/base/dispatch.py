@@ -8,7 +8,7 @@ A dispatch mode is a pair of functions (a custom mode is such a dict, given to `
 
 ``ONE_TO_ALL`` sends every rank the same arguments; ``DP_COMPUTE_PROTO`` chunks DataProto arguments over the
 ranks (padded, see ``proto_pad_size``) and concatenates the results. ``ALL_TO_ALL`` (``@register``'s default)
-passes the arguments through. The other modes: single_controller/compat/dispatch.py.
+passes the arguments through. Other modes register themselves under their own values (``add_dispatch_mode``).
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ marked method a group method: dispatch -> execute on the ranks -> wait -> collec
 
 A mode's functions are found in a registry keyed by the mode's value (``add_dispatch_mode``): the core's modes,
 ``Dispatch.ONE_TO_ALL`` and ``Dispatch.DP_COMPUTE_PROTO`` (and ``ALL_TO_ALL``, the default), are registered here
-with their functions from single_controller/base/dispatch.py. verl's ``Dispatch`` (compat/dispatch.py) is an enum
-of every mode, the seeds' and verl's too, which register themselves there under their own values; a member of
-either enum names the same mode by its value. verl's import path for all of it is single_controller/base/decorator.py.
+with their functions from single_controller/base/dispatch.py. Other modes register themselves under their own
+values; an enum whose members carry those values names them (a member is looked up by its value).
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ MAGIC_ATTR = (
 
 
 class Dispatch(Enum):
-    """The core's ways to spread a call's arguments over the ranks of a worker group (verl's names and values;
-    verl's enum of every mode is compat/dispatch.py's ``Dispatch``)."""
+    """The core's ways to spread a call's arguments over the ranks of a worker group."""
 
     ONE_TO_ALL = "one_to_all"  # every rank gets the same arguments
     DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto arguments are chunked over ranks, results concatenated

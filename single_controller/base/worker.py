@@ -18,11 +18,7 @@ ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR
 
 
 class Worker:
-    """Base class for worker-group processes: rank, world size, device, process-group set-up.
-
-    verl's further Worker methods (n-d dispatch meshes, ``execute_func_rank_zero``, ...) are written in
-    single_controller/compat/worker.py; single_controller/__init__.py adds them to the class.
-    """
+    """Base class for worker-group processes: rank, world size, device, process-group set-up."""
 
     def __init__(self) -> None:
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]

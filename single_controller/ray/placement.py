@@ -1,7 +1,7 @@
 """Where a worker group runs and what it starts: resource pools (placement groups) and worker classes.
 
 - ``RayResourcePool`` reserves one bundle per worker process (a placement group per node); ``bundles()``
-  lists them in rank order. Pools cut from another one: single_controller/compat/resource_pool.py.
+  lists them in rank order.
 - ``RayClassWithInitArgs`` is a worker class plus the arguments to build it with.
 """
 
@@ -138,11 +138,7 @@ def _cpu_gpu(resources: dict) -> dict:
 
 
 class RayClassWithInitArgs:
-    """A worker class (``ray.remote`` or plain) and the arguments to construct it with.
-
-    verl's ``update_options`` / ``set_additional_resource`` are written in single_controller/compat/placement.py;
-    single_controller/ray/__init__.py adds them to the class.
-    """
+    """A worker class (``ray.remote`` or plain) and the arguments to construct it with."""
 
     def __init__(self, cls: Any, *args, **kwargs) -> None:
         self.cls = cls if hasattr(cls, "__ray_actor_class__") else ray.remote(cls)

@@ -19,9 +19,9 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from single_controller.base.decorator import Dispatch, register  # noqa: E402
+from single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
+from single_controller.base.register import Dispatch, register  # noqa: E402
 from single_controller.base.worker import Worker  # noqa: E402
-from single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
 
 
 class Probe(Worker):

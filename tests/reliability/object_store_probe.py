@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
-from single_controller.base.decorator import Dispatch, register  # noqa: E402
+from single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
+from single_controller.base.register import Dispatch, register  # noqa: E402
 from single_controller.base.worker import Worker  # noqa: E402
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
 from single_controller.ray.health import shutdown_worker_group  # noqa: E402
 from trainer.faults import named  # noqa: E402
 

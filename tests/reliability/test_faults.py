@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, register
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from single_controller.base.register import Dispatch, register
+from single_controller.base.worker import Worker
 from single_controller.ray.health import shutdown_worker_group
 from tests.reliability.conftest import REPO, child_env, tmpfs
 from trainer.faults import STORE_HINT, named

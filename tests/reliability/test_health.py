@@ -12,9 +12,10 @@ import ray
 import torch
 import torch.distributed as dist
 
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, register
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, health
+from single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from single_controller.base.register import Dispatch, register
+from single_controller.base.worker import Worker
+from single_controller.ray import health
 from single_controller.ray.health import WorkerDiedError, shutdown_worker_group, stall_report
 
 

@@ -1,4 +1,5 @@
-"""Dispatch modes, padding, futures, async methods and fail-fast pools on a real Ray cluster."""
+"""The core's dispatch modes, padding, futures, async methods and fail-fast pools on a real Ray cluster (the other
+modes: tests/verl_compat/test_worker_api.py)."""
 
 import asyncio
 import time
@@ -7,10 +8,17 @@ import pytest
 import ray
 import torch
 
-from single_controller import DataProto, DataProtoFuture
-from single_controller.base import Worker
-from single_controller.base.decorator import Dispatch, register
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, ResourceUnavailableError
+from single_controller import (
+    DataProto,
+    DataProtoFuture,
+    Dispatch,
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    Worker,
+    register,
+)
+from single_controller.ray.placement import ResourceUnavailableError
 
 
 class Echo(Worker):
@@ -22,22 +30,10 @@ class Echo(Worker):
     def double_async(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"x": data.batch["x"] * 2})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def plus(self, x):
-        return x + self.rank
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
-    def count(self, data: DataProto) -> int:
-        return len(data)
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     async def slow_rank(self, delay: float) -> int:
         await asyncio.sleep(delay)
         return self.rank
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
-    def apply(self, func, data: DataProto) -> DataProto:
-        return func(self, data)
 
 
 @pytest.fixture(scope="module")
@@ -72,23 +68,8 @@ def test_non_blocking_future_feeds_next_call(group):
     assert padded.get().batch["x"].tolist() == [0, 2, 4, 6, 8]
 
 
-def test_dp_compute_lists_and_errors(group):
-    assert group.plus([10, 10, 10, 10]) == [10, 11, 12, 13]
-    with pytest.raises(ValueError, match="list of length world_size=4"):
-        group.plus([1, 2])
-    assert group.count(DataProto.from_dict({"x": torch.arange(8)})) == [2, 2, 2, 2]
-
-
 def test_async_methods_run(group):
     assert group.slow_rank(0.01) == [0, 1, 2, 3]
-
-
-def test_with_func(group):
-    def add_rank(worker, data):
-        return DataProto.from_dict({"x": data.batch["x"] + worker.rank})
-
-    assert group.apply(add_rank, DataProto.from_dict({"x": torch.zeros(4)})).batch["x"].tolist() == [0, 1, 2, 3]
-    assert group.execute_func_rank_zero(lambda a: a + 1, 41) == 42
 
 
 def test_unknown_dispatch_mode_is_rejected():

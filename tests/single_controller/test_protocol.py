@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from single_controller import DataProto
-from single_controller.protocol import pad_dataproto_to_divisor, unpad_dataproto
+from single_controller.padding import pad_dataproto_to_divisor, unpad_dataproto
 
 
 def make(n: int = 6) -> DataProto:
@@ -54,9 +54,9 @@ def test_chunk_requires_divisibility():
 
 def test_indexing():
     d = make()
-    assert d[1].batch["act"].tolist() == 1  # verl's DataProtoItem: the row, one dim less
-    assert d[-1].non_tensor_batch["label"] == "l5"
-    assert d[1].batch["obs"].shape == d.batch["obs"].shape[1:] and d[1].meta_info is d.meta_info
+    assert d[1].batch["act"].tolist() == [1]  # one row, as every selection: a DataProto
+    assert d[-1].non_tensor_batch["label"].tolist() == ["l5"]
+    assert d[1].batch["obs"].shape == (1, *d.batch["obs"].shape[1:]) and d[1].meta_info is d.meta_info
     with pytest.raises(IndexError):
         d[6]
     assert d[1:3].batch["act"].tolist() == [1, 2]

@@ -10,8 +10,13 @@ import pytest
 import torch
 
 from config.sections import ActorRolloutRefConfig, ModelConfig, RefConfig, RolloutConfig
-from single_controller import DataProto
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from single_controller import (
+    DataProto,
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+)
 from tests.workers.helpers import actor_config, critic_config, make_prompts, worker_config
 from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 

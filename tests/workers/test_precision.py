@@ -22,8 +22,7 @@ from config.sections import (
     RefFSDPConfig,
     RolloutConfig,
 )
-from single_controller import DataProto
-from single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from single_controller import DataProto, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from tests.workers.helpers import actor_config, free_port, init_gloo, make_prompts, worker_config
 from workers.checkpoint.shards import PlainReader
 from workers.compute import attention

@@ -1,19 +1,14 @@
 """Tools without a model: the safe calculator, the answer checker, hermes parsing, verl's tool YAML, function
 tools, user tool files, the worker's event loop (a hung or raising tool's call ending with a message, a lock held
-across calls), and tool files written for verl running unchanged with and without the verl package."""
+across calls). Tool files written for verl: tests/verl_compat/test_tool_files.py."""
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from config.sections import MultiTurnConfig
-from tests.workers import verl_tool_files
 from workers.tools import AgentData, BaseTool, ToolBox, ToolConfigError, load_tools
 from workers.tools.answer import AnswerTool
 from workers.tools.calculator import CalculatorError, CalculatorTool, calculate
@@ -214,6 +209,15 @@ async def loud(text: str) -> str:
         text: what to shout
     """
     return text.upper()
+
+@function_tool
+def judge(text: str) -> tuple:
+    """Judge an answer.
+
+    Args:
+        text: the answer
+    """
+    return f"seen {text}", text == "yes"  # a bool step reward, as verl's function tools may give
 '''
 
 
@@ -222,7 +226,7 @@ def test_verls_tool_yaml_user_classes_and_function_tools_load_and_run(tmp_path):
     (tmp_path / "functions.py").write_text(FUNCTIONS)
     (tmp_path / "tools.yaml").write_text(TOOLS_YAML.replace("{path}", str(tmp_path / "user_tools.py")))
     tools = load_tools(str(tmp_path / "tools.yaml"), str(tmp_path / "functions.py"))
-    assert sorted(tools) == ["add", "calc_gsm8k_reward", "calculator", "counter", "shout"]
+    assert sorted(tools) == ["add", "calc_gsm8k_reward", "calculator", "counter", "judge", "shout"]
     assert tools["add"].tool_schema.function.parameters.required == ["a", "b"]
     box = ToolBox(tools, MultiTurnConfig(enable=True))
     agent_data = AgentData()
@@ -234,6 +238,9 @@ def test_verls_tool_yaml_user_classes_and_function_tools_load_and_run(tmp_path):
     )
     assert agent_data.reward_scores == {"counter": 0.0} and agent_data.error_count == 1
     assert agent_data.call_count == 3
+    judged = AgentData()
+    texts = [box.run_turn([(judged, [ToolCall("judge", {"text": answer})])]) for answer in ("yes", "no")]
+    assert texts == [[["seen yes"]], [["seen no"]]] and judged.tool_rewards == [1.0, 0.0] and not judged.error_count
 
 
 @pytest.mark.parametrize(
@@ -260,57 +267,6 @@ def test_a_bad_tool_config_is_one_line_naming_the_problem(tmp_path, yaml_text, m
     (tmp_path / "tools.yaml").write_text(yaml_text)
     with pytest.raises(ToolConfigError, match=message):
         load_tools(str(tmp_path / "tools.yaml"), None)
-
-
-EXPECTED_TEXTS = [["reward=1.0 after 2 messages"], ['{"capital": "Paris"}', "42", "42"]]
-
-
-def run_verl_tool_files(directory: Path, *flags: str) -> dict:
-    """tests.workers.verl_tool_files in a fresh interpreter (its imports are its own)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.workers.verl_tool_files", str(directory), *flags],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def verl_files(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("verl_tools")
-    verl_tool_files.write(directory)
-    return directory
-
-
-def test_verls_tool_files_run_unchanged_without_the_verl_package(verl_files):
-    """verl hidden from Python's path finder: the files' verl.* imports get ColoRL's classes; verl's lifecycle,
-    the schema from get_openai_tool_schema (the YAML has none), @function_tool with verl's import."""
-    out = run_verl_tool_files(verl_files, "--hide-verl")
-    assert out["tools"] == ["calculator", "check_answer", "lookup_capital", "multiply"]
-    assert out["texts"] == EXPECTED_TEXTS and out["reward_scores"] == {"check_answer": 1.0}
-    assert out["tool_rewards"] == [0.0] and out["released"] and out["verl_modules_before"] == []
-    assert out["bases"] == ["workers.tools.base.BaseTool"] and out["schema_type"] == "workers.tools.base"
-    assert out["verl_modules"] == ["verl", "verl.tools", "verl.tools.base_tool", "verl.tools.function_tool"] + [
-        "verl.tools.schemas",
-        "verl.utils",
-        "verl.utils.rollout_trace",
-    ]
-    schema = next(s for s in out["schemas"] if s["function"]["name"] == "check_answer")
-    assert schema["function"]["parameters"]["required"] == ["answer"]
-
-
-def test_verls_tool_files_run_with_verls_own_classes_when_verl_is_installed(verl_files):
-    pytest.importorskip("verl", reason="verl is not installed (make setup installs it for the tests)")
-    out = run_verl_tool_files(verl_files)
-    assert out["texts"] == EXPECTED_TEXTS and out["reward_scores"] == {"check_answer": 1.0} and out["released"]
-    assert out["bases"] == ["verl.tools.base_tool.BaseTool"] and out["schema_type"] == "verl.tools.schemas"
-    assert out["verl_modules_before"] == []  # ColoRL's own tools never import verl
-    assert not any(name.startswith("verl.experimental") for name in out["verl_modules"])  # only what files import
 
 
 def arith_calculator_template() -> str:

@@ -2,7 +2,7 @@
 
 Built-in: ``workers.tools.calculator.CalculatorTool`` (safe arithmetic) and ``workers.tools.answer.AnswerTool``
 (verl's former ``Gsm8kTool``). A user's tool subclasses ``BaseTool`` (this one, or verl's
-``verl.tools.base_tool.BaseTool``: a file written for verl runs unchanged, see ``workers.tools.verl_paths``); a
+``verl.tools.base_tool.BaseTool``: a file written for verl runs unchanged, see docs/tools.md); a
 stateless one can be a function marked with ``function_tool``. See docs/tools.md.
 """
 

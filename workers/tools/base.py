@@ -15,7 +15,7 @@ A tool's schema is OpenAI's function-tool schema, as in verl's tool YAML::
 
 The schema classes answer to verl's names (``OpenAIFunctionToolSchema`` is ``ToolSchema``) and to the part of
 pydantic's surface that tool code uses (``model_validate``, ``model_dump``, keyword construction), so a tool
-written against ``verl.tools.schemas`` runs on them when verl is not installed (``workers.tools.verl_paths``).
+written against ``verl.tools.schemas`` runs on them when verl is not installed (docs/tools.md).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ The YAML has verl's shape::
 ``class_name`` is an importable dotted path or a Python file and a class (``file.py:Class``); verl's own former
 built-in ``verl.tools.gsm8k_tool.Gsm8kTool`` maps to ColoRL's answer tool. The class may subclass ColoRL's
 ``workers.tools.BaseTool`` or verl's ``verl.tools.base_tool.BaseTool``: a file importing ``verl.*`` gets verl's
-classes where verl is installed and ColoRL's otherwise (``workers.tools.verl_paths``); a verl class gets verl's
-schema object. Without ``tool_schema`` the class's own schema is used (``default_schema`` or what
+classes where verl is installed and ColoRL's otherwise (the modules ``COLORL_PRELOAD`` names serve them); a verl
+class gets verl's schema object. Without ``tool_schema`` the class's own schema is used (``default_schema`` or what
 ``get_openai_tool_schema()`` returns). A function-tool file holds functions marked with ``@function_tool``
 (ColoRL's, or verl's ``verl.tools.function_tool.function_tool``); their schema comes from their signature and
 docstring (``transformers.utils.get_json_schema``). Naming a class or a file **runs that code** in the driver
@@ -32,7 +32,6 @@ from typing import Any
 
 import yaml
 
-from workers.tools import verl_paths
 from workers.tools.base import BaseTool, ToolConfigError, ToolResponse, ToolSchema
 from workers.tools.runner import in_thread
 
@@ -41,10 +40,25 @@ VERL_CLASSES = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "workers.tools.answer.AnswerTool",
 }
 _MARK = "__colorl_function_tool__"
+# Modules imported before a user's file runs (comma-separated): they may make names importable that the user's file
+# imports (main.py names the door to verl's module paths; Ray workers inherit the variable)
+PRELOAD = "COLORL_PRELOAD"
+
+
+def _preload() -> None:
+    for name in filter(None, os.environ.get(PRELOAD, "").split(",")):
+        importlib.import_module(name.strip())
+
+
+def _installed_module(name: str) -> Any:
+    """Module ``name`` if a user's file imported it from its own package; None if not imported, or if another
+    package serves it under that name (its module keeps its own ``__name__``)."""
+    module = sys.modules.get(name)
+    return module if module is not None and module.__name__ == name else None
 
 
 def _import_file(path: str) -> Any:
-    verl_paths.install()
+    _preload()
     if not os.path.isfile(path):
         raise ToolConfigError(f"{path!r}: no such Python file")
     name = f"colorl_tools_{abs(hash(os.path.abspath(path)))}"
@@ -67,7 +81,7 @@ def load_class(spec: str) -> type:
         path, _, name = spec.rpartition(":")
         module = _import_file(path)
     else:
-        verl_paths.install()
+        _preload()
         module_name, _, name = spec.rpartition(".")
         try:
             module = importlib.import_module(module_name)
@@ -86,7 +100,7 @@ def _schema_for(cls: type, schema: dict | None, where: str) -> Any:
     """The schema object ``cls`` takes: ColoRL's ``ToolSchema``, or verl's for a subclass of verl's BaseTool."""
     if schema is None:
         return None
-    verl_base = verl_paths.real_verl_module("verl.tools.base_tool")
+    verl_base = _installed_module("verl.tools.base_tool")
     if verl_base is not None and issubclass(cls, verl_base.BaseTool):
         schemas = sys.modules["verl.tools.schemas"]
         try:
@@ -97,7 +111,7 @@ def _schema_for(cls: type, schema: dict | None, where: str) -> Any:
 
 
 def _is_tool(tool: Any) -> bool:
-    verl_base = verl_paths.real_verl_module("verl.tools.base_tool")
+    verl_base = _installed_module("verl.tools.base_tool")
     kinds = (BaseTool,) + ((verl_base.BaseTool,) if verl_base is not None else ())
     return isinstance(tool, kinds) and isinstance(getattr(tool, "name", None), str)
 
@@ -195,7 +209,7 @@ def function_result(value: Any) -> Any:
 
 def _verl_function_tools(module: Any) -> list[BaseTool]:
     """The functions of ``module`` registered with the real verl's ``@function_tool`` (verl keeps a registry)."""
-    verl_functions = verl_paths.real_verl_module("verl.tools.function_tool")
+    verl_functions = _installed_module("verl.tools.function_tool")
     registry = getattr(verl_functions, "FUNCTION_TOOL_REGISTRY", {}) if verl_functions else {}
     return [
         FunctionTool(entry.fn, entry.name, entry.tool_schema)

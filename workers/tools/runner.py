@@ -126,7 +126,8 @@ def tool_loop() -> ToolLoop:
 
 def tool_result(value: Any) -> tuple[str, float, dict]:
     """(text, step reward, metrics) of what ``execute`` returned: a response (str, ``ToolResponse`` or anything
-    with ``.text``) or a tuple (response, reward[, metrics]); ToolResultError for anything else."""
+    with ``.text``) or a tuple (response, reward[, metrics]); ToolResultError for anything else. The reward is a
+    finite number or a bool (``False`` is 0.0, ``True`` 1.0); ``None`` is 0.0."""
     response, reward, metrics = value, 0.0, {}
     if isinstance(value, tuple):
         if not 1 <= len(value) <= 3:
@@ -140,7 +141,7 @@ def tool_result(value: Any) -> tuple[str, float, dict]:
     if not isinstance(response, str):
         raise ToolResultError(f"returned {type(response).__name__}; expected a str or a ToolResponse")
     reward = 0.0 if reward is None else reward
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+    if not isinstance(reward, (int, float)) or not math.isfinite(reward):  # a bool is an int: its 0 or 1
         raise ToolResultError(f"returned the reward {reward!r}; expected a finite number")
     if not isinstance(metrics or {}, dict):
         raise ToolResultError(f"returned metrics of type {type(metrics).__name__}; expected a dict")

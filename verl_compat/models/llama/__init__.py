@@ -1,0 +1,1 @@
+"""verl's ``verl.models.llama``: see megatron/layers.py."""

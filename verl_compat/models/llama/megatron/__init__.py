@@ -1,0 +1,1 @@
+"""verl's ``verl.models.llama.megatron``: the tensor-parallel LLaMA MLP the seeds build (layers.py)."""

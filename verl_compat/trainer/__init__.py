@@ -1,0 +1,1 @@
+"""verl's ``verl.trainer``: see ppo/core_algos.py."""
