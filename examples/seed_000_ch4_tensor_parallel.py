@@ -2,21 +2,23 @@
 
 Run: python -m examples.seed_000_ch4_tensor_parallel [--device cuda]   (4 worker processes, tp=4; 4 GPUs with cuda)
 
-The seed runs Megatron-LM's ParallelLlamaMLP; here PyTorch's own tensor parallelism (DeviceMesh +
-parallelize_module) does the same on gloo or nccl. With cuda the layer has the seed's sizes; on
-CPU it is small. The driver passes a list of dp_size inputs and gets one output per dp rank back:
-which ranks hold which shard stays inside the workers.
+The seed runs Megatron-LM's parallel state and verl's ParallelLlamaMLP; here the layer of the same name
+(verl_compat.models.llama.megatron.layers) does the same with PyTorch's own tensor parallelism (DeviceMesh +
+parallelize_module) on gloo or nccl. With cuda the layer has the seed's sizes; on CPU it is small. The driver
+passes a list of dp_size inputs and gets one output per dp rank back: which ranks hold which shard stays inside
+the workers.
 """
 
 import ray
 import torch
 from omegaconf import OmegaConf
 
-from verl_compat.models.llama.megatron.layers import LlamaMLP, local_shards, merge_tp_shards, parallel_llama_mlp
+from verl_compat.models.llama.megatron.layers import LlamaMLP, ParallelLlamaMLP, local_shards, merge_tp_shards
 from verl_compat.single_controller.base.decorator import Dispatch, register
 from verl_compat.single_controller.base.megatron.worker import MegatronWorker
 from verl_compat.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool
 from verl_compat.single_controller.ray.megatron import NVMegatronRayWorkerGroup
+from verl_compat.utils.megatron_utils import init_model_parallel_config
 
 SEED_SIZES = {"hidden_size": 4096, "ffn_hidden_size": 11008, "batch_size": 16, "seq_len": 2048}
 CPU_SIZES = {"hidden_size": 64, "ffn_hidden_size": 172, "batch_size": 2, "seq_len": 8}
@@ -36,7 +38,17 @@ class MLPLayerWorker(MegatronWorker):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, config) -> None:
-        self.parallel_layer = parallel_llama_mlp(config, self.device_mesh["tp"], self.device)
+        sizes = self.get_megatron_global_info()  # the seed asks Megatron's mpu for these
+        megatron_config = OmegaConf.create(
+            {
+                "sequence_parallel": False,
+                "param_dtype": "fp32",
+                "tensor_model_parallel_size": sizes.tp_size,
+                "pipeline_model_parallel_size": sizes.pp_size,
+            }
+        )
+        megatron_config = init_model_parallel_config(megatron_config)
+        self.parallel_layer = ParallelLlamaMLP(config=config, megatron_config=megatron_config)
 
     @register(Dispatch.ONE_TO_ALL)
     def get_weights(self) -> dict[str, torch.Tensor]:

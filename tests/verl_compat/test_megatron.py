@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from examples import seed_000_ch4_tensor_parallel as ch4
+from verl_compat.models.llama.megatron.layers import ParallelLlamaMLP
 from verl_compat.single_controller import DataProto, DataProtoFuture
 from verl_compat.single_controller.base import Worker
 from verl_compat.single_controller.base.decorator import (
@@ -23,6 +24,7 @@ from verl_compat.single_controller.base.megatron.worker import (
 )
 from verl_compat.single_controller.ray import RayClassWithInitArgs, RayResourcePool
 from verl_compat.single_controller.ray.megatron import NVMegatronRayWorkerGroup, TensorParallelRayWorkerGroup
+from verl_compat.utils.megatron_utils import init_model_parallel_config
 
 
 def megatron_layout(pp: int, dp: int, tp: int) -> list[DistRankInfo]:
@@ -84,6 +86,20 @@ def test_worker_without_mesh_says_what_to_call(monkeypatch):
         monkeypatch.setenv(key, value)
     with pytest.raises(RuntimeError, match="init_model_parallel"):
         TensorParallelWorker().get_megatron_rank_info()
+
+
+def test_the_seeds_model_parallel_config_and_a_layer_outside_a_worker():
+    config = init_model_parallel_config(
+        {"tensor_model_parallel_size": 4, "param_dtype": "bf16", "sequence_parallel": False}
+    )
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (4, 1)
+    assert config.params_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        init_model_parallel_config({"sequence_parallel": True})
+    with pytest.raises(ValueError, match="param_dtype='fp8'; valid"):
+        init_model_parallel_config({"param_dtype": "fp8"})
+    with pytest.raises(RuntimeError, match="init_model_parallel"):  # no worker built a mesh in this process
+        ParallelLlamaMLP({"hidden_size": 8, "intermediate_size": 8}, config)
 
 
 def test_group_needs_tensor_parallel_workers():

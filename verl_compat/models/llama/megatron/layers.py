@@ -8,11 +8,15 @@ down. gate and up then give each rank its ffn/t slice of the activations, silu(.
 element-wise so it needs no communication, and down's partial sums are all-reduced: one
 all-reduce per forward, as in Megatron-LM's ParallelMLP. ``parallelize_module`` does the sharding
 with PyTorch's DTensor, so it runs on gloo (CPU) and nccl (GPU) alike.
+
+``ParallelLlamaMLP(config, megatron_config)`` is the seeds' class: the layer sharded over the tp mesh of the process's
+worker (``TensorParallelWorker.init_model_parallel``), ``megatron_config`` from verl_compat.utils.megatron_utils.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +25,8 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+from verl_compat.single_controller.base.megatron.worker import model_parallel_mesh
 
 
 class LlamaMLP(nn.Module):
@@ -57,13 +63,38 @@ def parallel_llama_mlp(config: Mapping, tp_mesh: DeviceMesh, device: torch.devic
     Every rank builds the whole layer, then keeps its shard; the shards are cut from tp rank 0's
     weights, so the sharded layer equals rank 0's unsharded one.
     """
-    tp_size = tp_mesh.size()
+    _check_sizes(config, tp_mesh.size())
+    with torch.device(device):
+        mlp = LlamaMLP(config["hidden_size"], config["intermediate_size"], config.get("hidden_act", "silu"))
+    return _sharded(mlp, tp_mesh)
+
+
+class ParallelLlamaMLP(LlamaMLP):
+    """The seeds' ``ParallelLlamaMLP(config=..., megatron_config=...)``: ``parallel_llama_mlp`` over the tp mesh of
+    this process's worker, on its device; ``megatron_config.tensor_model_parallel_size`` must be the mesh's."""
+
+    def __init__(self, config: Mapping, megatron_config: Any) -> None:
+        tp_mesh = model_parallel_mesh()["tp"]
+        if megatron_config.tensor_model_parallel_size != tp_mesh.size():
+            raise ValueError(
+                f"megatron_config.tensor_model_parallel_size={megatron_config.tensor_model_parallel_size} does not "
+                f"match the worker's tp mesh of size {tp_mesh.size()}"
+            )
+        _check_sizes(config, tp_mesh.size())
+        with torch.device(tp_mesh.device_type):  # the worker's device (on cuda: the one Worker set as current)
+            super().__init__(config["hidden_size"], config["intermediate_size"], config.get("hidden_act", "silu"))
+        self.to(megatron_config.params_dtype)
+        _sharded(self, tp_mesh)
+
+
+def _check_sizes(config: Mapping, tp_size: int) -> None:
     if config.get("tp", tp_size) != tp_size:
         raise ValueError(f"config tp={config['tp']} does not match the tp mesh size {tp_size}")
     if config["intermediate_size"] % tp_size:
         raise ValueError(f"intermediate_size={config['intermediate_size']} must be divisible by tp={tp_size}")
-    with torch.device(device):
-        mlp = LlamaMLP(config["hidden_size"], config["intermediate_size"], config.get("hidden_act", "silu"))
+
+
+def _sharded(mlp: LlamaMLP, tp_mesh: DeviceMesh) -> LlamaMLP:
     parallelize_module(mlp, tp_mesh, llama_mlp_tp_plan())
     mlp.register_forward_hook(_wait_for_all_reduce)
     return mlp

@@ -19,9 +19,17 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from verl_compat.single_controller.base.worker import Worker
 
-__all__ = ["DistGlobalInfo", "DistRankInfo", "MegatronWorker", "TensorParallelWorker", "model_parallel_shape"]
+__all__ = [
+    "DistGlobalInfo",
+    "DistRankInfo",
+    "MegatronWorker",
+    "TensorParallelWorker",
+    "model_parallel_mesh",
+    "model_parallel_shape",
+]
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
+_MESH: DeviceMesh | None = None  # this process's (pp, dp, tp) mesh, as Megatron-LM's parallel_state keeps its groups
 
 
 class DistRankInfo(NamedTuple):
@@ -72,9 +80,10 @@ class TensorParallelWorker(Worker):
         self, tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1
     ) -> DeviceMesh:
         """Join the process group (unless user code already did) and build the (pp, dp, tp) mesh."""
+        global _MESH
         shape = model_parallel_shape(self.world_size, tensor_model_parallel_size, pipeline_model_parallel_size)
         self.init_process_group()
-        self._device_mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=MESH_DIM_NAMES)
+        self._device_mesh = _MESH = init_device_mesh(self.device.type, shape, mesh_dim_names=MESH_DIM_NAMES)
         return self._device_mesh
 
     @property
@@ -99,3 +108,10 @@ class TensorParallelWorker(Worker):
 
 
 MegatronWorker = TensorParallelWorker  # the seed's name
+
+
+def model_parallel_mesh() -> DeviceMesh:
+    """The (pp, dp, tp) mesh this process's worker built (what the seeds' layers find through Megatron's ``mpu``)."""
+    if _MESH is None:
+        raise RuntimeError("no model-parallel mesh in this process: call self.init_model_parallel(...) in the worker")
+    return _MESH
