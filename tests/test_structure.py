@@ -3,6 +3,9 @@
 Layers, lowest first; a module imports only from its own layer and those below, and ``data`` and ``workers``
 never import each other (the driver, ``trainer``, builds a run from both):
 single_controller < algos < config < workers < data < trainer < main.py.
+Inside a layer, its subpackages are layered the same way (``SUBLAYERS``): in ``workers`` a role builds on the
+phases' math, which builds on tools and on the parallel machinery; in ``single_controller`` the worker groups
+(``ray``) build on the worker and its dispatch (``base``), which build on the data modules beside them.
 The door to verl (``verl_compat``) sits beside them and imports the core; no core module imports it, and main.py
 only its command-line translation (``verl_compat.cli``).
 """
@@ -18,6 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("single_controller", "algos", "config", "workers", "data", "trainer", "main")
 DOOR = "verl_compat"
+SUBLAYERS = {  # lowest first; a module directly in the package (not in a subpackage) ranks lowest
+    "workers": ("parallel", "checkpoint", "tools", "compute", "runtime", "roles"),
+    "single_controller": ("base", "ray"),
+}
 MAIN_MAY_IMPORT = "verl_compat.cli"  # the entry point turns a verl command line into the core's config
 
 
@@ -49,6 +56,15 @@ def imported_modules(name: str, path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def sublayer(name: str) -> tuple[str, int] | None:
+    """``(package, rank)`` of a module in a layered package (a module beside the subpackages ranks -1)."""
+    parts = name.split(".")
+    order = SUBLAYERS.get(parts[0])
+    if order is None or len(parts) < 2:
+        return None
+    return parts[0], order.index(parts[1]) if parts[1] in order else -1
+
+
 def layering_violations(modules: dict[str, Path]) -> list[str]:
     """An import of a higher layer, or of the door from the core (one line per import statement and rule)."""
     bad = {}
@@ -62,6 +78,9 @@ def layering_violations(modules: dict[str, Path]) -> list[str]:
                 bad.setdefault(
                     (name, line, "up"), f"{name}:{line} imports {target}: layer {top} is above {LAYERS[rank]}"
                 )
+            mine, theirs = sublayer(name), sublayer(target)
+            if mine and theirs and mine[0] == theirs[0] and theirs[1] > mine[1]:
+                bad.setdefault((name, line, "up"), f"{name}:{line} imports {target}: up inside {mine[0]}")
             allowed = name == "main" and (target == MAIN_MAY_IMPORT or target.startswith(MAIN_MAY_IMPORT + "."))
             if top == DOOR and not allowed:
                 bad.setdefault((name, line, "door"), f"{name}:{line} imports {target}: the core never imports the door")
@@ -81,6 +100,8 @@ def test_the_layering_check_sees_upward_sideways_and_door_imports(tmp_path):
     planted["data.planted"] = "import workers.parallel.lora\n"
     planted["single_controller.ray.planted"] = "from verl_compat.single_controller.ray import base\n"
     planted["workers.planted"] = "def f():\n    import verl_compat\n"
+    planted["workers.parallel.planted"] = "from workers.roles.role import Role\n"
+    planted["single_controller.base.planted"] = "import single_controller.ray.group\n"
     planted["main"] = "from verl_compat.cli import translate\nfrom verl_compat.protocol import DataProto\n"
     for name, text in planted.items():
         (tmp_path / f"{name}.py").write_text(text)
@@ -88,7 +109,9 @@ def test_the_layering_check_sees_upward_sideways_and_door_imports(tmp_path):
         "config.planted:2 imports workers.compute: layer workers is above config",
         "data.planted:1 imports workers.parallel.lora: data never imports workers",
         "main:2 imports verl_compat.protocol: the core never imports the door",
+        "single_controller.base.planted:1 imports single_controller.ray.group: up inside single_controller",
         "single_controller.ray.planted:1 imports verl_compat.single_controller.ray: the core never imports the door",
+        "workers.parallel.planted:1 imports workers.roles.role: up inside workers",
         "workers.planted:2 imports verl_compat: the core never imports the door",
     ]
 

@@ -21,7 +21,7 @@ from workers.compute.teacher import device_scores
 from workers.compute.update import to_device
 from workers.parallel.lora import add_adapters
 from workers.parallel.master_weights import on_one_rank, optimizer_for
-from workers.roles.optim import build_optimizer
+from workers.parallel.optim import build_optimizer
 
 pytestmark = pytest.mark.fake_cuda
 

@@ -22,7 +22,7 @@ from trainer.preflight.memory_estimate import (
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.rollout import generate_sequences
 from workers.parallel import lora
-from workers.roles.optim import build_optimizer
+from workers.parallel.optim import build_optimizer
 
 CONFIG = LlamaConfig(
     vocab_size=512,

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from algos import entropy_from_logits
 from tests.workers.helpers import actor_config, make_update_batch
 from workers.compute.actor import DataParallelPPOActor
-from workers.roles.optim import build_optimizer
+from workers.parallel.optim import build_optimizer
 from workers.roles.role import TrainedRole
 
 P, R = 6, 5

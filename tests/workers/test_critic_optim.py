@@ -8,7 +8,7 @@ import torch
 from config.sections import OptimConfig
 from tests.workers.helpers import critic_config, make_update_batch
 from workers.compute.critic import DataParallelPPOCritic, load_value_model
-from workers.roles.optim import build_lr_scheduler, build_optimizer
+from workers.parallel.optim import build_lr_scheduler, build_optimizer
 
 P, R = 6, 5
 

@@ -29,7 +29,7 @@ from workers.compute.actor import DataParallelPPOActor
 from workers.compute.packing import mini_batch_totals
 from workers.compute.rollout import generate_sequences
 from workers.parallel import fsdp, lora
-from workers.roles.optim import build_optimizer
+from workers.parallel.optim import build_optimizer
 from workers.roles.role import shard_role
 from workers.runtime import perf
 

@@ -9,7 +9,7 @@ from tests.workers.helpers import actor_config, free_port, full_weights, init_gl
 from workers.compute.actor import DataParallelPPOActor
 from workers.parallel import fsdp
 from workers.parallel.master_weights import MasterWeights, cast_parameters
-from workers.roles.optim import build_optimizer
+from workers.parallel.optim import build_optimizer
 
 BF16 = torch.bfloat16
 P, R, ROWS = 6, 5, 8

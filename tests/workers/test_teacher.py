@@ -16,7 +16,7 @@ from tests.workers.helpers import VOCAB, actor_config, build_tiny_checkpoint, ma
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.packing import mini_batch_totals
 from workers.compute.teacher import merge_by_rows, route_rows, score_batch
-from workers.roles.optim import build_optimizer
+from workers.parallel.optim import build_optimizer
 from workers.roles.role import FrozenRole
 
 P, R, ROWS = 6, 5, 6

@@ -46,6 +46,7 @@ from workers.compute.packing import (
     pack_width,
     takes_dense_mask,
 )
+from workers.tools.turns import eos_token_ids  # noqa: F401 (re-exported: the rollout's stop ids)
 
 EOS_CHECK_INTERVAL = 8  # decode steps between the host reads of how many rows are still live
 
@@ -88,16 +89,6 @@ def sample_next_token(
     # the first index with cdf >= u: it exists (u <= mass = cdf[-1]), and a token of probability 0 is never it,
     # since it repeats its left neighbour's cdf (or is 0 < u at index 0)
     return torch.searchsorted(cdf, u).squeeze(-1)
-
-
-def eos_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
-    """EOS ids from the generation config (may list several, e.g. Llama-3 chat) and the tokenizer."""
-    ids = set()
-    gen_eos = getattr(generation_config, "eos_token_id", None)
-    ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
 
 
 def _eos_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor:

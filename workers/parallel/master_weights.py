@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workers.roles.optim import build_optimizer
+from workers.parallel.optim import build_optimizer
 
 
 def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -21,7 +21,7 @@ from workers.checkpoint import shards
 from workers.compute import attention
 from workers.parallel import fsdp
 from workers.parallel.master_weights import MasterWeights, checkpointed, on_one_rank, optimizer_for
-from workers.roles.optim import build_lr_scheduler
+from workers.parallel.optim import build_lr_scheduler
 from workers.runtime import perf
 
 

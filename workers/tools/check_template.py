@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.tools.turns import TemplateError, TurnBuilder
+from workers.tools.turns import TemplateError, TurnBuilder, eos_token_ids
 
 CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
 CONVERSATIONS = {
@@ -142,7 +142,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer, GenerationConfig
 
-    from workers.compute.rollout import eos_token_ids
     from workers.tools.registry import load_tools
     from workers.tools.session import schema_of
 

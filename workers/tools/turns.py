@@ -29,6 +29,16 @@ MARKER = "COLORL-CONTENT-MARKER"  # stands for a message's content; found again 
 USER = {"role": "user", "content": "The question."}
 
 
+def eos_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
+    """EOS ids from the generation config (may list several, e.g. Llama-3 chat) and the tokenizer."""
+    ids = set()
+    gen_eos = getattr(generation_config, "eos_token_id", None)
+    ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
 class TemplateError(ValueError):
     """The chat template cannot be built turn by turn; the message says where."""
 
