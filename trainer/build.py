@@ -32,7 +32,7 @@ from data.reward_loop import (
 from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import check_models, preflight
 from workers.compute.agent_loop import check_tools
-from workers.compute.vllm_rollout import check_vllm
+from workers.compute.vllm_engine import check_vllm
 from workers.parallel.lora import check_target_modules
 from workers.tools import ToolConfigError
 

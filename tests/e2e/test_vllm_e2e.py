@@ -13,7 +13,7 @@ from tests.e2e.test_multi_turn_e2e import fit, tool_config
 from tests.e2e.test_ppo_e2e import read_jsonl, tiny_config
 from tests.workers.agent_helpers import save_tool_calling_model
 from trainer.build import build_trainer
-from workers.compute.vllm_rollout import ENGINE_KEYS, MISSING, check_vllm
+from workers.compute.vllm_engine import ENGINE_KEYS, MISSING, check_vllm
 
 VLLM = (
     "actor_rollout_ref.rollout.name=vllm",

@@ -195,7 +195,7 @@ def _rollout_config(overrides: list[str] = ()):
 
 
 def test_vllm_engine_arguments_on_cuda_ask_for_sleep_mode_and_the_memory_share():
-    from workers.compute.vllm_rollout import engine_args
+    from workers.compute.vllm_engine import engine_args
 
     arr = _rollout_config(["actor_rollout_ref.rollout.gpu_memory_utilization=0.6"])
     model = SimpleNamespace(path="/models/x", trust_remote_code=False)

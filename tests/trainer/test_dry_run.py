@@ -13,7 +13,7 @@ from config import ConfigError, load_config, make_plan, num_workers, replace_key
 from tests.verl import commands
 from trainer.preflight.dry_run import _estimate, load_model_sizes, phase_batches, preflight
 from trainer.preflight.memory_phases import estimate_memory
-from workers.compute.vllm_rollout import cpu_kv_cache_bytes
+from workers.compute.vllm_engine import cpu_kv_cache_bytes
 
 REPO = Path(__file__).resolve().parent.parent.parent
 HF = "actor_rollout_ref.rollout.name=hf"

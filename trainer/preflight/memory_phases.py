@@ -36,7 +36,7 @@ from trainer.preflight.memory_estimate import (
     placement,
     uses_math_attention,
 )
-from workers.compute.vllm_rollout import VLLM_RUNTIME_CPU_BYTES, cpu_kv_cache_bytes
+from workers.compute.vllm_engine import VLLM_RUNTIME_CPU_BYTES, cpu_kv_cache_bytes
 
 
 @dataclass(frozen=True)
