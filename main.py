@@ -7,7 +7,7 @@ demo (``conf/demo.yaml``) unless the command line names a model or data, then ve
 A config mistake prints one line (``colorl: config error: ...``) and exits with status 2. Hydra's own flags
 (``--help``, ``--cfg job``, ``-m``) and ``hydra.*`` keys are answered by Hydra's application.
 
-Parse, build, train: the wiring lives in the package (``trainer/build.py``, ``trainer/run.py``).
+Parse, build, train: the wiring lives in the package (``trainer/running/build.py``, ``trainer/running/run.py``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _train(cfg: PPOConfig, plan: StepPlan) -> int:
     if cfg.trainer.dry_run:
         from trainer.preflight.dry_run import dry_run as run
     else:
-        from trainer.run import run_command_line as run
+        from trainer.running.run import run_command_line as run
     try:
         return run(cfg, plan)
     except ConfigError as exc:  # found while building: a model or data path, a reward function

@@ -25,7 +25,7 @@ from typing import Any
 from algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from config.sections import PolicyLossConfig
 from data.tasks import default_compute_score
-from trainer.tracking import read_metrics
+from trainer.observing.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTOR, LOSS_KEYS = "actor_rollout_ref.actor", {f.name for f in dataclasses.fields(PolicyLossConfig)}

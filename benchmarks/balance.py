@@ -42,7 +42,7 @@ def measure(args: argparse.Namespace, balance: bool) -> dict[str, Any]:
     """Medians of the step's timings and of the balance metrics over the measured steps with ``balance``, on the
     running Ray cluster (the workers are killed afterwards)."""
     from single_controller.ray.health import shutdown_worker_group
-    from trainer.build import build_trainer
+    from trainer.running.build import build_trainer
 
     args.overrides = [*args.overrides, f"trainer.balance_batch={str(balance).lower()}"]
     with tempfile.TemporaryDirectory(prefix="colorl-bench-balance-") as local_dir:

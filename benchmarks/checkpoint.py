@@ -79,7 +79,7 @@ def _measured(call: Any) -> tuple[float, float]:
 def _rank_main(rank: int, world: int, args: dict[str, Any], results: Any) -> None:
     import torch.distributed as dist
 
-    from trainer.checkpoint import CheckpointManager, check_checkpoint
+    from trainer.state.checkpoint import CheckpointManager, check_checkpoint
     from workers.checkpoint import shards
 
     torch.set_num_threads(1)

@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run_floor(args: argparse.Namespace, local_dir: str) -> tuple[Any, Floor, list[dict[str, float]], list[str]]:
     """(the config, the floor, each measured step's phase times, the forward phases the trainer runs)."""
-    from trainer.build import build_trainer
+    from trainer.running.build import build_trainer
 
     cfg = load_bench_config(args, 1, local_dir)
     with stdout_to_stderr():

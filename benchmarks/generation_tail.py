@@ -3,8 +3,8 @@
     python -m benchmarks.generation_tail --model DIR --data train.parquet [--prompts 8] [--n 4]
                                          [--response-length 64] [--temperature 0.5] [--batches 4] [--threads 1]
 
-``colocate_async`` (verl's, and ColoRL's ``trainer.partial``) stops a step's generation once enough prompt groups
-are complete and resumes the unfinished responses, under the new weights, beside the next batch's. In the steady
+``colocate_async`` (verl's, and ColoRL's ``trainer.asynchronous.partial``) stops a step's generation once enough prompt
+groups are complete and resumes the unfinished responses, under the new weights, beside the next batch's. In the steady
 state every decode step then runs a full batch of live rows. The gain is the long tail's: the decode steps a
 whole-batch generation (``sync``) runs with few rows live.
 

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     from config import load_config
-    from trainer.build import build_trainer
+    from trainer.running.build import build_trainer
 
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="colorl-bench-memory-") as local_dir:

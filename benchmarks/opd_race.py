@@ -162,7 +162,7 @@ def cost(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     from benchmarks.step import run_steps, start_ray, summarize
     from config import load_config, num_workers
-    from trainer.build import build_trainer
+    from trainer.running.build import build_trainer
 
     settings = [f"{TEACHER_PATH}={Path(args.teacher_path).resolve()}", FROZEN, "trainer.val_before_train=false"]
     out: dict[str, Any] = {}

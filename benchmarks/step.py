@@ -3,7 +3,7 @@
     python -m benchmarks.step [--algo grpo|ppo] [--hidden 128 --layers 2] [--prompts 16 --n 8]
                               [--response-length 8] [--workers 2] [--steps 20 --warmup 3] [--device cpu|cuda]
 
-Builds the trainer exactly as ``main.py`` does (``trainer.build.build_trainer``), starts Ray, then calls
+Builds the trainer exactly as ``main.py`` does (``trainer.running.build.build_trainer``), starts Ray, then calls
 ``trainer.train_step`` on training batches: ``--warmup`` unmeasured steps, then ``--steps`` measured ones.
 Prints JSON: medians of ``timing_s/step`` and of every phase (``timing_s/*``: driver-side wall time of each
 phase, including dispatch; ``worker_*``: time inside the workers), s/step, and response tokens/s
@@ -159,7 +159,7 @@ def summarize(measured: list[dict[str, float]], sequences: int, n_workers: int) 
 def main(argv: list[str] | None = None) -> None:
     import ray
 
-    from trainer.build import build_trainer
+    from trainer.running.build import build_trainer
 
     args = parse_args(argv)
     with vocabulary_variant(args), tempfile.TemporaryDirectory(prefix="colorl-bench-step-") as local_dir:

@@ -176,7 +176,7 @@ def venv_python() -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     from benchmarks.common import load_bench_config
-    from trainer.build import build_trainer
+    from trainer.running.build import build_trainer
 
     args = parse_args(argv)
     venv_python()

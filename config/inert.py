@@ -245,7 +245,9 @@ INERT: dict[str, Inert] = {
     "trainer.v1.sampler.sync_refill_failed_groups": Inert(
         "no group fails in ColoRL's rollout: a failing tool or reward function ends one trajectory with its score"
     ),  # fmt: skip
-    "trainer.v1.sampler.*": Inert("ColoRL's replay buffer is trainer.replay_buffer (in-order, whole batches)"),
+    "trainer.v1.sampler.*": Inert(
+        "ColoRL's replay buffer is trainer.asynchronous.replay_buffer (in-order, whole batches)"
+    ),
     "trainer.default_hdfs_dir": Inert("checkpoints stay in trainer.default_local_dir"),
     "trainer.use_legacy_worker_impl": Inert("ColoRL has one worker implementation"),
     "ray_kwargs.ray_init.runtime_env.*": Inert("workers inherit the driver's environment"),

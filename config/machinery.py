@@ -1,6 +1,6 @@
 """verl's run-level machinery ColoRL has its own way of doing: Ray's start-up, the trainer's v1 modes, the
 transfer queue, skipping rollouts from a dump. Loaded with verl's defaults; ``config.inert`` says what ColoRL does
-with each key, ``trainer.run`` reads ``ray_kwargs``, ``config.trainer_modes`` reads ``trainer.v1``.
+with each key, ``trainer.running.run`` reads ``ray_kwargs``, ``config.trainer_modes`` reads ``trainer.v1``.
 """
 
 from __future__ import annotations

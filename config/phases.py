@@ -8,14 +8,14 @@ gives). The roles, the models a worker may hold, are the other table (``config.w
 that knows about phases reads these tables:
 
 - ``declare_flows`` (below): the routes of each flow's phases that run (``config.dataflow``), kept in the plan;
-- ``trainer.step.PhaseSteps.train_step``: runs the plan's phases in this order, each a worker call of the method
+- ``trainer.running.step.PhaseSteps.train_step``: runs the plan's phases in this order, each a worker call of the method
   named here or the driver code ``STEP_CODE`` holds under its name, timed on the line its entry names; ``timing_s/``
   metrics divided by the tokens its entry names;
 - ``trainer.preflight.memory_phases``: each phase's memory terms, by the estimator its entry names, over the roles;
 - ``trainer.preflight.dry_run``: each phase's batch arithmetic, and the models' configs it reads;
-- ``trainer.faults``: the keys an out-of-memory error in a worker method advises to lower.
+- ``trainer.running.faults``: the keys an out-of-memory error in a worker method advises to lower.
 
-Adding a phase is an entry here plus its compute code (a worker method, or the driver's in ``trainer.step``); a
+Adding a phase is an entry here plus its compute code (a worker method, or the driver's in ``trainer.running.step``); a
 new role is also an entry of ``config.worker_roles.ROLES``. A phase that drops or reorders rows on the driver
 (``selects_rows``) makes every key written before it and read after it pass through the driver.
 """
@@ -246,11 +246,11 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         columns=AGENT_KEYS,
     ),
     # trainer.v1's async modes: a batch is generated while another trains (on a group of its own, or before the
-    # update on the same one), so what the rollout writes comes to the driver with it (trainer.ahead)
+    # update on the same one), so what the rollout writes comes to the driver with it (trainer.asynchronous.ahead)
     StepPhase("handover", DRIVER, _gen_writes, _gen_writes, runs=lambda s: s.plan.mode.asynchronous, timer=None),
     # trainer.balance_batch, at verl's place (after generation, before the reward): the driver reorders the rows so
-    # each worker's share holds a similar number of tokens (trainer.balance); with dynamic sampling, filter_groups
-    # balances the rows it keeps instead (verl's DAPO loop)
+    # each worker's share holds a similar number of tokens (trainer.running.balance); with dynamic sampling,
+    # filter_groups balances the rows it keeps instead (verl's DAPO loop)
     StepPhase(
         "balance", DRIVER, runs=lambda s: s.plan.balance_batch and not s.plan.dynamic_sampling, selects_rows=True
     ),
@@ -268,7 +268,7 @@ STEP_PHASES: tuple[StepPhase, ...] = (
     ),
     StepPhase("reward", DRIVER, lambda s: (*SCORED, *when(s.reward_model, "rm_scores")), ("token_level_scores",)),
     # DAPO's dynamic sampling: the phases above run once per generation batch, then the prompt groups with signal
-    # are kept (trainer.dynamic_sampling.collect), and with trainer.balance_batch balanced over the workers; the
+    # are kept (trainer.running.dynamic_sampling.collect), and with trainer.balance_batch balanced over the workers; the
     # kept rows come from several batches, so what crosses it comes to the driver and goes back
     StepPhase("filter_groups", DRIVER, runs=lambda s: s.plan.dynamic_sampling, timer=None, selects_rows=True),
     StepPhase(
@@ -347,9 +347,9 @@ STEP_PHASES: tuple[StepPhase, ...] = (
     # trainer.v1's async modes: the batches asked for from now on are generated with these weights; a rollout group
     # of its own takes them (verl's timer name)
     StepPhase("update_weights", DRIVER, runs=lambda s: s.plan.mode.asynchronous),
-    # verl's generation dumps and the run report's samples (trainer.generations), with each token's log-prob
+    # verl's generation dumps and the run report's samples (trainer.observing.generations), with each token's log-prob
     StepPhase("dump_rollout_generations", DRIVER, lambda s: when(s.has_old and samples_tokens(s.cfg), "old_log_probs")),
-    StepPhase(  # the step's data metrics (trainer.metrics.compute_data_metrics)
+    StepPhase(  # the step's data metrics (trainer.observing.metrics.compute_data_metrics)
         "metrics",
         DRIVER,
         lambda s: (

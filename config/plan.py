@@ -59,14 +59,14 @@ class StepPlan:
     compute_teacher: bool  # the distillation teachers score the responses (distillation.enabled)
     compute_greedy_baseline: bool  # each prompt's greedy response is generated and scored (ReMax's baseline)
     compute_sum_pi_squared: bool  # the old-log-prob forward also returns Σπ² (the optimal token baseline's)
-    balance_batch: bool  # the driver reorders each step's rows to balance the workers' tokens (trainer.balance)
+    balance_batch: bool  # the driver reorders each step's rows to balance the workers' tokens (trainer.running.balance)
     actor_mini_batch_size: int
     critic_mini_batch_size: int  # 0 without a critic
     gen_batch_size: int  # prompts per generation batch (data.gen_batch_size, else data.train_batch_size)
     gen_rows: int  # sequences each worker generates at once: its share of a generation batch's × rollout.n
     # algorithm.filter_groups.metric when groups are filtered (else None); with it, or with generation batches of
     # another size than the training batch, a step draws generation batches until it has data.train_batch_size
-    # prompts (trainer.dynamic_sampling)
+    # prompts (trainer.running.dynamic_sampling)
     filter_metric: str | None
     dynamic_sampling: bool
     flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
@@ -172,7 +172,7 @@ def _old_log_probs(cfg: Any, ahead: bool) -> tuple[bool, bool, bool]:
     sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
     # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²); vLLM samples with other
     # kernels than the actor's, so there they are the old ones only in bypass mode (verl's rule), and the forward
-    # runs beside them (its gap to them is logged: trainer.metrics.rollout_probs_diff)
+    # runs beside them (its gap to them is logged: trainer.observing.metrics.rollout_probs_diff)
     # generated ahead of the update, they are an older policy's: the old ones only in bypass mode too
     same_kernels = (rollout.name != "vllm" and not ahead) or actor.policy_loss.loss_mode == "bypass_mode"
     if not same_kernels and rollout_log_probs(cfg):

@@ -225,7 +225,8 @@ class HealthConfig:
 @dataclass(frozen=True)
 class ReportConfig:
     """The run report (``trainer.report``): ``<default_local_dir>/report.html``, written at each validation and at
-    the end, and the sampled trajectories it shows (``<default_local_dir>/samples/``, ``trainer.generations``)."""
+    the end, and the sampled trajectories it shows (``<default_local_dir>/samples/``,
+    ``trainer.observing.generations``)."""
 
     enable: bool = True
     samples_per_step: int = 8  # responses kept per step and per validation for the trajectory browser
@@ -236,7 +237,7 @@ class ReportConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    # reorder each step's rows so every worker gets a similar number of tokens (trainer.balance)
+    # reorder each step's rows so every worker gets a similar number of tokens (trainer.running.balance)
     balance_batch: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto -> cuda when visible, else cpu
     n_gpus_per_node: int = 8  # worker processes per node (also on CPU)
@@ -247,7 +248,7 @@ class TrainerConfig:
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
     log_val_generations: int = 0  # validation samples printed (console) and logged as wandb's val/generations table
-    # verl's generation dumps: one JSONL file per step (trainer.generations); null: none
+    # verl's generation dumps: one JSONL file per step (trainer.observing.generations); null: none
     rollout_data_dir: str | None = None  # every training response of each step: <dir>/<step>.jsonl
     validation_data_dir: str | None = None  # every validation response: <dir>/<step>.jsonl
     # > 0: validate (save) every this many steps and at the last step; <= 0: never (verl's meaning); ColoRL still
@@ -272,7 +273,7 @@ class TrainerConfig:
     # auto: latest complete checkpoint in default_local_dir | disable | resume_path
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: str | None = None  # a global_step_N directory (resume_mode=resume_path)
-    # keys (or prefixes) that may differ from the config a resumed checkpoint was saved with (trainer.fingerprint)
+    # keys (or prefixes) that may differ from the config a resumed checkpoint was saved with (trainer.state.fingerprint)
     resume_accept_changes: list[str] = field(default_factory=list)
     max_actor_ckpt_to_keep: int | None = None  # null keeps every checkpoint
     max_critic_ckpt_to_keep: int | None = None

@@ -5,12 +5,13 @@
   beside the trainer's ``trainer.nnodes × n_gpus_per_node``) generates the next batches while the trainer's group
   trains on the current one; the weights go to it after every step.
 - ``colocate_async``: generation on the one group, the workers running it and training in turn: partial rollouts
-  (``trainer.partial``: a step's generation stops once a batch of groups has ended, the rest goes on at the next
-  step); with a vLLM engine or a multi-turn agent loop, whole batches asked for before the update.
+  (``trainer.asynchronous.partial``: a step's generation stops once a batch of groups has ended, the rest goes on at the
+  next step); with a vLLM engine or a multi-turn agent loop, whole batches asked for before the update.
 
 ``num_warmup_batches`` of the mode is how many batches generation runs ahead of training (fractions round down to
-whole batches); a batch's samples carry the version of the weights that generated them (``trainer.replay_buffer``),
-and ``trainer.v1.sampler.max_off_policy_threshold`` / ``max_off_policy_strategy`` bound how old they may be.
+whole batches); a batch's samples carry the version of the weights that generated them
+(``trainer.asynchronous.replay_buffer``), and ``trainer.v1.sampler.max_off_policy_threshold`` /
+``max_off_policy_strategy`` bound how old they may be.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class TrainerMode:
     max_off_policy_threshold: int | None = 8
     max_off_policy_strategy: str = "drop"
     rollout_workers: int = 0
-    partial: bool = False  # colocate_async's partial rollouts (trainer.partial): the hf rollout, single-turn
+    # colocate_async's partial rollouts (trainer.asynchronous.partial): the hf rollout, single-turn
+    partial: bool = False
 
     @property
     def asynchronous(self) -> bool:
@@ -91,8 +93,8 @@ def trainer_mode(cfg: Any, trainer_workers: int) -> TrainerMode:
 
 
 def partial_rollouts(cfg: Any) -> bool:
-    """Whether the rollout stops and goes on (``colocate_async``'s partial rollouts, ``trainer.partial``): the hf
-    decode loop, single-turn. A vLLM engine or a multi-turn agent loop generates whole batches there."""
+    """Whether the rollout stops and goes on (``colocate_async``'s partial rollouts, ``trainer.asynchronous.partial``):
+    the hf decode loop, single-turn. A vLLM engine or a multi-turn agent loop generates whole batches there."""
     rollout = cfg.actor_rollout_ref.rollout
     return cfg.trainer.v1["trainer_mode"] == "colocate_async" and rollout.name == "hf" and not rollout.multi_turn.enable
 

@@ -76,7 +76,7 @@ def _aliased(key: str) -> str:
 
 def current_place(key: str) -> str:
     """Where dotted ``key`` of an older spelling lives now (``ALIASES``, ``LEGACY_REWARD``; itself when it has not
-    moved): a checkpoint's recorded config is compared key by key with today's (``trainer.fingerprint``)."""
+    moved): a checkpoint's recorded config is compared key by key with today's (``trainer.state.fingerprint``)."""
     key = _aliased(key)
     for old, new in LEGACY_REWARD.items():
         if key == old or key.startswith(f"{old}."):

@@ -3,10 +3,10 @@
 An entry says where its model's path, model options and FSDP section sit in the config (verl's layout), whether it
 trains, whether it ends in a value head, whether a step plan places it, and its worker: the class, its arguments and
 the driver's worker group that calls it. Everything that knows about roles reads this table: the placement
-(``trainer.placement``), ``RayPPOTrainer.init_workers`` and the driver's group of each phase (``trainer.step``),
-the checkpoints and the resume check of the trained roles (``trainer.fingerprint``), the memory estimate
-(``trainer.preflight.memory_phases``) and the dry run (``trainer.preflight.dry_run``); a phase's entry names the
-role that computes it. Adding a role is an entry here plus its worker class (``workers.roles``).
+(``trainer.running.placement``), ``RayPPOTrainer.init_workers`` and the driver's group of each phase
+(``trainer.running.step``), the checkpoints and the resume check of the trained roles (``trainer.state.fingerprint``),
+the memory estimate (``trainer.preflight.memory_phases``) and the dry run (``trainer.preflight.dry_run``); a phase's
+entry names the role that computes it. Adding a role is an entry here plus its worker class (``workers.roles``).
 """
 
 from __future__ import annotations

@@ -175,7 +175,9 @@ async def _limits(max_concurrent: int, max_rpm: int | None, max_tpm: int | None)
     )
 
 
-@ray.remote(num_cpus=0)  # beside workers that hold every CPU slot (trainer.run): a slot each would never schedule
+@ray.remote(
+    num_cpus=0
+)  # beside workers that hold every CPU slot (trainer.running.run): a slot each would never schedule
 class RewardComputeWorker:
     """Calls the user's sync ``compute_score`` in its own process (verl's; the function need not be thread-safe)."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.console import BudgetBar, continue_argv, last_word, quiet_ray_init_kwargs
+from trainer.running.console import BudgetBar, continue_argv, last_word, quiet_ray_init_kwargs
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -29,8 +29,8 @@ from transformers import (
 )
 
 from config.worker_roles import ACTOR, ROLES
-from trainer.checkpoint import LATEST, PREFIX, CheckpointError, CheckpointManager, check_checkpoint
-from trainer.run_dir import LOCK
+from trainer.state.checkpoint import LATEST, PREFIX, CheckpointError, CheckpointManager, check_checkpoint
+from trainer.state.run_dir import LOCK
 from workers.checkpoint.shards import PlainLoadPlanner, PlainReader, check_fits
 
 RUN_FILES = (LATEST, "metrics.jsonl", LOCK)  # what a run directory holds besides its checkpoints

@@ -170,7 +170,7 @@ class OverlongBufferConfig:
 @dataclass(frozen=True)
 class RewardKwargsConfig:
     """``reward.reward_kwargs``: the reward manager's own keyword arguments (verl's scripts add them with ``+``);
-    a manager gets those set away from their defaults (``trainer.build.make_reward_manager``)."""
+    a manager gets those set away from their defaults (``trainer.running.build.make_reward_manager``)."""
 
     overlong_buffer_cfg: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # dapo
     max_resp_len: int | None = None  # dapo; null: data.max_response_length

@@ -70,7 +70,7 @@ class GroupMethod:
 
     def start(self, *args, **kwargs) -> StartedCall:
         """Dispatch the call and start it on the ranks, without waiting: ``result()`` waits for it later (the
-        rollout group's generation while the trainer's group trains, ``trainer.ahead``)."""
+        rollout group's generation while the trainer's group trains, ``trainer.asynchronous.ahead``)."""
         group = self.group
         pad = proto_pad_size(self.pad_divisor(group), args, kwargs) if self.pad_divisor else 0
         rows = next((len(a) for a in (*args, *kwargs.values()) if isinstance(a, DataProto)), 0)

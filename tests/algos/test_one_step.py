@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 import algos
 from config import ConfigError, load_config, make_plan, replace_keys
 from tests.workers.helpers import build_tiny_checkpoint, make_update_batch
-from trainer.advantage import compute_advantage
+from trainer.running.advantage import compute_advantage
 from workers.compute.actor import DataParallelPPOActor
 
 PROMPTS, N, P, R = 2, 4, 4, 5

@@ -7,7 +7,7 @@ from config.sections.reward import OverlongBufferConfig
 from data.reward import DAPORewardManager, RewardManager, overlong_penalty
 from data.reward_loop import REWARD_MANAGERS
 from tests.data.test_data_reward import _batch
-from trainer.build import make_reward_manager
+from trainer.running.build import make_reward_manager
 
 
 def constant(data_source, solution_str, ground_truth, extra_info=None):

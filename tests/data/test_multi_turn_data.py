@@ -125,7 +125,7 @@ def test_the_reward_manager_scores_the_whole_conversation_and_adds_tool_rewards(
 
 
 def test_the_driver_checks_tools_and_the_chat_template_before_any_model_loads(tmp_path):
-    from trainer import build
+    from trainer.running import build
 
     base = ["actor_rollout_ref.rollout.multi_turn.enable=true"]
     (tmp_path / "bad.yaml").write_text("tools:\n  - class_name: no.such.Tool\n")

@@ -14,7 +14,7 @@ from data.reward import RewardManager
 from data.reward_loop import ImportedRewardManager
 from data.tasks import default_compute_score
 from single_controller.data_proto import DataProto
-from trainer.build import make_reward_manager
+from trainer.running.build import make_reward_manager
 
 DELAY = 0.2
 FATES = {"21": "ok", "2": "error", "1": "hang", "11": "nonsense"}  # the answer a row gives -> what the judge does

@@ -1,5 +1,5 @@
-"""trainer.build.build_trainer's reward wiring: several train/val files with different data sources mix, validation
-reports each source, and custom_reward_function.{path,name} replaces the built-in rewards (or is a one-line
+"""trainer.running.build.build_trainer's reward wiring: several train/val files with different data sources mix,
+validation reports each source, and custom_reward_function.{path,name} replaces the built-in rewards (or is a one-line
 ConfigError).
 
 Generation is scripted (``ScriptedRollout`` answers from a table) so that no Ray worker starts; everything else
@@ -15,7 +15,7 @@ from data.preprocess.gsm8k import preprocess
 from data.tasks import make_splits
 from single_controller import DataProto
 from tests.data.gsm8k_fixture import printable_tokenizer, save_tiny_model, write_gsm8k
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 COPY_VAL, GSM8K_VAL = "val-core/colorl/copy/reward/mean@1", "val-core/openai/gsm8k/reward/mean@1"
 

@@ -9,7 +9,7 @@ from config import load_config
 from tests.e2e.runs import run_keys
 from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 STALENESS = [f"training/off_policy/trajectory_staleness/{s}" for s in ("mean", "max", "min")]
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from config import load_config
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 
 @pytest.mark.slow  # the whole demo: about 3 minutes on 2 quiet cores

@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor
 from data.builtin import prepare_builtin
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.e2e.test_ppo_e2e import read_jsonl, tiny_config
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 from workers.parallel.fsdp import fsdp_modules
 
 

@@ -8,7 +8,7 @@ from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_rea
 from tests.e2e.runs import run_keys
 from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 # even-indexed prompts score the same whatever the response (no signal); odd ones by the response's characters
 REWARD = """

@@ -10,7 +10,7 @@ import pytest
 from config import load_config
 from data.builtin import write_parquet
 from tests.workers.agent_helpers import save_tool_calling_model
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 TOOL_CONFIG = """tools:
   - class_name: workers.tools.calculator.CalculatorTool

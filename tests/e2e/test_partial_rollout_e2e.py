@@ -1,6 +1,6 @@
 """trainer.v1's colocate_async end to end on one group of 2 CPU workers (real Ray, gloo, FSDP2): partial rollouts
-(trainer.partial). A step trains the first groups to end; the rows still decoding go on at the next step under
-the new weights (verl's spans > 1), every step on the same number of samples; a resume with rows in flight is
+(trainer.asynchronous.partial). A step trains the first groups to end; the rows still decoding go on at the next step
+under the new weights (verl's spans > 1), every step on the same number of samples; a resume with rows in flight is
 exact; ``wait`` and ``drop`` keep every span within the threshold."""
 
 import pytest
@@ -9,7 +9,7 @@ from config import load_config
 from tests.e2e.test_async_e2e import STALENESS, tiny_async
 from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 OFF_POLICY = "training/off_policy"
 SPANS = [f"{OFF_POLICY}/trajectory_spans/{s}" for s in ("mean", "max", "min")]

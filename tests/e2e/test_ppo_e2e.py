@@ -10,7 +10,7 @@ from config import load_config
 from single_controller import DataProto
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.wandb_offline import history, run_file, wandb_records
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 from workers.parallel.fsdp import fsdp_modules
 from workers.runtime import malloc
 

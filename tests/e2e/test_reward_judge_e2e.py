@@ -12,7 +12,7 @@ import pytest
 from benchmarks.judge import URL_VAR, serve
 from config import load_config
 from data.reward import RewardError
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 DELAY, RESPONSES = 0.2, 128  # the demo's step: 16 prompts × 8 responses
 

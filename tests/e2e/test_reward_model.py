@@ -14,7 +14,7 @@ from data.builtin import build_char_tokenizer
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.e2e.test_ppo_e2e import CRITIC_REQUIRED, REQUIRED, read_jsonl, tiny_config
 from tests.workers.helpers import PAD, VOCAB, make_update_batch
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 from workers.compute.reward_model import compute_rm_scores, load_reward_model
 
 P, R = 6, 5

@@ -8,7 +8,7 @@ import pytest
 
 from config import load_config
 from data.preprocess.arith import main as write_arith
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 
 @pytest.mark.slow  # the real 135 M model: ~70 s; its conversion is tested in make test (tests/data/test_smollm2.py)

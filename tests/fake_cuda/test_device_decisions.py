@@ -112,7 +112,7 @@ def test_trainer_device_auto_is_cuda_when_a_gpu_is_visible(cuda, monkeypatch):
 
 
 def test_building_the_trainer_with_device_auto_places_its_workers_on_gpus(cuda, tmp_path):
-    from trainer.build import build_trainer
+    from trainer.running.build import build_trainer
 
     overrides = ["trainer.device=auto", "trainer.n_gpus_per_node=2", *TINY, f"builtin.cache_dir={tmp_path}"]
     trainer = build_trainer(load_config([*overrides, f"trainer.default_local_dir={tmp_path / 'run'}"]))

@@ -63,8 +63,8 @@ def test_generate_sequences_on_meta(attention, sampling):
 
 
 def test_a_partial_rollouts_piece_on_meta():
-    """A piece of a partial rollout (trainer.partial): per-row budgets, the quota of ended groups and the rows it
-    must end are counted on the device and read with the live rows, in the same one read per check."""
+    """A piece of a partial rollout (trainer.asynchronous.partial): per-row budgets, the quota of ended groups and the
+    rows it must end are counted on the device and read with the live rows, in the same one read per check."""
     before = READS["rollout.live_rows"]
     group, budget = torch.arange(B) // 2, torch.full((B,), R)
     piece = rollout.Partial(budget, group, quota=2, required=torch.zeros(B, dtype=torch.bool))

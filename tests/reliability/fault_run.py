@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 import ray  # noqa: E402
 
-from trainer.ppo_trainer import RayPPOTrainer  # noqa: E402
+from trainer.running.ppo_trainer import RayPPOTrainer  # noqa: E402
 
 
 def arm(actor, fault: str, on_call: int) -> None:

@@ -4,7 +4,7 @@
 
 Ray's object store gets its minimum (80 MiB), backed by DIR, where it also spills; DIR is a tmpfs of 100 MiB.
 A rank returns a result bigger than that (the worker cannot store it), then the driver sends an argument bigger
-than that (the driver cannot). Prints one JSON line: what ``trainer.faults.named`` made of each failure.
+than that (the driver cannot). Prints one JSON line: what ``trainer.running.faults.named`` made of each failure.
 """
 
 import json
@@ -20,7 +20,7 @@ from single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGr
 from single_controller.base.register import Dispatch, register  # noqa: E402
 from single_controller.base.worker import Worker  # noqa: E402
 from single_controller.ray.health import shutdown_worker_group  # noqa: E402
-from trainer.faults import named  # noqa: E402
+from trainer.running.faults import named  # noqa: E402
 
 BIG = 150 * 2**20
 

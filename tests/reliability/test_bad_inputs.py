@@ -16,7 +16,7 @@ from data.dataset import RLHFDataset
 from data.reward import RewardError, RewardManager
 from single_controller import DataProto
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 
 def build(tmp_path, assets, *overrides: str):

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from config.sections import FSDPConfig
 from tests.reliability.conftest import tmpfs
 from tests.workers.helpers import build_tiny_checkpoint, free_port, init_gloo
-from trainer.checkpoint import CheckpointManager
+from trainer.state.checkpoint import CheckpointManager
 from workers.checkpoint import safe_files, shards
 from workers.roles.role import shard_role
 

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from config import ConfigError
 from tests.workers.helpers import build_tiny_checkpoint
-from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager, check_checkpoint, load_driver_state
 from trainer.export import export
+from trainer.state.checkpoint import COMPLETE, CheckpointError, CheckpointManager, check_checkpoint, load_driver_state
 from workers.checkpoint import safe_files, shards
 
 

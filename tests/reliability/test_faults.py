@@ -1,4 +1,5 @@
-"""Faults named in one line (``trainer.faults``): an exception in a worker, out of memory, a full object store."""
+"""Faults named in one line (``trainer.running.faults``): an exception in a worker, out of memory, a full object
+store."""
 
 import json
 import subprocess
@@ -12,7 +13,7 @@ from single_controller.base.register import Dispatch, register
 from single_controller.base.worker import Worker
 from single_controller.ray.health import shutdown_worker_group
 from tests.reliability.conftest import REPO, child_env, tmpfs
-from trainer.faults import STORE_HINT, named
+from trainer.running.faults import STORE_HINT, named
 
 
 class Faulty(Worker):

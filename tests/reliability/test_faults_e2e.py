@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
-from trainer.checkpoint import check_checkpoint
-from trainer.watchdog import EXIT_HUNG
+from trainer.running.watchdog import EXIT_HUNG
+from trainer.state.checkpoint import check_checkpoint
 
 FAULT_RUN = str(REPO / "tests" / "reliability" / "fault_run.py")
 

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
-from trainer.checkpoint import check_checkpoint
-from trainer.preemption import EXIT_PREEMPTED
+from trainer.running.preemption import EXIT_PREEMPTED
+from trainer.state.checkpoint import check_checkpoint
 
 STEPS = 12  # tiny steps are fast: room for the signal to land well before the last one
 

@@ -14,14 +14,15 @@ import torch
 from config import ConfigError, load_config, replace_keys
 from tests.reliability.conftest import REPO, child_env
 from tests.workers.helpers import build_tiny_checkpoint
-from trainer import fingerprint
-from trainer.checkpoint import COMPLETE, CheckpointError, CheckpointManager
-from trainer.fingerprint import check_resume, config_record
-from trainer.run_dir import LOCK, RunLockError, lock_run_dir
-from trainer.tracking import Tracking, read_metrics
+from trainer.observing.tracking import Tracking, read_metrics
+from trainer.state import fingerprint
+from trainer.state.checkpoint import COMPLETE, CheckpointError, CheckpointManager
+from trainer.state.fingerprint import check_resume, config_record
+from trainer.state.run_dir import LOCK, RunLockError, lock_run_dir
 
 HOLD = (
-    "import sys, time; from trainer.run_dir import lock_run_dir; lock_run_dir(sys.argv[1]); print('held', flush=True)"
+    "import sys, time; from trainer.state.run_dir import lock_run_dir; lock_run_dir(sys.argv[1]); "
+    "print('held', flush=True)"
 )
 
 

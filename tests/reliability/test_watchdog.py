@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from trainer.watchdog import EXIT_HUNG, PhaseWatchdog
+from trainer.running.watchdog import EXIT_HUNG, PhaseWatchdog
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,7 @@ def test_a_failing_dump_still_exits():
 def test_exit_now_ends_the_process_and_its_children(tmp_path):
     script = (
         "import subprocess, sys\n"
-        "from trainer.watchdog import exit_now\n"
+        "from trainer.running.watchdog import exit_now\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
         "print(child.pid, flush=True)\n"
         "exit_now(3)\n"

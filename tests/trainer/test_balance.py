@@ -7,7 +7,7 @@ import torch
 
 from config import load_config, make_plan
 from single_controller import DataProto
-from trainer.balance import balance_batch, balanced_partitions
+from trainer.running.balance import balance_batch, balanced_partitions
 
 
 def _batch(lengths, group=1):

@@ -7,7 +7,7 @@ import torch
 from config import load_config, make_plan
 from config.dataflow import DRIVER, WORKER, Dataflow, Phase
 from single_controller import DataProto
-from trainer.routing import request, take_back
+from trainer.running.routing import request, take_back
 from workers.compute.step_store import ROWS, STEP, StepCall, StepStore, StepStoreError
 
 ROLLOUT = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")

@@ -12,14 +12,14 @@ from config.dataflow import DRIVER
 from config.inert import inert_warnings
 from config.schema import FilterGroupsConfig
 from single_controller import DataProto
-from trainer.dynamic_sampling import (
+from trainer.running.dynamic_sampling import (
     DynamicSamplingError,
     collect,
     dynamic_sampling_lines,
     groups_with_signal,
     metric_values,
 )
-from trainer.fingerprint import check_resume, config_record
+from trainer.state.fingerprint import check_resume, config_record
 
 N = 2  # responses per prompt in these batches
 

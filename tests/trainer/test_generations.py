@@ -8,8 +8,8 @@ import pytest
 from config import load_config
 from tests.trainer.report_fixtures import REWARDS
 from tests.wandb_offline import run_file
-from trainer.generations import GenerationLog, pick_samples, read_generations, write_generations
-from trainer.tracking import Tracking
+from trainer.observing.generations import GenerationLog, pick_samples, read_generations, write_generations
+from trainer.observing.tracking import Tracking
 
 VERL_FIELDS = ["input", "output", "gts", "score", "step"]
 

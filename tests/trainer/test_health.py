@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from config.schema import HealthConfig
-from trainer.health import HealthMonitor, trend
-from trainer.metrics import reward_group_metrics
+from trainer.observing.health import HealthMonitor, trend
+from trainer.observing.metrics import reward_group_metrics
 
 VAL = "val-core/colorl/arith/reward/mean@1"
 FLEXIBLE = "val-aux/colorl/arith/flexible/mean@1"
@@ -111,7 +111,7 @@ def test_rollout_probs_diff_is_verls_debug_metric():
     from verl import DataProto as VerlDataProto
     from verl.utils.debug.metrics import calculate_debug_metrics
 
-    from trainer.metrics import rollout_probs_diff
+    from trainer.observing.metrics import rollout_probs_diff
 
     g = torch.Generator().manual_seed(0)
     actor = -torch.rand(6, 5, generator=g) * 3

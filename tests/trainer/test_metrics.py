@@ -1,11 +1,11 @@
-"""Hand-worked batches for trainer.metrics."""
+"""Hand-worked batches for trainer.observing.metrics."""
 
 import time
 
 import pytest
 import torch
 
-from trainer import metrics as tm
+from trainer.observing import metrics as tm
 
 torch.set_num_threads(1)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer.health import NonFiniteGuard, NonFiniteLossError
+from trainer.observing.health import NonFiniteGuard, NonFiniteLossError
 
 
 def test_nonfinite_steps_are_counted_and_abort_after_k_in_a_row():

@@ -15,11 +15,11 @@ from config.dataflow import DRIVER, WORKER
 from config.phases import PHASES, STEP_FLOW, STEP_PHASES
 from config.worker_roles import ROLE, ROLES
 from data.builtin import demo_model_config
-from trainer.faults import MEMORY_KEYS, _memory_hint
 from trainer.preflight.dry_run import phase_batches
 from trainer.preflight.memory_estimate import model_sizes
 from trainer.preflight.memory_phases import ESTIMATORS, estimate_memory
-from trainer.step import PhaseSteps, StepState
+from trainer.running.faults import MEMORY_KEYS, _memory_hint
+from trainer.running.step import PhaseSteps, StepState
 from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
 
 # between them, these plans run every phase of the table
@@ -56,7 +56,7 @@ def planned(request):
 
 def test_every_worker_phase_names_a_role_a_method_an_estimate_and_its_batch_keys():
     """What the memory estimate, the out-of-memory advice and train_step's calls look up by a phase's entry."""
-    assert set(WORKER_CLASSES) == set(ROLE)  # a new role needs its worker class here (and in trainer.placement)
+    assert set(WORKER_CLASSES) == set(ROLE)  # a new role needs its worker class here (and in trainer.running.placement)
     for phase in STEP_PHASES:
         if phase.on == DRIVER:
             assert phase.role is phase.method is phase.memory is phase.batch is None, phase.name
@@ -162,15 +162,15 @@ def test_a_phase_that_selects_rows_on_the_driver_brings_what_crosses_it_there_an
 
 
 # the only production files that name a phase or a role by its string: the two tables and the driver's code of the
-# phases (``trainer.step.STEP_CODE``); elsewhere a word equal to a role's name means something else, said here
-TABLES = {"config/phases.py", "config/worker_roles.py", "trainer/step.py"}
+# phases (``trainer.running.step.STEP_CODE``); elsewhere a word equal to a role's name means something else, said here
+TABLES = {"config/phases.py", "config/worker_roles.py", "trainer/running/step.py"}
 OTHER_MEANINGS = {
     ("algos/distillation.py", "teacher"): "a metric's name (distillation/teacher_mass)",
     ("config/distillation.py", "teacher"): "the teacher role's instance names (worker_roles imports this module)",
     ("config/inert.py", "critic"): "the config section",
     ("config/plan.py", "critic"): "the config section",
     ("config/verl.py", "critic"): "the config section",
-    ("trainer/build.py", "critic"): "the config section",
+    ("trainer/running/build.py", "critic"): "the config section",
     ("workers/compute/actor.py", "actor"): "the metrics' namespace (verl's actor/...)",
     ("workers/compute/critic.py", "critic"): "the metrics' namespace (verl's critic/...)",
     ("workers/roles/fsdp_workers.py", "actor"): "the metrics' namespace (verl's actor/...)",

@@ -16,8 +16,8 @@ from html.parser import HTMLParser
 import pytest
 
 from config import load_config
-from trainer.generations import GenerationLog, write_generations
-from trainer.report import RunReport, preset_diff, write_report
+from trainer.observing.generations import GenerationLog, write_generations
+from trainer.observing.report import RunReport, preset_diff, write_report
 
 CHROMIUM_FLAGS = [
     "--headless",

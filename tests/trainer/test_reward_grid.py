@@ -5,7 +5,7 @@ import math
 import numpy as np
 from PIL import Image
 
-from trainer.tracking import PANELS, plot_reward_curve
+from trainer.observing.tracking import PANELS, plot_reward_curve
 
 
 def _records(with_groups: bool) -> list[dict]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.wandb_offline import history, run_file, wandb_records
-from trainer.tracking import Tracking, plot_reward_curve, read_metrics
+from trainer.observing.tracking import Tracking, plot_reward_curve, read_metrics
 
 VAL_KEY = "val-core/colorl/reverse/reward/mean@1"
 

@@ -11,7 +11,7 @@ from config import load_config
 from data.preprocess.gsm8k import main as preprocess_gsm8k
 from tests.data.gsm8k_fixture import GSM8K, write_gsm8k
 from tests.verl import commands
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

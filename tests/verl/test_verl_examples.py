@@ -13,7 +13,7 @@ from config.inert import inert_warnings
 from data.reward_loop import REWARD_MANAGERS
 from tests.verl.commands_v091 import SCRIPTS
 from tests.verl.test_verl_e2e import bpe_qwen2
-from trainer.build import build_trainer
+from trainer.running.build import build_trainer
 
 REFUSED = {  # what ColoRL refuses in one line because ignoring it would train something else
     "tuning/lora/run_qwen3_8b_from_adapter_fsdp": "model.lora_adapter_path",

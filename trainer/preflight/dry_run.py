@@ -27,10 +27,10 @@ from config.phases import STEP_PHASES, Step, lookup
 from config.plan import rollout_plan
 from config.tree import ARR
 from config.worker_roles import ACTOR, ROLES, TEACHER
-from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
 from trainer.preflight.teacher_checks import check_teachers
+from trainer.running.dynamic_sampling import dynamic_sampling_lines
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 can run code.
 
 Both sides of a checkpoint use these: the workers writing their shards (``workers.checkpoint.shards``) and the driver
-sealing, committing and verifying a checkpoint directory (``trainer.checkpoint``).
+sealing, committing and verifying a checkpoint directory (``trainer.state.checkpoint``).
 
 - :func:`fsync`, :func:`write_atomically`: data on disk before anything that vouches for it (a rename, a marker);
 - :func:`seal` and :func:`damage`: the size and SHA-256 of every file of a directory, and what no longer matches;

@@ -194,7 +194,7 @@ def load_role(path: str, module: nn.Module, optimizer: torch.optim.Optimizer, sc
 def _keep_configured(optimizer: torch.optim.Optimizer, scheduler: Any, configured: list[dict[str, Any]]) -> None:
     """The hyper-parameters this run's config built the optimizer and schedule with, not the checkpoint's: a
     changed learning rate, betas or weight decay applies from the next update (the driver prints it:
-    ``trainer.fingerprint``); the moments (exp_avg, exp_avg_sq, step) and the schedule's position are the
+    ``trainer.state.fingerprint``); the moments (exp_avg, exp_avg_sq, step) and the schedule's position are the
     checkpoint's, and the learning rate is the schedule's at that position."""
     for group, values in zip(optimizer.param_groups, configured):
         group.update(values)

@@ -186,8 +186,8 @@ def generate_sequences(
 
 @dataclass(frozen=True)
 class Partial:
-    """A piece of a partial rollout (``trainer.partial``): each row's ``budget`` (B,) of tokens left, and when to
-    stop before every row has ended: once ``quota`` groups (``group`` (B,) ints in [0, B): a prompt's rows) have
+    """A piece of a partial rollout (``trainer.asynchronous.partial``): each row's ``budget`` (B,) of tokens left, and
+    when to stop before every row has ended: once ``quota`` groups (``group`` (B,) ints in [0, B): a prompt's rows) have
     all their rows ended and no ``required`` (B,) bool row is still decoding (checked every ``EOS_CHECK_INTERVAL``
     tokens)."""
 

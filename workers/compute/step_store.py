@@ -5,8 +5,8 @@ store per process (``STORE``) serves them all: the rollout's sequences stay wher
 phases read them, and the driver gets only what it computes with. Which keys are sent, fetched, kept and given
 back is each phase's ``Route`` (``config.dataflow``, derived from ``config.phases.declare_flows``).
 
-A routed call (``trainer.routing.request``, on the driver) carries ``meta_info[STEP] = StepCall(token, route)``
-and the global index of each of its rows (``ROWS``); ``trainer.routing.take_back`` merges the answer into the
+A routed call (``trainer.running.routing.request``, on the driver) carries ``meta_info[STEP] = StepCall(token, route)``
+and the global index of each of its rows (``ROWS``); ``trainer.running.routing.take_back`` merges the answer into the
 driver's batch. The first phase
 of a step that keeps something opens the store for that token and those rows; a phase that fetches must come
 with the same token and rows, else it fails loudly (a worker restarted, a run resumed on another world size, a

@@ -1,12 +1,12 @@
 """The run report: ``<trainer.default_local_dir>/report.html``, one self-contained file (data, script and style
 inlined; no network), written at each validation and at the end of a run.
 
-It shows the metrics as an interactive plot grid (the panels of ``reward_curve.png``, ``trainer.tracking.PANELS``,
-plus any logged metric; hover for values, drag to zoom on steps) with the steps where each health warning held,
-the health warnings in words, a trajectory browser over the sampled responses of each step and validation
-(``trainer.generations``: prompt, response, reward, advantage, every turn of a tool conversation, the tokens
-coloured by whether training saw them and by advantage or log-prob), and the config with its differences from the
-preset it is closest to. The page's script and style are ``report_assets/`` beside this file.
+It shows the metrics as an interactive plot grid (the panels of ``reward_curve.png``,
+``trainer.observing.tracking.PANELS``, plus any logged metric; hover for values, drag to zoom on steps) with the steps
+where each health warning held, the health warnings in words, a trajectory browser over the sampled responses of each
+step and validation (``trainer.observing.generations``: prompt, response, reward, advantage, every turn of a tool
+conversation, the tokens coloured by whether training saw them and by advantage or log-prob), and the config with its
+differences from the preset it is closest to. The page's script and style are ``report_assets/`` beside this file.
 
 The file stays small: metrics are stored by column with 4 significant digits, each prompt once, and when the
 samples exceed ``SAMPLE_BUDGET`` bytes only every k-th step keeps its samples (the latest always does).
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from config.tree import flat
-from trainer.generations import SAMPLES_DIR, read_jsonl
-from trainer.tracking import PANELS, series_label
+from trainer.observing.generations import SAMPLES_DIR, read_jsonl
+from trainer.observing.tracking import PANELS, series_label
 
 ASSETS = Path(__file__).resolve().parent / "report_assets"
 REPORT_FILE = "report.html"

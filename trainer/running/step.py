@@ -2,12 +2,12 @@
 ``config.phases.STEP_PHASES`` in the table's order, one timed line each.
 
 A phase is either a worker phase, its entry's method on its role's worker group called with what its route moves
-(``_call``, ``trainer.routing``), or a phase with driver code, found by its name in ``STEP_CODE``. The step is data:
-a synchronous step runs the plan's list; dynamic sampling's ``filter_groups`` runs the prefix before it once per
+(``_call``, ``trainer.running.routing``), or a phase with driver code, found by its name in ``STEP_CODE``. The step is
+data: a synchronous step runs the plan's list; dynamic sampling's ``filter_groups`` runs the prefix before it once per
 generation batch; another order (an asynchronous mode's generation on one group and training on another) is another
-list of the same names through ``run_phases``: with ``trainer.v1``'s async modes (``trainer.ahead``), the phases
-before ``gen`` run on each batch as it is drawn and its generation is asked for; the ``gen`` phase of the step takes
-back the oldest batch asked for, generated, and the phases after it run on that one.
+list of the same names through ``run_phases``: with ``trainer.v1``'s async modes (``trainer.asynchronous.ahead``), the
+phases before ``gen`` run on each batch as it is drawn and its generation is asked for; the ``gen`` phase of the step
+takes back the oldest batch asked for, generated, and the phases after it run on that one.
 """
 
 from __future__ import annotations
@@ -28,11 +28,9 @@ from config.worker_roles import ROLE
 from data.reward import RewardHandle
 from single_controller.data_proto import DataProto
 from single_controller.ray.binding import StartedCall
-from trainer.advantage import compute_advantage
-from trainer.ahead import Generating
-from trainer.balance import balance_batch
-from trainer.dynamic_sampling import collect
-from trainer.metrics import (
+from trainer.asynchronous.ahead import Generating
+from trainer.asynchronous.replay_buffer import FIRST_VERSION, VERSION, staleness_metrics
+from trainer.observing.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
@@ -42,8 +40,10 @@ from trainer.metrics import (
     rollout_probs_diff,
     timed,
 )
-from trainer.replay_buffer import FIRST_VERSION, VERSION, staleness_metrics
-from trainer.routing import STEP_TOKEN, request, take_back
+from trainer.running.advantage import compute_advantage
+from trainer.running.balance import balance_batch
+from trainer.running.dynamic_sampling import collect
+from trainer.running.routing import STEP_TOKEN, request, take_back
 
 
 @dataclasses.dataclass
@@ -61,15 +61,15 @@ class StepState:
 
 
 class PhaseSteps:
-    """The step of ``trainer.ppo_trainer.RayPPOTrainer``: its phases' driver code and worker calls. Reads the
+    """The step of ``trainer.running.ppo_trainer.RayPPOTrainer``: its phases' driver code and worker calls. Reads the
     trainer's ``config``, ``plan``, ``reward_fn``, ``kl_ctrl_in_reward``, ``generations``, ``watchdog``,
     ``global_step`` and its worker groups (``config.worker_roles.WorkerRole.group``)."""
 
     def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
         """One PPO iteration on a batch of prompts: the plan's phases of ``config.phases.STEP_PHASES`` in the
-        table's order (``run_phases``). With dynamic sampling (``trainer.dynamic_sampling``) ``batch`` is the first
-        generation batch and ``more`` gives the next ones: the ``filter_groups`` phase runs the table's prefix (the
-        phases before it) on each."""
+        table's order (``run_phases``). With dynamic sampling (``trainer.running.dynamic_sampling``) ``batch`` is the
+        first generation batch and ``more`` gives the next ones: the ``filter_groups`` phase runs the table's prefix
+        (the phases before it) on each."""
         state = StepState(batch, more)
         with timed("step", state.timing):
             self.run_phases(self.plan.step_phases, state)
@@ -123,7 +123,8 @@ class PhaseSteps:
 
     def _gen(self, state: StepState) -> None:
         """``rollout.n`` responses to each prompt (rows of a prompt next to each other). In trainer.v1's async modes
-        this batch is asked for, and the oldest batch asked for comes back generated instead (``trainer.ahead``)."""
+        this batch is asked for, and the oldest batch asked for comes back generated instead
+        (``trainer.asynchronous.ahead``)."""
         batch = self._repeated(state.batch)
         if self.ahead is None:
             state.batch = batch
@@ -133,7 +134,7 @@ class PhaseSteps:
         state.metrics.update({**generated, **multi_turn_metrics(state.batch.non_tensor_batch)})
 
     def _generating(self) -> Generating:
-        """How the batches generated ahead go through this step's phases (``trainer.ahead``)."""
+        """How the batches generated ahead go through this step's phases (``trainer.asynchronous.ahead``)."""
         return Generating(
             prepare=self._drawn,
             start=lambda group, batch, meta_info: self._start("gen", batch, group=group, meta_info=meta_info),
@@ -194,7 +195,7 @@ class PhaseSteps:
 
     def _filter_groups(self, state: StepState) -> None:
         """Generation batches through the table's prefix until the step's prompt groups are collected
-        (``trainer.dynamic_sampling``); the collected rows get a new step token, and are balanced when asked."""
+        (``trainer.running.dynamic_sampling``); the collected rows get a new step token, and are balanced when asked."""
         prefix = self.plan.step_phases[: self.plan.step_phases.index("filter_groups")]
 
         def sample(batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
@@ -270,7 +271,7 @@ class PhaseSteps:
         self, phase: str, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None
     ) -> dict[str, float]:
         """Worker ``phase`` of ``flow`` on ``batch``: its entry's method on its role's workers, moving what its
-        route says (trainer/routing.py); returns the phase's metrics."""
+        route says (trainer/running/routing.py); returns the phase's metrics."""
         return self._finish(phase, batch, self._start(phase, batch, flow, meta_info=meta_info), flow)
 
     def _start(

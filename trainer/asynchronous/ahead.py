@@ -1,8 +1,8 @@
 """Generation ahead of training: ``trainer.v1.trainer_mode`` = ``separate_async`` or ``colocate_async``.
 
-The step's phases are the synchronous step's (``trainer.step``); only the generation moves. A batch drawn at step k
-is asked for at once (and at the first step ``lookahead`` more), and step k trains on the oldest batch asked for
-(the ``trainer.replay_buffer`` queue): its generation ran while earlier steps trained.
+The step's phases are the synchronous step's (``trainer.running.step``); only the generation moves. A batch drawn at
+step k is asked for at once (and at the first step ``lookahead`` more), and step k trains on the oldest batch asked for
+(the ``trainer.asynchronous.replay_buffer`` queue): its generation ran while earlier steps trained.
 
 - ``separate_async``: the rollout is a worker group of its own (``actor_rollout_ref.rollout.nnodes ×
   n_gpus_per_node`` workers, its own resource pool). After each step the trainer's group puts the actor's weights
@@ -10,8 +10,8 @@ is asked for at once (and at the first step ``lookahead`` more), and step k trai
   without the driver waiting: the rollout's worker runs the calls in order, so a batch asked for after the sync is
   generated with those weights, one asked for before it with the previous ones.
 - ``colocate_async``: generation on the training group, its workers running it and the phases in turn: with the hf
-  rollout, partial rollouts (``trainer.partial``: the step's generation stops once a batch of groups has ended,
-  the rest goes on at the next step); otherwise the same queue as ``separate_async``.
+  rollout, partial rollouts (``trainer.asynchronous.partial``: the step's generation stops once a batch of groups has
+  ended, the rest goes on at the next step); otherwise the same queue as ``separate_async``.
 
 A batch's samples carry the version of the weights that generated them (``replay_buffer.VERSION``: the number of
 steps trained into them). Each batch is generated under its own seed, so checkpoints hold the batches still queued
@@ -33,11 +33,11 @@ from config.schema import PPOConfig
 from single_controller.data_proto import DataProto
 from single_controller.ray.group import RayWorkerGroup
 from single_controller.ray.placement import RayResourcePool
-from trainer import console
-from trainer.partial import Pool
-from trainer.placement import rollout_class
-from trainer.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
-from trainer.routing import STEP_TOKEN
+from trainer.asynchronous.partial import Pool
+from trainer.asynchronous.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
+from trainer.running import console
+from trainer.running.placement import rollout_class
+from trainer.running.routing import STEP_TOKEN
 from workers.runtime import malloc
 
 SEED_STRIDE = 7919  # batch i of a run generates under trainer.seed + i × SEED_STRIDE (+ the rank)
@@ -53,7 +53,7 @@ def node_workers(cfg: PPOConfig, plan: StepPlan) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class Generating:
-    """The step's side of a generation (``trainer.step``): ``prepare`` a drawn batch (the phases before ``gen``,
+    """The step's side of a generation (``trainer.running.step``): ``prepare`` a drawn batch (the phases before ``gen``,
     the repeats), ``start`` its generation on a group with some meta_info, ``finish`` it into the batch (metrics);
     the keys the generation ``writes``."""
 

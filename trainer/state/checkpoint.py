@@ -6,11 +6,12 @@ Layout under ``trainer.default_local_dir``::
         actor/            model + optimizer shards (DCP: .metadata, __<r>_0.distcp), config.json, tokenizer,
                           extra.pt, rng_rank<r>.pt   (written by the workers: workers/checkpoint/shards.py)
         critic/           the same for the value model (when there is a critic)
-        driver.pt         step, data position, KL controller, wandb run id, the resolved config (trainer.fingerprint)
-        COMPLETE          size and SHA-256 of every file above: written last, verified on load
+        driver.pt         step, data position, KL controller, wandb run id, the resolved config
+        (trainer.state.fingerprint) COMPLETE          size and SHA-256 of every file above: written last, verified on
+        load
     latest_checkpointed_iteration.txt
-    metrics.jsonl         (trainer.tracking)
-    .colorl.lock          the run lock: one run per directory (trainer.run_dir)
+    metrics.jsonl         (trainer.observing.tracking)
+    .colorl.lock          the run lock: one run per directory (trainer.state.run_dir)
 
 A checkpoint is written into a hidden staging directory, every file and directory of it flushed to disk (fsync),
 and only then renamed into place; older checkpoints are pruned once the rename itself is on disk. So a crash, a

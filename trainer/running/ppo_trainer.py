@@ -1,10 +1,10 @@
 """The PPO driver: one process that writes the RL dataflow as plain calls on worker groups.
 
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout), the reference
-policy, the critic and distillation's teachers (colocation: ``trainer.placement``). The driver calls them phase by
-phase and computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step``
-(``trainer.step``) runs the plan's phases of the table ``config.phases.STEP_PHASES`` in its order, one timed line
-each; a worker phase's role and method come from its entry. Tensors stay where they are next read: each call sends
+policy, the critic and distillation's teachers (colocation: ``trainer.running.placement``). The driver calls them phase
+by phase and computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step``
+(``trainer.running.step``) runs the plan's phases of the table ``config.phases.STEP_PHASES`` in its order, one timed
+line each; a worker phase's role and method come from its entry. Tensors stay where they are next read: each call sends
 only what the driver holds of what the phase reads, and takes back only what a driver phase reads (the routes of
 ``config.phases.declare_flows``); the rest stays in the workers' step store.
 """
@@ -31,22 +31,22 @@ from single_controller.ray.colocate import create_colocated_worker_cls
 from single_controller.ray.group import RayWorkerGroup
 from single_controller.ray.health import shutdown_worker_group, stall_report
 from single_controller.ray.placement import RayResourcePool
-from trainer import console
-from trainer.ahead import Ahead, node_workers
-from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
-from trainer.data_position import DataPosition
-from trainer.fingerprint import config_record
-from trainer.generations import GenerationLog
-from trainer.health import HealthMonitor, NonFiniteGuard, NonFiniteLossError
-from trainer.metrics import timed
-from trainer.placement import placed_roles, role_classes
-from trainer.preemption import StopSignals
-from trainer.report import RunReport
-from trainer.run_dir import open_run
-from trainer.step import STEP_TOKEN, PhaseSteps
-from trainer.tracking import Tracking
-from trainer.validation import ValidationTally
-from trainer.watchdog import PhaseWatchdog
+from trainer.asynchronous.ahead import Ahead, node_workers
+from trainer.observing.generations import GenerationLog
+from trainer.observing.health import HealthMonitor, NonFiniteGuard, NonFiniteLossError
+from trainer.observing.metrics import timed
+from trainer.observing.report import RunReport
+from trainer.observing.tracking import Tracking
+from trainer.running import console
+from trainer.running.placement import placed_roles, role_classes
+from trainer.running.preemption import StopSignals
+from trainer.running.step import STEP_TOKEN, PhaseSteps
+from trainer.running.validation import ValidationTally
+from trainer.running.watchdog import PhaseWatchdog
+from trainer.state.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.state.data_position import DataPosition
+from trainer.state.fingerprint import config_record
+from trainer.state.run_dir import open_run
 from workers.runtime import malloc
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
@@ -96,7 +96,8 @@ class RayPPOTrainer(PhaseSteps):
             dump_fn=lambda: stall_report([p for group in self.worker_groups() for p in group.processes]),
             teardown_fn=lambda: [shutdown_worker_group(group) for group in self.worker_groups()],
         )
-        self.ahead: Ahead | None = None  # trainer.v1's async modes: the batches generated ahead (trainer.ahead)
+        # trainer.v1's async modes: the batches generated ahead (trainer.asynchronous.ahead)
+        self.ahead: Ahead | None = None
 
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
@@ -106,7 +107,7 @@ class RayPPOTrainer(PhaseSteps):
         pool = RayResourcePool(
             [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
         )
-        roles = role_classes(cfg, plan)  # the role workers of one process (trainer.placement)
+        roles = role_classes(cfg, plan)  # the role workers of one process (trainer.running.placement)
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step
         # (workers/runtime/malloc.py)
         self.fused_wg = RayWorkerGroup(
@@ -216,7 +217,7 @@ class RayPPOTrainer(PhaseSteps):
     def _last_word(
         self, preempted: bool, out_of_time: bool, wall_s: float, report: Path | None, nan_stop: bool = False
     ) -> str:
-        """The run's summary (``trainer.console.last_word``): why it ended, what it reached, where it all is."""
+        """The run's summary (``trainer.running.console.last_word``): why it ended, what it reached, where it all is."""
         cfg = self.config.trainer
         if nan_stop:
             why = f"the NaN guard stopped it ({cfg.max_nonfinite_steps} steps in a row with NaN/inf losses)"
@@ -268,7 +269,7 @@ class RayPPOTrainer(PhaseSteps):
             **self.data.state(),
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
-            "config": config_record(self.config),  # compared on resume (trainer.fingerprint)
+            "config": config_record(self.config),  # compared on resume (trainer.state.fingerprint)
             **({"ahead": self.ahead.state(self._generating())} if self.ahead is not None else {}),
         }
 

@@ -8,9 +8,9 @@
   refused with the holder named; a lock file left with a holder inside by a process that ended without
   releasing it (killed, crashed) is taken over with a line that says so;
 - it picks the checkpoint to continue from (``trainer.resume_mode``) and compares the config it was saved with
-  (``trainer.fingerprint``).
+  (``trainer.state.fingerprint``).
 
-The lock is re-entrant within a process: a restart (``trainer.restarts``) or a second run from the same notebook
+The lock is re-entrant within a process: a restart (``trainer.running.restarts``) or a second run from the same notebook
 builds its trainer again on the same directory.
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 import psutil
 
 from config import ConfigError, PPOConfig
-from trainer.checkpoint import CheckpointError, CheckpointManager, load_driver_state
-from trainer.fingerprint import check_resume
+from trainer.state.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.state.fingerprint import check_resume
 
 LOCK = ".colorl.lock"
 _held: dict[str, int] = {}  # real path of a run directory -> the fd holding its lock, for this process's lifetime

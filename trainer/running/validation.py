@@ -1,6 +1,7 @@
 """Validation's bookkeeping: each validation batch's scored rows, collected into verl's per-source metrics
-(``trainer.metrics.validation_metrics``: ``val-core/<source>/reward/mean@n``, ``val-aux/...``) and the generation
-dumps' parts (``trainer.generations``). The driver generates and scores (``RayPPOTrainer.validate``)."""
+(``trainer.observing.metrics.validation_metrics``: ``val-core/<source>/reward/mean@n``, ``val-aux/...``) and the
+generation dumps' parts (``trainer.observing.generations``). The driver generates and scores
+(``RayPPOTrainer.validate``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import torch
 
 from single_controller.data_proto import DataProto
-from trainer.metrics import validation_metrics
+from trainer.observing.metrics import validation_metrics
 
 VAL_ROW_STATS = ("tool_call_counts",)  # multi-turn rollouts: val-aux/<source>/tool_call_counts/mean@n
 

@@ -1,6 +1,6 @@
 """Faults named in one line: an exception raised inside a worker, a worker killed for memory, a full object store.
 
-``named(exc)`` is what ``trainer.restarts`` raises instead of a Ray exception that ends the run: a
+``named(exc)`` is what ``trainer.running.restarts`` raises instead of a Ray exception that ends the run: a
 :class:`FaultError` whose message gives the worker's role and method, rank, pid and node and the exception
 (``single_controller.ray.health.WorkerCall``); for out of memory also the config keys that size that method's
 micro-batches; for a full object store, that it is one and what to change. Anything else stays as it was.

@@ -30,9 +30,9 @@ from torch import Tensor
 from config.phases import PROMPT
 from single_controller.data_proto import DataProto
 from single_controller.padding import pad_dataproto_to_divisor
-from trainer.metrics import reduce_metrics
-from trainer.replay_buffer import FIRST_VERSION, VERSION, eviction_stats
-from trainer.routing import STEP_TOKEN
+from trainer.asynchronous.replay_buffer import FIRST_VERSION, VERSION, eviction_stats
+from trainer.observing.metrics import reduce_metrics
+from trainer.running.routing import STEP_TOKEN
 from workers.compute.rollout import PARTIAL_KEYS, QUOTA, rollout_batch
 
 TOKENS, LOG_PROBS, LENGTH, ENDED = "partial_tokens", "partial_log_probs", "partial_length", "partial_ended"

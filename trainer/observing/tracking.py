@@ -2,7 +2,7 @@
 
 Backends (``trainer.logger``):
 - ``console``: a progress bar over the training steps, or the wall-time budget when that ends the run first
-  (``trainer.console.BudgetBar``), plus one compact line per step;
+  (``trainer.running.console.BudgetBar``), plus one compact line per step;
 - ``wandb``: a W&B run under ``<local_dir>/wandb``, offline unless ``WANDB_MODE`` says otherwise;
 - ``file``: ``<local_dir>/metrics.jsonl``, one JSON object per step with a ``step`` key. A resumed run continues
   the same file, which then holds one history: the steps logged after the checkpoint it continues from (by an
@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 
 from config.checks import ConfigError
 from config.schema import LoggerBackend
-from trainer.console import BudgetBar
+from trainer.running.console import BudgetBar
 from workers.checkpoint.safe_files import write_atomically
 
 LOGGER_BACKENDS = get_args(LoggerBackend)

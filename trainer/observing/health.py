@@ -3,8 +3,8 @@
 The driver's metrics carry the signals (verl's names): ``actor/entropy``, ``response_length/mean`` and
 ``/clip_ratio``, ``critic/score/mean``, ``actor/kl_loss`` / ``actor/ref_kl``, ``actor/pg_clipfrac``, the validation
 scores ``val-core/<source>/reward/mean@n`` and the scores the reward does not train ``val-aux/<source>/<key>/mean@n``
-(e.g. the flexible score beside the strict one), and ``health/frac_reward_zero_std`` (``trainer.metrics``). The
-monitor adds ``health/response_length_trend`` (tokens per step over the last ``patience`` steps) and one flag per
+(e.g. the flexible score beside the strict one), and ``health/frac_reward_zero_std`` (``trainer.observing.metrics``).
+The monitor adds ``health/response_length_trend`` (tokens per step over the last ``patience`` steps) and one flag per
 pattern, ``health/warning/<name>``, 1 on the steps where the pattern has held long enough, so wandb shows when.
 
 Patterns (thresholds in ``trainer.health``): the entropy collapsing to a fraction of its first value, responses

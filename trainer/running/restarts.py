@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 from ray.exceptions import RayError
 
 from single_controller.ray.health import WorkerDiedError, shutdown_worker_group
-from trainer.faults import named
+from trainer.running.faults import named
 
 
 def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: int) -> dict[str, float]:
@@ -19,7 +19,7 @@ def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: in
     driver state), whose config must say ``trainer.resume_mode=auto``: its ``fit`` then resumes from the run's
     latest complete checkpoint, so at most the steps since that checkpoint are computed again. However
     the run ends, the workers are killed before this returns or raises: no process outlives it. A Ray exception
-    that ends the run is raised as the one line ``trainer.faults.named`` makes of it.
+    that ends the run is raised as the one line ``trainer.running.faults.named`` makes of it.
     """
     restarts = 0
     while True:
@@ -44,7 +44,7 @@ def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: in
 
 
 def _raise_named(exc: BaseException) -> NoReturn:
-    """Raise ``exc`` as the one line ``trainer.faults.named`` makes of it (itself when it has none)."""
+    """Raise ``exc`` as the one line ``trainer.running.faults.named`` makes of it (itself when it has none)."""
     fault = named(exc)
     if fault is exc:
         raise exc

@@ -13,14 +13,14 @@ import ray
 from config import ConfigError, PPOConfig, StepPlan, replace_keys
 from data.reward import RewardError
 from single_controller.ray.health import WorkerDiedError
-from trainer import console
-from trainer.build import build_trainer
-from trainer.checkpoint import CheckpointError
-from trainer.dynamic_sampling import DynamicSamplingError
-from trainer.faults import FaultError
-from trainer.health import NonFiniteLossError
-from trainer.preemption import EXIT_PREEMPTED, Preempted, signals_left_to_driver
-from trainer.restarts import fit_with_restarts
+from trainer.observing.health import NonFiniteLossError
+from trainer.running import console
+from trainer.running.build import build_trainer
+from trainer.running.dynamic_sampling import DynamicSamplingError
+from trainer.running.faults import FaultError
+from trainer.running.preemption import EXIT_PREEMPTED, Preempted, signals_left_to_driver
+from trainer.running.restarts import fit_with_restarts
+from trainer.state.checkpoint import CheckpointError
 
 EXIT_FAILED = 1  # a dead worker, a worker's exception, NaN losses, a checkpoint or reward failure, too few groups
 

@@ -30,7 +30,7 @@ import numpy as np
 from config import ConfigError, PPOConfig, StepPlan
 from config.schema import FILTER_TENSOR_METRICS
 from single_controller.data_proto import DataProto
-from trainer.metrics import reward_group_metrics
+from trainer.observing.metrics import reward_group_metrics
 
 Sampled = tuple[DataProto, dict[str, list], dict[str, float]]  # a generation batch, its reward extras, its metrics
 
@@ -138,8 +138,8 @@ def _short_message(filter_groups: Any, batches: int, drawn: int, groups: int, tr
 
 
 def dynamic_sampling_lines(cfg: PPOConfig, plan: StepPlan) -> list[str]:
-    """The arithmetic of dynamic sampling (``trainer.dynamic_sampling``): how many generation batches a step draws,
-    what the cap allows, how the run's length is counted; nothing without it."""
+    """The arithmetic of dynamic sampling (``trainer.running.dynamic_sampling``): how many generation batches a step
+    draws, what the cap allows, how the run's length is counted; nothing without it."""
     if not plan.dynamic_sampling:
         return []
     data, n, groups = cfg.data, cfg.actor_rollout_ref.rollout.n, cfg.algorithm.filter_groups

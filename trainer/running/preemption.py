@@ -3,8 +3,8 @@
 ``stop = StopSignals().install()`` turns the first SIGTERM or SIGINT into a request, ``stop.signal``, until
 ``stop.restore()``: the driver
 finishes the step in progress (its phases are worker calls that cannot be cut short without losing the step),
-writes a checkpoint, flushes its loggers and raises :class:`Preempted`, which ``trainer.run`` turns into exit status
-``EXIT_PREEMPTED``. ``trainer.resume_mode=auto`` (the default) then continues from that step. A second SIGINT
+writes a checkpoint, flushes its loggers and raises :class:`Preempted`, which ``trainer.running.run`` turns into exit
+status ``EXIT_PREEMPTED``. ``trainer.resume_mode=auto`` (the default) then continues from that step. A second SIGINT
 stops at once (KeyboardInterrupt), for a user who will not wait for the step to finish.
 
 Ctrl-C, Slurm's ``scancel``/``KillWait`` and ``systemd stop`` signal a whole process group or cgroup, not just the

@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-VAL_SCORE = re.compile(r"val-core/.+/reward/mean@\d+")  # trainer.metrics.validation_metrics' headline
+VAL_SCORE = re.compile(r"val-core/.+/reward/mean@\d+")  # trainer.observing.metrics.validation_metrics' headline
 # Ray's own switch for its Python loggers: when the user sets it, Ray's notices print as Ray decides
 RAY_LOGGING_VARIABLES = ("RAY_LOGGER_LEVEL", "RAY_LOGGING_CONFIG_ENCODING")
 

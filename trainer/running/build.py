@@ -1,7 +1,7 @@
 """Assembling a run from a typed config: check the model and data, fill the built-in demo's paths, build the trainer.
 
 ``build_trainer(cfg)`` is what ``python main.py`` runs after loading the config, and what tests and benchmarks
-call to get the same trainer; it starts no Ray and no workers (``trainer.run`` does, then ``fit``).
+call to get the same trainer; it starts no Ray and no workers (``trainer.running.run`` does, then ``fit``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from data.reward_loop import (
     RemoteRewardManager,
     load_manager_class,
 )
-from trainer.ppo_trainer import RayPPOTrainer
 from trainer.preflight.dry_run import check_models, preflight
+from trainer.running.ppo_trainer import RayPPOTrainer
 from workers.compute.agent_loop import check_tools
 from workers.compute.vllm_engine import check_vllm
 from workers.parallel.lora import check_target_modules

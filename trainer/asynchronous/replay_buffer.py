@@ -2,9 +2,9 @@
 
 verl's ``ReplayBufferAsync`` keeps prompt groups in a store and samples the oldest finished ones; ColoRL's rollout
 group answers whole batches in the order they were asked for, so its buffer is a queue of them (``colocate_async``'s
-partial rollouts keep groups instead: ``trainer.partial``). Each ``Generation`` holds the step that asked for it
-(verl's prompt tag ``global_steps``) and the version of the weights that generate it: the number of training steps
-in them (verl's ``min/max_global_steps``; one version per batch).
+partial rollouts keep groups instead: ``trainer.asynchronous.partial``). Each ``Generation`` holds the step that asked
+for it (verl's prompt tag ``global_steps``) and the version of the weights that generate it: the number of training
+steps in them (verl's ``min/max_global_steps``; one version per batch).
 
 Off-policy bounds are verl's, over a batch's span ``step - asked_at + 1`` at the step that would train it:
 - ``drop``: a batch whose span exceeds ``max_off_policy_threshold`` is evicted, and the caller asks for as many
@@ -24,7 +24,8 @@ import numpy as np
 from config.trainer_modes import TrainerMode
 
 VERSION = "policy_version"  # the per-sample column: the version of the weights that generated the sample (its last)
-FIRST_VERSION = "policy_version_first"  # a partial rollout's (trainer.partial): the first version that generated it
+# a partial rollout's (trainer.asynchronous.partial): the first version that generated it
+FIRST_VERSION = "policy_version_first"
 OFF_POLICY = "training/off_policy"
 
 
