@@ -26,8 +26,8 @@ from config.dataflow import DRIVER
 from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW
 from config.worker_roles import ROLE
 from data.reward import RewardHandle
+from single_controller.base.worker_group import StartedCall
 from single_controller.data_proto import DataProto
-from single_controller.ray.binding import StartedCall
 from trainer.advantage import compute_advantage
 from trainer.ahead import Generating
 from trainer.balance import balance_batch
