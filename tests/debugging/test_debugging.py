@@ -56,16 +56,23 @@ def train(keys: list[str], ray: bool) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A: without Ray (Ray hidden); B: on Ray; C: B's checkpoint of step 4 resumed with another actor lr."""
+    """A: without Ray (Ray hidden); B: the same on Ray."""
     root = tmp_path_factory.mktemp("debugging")
-    assets = root / "assets"
-    a, b, c = root / "a", root / "b", root / "c"
-    train(tiny(a, assets), ray=False)
-    train(tiny(b, assets), ray=True)
+    a, b = root / "a", root / "b"
+    train(tiny(a, root / "assets"), ray=False)
+    train(tiny(b, root / "assets"), ray=True)
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def changed_lr(runs):
+    """C: B's checkpoint of step 4 resumed with another actor learning rate (the planted divergence)."""
+    b = runs[1]
+    c = b.parent / "c"
     shutil.copytree(b, c, ignore=shutil.ignore_patterns(f"global_step_{STEPS}", ".colorl.lock"))
     (c / "latest_checkpointed_iteration.txt").write_text(str(STEPS - 1))
-    train([*tiny(c, assets), "actor_rollout_ref.actor.optim.lr=1e-4"], ray=False)
-    return a, b, c
+    train([*tiny(c, b.parent / "assets"), "actor_rollout_ref.actor.optim.lr=1e-4"], ray=False)
+    return c
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -74,14 +81,14 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def test_a_run_without_ray_is_bit_equal_to_the_ray_run(runs):
-    a, b, _ = runs
+    a, b = runs
     assert len(metrics(a)) == STEPS and metrics(a) == metrics(b)
     weights = f"global_step_{STEPS}/actor/__0_0.distcp"
     assert (a / weights).read_bytes() == (b / weights).read_bytes()
 
 
 def test_a_replayed_step_equals_the_logged_one_without_ray(runs):
-    _, b, _ = runs
+    _, b = runs
     before = sorted(p.name for p in b.rglob("*"))
     done = run(["-m", "trainer.replay", str(b), "--step", "3"], ray=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -89,8 +96,9 @@ def test_a_replayed_step_equals_the_logged_one_without_ray(runs):
     assert sorted(p.name for p in b.rglob("*")) == before  # nothing written into the recorded run
 
 
-def test_diff_names_the_step_and_phase_of_a_changed_learning_rate(runs):
-    _, b, c = runs
+@pytest.mark.slow  # a third run and two replays: ~1 min on 2 cores
+def test_diff_names_the_step_and_phase_of_a_changed_learning_rate(runs, changed_lr):
+    b, c = runs[1], changed_lr
     done = run(["-m", "trainer.diff", str(b), str(c), "--tensors"], ray=False)
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"step {STEPS}: the runs part" in done.stdout
@@ -99,7 +107,7 @@ def test_diff_names_the_step_and_phase_of_a_changed_learning_rate(runs):
 
 
 def test_diff_finds_nothing_between_equal_runs(runs):
-    a, b, _ = runs
+    a, b = runs
     done = run(["-m", "trainer.diff", str(a), str(b)], ray=False)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "agree on every step" in done.stdout
