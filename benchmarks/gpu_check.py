@@ -16,12 +16,14 @@ own time limit and what is left of ``--budget-s``, so the whole check ends withi
   decode tokens/s, update tokens/s, MFU, ``max_memory_allocated``;
 - ``grpo_hf``, ``grpo_vllm``: two GRPO steps of ``main.py --config-name smollm2_arith`` with ``rollout.name=hf``
   and ``vllm``; the log-probs (through the rollout-vs-trainer gap and the PPO KL), the losses and the gap must be
-  finite, and the dry run's estimate stands next to the measured ``perf/max_memory_allocated_gb``;
+  finite, and the dry run's estimate stands next to the measured ``perf/max_memory_allocated_gb``. Where Ray is
+  not installed (or with ``--no-ray``) they run without it, one worker in one process (``trainer.use_ray=false``);
 - ``gpu_tests``: ``pytest -m gpu``, last: they take what time is left.
 
 ``--quick`` puts a one-layer built-in model in SmolLM2's place (``model`` and ``data`` are skipped; the GRPO runs
 use the built-in demo's preset) and leaves vLLM out; ``--device cpu --quick --no-ray`` is ``make test``'s smoke test.
-A part whose Python modules are missing here (the lent machine may lack Ray, Hydra, datasets) is "skipped: needs X".
+A part whose Python modules are missing here (the lent machine may lack Hydra, datasets) is "skipped: needs X";
+``floor`` and ``gpu_tests`` need Ray.
 Writes ``DIR/<part>.log`` for every part run and ``DIR/summary.json``: each part's status (``ok``, ``failed: ...``,
 ``skipped: ...``), seconds and figures; prints one line per part and the summary's path. Exit status 1 when a
 part failed, else 0. docs/gpu.md says what to run first on a GPU.
@@ -83,7 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="where summary.json and the logs go")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--no-ray", action="store_true", help="only the parts that need no Ray")
+    parser.add_argument(
+        "--no-ray", action="store_true", help="as if Ray were not installed: the GRPO runs without it, no floor/tests"
+    )
     parser.add_argument("--quick", action="store_true", help="a one-layer built-in model, no vLLM (smoke test)")
     parser.add_argument("--model-path", default=None, help="a converted SmolLM2 HF directory (else: converted here)")
     parser.add_argument(
@@ -207,8 +211,11 @@ def read_grpo(run_dir: Path, steps: int) -> Callable[[str], tuple[dict[str, Any]
     return read
 
 
-def grpo_overrides(args: argparse.Namespace, assets: dict[str, str], run_dir: Path, rollout: str) -> list[str]:
-    """main.py's command line for two GRPO steps on the preset (the demo's with --quick), writing under run_dir."""
+def grpo_overrides(
+    args: argparse.Namespace, assets: dict[str, str], run_dir: Path, rollout: str, ray_free: bool = False
+) -> list[str]:
+    """main.py's command line for two GRPO steps on the preset (the demo's with --quick), writing under run_dir;
+    ``ray_free``: on one worker in main.py's own process, without Ray."""
     head = [] if args.quick else ["--config-name", PRESET]
     sizes = TINY + [f"builtin.cache_dir={run_dir.parent / 'assets'}"] if args.quick else []
     paths = [] if args.quick else [f"actor_rollout_ref.model.path={assets['model']}", *assets["data"]]
@@ -227,6 +234,7 @@ def grpo_overrides(args: argparse.Namespace, assets: dict[str, str], run_dir: Pa
         "trainer.resume_mode=disable",
         "trainer.logger=[console,file]",
         f"trainer.default_local_dir={run_dir}",
+        *(["trainer.use_ray=false", "trainer.n_gpus_per_node=1"] if ray_free else []),
     ]
 
 
@@ -243,6 +251,8 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
     cpu = "--device cpu" if args.device == "cpu" else None
     hydra = ("hydra", "omegaconf", "tensordict", "transformers")
     trainer = (*hydra, "ray", "datasets")
+    ray_free = args.no_ray or bool(missing_modules(("ray",)))  # the GRPO runs then run without Ray
+    grpo_needs = (*hydra, "datasets") if ray_free else trainer
     model_args = ["--hidden", "32", "--layers", "1", "--sft-warmup-steps", "0", "--cache-dir", str(assets_dir)]
     if not args.quick:
         model_args = ["--model-path", model]
@@ -263,7 +273,7 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
         ]
     lora = ["--set", "actor_rollout_ref.model.lora_rank=16", "--set", "actor_rollout_ref.model.lora_alpha=32"]
     hf_dir, vllm_dir = out / "grpo_hf", out / "grpo_vllm"
-    dry = grpo_overrides(args, assets, hf_dir, "hf") + ["trainer.dry_run=true"]
+    dry = grpo_overrides(args, assets, hf_dir, "hf", ray_free) + ["trainer.dry_run=true"]
     return [
         Part(
             "model",
@@ -291,19 +301,19 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
         ),
         Part(
             "grpo_hf",
-            ["main.py", *grpo_overrides(args, assets, hf_dir, "hf")],
+            ["main.py", *grpo_overrides(args, assets, hf_dir, "hf", ray_free)],
             420,
-            trainer,
-            ray=True,
+            grpo_needs,
+            ray=not ray_free,
             read=read_grpo(hf_dir, 2),
             clears=hf_dir,
         ),
         Part(
             "grpo_vllm",
-            ["main.py", *grpo_overrides(args, assets, vllm_dir, "vllm")],
+            ["main.py", *grpo_overrides(args, assets, vllm_dir, "vllm", ray_free)],
             600,
-            (*trainer, "vllm"),
-            ray=True,
+            (*grpo_needs, "vllm"),
+            ray=not ray_free,
             read=read_grpo(vllm_dir, 2),
             skip="--quick" if args.quick else None,
             clears=vllm_dir,

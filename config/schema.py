@@ -269,6 +269,9 @@ class TrainerConfig:
     use_legacy_worker_impl: Literal["auto", "enable", "disable"] = "auto"  # verl's worker switch: no meaning here
     seed: int = 1
     deterministic: bool = False  # deterministic kernels + RNG restored on resume: bitwise-repeatable runs on CPU
+    # the workers as Ray actors (true), or one worker in the driver's process without Ray (false: breakpoint() in
+    # worker code stops in the terminal; one worker, sync mode); null: Ray when installed (docs/debugging.md)
+    use_ray: bool | None = None
     max_wall_time_s: float | None = None  # stop cleanly after this many seconds
     # auto: latest complete checkpoint in default_local_dir | disable | resume_path
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"

@@ -17,6 +17,7 @@ import functools
 import importlib
 import inspect
 import os
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import ray
 
 from config import ConfigError
 from data.reward import (
@@ -131,7 +131,7 @@ class ConcurrentRewardManager(RewardManager):
             result = await asyncio.wait_for(call, self.timeout)
         except asyncio.TimeoutError:
             return {"score": 0.0}, ("timeout", f"reward function {self.name!r} timed out after {self.timeout}s")
-        except ray.exceptions.RayTaskError as exc:  # a remote worker's: the traceback's last line, the function's
+        except _ray_task_error() as exc:  # a remote worker's: the traceback's last line, the function's
             return {"score": 0.0}, ("raised", f"reward function {self.name!r} raised {str(exc).split(chr(10))[-1]}")
         except Exception as exc:
             return {"score": 0.0}, raised(self.name, exc)
@@ -175,9 +175,6 @@ async def _limits(max_concurrent: int, max_rpm: int | None, max_tpm: int | None)
     )
 
 
-@ray.remote(
-    num_cpus=0
-)  # beside workers that hold every CPU slot (trainer.running.run): a slot each would never schedule
 class RewardComputeWorker:
     """Calls the user's sync ``compute_score`` in its own process (verl's; the function need not be thread-safe)."""
 
@@ -189,6 +186,12 @@ class RewardComputeWorker:
 
     def ready(self) -> bool:
         return True
+
+
+def _ray_task_error() -> tuple[type[BaseException], ...]:
+    """Ray's error of a remote call, where Ray is imported (the remote manager's runs); else nothing to catch."""
+    ray = sys.modules.get("ray")
+    return (ray.exceptions.RayTaskError,) if ray is not None else ()
 
 
 class RemoteRewardManager(ConcurrentRewardManager):
@@ -211,7 +214,10 @@ class RemoteRewardManager(ConcurrentRewardManager):
         return await super()._gather(calls)
 
     def _spawn(self) -> Any:
-        return RewardComputeWorker.remote(self.compute_score)
+        import ray
+
+        # num_cpus=0: beside workers that hold every CPU slot (trainer.running.run), a slot each would never schedule
+        return ray.remote(num_cpus=0)(RewardComputeWorker).remote(self.compute_score)
 
     async def _ready(self, worker: Any) -> None:
         """Put ``worker`` among the idle ones once it has started."""
@@ -223,7 +229,7 @@ class RemoteRewardManager(ConcurrentRewardManager):
         try:
             result = await asyncio.wrap_future(worker.compute_score.remote(**call).future())
         except BaseException:  # timed out (cancelled) or died: a fresh worker takes its place once started
-            ray.kill(worker)
+            sys.modules["ray"].kill(worker)
             task = asyncio.get_running_loop().create_task(self._ready(self._spawn()))
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)

@@ -8,7 +8,9 @@ What the trainer uses — the whole layer a newcomer needs, importable from here
 - ``register``, ``Dispatch``, ``Execute``: make a worker method a group method; the trainer uses
   ``Dispatch.ONE_TO_ALL`` and ``Dispatch.DP_COMPUTE_PROTO`` (base/register.py, base/dispatch.py)
 - ``RayResourcePool``, ``RayClassWithInitArgs``: where workers run, and what they are (ray/placement.py)
-- ``RayWorkerGroup``: start the workers, call them as one (ray/group.py; its method names: ray/binding.py)
+- ``RayWorkerGroup``: start the workers, call them as one (ray/group.py; its method names, dispatch and
+  collect: base/worker_group.py)
+- ``LocalWorkerGroup``: the same for one worker that is an object of the driver's process, without Ray (local.py)
 - ``create_colocated_worker_cls``: several roles in one process, one view each via ``spawn`` (ray/colocate.py)
 - ``WorkerDiedError``, ``shutdown_worker_group``: notice dead workers, tear a group down (ray/health.py)
 
@@ -28,6 +30,7 @@ _LAZY = {
     "RayResourcePool": "single_controller.ray.placement",
     "RayClassWithInitArgs": "single_controller.ray.placement",
     "RayWorkerGroup": "single_controller.ray.group",
+    "LocalWorkerGroup": "single_controller.local",
     "create_colocated_worker_cls": "single_controller.ray.colocate",
     "WorkerDiedError": "single_controller.ray.health",
     "shutdown_worker_group": "single_controller.ray.health",

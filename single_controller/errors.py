@@ -1,6 +1,9 @@
-"""The error a call raises when its arguments break a precondition of the single controller's API."""
+"""The single controller's errors: arguments that break a precondition of its API, and a worker that died (raised
+by ray/health.py; here so that a run without Ray names it without importing Ray)."""
 
-__all__ = ["ContractError"]
+from typing import Any
+
+__all__ = ["ContractError", "WorkerDiedError"]
 
 
 class ContractError(ValueError, AssertionError):
@@ -10,3 +13,16 @@ class ContractError(ValueError, AssertionError):
     verl ``assert``s the same preconditions: code written against verl that catches ``AssertionError`` (its
     own tests do) sees the same failure here.
     """
+
+
+def where(process: dict[str, Any]) -> str:
+    """Where a worker ran, as error lines say it."""
+    return f"pid {process.get('pid', '?')} on node {process.get('node_ip', '?')} ({process.get('host', '?')})"
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process died (killed, out of memory, crashed) while the driver waited on it."""
+
+    def __init__(self, call: str, rank: int, world_size: int, process: dict[str, Any], cause: str) -> None:
+        self.call, self.rank, self.process = call, rank, process
+        super().__init__(f"worker rank {rank} of {world_size} died during {call}: {where(process)}; {cause}")

@@ -5,7 +5,7 @@ never import each other (the driver, ``trainer``, builds a run from both):
 single_controller < algos < config < workers < data < trainer < main.py.
 Inside a layer, its subpackages are layered the same way (``SUBLAYERS``): in ``workers`` a role builds on the
 phases' math, which builds on tools and on the parallel machinery; in ``single_controller`` the worker groups
-(``ray``) build on the worker and its dispatch (``base``), which build on the data modules beside them.
+(``local``, ``ray``) build on the worker and its dispatch (``base``), which build on the data modules beside them.
 The door to verl (``verl_compat``) sits beside them and imports the core; no core module imports it, and main.py
 only its command-line translation (``verl_compat.cli``).
 """
@@ -23,7 +23,7 @@ LAYERS = ("single_controller", "algos", "config", "workers", "data", "trainer", 
 DOOR = "verl_compat"
 SUBLAYERS = {  # lowest first; a module directly in the package (not in a subpackage) ranks lowest
     "workers": ("parallel", "checkpoint", "tools", "compute", "runtime", "roles"),
-    "single_controller": ("base", "ray"),
+    "single_controller": ("base", "local", "ray"),  # the worker groups: one process (local) or Ray's
 }
 MAIN_MAY_IMPORT = "verl_compat.cli"  # the entry point turns a verl command line into the core's config
 

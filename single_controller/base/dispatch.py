@@ -13,6 +13,7 @@ passes the arguments through. Other modes register themselves under their own va
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +98,5 @@ def collect_dp_compute_data_proto(worker_group, outputs):
 
 
 def _is_object_ref(value) -> bool:
-    import ray
-
-    return isinstance(value, ray.ObjectRef)
+    ray = sys.modules.get("ray")  # a run without Ray (single_controller/local.py) has no ObjectRefs
+    return ray is not None and isinstance(value, ray.ObjectRef)

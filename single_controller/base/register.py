@@ -1,7 +1,7 @@
 """``@register``: mark a worker method as a worker-group method, with how its calls are dispatched and collected.
 
 ``register`` only *records* the modes on the method (under ``MAGIC_ATTR``). A worker group reads the record
-when it is built (``registered_methods`` here, ``single_controller/ray/binding.py`` there) and makes each
+when it is built (``registered_methods`` here, ``single_controller/base/worker_group.py`` there) and makes each
 marked method a group method: dispatch -> execute on the ranks -> wait -> collect.
 
 A mode's functions are found in a registry keyed by the mode's value (``add_dispatch_mode``): the core's modes,

@@ -3,7 +3,7 @@
 A worker learns who it is from environment variables that its worker group sets before the process
 starts (the ones ``torchrun`` sets): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT``. Its device is what Ray gave the process: ``cuda:<id>`` when the
-actor holds a GPU (a group on a ``use_gpu`` pool asks for one), else ``cpu``.
+actor holds a GPU (a group on a ``use_gpu`` pool asks for one), or a local group's worker was given one, else ``cpu``.
 """
 
 from __future__ import annotations
@@ -100,7 +100,10 @@ def process_group_backend(device: torch.device) -> dict:
 
 
 def _gpus_ray_assigned() -> list:
-    """The GPU ids Ray assigned to this actor; none outside a Ray actor (the driver, a plain process)."""
+    """The GPU ids Ray assigned to this actor; a local group's (``WG_LOCAL_GPU``, single_controller/local.py) in
+    the driver's process; none elsewhere (the driver, a plain process)."""
+    if os.environ.get("WG_BACKEND") == "local":
+        return [os.environ["WG_LOCAL_GPU"]] if "WG_LOCAL_GPU" in os.environ else []
     import ray
 
     if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:

@@ -1,76 +1,22 @@
-"""Colocation: several worker roles in one process, each role a view of one worker group.
+"""Colocation on Ray: a ``WorkerDict`` class (base/colocate.py) started as one Ray actor per rank.
 
-``create_colocated_worker_cls({"actor": RayClassWithInitArgs(Actor), "critic": ...})`` gives a ``WorkerDict``
-class: one process per rank builds every role's worker (``worker_dict[role]``). A group of it is split into
-per-role views with ``RayWorkerGroup.spawn``; a view's methods are its role's registered methods, which
-run through ``WorkerDict.execute_role(role, method, ...)`` in the worker process.
+``create_colocated_worker_cls({"actor": RayClassWithInitArgs(Actor), "critic": ...})`` gives the actor class of a
+``WorkerDict``: one process per rank builds every role's worker. A group of it is split into per-role views with
+``RayWorkerGroup.spawn``.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import ray
 
-from single_controller.base.register import registered_methods
-from single_controller.base.worker import Worker
+from single_controller.base.colocate import AsyncRoles, WorkerDict, colocated_class
 from single_controller.ray.placement import RayClassWithInitArgs
 
 __all__ = ["AsyncRoles", "WorkerDict", "colocated_class", "create_colocated_worker_cls"]
 
 
-class WorkerDict(Worker):
-    """Every role's worker in one process: ``worker_dict[role]``, built in the order the roles were given.
-
-    The roles come from class attributes, set by :func:`colocated_class` on a subclass per colocation:
-    ``raw_cls_dict`` (verl's name) maps each role to its worker class, ``role_inits`` to its arguments.
-    """
-
-    raw_cls_dict: dict[str, type] = {}
-    role_inits: dict[str, tuple[tuple, dict]] = {}
-    # verl's WorkerDict also offers role R's method M as "R_M" on the group it starts, before spawn
-    role_methods_on_group = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        # each role's Worker.__init__ reads the same RANK/WORLD_SIZE env: every role sees this process's rank
-        self.worker_dict = {
-            role: cls(*self.role_inits[role][0], **self.role_inits[role][1]) for role, cls in self.raw_cls_dict.items()
-        }
-
-    def execute_role(self, role: str, method_name: str, *args, **kwargs) -> Any:
-        """Run ``worker_dict[role].<method_name>(*args, **kwargs)``: how a role view's calls reach their worker."""
-        return getattr(self.worker_dict[role], method_name)(*args, **kwargs)
-
-
-class AsyncRoles:
-    """For roles with ``async def`` methods: ``execute_role`` awaits them (Ray runs the class as an async actor)."""
-
-    async def execute_role(self, role: str, method_name: str, *args, **kwargs) -> Any:
-        result = getattr(self.worker_dict[role], method_name)(*args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
-
-
-def colocated_class(base: type[WorkerDict], class_dict: dict[str, RayClassWithInitArgs], name: str) -> type:
-    """A subclass of ``base`` named ``name`` that holds the roles of ``class_dict`` (see :class:`WorkerDict`)."""
-    for role, cia in class_dict.items():
-        if not issubclass(cia.user_cls, Worker):
-            raise TypeError(f"role {role!r}: {cia.user_cls.__name__} must subclass single_controller.base.Worker")
-    has_async = any(
-        inspect.iscoroutinefunction(getattr(cia.user_cls, method))
-        for cia in class_dict.values()
-        for method in registered_methods(cia.user_cls)
-    )
-
-    class Colocated(*((AsyncRoles, base) if has_async else (base,))):
-        raw_cls_dict = {role: cia.user_cls for role, cia in class_dict.items()}
-        role_inits = {role: (cia.args, cia.kwargs) for role, cia in class_dict.items()}
-
-    Colocated.__name__ = Colocated.__qualname__ = name
-    return Colocated
-
-
-def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
+def create_colocated_worker_cls(class_dict: dict[str, Any]) -> RayClassWithInitArgs:
     """A ``WorkerDict`` class holding every role of ``class_dict`` in one process (see the module docstring)."""
     return RayClassWithInitArgs(ray.remote(colocated_class(WorkerDict, class_dict, "WorkerDict")))

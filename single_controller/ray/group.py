@@ -1,24 +1,22 @@
 """``RayWorkerGroup``: one Ray actor per bundle of a resource pool, called as one.
 
 A group starts its workers (``_start_workers``: the environment each one reads is set there), then gets
-its methods from the workers' ``@register``-ed methods (single_controller/ray/binding.py, the one place
-method names are decided). ``spawn`` gives the per-role views of a colocated group (ray/colocate.py).
+its methods from the workers' ``@register``-ed methods (single_controller/base/worker_group.py, the one place
+method names are decided, shared with the local group). ``spawn`` gives the per-role views of a colocated group.
 verl's further group methods (``from_detached``, ``fuse``, mesh queries) are written in
 single_controller/compat/worker_group.py; single_controller/ray/__init__.py adds them to the class.
 """
 
 from __future__ import annotations
 
-import copy
 import socket
 import uuid
-from collections.abc import Iterable
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from single_controller.ray.binding import GroupMethod, Target, method_table
-from single_controller.ray.health import describe_processes
+from single_controller.base.worker_group import Target, WorkerGroup
+from single_controller.ray.health import describe_processes, get_alive
 from single_controller.ray.placement import RayClassWithInitArgs, RayResourcePool
 
 __all__ = ["RayWorkerGroup"]
@@ -34,7 +32,7 @@ def _node_address_and_free_port() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(WorkerGroup):
     """One Ray actor per bundle of ``resource_pool``; ranks follow bundle order.
 
     Each actor is named ``<name_prefix>_<class>_<rank>`` (``worker_names``); with ``detached`` the
@@ -59,11 +57,9 @@ class RayWorkerGroup:
         if ray_cls_with_init is None:
             raise ValueError("RayWorkerGroup needs ray_cls_with_init (the worker class, to bind its methods)")
         self.resource_pool = resource_pool
-        self.ray_cls_with_init = ray_cls_with_init
         self.name_prefix = name_prefix if name_prefix is not None else uuid.uuid4().hex[:6]
-        self._role: str | None = None  # in a role view (spawn): the colocated role its calls run on
         self._master_addr = self._master_port = None
-        self._methods = self._bind()  # before any worker starts: a name clash is refused at no cost
+        super().__init__(ray_cls_with_init)
         if worker_names is not None or worker_handles is not None:
             self._workers = (
                 list(worker_handles) if worker_handles is not None else [ray.get_actor(n) for n in worker_names]
@@ -81,14 +77,6 @@ class RayWorkerGroup:
             ]
             self._workers = self._start_workers(use_gpu, detached, worker_env or {}, start_timeout_s)
         self.processes = describe_processes(self._workers)  # pid and node per rank, for error reports
-
-    @property
-    def world_size(self) -> int:
-        return len(self._workers)
-
-    @property
-    def workers(self) -> list:
-        return self._workers
 
     @property
     def worker_names(self) -> list[str | None]:
@@ -142,79 +130,18 @@ class RayWorkerGroup:
         ray.get([w.__ray_ready__.remote() for w in workers], timeout=start_timeout_s)
         return workers
 
-    # ---------------------------------------------------------------- methods
-    def _bind(self) -> dict[str, GroupMethod]:
-        """This group's methods, by name (single_controller/ray/binding.py)."""
-        table = method_table(self.ray_cls_with_init.user_cls, self._role)
-        for name, (target, _) in table.items():
-            if hasattr(type(self), name):
-                raise ValueError(
-                    f"worker method {target.method!r} would shadow {type(self).__name__}.{name}; rename it"
-                )
-        return {name: GroupMethod(self, name, target, attrs) for name, (target, attrs) in table.items()}
-
-    def __getattr__(self, name: str) -> GroupMethod:
-        """A registered worker method, as a group method (found only when no attribute of the group has the name)."""
-        methods = self.__dict__.get("_methods")  # absent while copy/pickle rebuild the object
-        if methods is not None and name in methods:
-            return methods[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __dir__(self) -> Iterable[str]:
-        return [*super().__dir__(), *self.__dict__.get("_methods", {})]
-
     # ---------------------------------------------------------------- execution
-    def submit(self, target: Target, ranks: Iterable[int], args: tuple, kwargs: dict) -> list:
-        """Start ``target`` on ``ranks``; returns their ObjectRefs. Rank i gets item i of every argument when
-        each argument is a list of world_size items, else all of them (verl's rule)."""
-        refs = []
-        for rank in ranks:
-            a, kw = self._args_for_rank(rank, args, kwargs)
-            worker = self._workers[rank]
-            if target.role is None:
-                refs.append(getattr(worker, target.method).remote(*a, **kw))
-            else:
-                refs.append(worker.execute_role.remote(target.role, target.method, *a, **kw))
-        return refs
+    def _call(self, worker, target: Target, args: tuple, kwargs: dict):
+        if target.role is None:
+            return getattr(worker, target.method).remote(*args, **kwargs)
+        return worker.execute_role.remote(target.role, target.method, *args, **kwargs)
 
-    def _args_for_rank(self, rank: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        values = [*args, *kwargs.values()]
-        if values and all(isinstance(v, list) and len(v) == self.world_size for v in values):
-            return tuple(a[rank] for a in args), {k: v[rank] for k, v in kwargs.items()}
-        return args, kwargs
+    def wait(self, outputs, call_name: str):
+        """``ray.get`` that fails fast on a dead worker and names it (ray/health.py)."""
+        return get_alive(outputs, call_name, self.processes)
 
-    def execute_all_async(self, method_name: str, *args, **kwargs) -> list:
-        """Call ``method_name`` (any worker method, registered or not; in a role view, the role's) on every rank."""
-        return self.submit(Target(self._role, method_name), range(self.world_size), args, kwargs)
-
-    def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
-        return ray.get(self.execute_all_async(method_name, *args, **kwargs))
-
-    execute_all = execute_all_async
-
-    def execute_rank_zero_async(self, method_name: str, *args, **kwargs):
-        return self.submit(Target(self._role, method_name), [0], args, kwargs)[0]
-
-    def execute_rank_zero_sync(self, method_name: str, *args, **kwargs):
-        return ray.get(self.execute_rank_zero_async(method_name, *args, **kwargs))
-
-    execute_rank_zero = execute_rank_zero_async
-
-    # ---------------------------------------------------------------- colocated roles
-    def spawn(self, prefix_set) -> dict[str, RayWorkerGroup]:
-        """Per-role views of a colocated group: ``spawn(["actor"])["actor"].add`` runs the actor role's ``add``."""
-        roles = getattr(self.ray_cls_with_init.user_cls, "raw_cls_dict", {})
-        views = {}
-        for role in prefix_set:
-            if role not in roles:
-                raise ValueError(
-                    f"{role!r} is not a role of {self.ray_cls_with_init.user_cls.__name__}; its roles: {sorted(roles)}"
-                )
-            view = copy.copy(self)  # the same workers and processes
-            view._role = role
-            view._methods = view._bind()
-            views[role] = view
-        return views
+    def get(self, outputs):
+        return ray.get(outputs)
 
 
 def _uses_gpu(pool: RayResourcePool, device_name: str | None) -> bool:

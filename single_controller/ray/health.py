@@ -27,6 +27,9 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from single_controller.errors import WorkerDiedError
+from single_controller.errors import where as _where
+
 __all__ = [
     "WorkerCall",
     "WorkerDiedError",
@@ -42,18 +45,6 @@ __all__ = [
 STACK_SIGNAL = signal.SIGUSR1
 _in_flight: dict[str, list[int]] = {}  # call -> ranks still running it (read by a watchdog thread)
 _in_flight_lock = threading.Lock()
-
-
-def _where(process: dict[str, Any]) -> str:
-    return f"pid {process.get('pid', '?')} on node {process.get('node_ip', '?')} ({process.get('host', '?')})"
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process died (killed, out of memory, crashed) while the driver waited on it."""
-
-    def __init__(self, call: str, rank: int, world_size: int, process: dict[str, Any], cause: str) -> None:
-        self.call, self.rank, self.process = call, rank, process
-        super().__init__(f"worker rank {rank} of {world_size} died during {call}: {_where(process)}; {cause}")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from single_controller.base.worker_group import ClassWithInitArgs
+
 __all__ = ["Bundle", "ResourceUnavailableError", "RayResourcePool", "RayClassWithInitArgs"]
 
 
@@ -137,13 +139,11 @@ def _cpu_gpu(resources: dict) -> dict:
     return {k: resources.get(k, 0) for k in ("CPU", "GPU")}
 
 
-class RayClassWithInitArgs:
+class RayClassWithInitArgs(ClassWithInitArgs):
     """A worker class (``ray.remote`` or plain) and the arguments to construct it with."""
 
     def __init__(self, cls: Any, *args, **kwargs) -> None:
-        self.cls = cls if hasattr(cls, "__ray_actor_class__") else ray.remote(cls)
-        self.args = args
-        self.kwargs = kwargs
+        super().__init__(cls if hasattr(cls, "__ray_actor_class__") else ray.remote(cls), *args, **kwargs)
         self._options: dict[str, Any] = {}  # verl's update_options: extra Ray options for every worker
 
     @property

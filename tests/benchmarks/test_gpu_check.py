@@ -41,15 +41,26 @@ def test_quick_cpu_check_without_ray_writes_a_summary_and_the_logs(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     parts = summary["parts"]
     assert list(parts) == ["model", "data", "dry_run", "memory", "floor", "grpo_hf", "grpo_vllm", "gpu_tests"]
-    assert parts["floor"]["status"] == parts["grpo_hf"]["status"] == "skipped: --no-ray"
+    assert parts["floor"]["status"] == "skipped: --no-ray"
     assert parts["gpu_tests"]["status"].startswith("skipped: --device cpu")
-    for name in ("dry_run", "memory"):  # the parts that need no Ray ran, each with its log
+    for name in ("dry_run", "memory", "grpo_hf"):  # the parts that need no Ray ran (GRPO without it), with logs
         assert parts[name]["status"] == "ok", parts[name]
         assert (tmp_path / parts[name]["log"]).read_text().startswith("$ ")
     assert parts["dry_run"]["figures"]["peak_gib"] > 0
     assert parts["memory"]["figures"]["peak_rss_compute_mb"] > 0
     assert summary["failed"] == [] and summary["environment"]["device"] == "cpu"
     assert "summary.json" in done.stdout.splitlines()[-1]
+
+
+def test_without_ray_the_grpo_runs_run_in_one_process_instead_of_being_skipped(tmp_path):
+    args = gpu_check.parse_args(["--out", str(tmp_path), "--no-ray", "--quick", "--device", "cpu"])
+    by_name = {part.name: part for part in gpu_check.parts(args, tmp_path)}
+    for name in ("grpo_hf", "grpo_vllm", "dry_run"):
+        assert "trainer.use_ray=false" in by_name[name].argv and "trainer.n_gpus_per_node=1" in by_name[name].argv
+    assert not by_name["grpo_hf"].ray and "ray" not in by_name["grpo_hf"].needs
+    assert by_name["floor"].ray  # benchmarks.floor drives Ray workers
+    with_ray = {p.name: p for p in gpu_check.parts(gpu_check.parse_args(["--out", str(tmp_path)]), tmp_path)}
+    assert with_ray["grpo_hf"].ray and "trainer.use_ray=false" not in with_ray["grpo_hf"].argv
 
 
 def test_a_missing_module_is_a_skip_and_a_failure_or_timeout_does_not_stop_the_next_part(tmp_path):

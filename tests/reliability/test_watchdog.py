@@ -94,3 +94,24 @@ def test_exit_now_ends_the_process_and_its_children(tmp_path):
     assert done.returncode == 3, done.stderr
     child = int(done.stdout.split()[0])
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_phase_waits_while_its_thread_is_in_the_debugger():
+    """A traced main thread (pdb at a breakpoint()) holds the deadline; untraced again, the phase expires."""
+    dog, exits, _ = make(default_s=0.2)
+
+    def tracer(frame, event, arg):  # what pdb leaves on the frames it steps through: an f_trace
+        return tracer
+
+    def at_the_prompt() -> None:
+        time.sleep(1.0)  # five deadlines
+
+    with dog.phase("update_actor"):
+        sys.settrace(tracer)
+        try:
+            at_the_prompt()
+        finally:
+            sys.settrace(None)
+        assert exits.codes == []
+        assert exits.called.wait(5)  # the debugger let go: the phase's clock runs again
+    assert exits.codes == [EXIT_HUNG]

@@ -31,8 +31,6 @@ import numpy as np
 from config.plan import StepPlan, rollout_plan
 from config.schema import PPOConfig
 from single_controller.data_proto import DataProto
-from single_controller.ray.group import RayWorkerGroup
-from single_controller.ray.placement import RayResourcePool
 from trainer.asynchronous.partial import Pool
 from trainer.asynchronous.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics
 from trainer.running import console
@@ -94,6 +92,9 @@ class Ahead:
         ``pad_token_id``), or over a rollout group started here (separate_async)."""
         if not plan.mode.separate:
             return cls(cfg, plan, actor_group, actor_group, pad_token_id)
+        from single_controller.ray.group import RayWorkerGroup  # a Ray run's alone (trainer.running.groups)
+        from single_controller.ray.placement import RayResourcePool
+
         rollout = cfg.actor_rollout_ref.rollout
         pool = RayResourcePool(
             [rollout.n_gpus_per_node] * rollout.nnodes, use_gpu=cfg.trainer.device == "cuda", max_colocate_count=1

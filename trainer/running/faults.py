@@ -8,10 +8,10 @@ micro-batches; for a full object store, that it is one and what to change. Anyth
 
 from __future__ import annotations
 
-import ray.exceptions
+import sys
 
 from config.phases import STEP_PHASES
-from single_controller.ray.health import WorkerDiedError
+from single_controller.errors import WorkerDiedError
 
 # worker method -> the config keys that bound its memory, lowest-hanging first: a step's phases' from their entries
 # (config.phases.STEP_PHASES), and loading the models
@@ -20,12 +20,22 @@ MEMORY_KEYS = {
     "trainer.n_gpus_per_node)",
     **{phase.method: phase.oom_advice for phase in STEP_PHASES if phase.method},
 }
-OBJECT_STORE_FULL = (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError)
 STORE_HINT = (
     "the Ray object store is full, and so is the disk it spills to: free space in Ray's temp dir (default "
     "/tmp/ray) or give the nodes more memory, or move less per step: lower data.train_batch_size or "
     "data.max_response_length"
 )
+
+
+def ray_error() -> tuple[type[BaseException], ...]:
+    """Ray's base exception when this process imported Ray (a Ray run), else nothing to catch (a run without Ray)."""
+    ray = sys.modules.get("ray")
+    return (ray.exceptions.RayError,) if ray is not None else ()
+
+
+def _object_store_full() -> tuple[type[BaseException], ...]:
+    ray = sys.modules.get("ray")
+    return (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError) if ray is not None else ()
 
 
 class FaultError(RuntimeError):
@@ -39,7 +49,7 @@ def named(exc: BaseException) -> BaseException:
     worker_call = getattr(exc, "worker_call", None)
     if isinstance(exc, WorkerDiedError):
         return FaultError(f"{exc}; {_memory_hint(exc.call)}") if "memory" in str(exc).lower() else exc
-    if isinstance(cause, OBJECT_STORE_FULL):
+    if isinstance(cause, _object_store_full()):
         where = f"{worker_call.describe(cause)}: " if worker_call else ""
         return FaultError(f"{where}{STORE_HINT}")
     if worker_call is None:

@@ -9,12 +9,13 @@ holds the rollout's role alone (``rollout_class``).
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from config.phases import Step
 from config.plan import StepPlan
 from config.schema import PPOConfig
 from config.worker_roles import ROLES, WorkerRole
-from single_controller.ray.placement import RayClassWithInitArgs
+from single_controller.base.worker_group import ClassWithInitArgs
 
 
 def placed_roles(cfg: PPOConfig, plan: StepPlan) -> tuple[WorkerRole, ...]:
@@ -23,18 +24,22 @@ def placed_roles(cfg: PPOConfig, plan: StepPlan) -> tuple[WorkerRole, ...]:
     return tuple(role for role in ROLES if role.placed(s))
 
 
-def role_classes(cfg: PPOConfig, plan: StepPlan) -> dict[str, RayClassWithInitArgs]:
+def role_classes(cfg: PPOConfig, plan: StepPlan) -> dict[str, ClassWithInitArgs]:
     """The worker classes (with their arguments) of ``plan``'s roles, by the prefix their methods get."""
     return {role.worker: _with_args(role, cfg, plan) for role in placed_roles(cfg, plan)}
 
 
-def _with_args(role: WorkerRole, cfg: PPOConfig, plan: StepPlan) -> RayClassWithInitArgs:
+def _with_args(role: WorkerRole, cfg: PPOConfig, plan: StepPlan) -> ClassWithInitArgs:
     module, name = role.worker_class.split(":")
-    return RayClassWithInitArgs(getattr(importlib.import_module(module), name), **role.init_args(cfg, plan))
+    return ClassWithInitArgs(getattr(importlib.import_module(module), name), **role.init_args(cfg, plan))
 
 
-def rollout_class(cfg: PPOConfig, rollout_plan: StepPlan) -> RayClassWithInitArgs:
-    """The worker of a rollout group of its own: the role that generates, built for ``rollout_plan`` (the plan on
-    that group's workers), whose weights the trainer's group sends (``workers.roles.weight_sync``)."""
+def rollout_class(cfg: PPOConfig, rollout_plan: StepPlan) -> Any:
+    """The Ray worker of a rollout group of its own (a Ray run's alone): the role that generates, built for
+    ``rollout_plan`` (the plan on that group's workers), whose weights the trainer's group sends
+    (``workers.roles.weight_sync``)."""
+    from single_controller.ray.placement import RayClassWithInitArgs
+
     role = next(role for role in ROLES if role.rollout)
-    return _with_args(role, cfg, rollout_plan)
+    plain = _with_args(role, cfg, rollout_plan)
+    return RayClassWithInitArgs(plain.cls, *plain.args, **plain.kwargs)

@@ -27,17 +27,13 @@ from config.plan import StepPlan
 from config.schema import PPOConfig
 from config.worker_roles import ROLE, ROLES, WorkerRole
 from single_controller.data_proto import DataProto
-from single_controller.ray.colocate import create_colocated_worker_cls
-from single_controller.ray.group import RayWorkerGroup
-from single_controller.ray.health import shutdown_worker_group, stall_report
-from single_controller.ray.placement import RayResourcePool
 from trainer.asynchronous.ahead import Ahead, node_workers
 from trainer.observing.generations import GenerationLog
 from trainer.observing.health import HealthMonitor, NonFiniteGuard, NonFiniteLossError
 from trainer.observing.metrics import timed
 from trainer.observing.report import RunReport
 from trainer.observing.tracking import Tracking
-from trainer.running import console
+from trainer.running import console, groups
 from trainer.running.placement import placed_roles, role_classes
 from trainer.running.preemption import StopSignals
 from trainer.running.step import STEP_TOKEN, PhaseSteps
@@ -93,28 +89,23 @@ class RayPPOTrainer(PhaseSteps):
         self.watchdog = PhaseWatchdog(  # a phase past trainer.phase_timeout_s: stacks of every rank, exit 3
             {},
             config.trainer.phase_timeout_s,
-            dump_fn=lambda: stall_report([p for group in self.worker_groups() for p in group.processes]),
-            teardown_fn=lambda: [shutdown_worker_group(group) for group in self.worker_groups()],
+            dump_fn=lambda: groups.stall_report(self.worker_groups()),
+            teardown_fn=lambda: [groups.shutdown(group) for group in self.worker_groups()],
         )
         # trainer.v1's async modes: the batches generated ahead (trainer.asynchronous.ahead)
         self.ahead: Ahead | None = None
 
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
-        """Start one WorkerDict per device holding every role, then build the models (the rollout's last)."""
+        """Start one WorkerDict per device holding every role (Ray's, or trainer.use_ray=false: one in this
+        process, trainer.running.groups), then build the models (the rollout's last)."""
         cfg, plan = self.config, self.plan
         trainer = cfg.trainer
-        pool = RayResourcePool(
-            [trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda", max_colocate_count=1
-        )
         roles = role_classes(cfg, plan)  # the role workers of one process (trainer.running.placement)
         # on a CPU, mimalloc's malloc in every worker: glibc's fragments under a training step
         # (workers/runtime/malloc.py)
-        self.fused_wg = RayWorkerGroup(
-            pool,
-            create_colocated_worker_cls(roles),
-            worker_env={**malloc.worker_env(trainer.device, node_workers(cfg, plan)), **console.worker_env()},
-        )
+        worker_env = {**malloc.worker_env(trainer.device, node_workers(cfg, plan)), **console.worker_env()}
+        self.fused_wg = groups.start_fused_group(cfg, roles, worker_env)
         where = ", ".join(
             f"rank {rank} pid {p['pid']} on {p['node_ip']} (node {p['node_id'][:8]})"
             for rank, p in enumerate(self.fused_wg.processes)
@@ -136,7 +127,7 @@ class RayPPOTrainer(PhaseSteps):
                 pad = self.tokenizer.eos_token_id if pad is None else pad  # the rollout's padding of responses
                 self.ahead = Ahead.start(cfg, plan, self.actor_rollout_wg, self.total_training_steps, pad)
 
-    def worker_groups(self) -> list[RayWorkerGroup]:
+    def worker_groups(self) -> list[Any]:
         """The groups of worker processes placed so far: the fused one, and a rollout group of its own."""
         groups = [getattr(self, "fused_wg", None)]
         if self.ahead is not None and self.ahead.separate:

@@ -6,10 +6,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ray.exceptions import RayError
-
-from single_controller.ray.health import WorkerDiedError, shutdown_worker_group
-from trainer.running.faults import named
+from single_controller.errors import WorkerDiedError
+from trainer.running import groups
+from trainer.running.faults import named, ray_error
 
 
 def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: int) -> dict[str, float]:
@@ -36,7 +35,7 @@ def fit_with_restarts(trainer: Any, rebuild: Callable[[], Any], max_restarts: in
                 file=sys.stderr,
                 flush=True,
             )
-        except RayError as exc:  # a worker's exception, a full object store
+        except ray_error() as exc:  # a worker's exception, a full object store (a Ray run's)
             _raise_named(exc)
         finally:
             _shutdown_workers(trainer)
@@ -54,4 +53,4 @@ def _raise_named(exc: BaseException) -> NoReturn:
 def _shutdown_workers(trainer: Any) -> None:
     """Kill the trainer's groups placed so far (none when init_workers failed before placing one)."""
     for worker_group in trainer.worker_groups():
-        shutdown_worker_group(worker_group)
+        groups.shutdown(worker_group)

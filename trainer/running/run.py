@@ -8,16 +8,15 @@ import os
 import socket
 import sys
 
-import ray
-
-from config import ConfigError, PPOConfig, StepPlan, replace_keys
+from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys
 from data.reward import RewardError
-from single_controller.ray.health import WorkerDiedError
+from single_controller.errors import WorkerDiedError
 from trainer.observing.health import NonFiniteLossError
 from trainer.running import console
 from trainer.running.build import build_trainer
 from trainer.running.dynamic_sampling import DynamicSamplingError
 from trainer.running.faults import FaultError
+from trainer.running.groups import uses_ray
 from trainer.running.preemption import EXIT_PREEMPTED, Preempted, signals_left_to_driver
 from trainer.running.restarts import fit_with_restarts
 from trainer.state.checkpoint import CheckpointError
@@ -28,14 +27,21 @@ EXIT_FAILED = 1  # a dead worker, a worker's exception, NaN losses, a checkpoint
 def run_ppo(cfg: PPOConfig, plan: StepPlan | None = None) -> dict[str, float]:
     """Train from a typed config (``load_config``'s, or Hydra's through ``to_config``) and its step plan; returns
     the last step's metrics. A restart after a dead worker resumes from this run's own latest checkpoint
-    (resume_mode=auto)."""
+    (resume_mode=auto). With ``trainer.use_ray`` false (or null and Ray not installed) the one worker runs in this
+    process and Ray is not imported (trainer.running.groups)."""
+    plan = plan or make_plan(cfg, num_workers(cfg))
+    cfg = replace_keys(cfg, {"trainer.use_ray": uses_ray(cfg, plan)})  # refused in one line before any model loads
     trainer = build_trainer(cfg, plan)
-    started_ray = _init_ray(trainer.config, trainer.plan.n_workers + trainer.plan.mode.rollout_workers)
+    started_ray = cfg.trainer.use_ray and _init_ray(
+        trainer.config, trainer.plan.n_workers + trainer.plan.mode.rollout_workers
+    )
     resuming = replace_keys(cfg, {"trainer.resume_mode": "auto"})
     try:
         return fit_with_restarts(trainer, lambda: build_trainer(resuming, trainer.plan), cfg.trainer.max_restarts)
     finally:
         if started_ray:
+            import ray
+
             ray.shutdown()
 
 
@@ -57,6 +63,8 @@ def run_command_line(cfg: PPOConfig, plan: StepPlan) -> int:
 def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
     """Start a local Ray cluster, or join ray_kwargs.ray_init.address / RAY_ADDRESS; False when Ray was already
     running."""
+    import ray  # a Ray run's alone: a run without Ray never imports it
+
     if ray.is_initialized():  # the caller (a test, a notebook) owns Ray and will shut it down
         return False
     ray_init = cfg.ray_kwargs.ray_init
@@ -85,6 +93,8 @@ def _init_ray(cfg: PPOConfig, n_workers: int) -> bool:
 
 def _join_ray(address: str, key: str) -> None:
     """Attach to the running cluster at ``address``, failing in seconds with what to check."""
+    import ray
+
     host, _, port = address.rpartition(":")
     if "://" not in address and port.isdigit():  # Ray itself retries an address where nothing listens for minutes
         try:

@@ -26,8 +26,8 @@ from config.dataflow import DRIVER
 from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW
 from config.worker_roles import ROLE
 from data.reward import RewardHandle
+from single_controller.base.worker_group import StartedCall
 from single_controller.data_proto import DataProto
-from single_controller.ray.binding import StartedCall
 from trainer.asynchronous.ahead import Generating
 from trainer.asynchronous.replay_buffer import FIRST_VERSION, VERSION, staleness_metrics
 from trainer.observing.metrics import (
@@ -63,7 +63,12 @@ class StepState:
 class PhaseSteps:
     """The step of ``trainer.running.ppo_trainer.RayPPOTrainer``: its phases' driver code and worker calls. Reads the
     trainer's ``config``, ``plan``, ``reward_fn``, ``kl_ctrl_in_reward``, ``generations``, ``watchdog``,
-    ``global_step`` and its worker groups (``config.worker_roles.WorkerRole.group``)."""
+    ``global_step`` and its worker groups (``config.worker_roles.WorkerRole.group``).
+
+    ``phase_hook("before" | "after", phase, state)``, when set, is called around each phase (``trainer.replay``:
+    the debugger before a phase, each phase's outputs for ``trainer.diff``)."""
+
+    phase_hook: Callable[[str, str, StepState], None] | None = None
 
     def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
         """One PPO iteration on a batch of prompts: the plan's phases of ``config.phases.STEP_PHASES`` in the
@@ -92,11 +97,15 @@ class PhaseSteps:
             if state.scoring is not None and self._reads_scores(name):
                 self._scored(state)
             code, timer = self.STEP_CODE.get(name), PHASES[name].timer
+            if self.phase_hook is not None:
+                self.phase_hook("before", name, state)
             with self._phase(timer, state.timing) if timer else contextlib.nullcontext():
                 if code is not None:
                     code(self, state)
                 else:
                     state.metrics.update(self._call(name, state.batch))
+            if self.phase_hook is not None:
+                self.phase_hook("after", name, state)
         if state.scoring is not None:  # the phases' caller reads the rewards (dynamic sampling's filter)
             self._scored(state)
 

@@ -5,6 +5,10 @@ background thread watches. When one passes, the thread prints which phase stalle
 and ``dump_fn()`` (the ranks still busy and their Python stacks), runs ``teardown_fn`` (bounded), then
 ends the process and its children with ``EXIT_HUNG`` (``exit_now``). Checkpoints are committed atomically,
 so the last one stays loadable.
+
+A person in the debugger is not a hang: while the main thread is traced (pdb, from ``breakpoint()`` in the driver
+or, with ``trainer.use_ray=false``, in a worker's code) a passed deadline waits, and the phase gets its whole limit
+again once the debugger lets go.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import psutil
 
 EXIT_HUNG = 3  # the process exit status after a phase passed its deadline
 TEARDOWN_WAIT_S = 15.0  # a teardown that itself hangs must not keep the process alive
+DEBUGGER_POLL_S = 1.0  # how often a deadline passed under the debugger looks again
 
 
 class PhaseWatchdog:
@@ -42,7 +47,7 @@ class PhaseWatchdog:
         self.teardown_fn = teardown_fn
         self.exit_fn = exit_fn or exit_now
         self.stream = stream
-        self._active: list[tuple[str, float, float]] = []  # (phase, deadline on the monotonic clock, limit)
+        self._active: list[list] = []  # [phase, deadline on the monotonic clock, limit] (the debugger moves it)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._main_thread_id = threading.main_thread().ident
@@ -54,7 +59,7 @@ class PhaseWatchdog:
         if limit is None:
             yield
             return
-        entry = (name, time.monotonic() + limit, limit)
+        entry = [name, time.monotonic() + limit, limit]
         with self._cond:
             self._active.append(entry)
             if self._thread is None:
@@ -73,13 +78,18 @@ class PhaseWatchdog:
             while True:
                 now = time.monotonic()
                 expired = [entry for entry in self._active if entry[1] <= now]
-                if expired:
+                if expired and not in_debugger(self._main_thread_id):
                     break
+                if expired:  # in the debugger: look again soon, and restart each phase's clock meanwhile
+                    for entry in self._active:
+                        entry[1] = now + entry[2]
+                    self._cond.wait(DEBUGGER_POLL_S)
+                    continue
                 next_deadline = min((entry[1] for entry in self._active), default=None)
                 self._cond.wait(None if next_deadline is None else next_deadline - now)
         self._expire(expired[-1])  # the innermost expired phase says the most
 
-    def _expire(self, entry: tuple[str, float, float]) -> None:
+    def _expire(self, entry: list) -> None:
         name, _, limit = entry
         out = self.stream or sys.stderr
         print(
@@ -108,6 +118,16 @@ class PhaseWatchdog:
     def _driver_stack(self) -> str:
         frame = sys._current_frames().get(self._main_thread_id)
         return "".join(traceback.format_stack(frame)).rstrip() if frame is not None else "(main thread gone)"
+
+
+def in_debugger(thread_id: int | None) -> bool:
+    """Whether thread ``thread_id`` runs under a tracer (pdb sets ``f_trace`` on the frames it steps through)."""
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_trace is not None:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def exit_now(status: int, grace_s: float = 5.0) -> None:

@@ -52,6 +52,7 @@ MAY_CHANGE = (
     "actor_rollout_ref.rollout.n_gpus_per_node",  # follows trainer.n_gpus_per_node (an elastic resume)
     "trainer.nnodes",
     "trainer.deterministic",
+    "trainer.use_ray",  # where the one worker runs: the same computation (trainer.running.groups)
     "trainer.use_legacy_worker_impl",
     "ray_kwargs.*",
     "*micro_batch_size*",

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
-
 from single_controller.base.register import Dispatch, register
 from workers.parallel import fsdp
 
@@ -29,6 +27,8 @@ class WeightSync:
     def export_weights(self) -> list:
         """One object-store reference per FSDP unit of the actor's current weights (rank 0's list; the other ranks
         join each gather and return an empty one)."""
+        import ray  # separate_async is a Ray run's alone (trainer.running.groups)
+
         units = []
         with self.trained.onloaded():
             for named in fsdp.gathered_units(self.trained.module):
@@ -40,5 +40,7 @@ class WeightSync:
     def import_weights(self, units: tuple) -> None:
         """Copy the units ``export_weights`` put (a tuple of references: Ray resolves only top-level arguments, so
         each unit is fetched when its turn comes) into this rank's shards of the actor."""
+        import ray
+
         with self.trained.onloaded():
             fsdp.load_full_units(self.trained.module, (ray.get(ref) for ref in units))

@@ -1,0 +1,121 @@
+"""One process, no Ray: a Ray-free run bit-equal to Ray's, a replayed step equal to the log, and ``trainer.diff``
+naming the step and phase where a changed learning rate parts two runs (real tiny demo runs, reused)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config import ConfigError, load_config, make_plan
+from trainer.replay import ReplayError, check_phase, compared
+from trainer.running.groups import uses_ray
+
+REPO = Path(__file__).resolve().parents[2]
+NO_RAY = Path(__file__).parent / "no_ray"  # a sitecustomize that hides Ray
+STEPS = 5
+
+
+def tiny(run_dir: Path, assets: Path) -> list[str]:
+    return [
+        f"builtin.cache_dir={assets}",
+        "builtin.hidden_size=32",
+        "builtin.num_train=16",
+        "builtin.num_val=4",
+        "data.train_batch_size=4",
+        "data.max_response_length=5",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "algorithm.adv_estimator=grpo",
+        "trainer.n_gpus_per_node=1",
+        "trainer.device=cpu",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=1",
+        "trainer.deterministic=true",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[file]",
+    ]
+
+
+def run(args: list[str], ray: bool) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HYDRA_FULL_ERROR": "0"}
+    env["PYTHONPATH"] = str(REPO) if ray else os.pathsep.join([str(NO_RAY), str(REPO)])
+    done = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return done
+
+
+def train(keys: list[str], ray: bool) -> None:
+    done = run(["main.py", *keys], ray)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A: without Ray (Ray hidden); B: the same on Ray."""
+    root = tmp_path_factory.mktemp("debugging")
+    a, b = root / "a", root / "b"
+    train(tiny(a, root / "assets"), ray=False)
+    train(tiny(b, root / "assets"), ray=True)
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def changed_lr(runs):
+    """C: B's checkpoint of step 4 resumed with another actor learning rate (the planted divergence)."""
+    b = runs[1]
+    c = b.parent / "c"
+    shutil.copytree(b, c, ignore=shutil.ignore_patterns(f"global_step_{STEPS}", ".colorl.lock"))
+    (c / "latest_checkpointed_iteration.txt").write_text(str(STEPS - 1))
+    train([*tiny(c, b.parent / "assets"), "actor_rollout_ref.actor.optim.lr=1e-4"], ray=False)
+    return c
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if compared(k)} for r in records]
+
+
+def test_a_run_without_ray_is_bit_equal_to_the_ray_run(runs):
+    a, b = runs
+    assert len(metrics(a)) == STEPS and metrics(a) == metrics(b)
+    weights = f"global_step_{STEPS}/actor/__0_0.distcp"
+    assert (a / weights).read_bytes() == (b / weights).read_bytes()
+
+
+def test_a_replayed_step_equals_the_logged_one_without_ray(runs):
+    _, b = runs
+    before = sorted(p.name for p in b.rglob("*"))
+    done = run(["-m", "trainer.replay", str(b), "--step", "3"], ray=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "step 3: the replay equals the log" in done.stdout
+    assert sorted(p.name for p in b.rglob("*")) == before  # nothing written into the recorded run
+
+
+@pytest.mark.slow  # a third run and two replays: ~1 min on 2 cores
+def test_diff_names_the_step_and_phase_of_a_changed_learning_rate(runs, changed_lr):
+    b, c = runs[1], changed_lr
+    done = run(["-m", "trainer.diff", str(b), str(c), "--tensors"], ray=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"step {STEPS}: the runs part" in done.stdout
+    assert "config actor_rollout_ref.actor.optim.lr: A 0.0003, B 0.0001" in done.stdout
+    assert f"step {STEPS}, phase 'update_actor'" in done.stdout, done.stdout[-2000:]
+
+
+def test_diff_finds_nothing_between_equal_runs(runs):
+    a, b = runs
+    done = run(["-m", "trainer.diff", str(a), str(b)], ray=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "agree on every step" in done.stdout
+
+
+def test_configs_a_single_process_cannot_run_are_refused_naming_the_key():
+    cfg = load_config(["trainer.use_ray=false", "trainer.n_gpus_per_node=2", "trainer.device=cpu"])
+    with pytest.raises(ConfigError, match=r"trainer.n_gpus_per_node=2 × trainer.nnodes=1: trainer.use_ray=false"):
+        uses_ray(cfg, make_plan(cfg, 2))
+    with pytest.raises(ReplayError, match="--stop-before nope: not a phase .* its phases: .*update_actor"):
+        check_phase(cfg, "nope")
