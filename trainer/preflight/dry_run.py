@@ -22,7 +22,7 @@ from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from config import ConfigError, PPOConfig, StepPlan
-from config.inert import inert_warnings
+from config.adapter import installed
 from config.phases import STEP_PHASES, Step, lookup
 from config.plan import rollout_plan
 from config.tree import ARR
@@ -347,7 +347,7 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
             cells[TERMS.index("activations")] = f"{both:>{_width('activations')}s}"
         lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
     lines.append(_verdict(cfg, estimate))
-    inert = inert_warnings(cfg)  # verl's keys set here that ColoRL does not honour (config.inert)
+    inert = installed().warnings(cfg)  # keys set here that nothing honours (config.adapter)
     lines += [
         "",
         "verl keys set that ColoRL does not use:" if inert else "verl keys set that ColoRL does not use: none",
