@@ -30,6 +30,7 @@ from config.worker_roles import ACTOR, ROLES, TEACHER
 from trainer.dynamic_sampling import dynamic_sampling_lines
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
+from trainer.preflight.phase_code import phase_lines
 from trainer.preflight.teacher_checks import check_teachers
 
 
@@ -347,6 +348,7 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
             cells[TERMS.index("activations")] = f"{both:>{_width('activations')}s}"
         lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
     lines.append(_verdict(cfg, estimate))
+    lines += ["", *phase_lines(plan)]
     inert = installed().warnings(cfg)  # keys set here that nothing honours (config.adapter)
     lines += [
         "",
