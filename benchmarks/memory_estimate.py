@@ -72,7 +72,7 @@ def estimates(cfg: Any, plan: Any, measured: list[dict[str, float]]) -> dict[str
 def main(argv: list[str] | None = None) -> None:
     import ray
 
-    from config import load_config
+    from verl_compat.cli import load_config
     from trainer.build import build_trainer
 
     args = parse_args(argv)

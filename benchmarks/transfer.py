@@ -94,7 +94,7 @@ def _counted(name: str, method: Any, totals: dict[str, collections.Counter]) -> 
 
 
 def per_step(args: argparse.Namespace) -> dict[str, Any]:
-    from config import load_config
+    from verl_compat.cli import load_config
     from trainer.build import build_trainer
 
     with tempfile.TemporaryDirectory(prefix="colorl-bench-transfer-") as local_dir:
