@@ -161,8 +161,8 @@ def cost(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import ray
 
     from benchmarks.step import run_steps, start_ray, summarize
-    from verl_compat.cli import load_config, num_workers
     from trainer.build import build_trainer
+    from verl_compat.cli import load_config, num_workers
 
     settings = [f"{TEACHER_PATH}={Path(args.teacher_path).resolve()}", FROZEN, "trainer.val_before_train=false"]
     out: dict[str, Any] = {}
