@@ -4,9 +4,9 @@ An ``Adapter`` is what the loader asks, once per load, about keys that are not C
 key lives now (``overrides``), the composed tree with older spellings moved (``tree``), whether a value must be
 refused (``check``), and, later, the one-line warnings for keys set that nothing honours (``warnings``, printed
 when the trainer is built and by a dry run) and a recorded key's current place (``current_place``, for resuming).
-The base class answers for ColoRL's own keys: nothing moves, nothing warns. The reference trainer's command lines
-come through ``verl_compat.cli``, which installs its adapter when imported (``install``); the entry point and the
-tests import it, so the core's loader speaks that dialect without importing it.
+The base class answers for ColoRL's own keys: nothing moves, nothing warns. The door's command-line package
+installs its adapter when imported (``install``; docs/verl_api.md); the entry point and the tests import it, so the
+core's loader speaks that dialect without importing it.
 """
 
 from __future__ import annotations
