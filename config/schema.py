@@ -172,9 +172,7 @@ class AlgorithmConfig:
     gdpo_reward_weights: list[float] | None = None  # gdpo: their weights (null: 1 each)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO's dynamic sampling
-    use_pf_ppo: bool = (
-        False  # verl's policy-filtered PPO (reweighting samples by reward): refused (cli.inert)
-    )
+    use_pf_ppo: bool = False  # verl's policy-filtered PPO (reweighting samples by reward): refused (cli.inert)
     pf_ppo: PFPPOTree = field(default_factory=PFPPOTree.default)
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}

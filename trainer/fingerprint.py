@@ -152,7 +152,8 @@ def check_resume(saved: dict[str, Any] | None, cfg: PPOConfig, checkpoint: Path)
 def _in_current_places(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's record with the keys that have moved since it was saved in their current places
     (the installed adapter's ``current_place``, ``config.adapter``: ``ray_init.*``, ``critic.fsdp_config.*``, the
-    top-level reward sections). As verl migrates them, a null older value moves nothing, and a record that has the current place too keeps that."""
+    top-level reward sections). As verl migrates them, a null older value moves nothing, and a record that has the
+    current place too keeps that."""
     moved = {}
     for key, value in saved.items():
         place = installed().current_place(key)

@@ -91,9 +91,7 @@ class ActorConfig:
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
     strategy: Strategy = "fsdp"
     ppo_mini_batch_size: int = 256  # prompts (global); × rollout.n / workers per rank (config.plan)
-    ppo_micro_batch_size: int | None = (
-        None  # verl's global micro-batch: ÷ workers -> the per-GPU key (cli.normalize)
-    )
+    ppo_micro_batch_size: int | None = None  # verl's global micro-batch: ÷ workers -> the per-GPU key (cli.normalize)
     ppo_micro_batch_size_per_gpu: int | None = None  # sequences per forward/backward on one worker
     use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu
     ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
