@@ -19,22 +19,15 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from config import (
-    ConfigError,
-    PPOConfig,
-    StepPlan,
-    load_with_plan,
-    make_plan,
-    num_workers,
-    split_command_line,
-    to_config,
-)
+from config import PPOConfig
 from config.load import CONF_DIR
+from verl_compat.cli import ConfigError, StepPlan, load_with_plan, make_plan, num_workers, split_command_line, to_config
 
 
 def main(args: list[str]) -> int:
     """Compose the config once, check it, then build and train; returns the exit status."""
-    # a user's tool file may import verl's module paths: where verl is not installed, the door serves them
+    # a user's tool file may import verl's module paths: where verl is not installed, the door serves them; the
+    # command line is read as verl's (verl_compat.cli: its older spellings, the keys ColoRL warns about or refuses)
     os.environ.setdefault("COLORL_PRELOAD", "verl_compat")
     config_name, overrides, hydra_app = split_command_line(args)
     if hydra_app:

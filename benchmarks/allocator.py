@@ -41,7 +41,7 @@ def passes(args: argparse.Namespace) -> dict[str, object]:
     """In this process: load the preset's actor and time ``args.iterations`` forward + backward passes."""
     import torch
 
-    from config import load_with_plan
+    from verl_compat.cli import load_with_plan
     from workers.compute.actor import DataParallelPPOActor
     from workers.compute.packing import mini_batch_totals
     from workers.parallel import lora

@@ -136,7 +136,7 @@ def vocabulary_variant(args: argparse.Namespace) -> Iterator[None]:
 
 def load_bench_config(args: argparse.Namespace, workers: int, local_dir: str) -> Any:
     """The composed, validated ColoRL config for the flags (outputs, if any, go under ``local_dir``)."""
-    from config import load_config
+    from verl_compat.cli import load_config
 
     # the demo's recipe around the benchmark's shapes, also with --model-path (which would pick verl's defaults)
     return load_config([*config_overrides(args, workers), f"trainer.default_local_dir={local_dir}"], config_name="demo")

@@ -114,7 +114,7 @@ def _mean(values: list[float]) -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from config import load_config
+    from verl_compat.cli import load_config
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="colorl-dapo-race-") as tmp:

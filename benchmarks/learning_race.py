@@ -106,7 +106,7 @@ def race_colorl(args: argparse.Namespace, out_dir: str) -> list[dict[str, float]
 def race_trl(args: argparse.Namespace, out_dir: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
     """TRL with the settings the preset maps to, greedy strict evaluations as the preset validates."""
     from benchmarks.trl import grpo_settings, run_trl
-    from config import load_config
+    from verl_compat.cli import load_config
 
     with stdout_to_stderr():
         cfg = load_config(colorl_overrides(args, out_dir), config_name=args.config_name)

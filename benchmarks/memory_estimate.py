@@ -72,8 +72,8 @@ def estimates(cfg: Any, plan: Any, measured: list[dict[str, float]]) -> dict[str
 def main(argv: list[str] | None = None) -> None:
     import ray
 
-    from config import load_config
     from trainer.running.build import build_trainer
+    from verl_compat.cli import load_config
 
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="colorl-bench-memory-") as local_dir:

@@ -137,7 +137,7 @@ def teacher_accuracy(args: argparse.Namespace, heldout: Path, cfg: Any) -> dict[
 
 
 def race(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from config import load_config
+    from verl_compat.cli import load_config
 
     data = Path(args.data_dir).resolve()
     heldout = tmp / "heldout.parquet"
@@ -161,8 +161,8 @@ def cost(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import ray
 
     from benchmarks.step import run_steps, start_ray, summarize
-    from config import load_config, num_workers
     from trainer.running.build import build_trainer
+    from verl_compat.cli import load_config, num_workers
 
     settings = [f"{TEACHER_PATH}={Path(args.teacher_path).resolve()}", FROZEN, "trainer.val_before_train=false"]
     out: dict[str, Any] = {}

@@ -94,8 +94,8 @@ def _counted(name: str, method: Any, totals: dict[str, collections.Counter]) -> 
 
 
 def per_step(args: argparse.Namespace) -> dict[str, Any]:
-    from config import load_config
     from trainer.running.build import build_trainer
+    from verl_compat.cli import load_config
 
     with tempfile.TemporaryDirectory(prefix="colorl-bench-transfer-") as local_dir:
         overrides = [

@@ -2,6 +2,7 @@
 
 Below the workers and the driver, which both import it: ``config.schema``/``config.sections`` (the frozen
 dataclasses, home of every default), ``config.load`` (compose, build, check), ``config.plan`` (what a step runs).
+Comments that name ``cli.inert`` or ``cli.normalize`` mean the door's command-line adapter (``config.adapter``).
 """
 
 from config.checks import ConfigError

@@ -144,7 +144,7 @@ def active_teachers(config: DistillationConfig) -> dict[str, TeacherModelConfig]
 
 def teacher_warnings(config: DistillationConfig) -> list[str]:
     """One line per verl key of the teacher's own server or pool set away from verl's default (accepted, unused),
-    as ``config.inert`` words its lines."""
+    as ``cli.inert`` words its lines."""
     if not config.enabled:
         return []
     colocated = "ColoRL's teacher is a frozen FSDP role on every worker, beside the actor"

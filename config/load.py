@@ -26,12 +26,11 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from config.adapter import Adapter, installed
 from config.checks import ConfigError, is_int, is_number
-from config.inert import check_refused
 from config.plan import StepPlan, make_plan, num_workers
 from config.schema import PPOConfig
 from config.tree import InertTree, plain
-from config.verl import normalize, rewrite_aliases
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 VERL_PRESET, DEMO_PRESET = "ppo_trainer", "demo"
@@ -48,12 +47,13 @@ def preset_for(overrides: Sequence[str]) -> str:
     return VERL_PRESET if keys & set(USER_ASSET_KEYS) else DEMO_PRESET
 
 
-def split_command_line(args: Sequence[str]) -> tuple[str, list[str], bool]:
+def split_command_line(args: Sequence[str], adapter: Adapter | None = None) -> tuple[str, list[str], bool]:
     """``python main.py``'s arguments as (preset, the other arguments, whether Hydra's application must answer).
 
-    The preset is the one named (``--config-name``/``-cn``), else ``preset_for`` the overrides; verl's key paths
-    are moved to ColoRL's. Hydra's own arguments (flags such as ``--help``, ``--cfg job``, ``-m``, and ``hydra.*``
-    keys) need Hydra's application; without them the overrides are composed by ``load_with_plan``.
+    The preset is the one named (``--config-name``/``-cn``), else ``preset_for`` the overrides; ``adapter``
+    (default: the installed one, ``config.adapter``) moves older key paths to the schema's. Hydra's own arguments
+    (flags such as ``--help``, ``--cfg job``, ``-m``, and ``hydra.*`` keys) need Hydra's application; without them
+    the overrides are composed by ``load_with_plan``.
     """
     config_name, overrides = None, []
     rest = iter(args)
@@ -64,27 +64,33 @@ def split_command_line(args: Sequence[str]) -> tuple[str, list[str], bool]:
             config_name = arg.partition("=")[2]
         else:
             overrides.append(arg)
-    overrides = rewrite_aliases(overrides)
+    overrides = (adapter or installed()).overrides(overrides)
     hydra_app = any(arg.startswith("-") or arg.lstrip("+~").startswith("hydra.") for arg in overrides)
     return config_name or preset_for(overrides), overrides, hydra_app
 
 
-def load_config(overrides: Sequence[str] = (), config_name: str | None = None) -> PPOConfig:
+def load_config(
+    overrides: Sequence[str] = (), config_name: str | None = None, adapter: Adapter | None = None
+) -> PPOConfig:
     """The typed config of ``conf/<config_name>.yaml`` (default: ``preset_for(overrides)``) with Hydra-style
-    ``overrides`` (``["data.train_batch_size=8"]``, verl's key paths too), checked, including the batch arithmetic
-    for its ``trainer.n_gpus_per_node × trainer.nnodes`` workers."""
-    return load_with_plan(overrides, config_name)[0]
+    ``overrides`` (``["data.train_batch_size=8"]``; another dialect's keys through ``adapter``, default the
+    installed one), checked, including the batch arithmetic for its ``trainer.n_gpus_per_node × trainer.nnodes``
+    workers."""
+    return load_with_plan(overrides, config_name, adapter)[0]
 
 
-def load_with_plan(overrides: Sequence[str] = (), config_name: str | None = None) -> tuple[PPOConfig, StepPlan]:
+def load_with_plan(
+    overrides: Sequence[str] = (), config_name: str | None = None, adapter: Adapter | None = None
+) -> tuple[PPOConfig, StepPlan]:
     """``load_config``'s config and the step plan that checked it (composed and computed once, then passed on)."""
-    overrides = [_plain_if_known(o) for o in rewrite_aliases(overrides)]
+    adapter = adapter or installed()
+    overrides = [_plain_if_known(o) for o in adapter.overrides(overrides)]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             composed = compose(config_name=config_name or preset_for(overrides), overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc) from exc
-    cfg = to_config(composed)
+    cfg = to_config(composed, adapter)
     return cfg, make_plan(cfg, num_workers(cfg))
 
 
@@ -104,19 +110,21 @@ def _plain_if_known(override: str) -> str:
     return override
 
 
-def to_config(node: DictConfig | Mapping) -> PPOConfig:
-    """Build the typed ``PPOConfig`` from a composed config (interpolations resolved, every value checked)."""
-    cfg = _built(node)
-    check_refused(cfg)
+def to_config(node: DictConfig | Mapping, adapter: Adapter | None = None) -> PPOConfig:
+    """Build the typed ``PPOConfig`` from a composed config (interpolations resolved, every value checked; the
+    tree translated and the result checked by ``adapter``, default the installed one)."""
+    adapter = adapter or installed()
+    cfg = _built(node, adapter)
+    adapter.check(cfg)
     return cfg
 
 
-def _built(node: DictConfig | Mapping) -> PPOConfig:
-    """The config of ``node``: older spellings moved (``config.verl``), interpolations resolved once, then built
+def _built(node: DictConfig | Mapping, adapter: Adapter) -> PPOConfig:
+    """The config of ``node``: the adapter's older spellings moved, interpolations resolved once, then built
     from plain containers (reading a DictConfig node by node costs more than the rest of the start-up)."""
     written = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else plain(dict(node))
     try:
-        resolved = OmegaConf.to_container(OmegaConf.create(normalize(written)), resolve=True)
+        resolved = OmegaConf.to_container(OmegaConf.create(adapter.tree(written)), resolve=True)
     except OmegaConfBaseException as exc:  # e.g. an interpolation that does not resolve
         message = str(exc).splitlines()[0]
         raise ConfigError(f"{exc.full_key}: {message}" if exc.full_key else message) from exc

@@ -172,7 +172,7 @@ class AlgorithmConfig:
     gdpo_reward_weights: list[float] | None = None  # gdpo: their weights (null: 1 each)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO's dynamic sampling
-    use_pf_ppo: bool = False  # verl's policy-filtered PPO (reweighting samples by reward): refused (config.inert)
+    use_pf_ppo: bool = False  # verl's policy-filtered PPO (reweighting samples by reward): refused (cli.inert)
     pf_ppo: PFPPOTree = field(default_factory=PFPPOTree.default)
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
@@ -265,7 +265,7 @@ class TrainerConfig:
     v1: TrainerV1Tree = field(default_factory=TrainerV1Tree.default)
     critic_warmup: int = 0  # the actor is updated from step critic_warmup on; the critic from the first step
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    default_hdfs_dir: str | None = None  # verl's HDFS copy of checkpoints: not in ColoRL (config.verl)
+    default_hdfs_dir: str | None = None  # verl's HDFS copy of checkpoints: not in ColoRL (cli.normalize)
     use_legacy_worker_impl: Literal["auto", "enable", "disable"] = "auto"  # verl's worker switch: no meaning here
     seed: int = 1
     deterministic: bool = False  # deterministic kernels + RNG restored on resume: bitwise-repeatable runs on CPU
@@ -325,7 +325,7 @@ class PPOConfig:
     global_profiler: GlobalProfilerTree = field(default_factory=GlobalProfilerTree.default)
     transfer_queue: TransferQueueTree = field(default_factory=TransferQueueTree.default)
     skip: SkipTree = field(default_factory=SkipTree.default)
-    # verl's older spellings of reward.* (null: not set; config.verl moves what is set into reward)
+    # verl's older spellings of reward.* (null: not set; cli.normalize moves what is set into reward)
     custom_reward_function: LegacyCustomRewardFunctionConfig = field(default_factory=LegacyCustomRewardFunctionConfig)
     reward_model: LegacyRewardModelConfig = field(default_factory=LegacyRewardModelConfig)
     sandbox_fusion: LegacySandboxFusionConfig = field(default_factory=LegacySandboxFusionConfig)

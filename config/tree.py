@@ -3,7 +3,7 @@
 A profiler, quantisation-aware training, the transfer queue, an inference server's settings: each is one
 ``InertTree`` subclass whose ``DEFAULTS`` are verl's (the one home of those defaults). The loader checks a user's
 keys against them (an unknown key is an error naming the valid ones, as for typed sections) and keeps the values
-as given; ``config.inert`` warns about, or refuses, values other than the defaults. ColoRL code never reads them.
+as given; ``cli.inert`` warns about, or refuses, values other than the defaults. ColoRL code never reads them.
 """
 
 from __future__ import annotations

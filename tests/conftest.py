@@ -7,6 +7,8 @@ import pytest
 import ray
 import torch
 
+import verl_compat.cli  # noqa: F401  installs verl's adapter: the tests load verl command lines through config
+
 
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip cleanly when CUDA is absent (or has too few devices, via gpu(n))."""

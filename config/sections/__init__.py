@@ -3,7 +3,7 @@
 One frozen dataclass per component is the single home of its defaults (``config.schema`` holds the rest and the
 root); verl's subtrees of machinery ColoRL does not have are ``config.tree.InertTree``s. Choices are ``Literal``
 types, checked when the config is built (``config.load``); ranges are checked in ``__post_init__``. Key names
-and defaults are verl 0.9.1's; what ColoRL does with the keys it cannot honour is said in ``config.inert``.
+and defaults are verl 0.9.1's; what ColoRL does with the keys it cannot honour is said in ``cli.inert``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ActorRolloutRefConfig:
 
     def __post_init__(self) -> None:
         # a LoRA actor trains fp32 adapters over a frozen base, which verl's model_dtype may hold in bf16 (it is
-        # the compute dtype then, config.verl); a fully trained actor keeps fp32 masters
+        # the compute dtype then, cli.normalize); a fully trained actor keeps fp32 masters
         dtype = self.actor.fsdp_config.model_dtype
         if dtype not in ("fp32", "float32") and self.model.lora_rank == 0:
             raise ConfigError.invalid(

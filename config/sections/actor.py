@@ -1,7 +1,7 @@
 """The policy's training and reference roles: verl's ``actor`` and ``ref`` sections, and the policy loss.
 
 Key names and defaults are verl 0.9.1's (``FSDPActorConfig``); keys of machinery ColoRL does not have are said in
-``config.inert``, keys verl derives from others (``rollout_n``, ``use_remove_padding``) in ``config.verl``.
+``cli.inert``, keys verl derives from others (``rollout_n``, ``use_remove_padding``) in ``cli.normalize``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class RolloutCorrectionConfig:
     rollout_is_threshold: Any = 2.0  # truncate at it, or "lower_upper": zero weights outside (IcePop)
     rollout_rs: str | None = None  # rejection options, comma-separated (e.g. "token_k1,seq_mean_k3")
     rollout_rs_threshold: Any = None
-    # the rollout's log-probs are the old policy's; as in verl, it makes the policy loss bypass_mode (config.verl)
+    # the rollout's log-probs are the old policy's; as in verl, it makes the policy loss bypass_mode (cli.normalize)
     bypass_mode: bool = False
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode's loss
     rollout_is_batch_normalize: bool = False
@@ -91,7 +91,7 @@ class ActorConfig:
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
     strategy: Strategy = "fsdp"
     ppo_mini_batch_size: int = 256  # prompts (global); × rollout.n / workers per rank (config.plan)
-    ppo_micro_batch_size: int | None = None  # verl's global micro-batch: ÷ workers -> the per-GPU key (config.verl)
+    ppo_micro_batch_size: int | None = None  # verl's global micro-batch: ÷ workers -> the per-GPU key (cli.normalize)
     ppo_micro_batch_size_per_gpu: int | None = None  # sequences per forward/backward on one worker
     use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu
     ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
@@ -122,7 +122,7 @@ class ActorConfig:
     use_fused_kernels: bool = "${actor_rollout_ref.model.use_fused_kernels}"  # type: ignore[assignment]
     profiler: ProfilerTree = field(default_factory=ProfilerTree.default)
     qat: ActorQATTree = field(default_factory=ActorQATTree.default)
-    grad_clip: float = 1.0  # verl's actor key; optim.clip_grad is the same (config.verl)
+    grad_clip: float = 1.0  # verl's actor key; optim.clip_grad is the same (cli.normalize)
     ulysses_sequence_parallel_size: int = 1  # verl's sequence parallelism; ColoRL runs whole sequences per rank
     entropy_from_logits_with_chunking: bool = False
     entropy_from_logits_chunk_size: int = 2048
@@ -174,7 +174,7 @@ class RefConfig:
     profiler: ProfilerTree = field(default_factory=ProfilerTree.default)
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     _target_: str = ACTOR_TARGET
-    # verl's sequence parallelism, as the actor's: ColoRL runs whole sequences per rank (config.inert)
+    # verl's sequence parallelism, as the actor's: ColoRL runs whole sequences per rank (cli.inert)
     ulysses_sequence_parallel_size: int = "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"  # type: ignore
     entropy_from_logits_with_chunking: bool = False
     entropy_from_logits_chunk_size: int = 2048

@@ -37,7 +37,7 @@ class CriticConfig:
     forward_micro_batch_size: int | None = "${critic.ppo_micro_batch_size}"  # type: ignore[assignment]
     forward_micro_batch_size_per_gpu: int | None = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore
     ulysses_sequence_parallel_size: int = 1
-    grad_clip: float = 1.0  # verl's critic key; optim.clip_grad is the same (config.verl)
+    grad_clip: float = 1.0  # verl's critic key; optim.clip_grad is the same (cli.normalize)
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
 
     def __post_init__(self) -> None:

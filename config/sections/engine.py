@@ -2,7 +2,7 @@
 
 verl's ``optim``, ``fsdp_config`` (the critic's ``fsdp``) and ``checkpoint`` sections with verl's keys and defaults.
 What ColoRL does with the keys of verl's other engines (FSDP1 flags, QAT, torchtitan's turbo plan) is said in
-``config.inert``.
+``cli.inert``.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class OptimConfig:
 class MixedPrecisionConfig:
     """Compute dtype of the sharded model; gradients reduce in reduce_dtype. auto = bf16 on CUDA, fp32 on CPU;
     native = bf16 where the device multiplies bf16 natively (CUDA, a CPU with AVX512-BF16 or AMX), else fp32.
-    verl's ``fsdp_config.dtype`` other than bfloat16 sets it where it is auto (``config.verl``)."""
+    verl's ``fsdp_config.dtype`` other than bfloat16 sets it where it is auto (``cli.normalize``)."""
 
     param_dtype: ParamDtype = "auto"
     reduce_dtype: ReduceDtype = "fp32"
@@ -87,7 +87,7 @@ class WrapPolicyConfig:
 
 
 class QATTree(InertTree):
-    """Quantisation-aware training (verl's ``qat``): not in ColoRL; enabling it is refused (``config.inert``)."""
+    """Quantisation-aware training (verl's ``qat``): not in ColoRL; enabling it is refused (``cli.inert``)."""
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "_target_": "verl.workers.config.QATEngineConfig",
@@ -149,7 +149,7 @@ class FSDPConfig:
     pad_to_length_bucket: int = 1024
     forward_only: bool = False
     strategy: Strategy = "fsdp"
-    dtype: str = "bfloat16"  # verl's compute dtype (config.verl maps it onto mixed_precision.param_dtype)
+    dtype: str = "bfloat16"  # verl's compute dtype (cli.normalize maps it onto mixed_precision.param_dtype)
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)  # ColoRL's (and verl's, +)
     qat: QATTree = field(default_factory=QATTree.default)
     turbo_config: TurboTree = field(default_factory=TurboTree.default)
@@ -164,7 +164,7 @@ class RefFSDPConfig(FSDPConfig):
 
 
 class CheckpointTree(InertTree):
-    """verl's ``checkpoint`` section of a trained role: ColoRL saves and resumes the whole state (``config.inert``)."""
+    """verl's ``checkpoint`` section of a trained role: ColoRL saves and resumes the whole state (``cli.inert``)."""
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "_target_": "verl.trainer.config.CheckpointConfig",

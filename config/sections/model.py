@@ -1,6 +1,6 @@
 """verl's ``model`` section (``HFModelConfig``) of the policy and of the critic: which Hugging Face model, how it is
 loaded, LoRA, and the forward's kernels. What ColoRL does with the keys of machinery it does not have (Liger,
-Megatron's LoRA, multi-token prediction, activation offload) is said in ``config.inert``.
+Megatron's LoRA, multi-token prediction, activation offload) is said in ``cli.inert``.
 """
 
 from __future__ import annotations

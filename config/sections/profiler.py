@@ -1,6 +1,6 @@
 """verl's profilers (Nsight, the NPU and torch profilers, memory snapshots, the precision debugger): not in ColoRL.
 
-Accepted with verl's defaults so a verl command line loads; enabling one warns once (``config.inert``): ColoRL's
+Accepted with verl's defaults so a verl command line loads; enabling one warns once (``cli.inert``): ColoRL's
 timing is the one line per phase of every step and ``benchmarks/`` (py-spy, the memory estimate).
 """
 

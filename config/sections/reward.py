@@ -4,7 +4,7 @@
 (``data.reward_loop.REWARD_MANAGERS``), ``reward.reward_model`` a learned reward model colocated with the other roles
 (its score is added to the rule-based reward). verl's older ``custom_reward_function``, ``reward_model`` and
 ``sandbox_fusion`` sections load too: their non-null values move into ``reward`` as verl moves them
-(``config.verl.migrate_legacy_reward``), so ColoRL reads ``reward`` only.
+(``cli.normalize.migrate_legacy_reward``), so ColoRL reads ``reward`` only.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class RewardManagerConfig:
 
 
 class RewardRolloutTree(InertTree):
-    """verl serves its reward model with an inference engine; ColoRL runs it as an FSDP role (config.inert)."""
+    """verl serves its reward model with an inference engine; ColoRL runs it as an FSDP role (cli.inert)."""
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "_target_": "verl.workers.config.RolloutConfig",
@@ -138,7 +138,7 @@ class RewardModelConfig:
 
 @dataclass(frozen=True)
 class SandboxFusionConfig:
-    """verl's code-execution sandbox for code rewards: not in ColoRL (a url is refused, config.inert)."""
+    """verl's code-execution sandbox for code rewards: not in ColoRL (a url is refused, cli.inert)."""
 
     _target_: str = "verl.workers.config.SandboxFusionConfig"
     url: str | None = None

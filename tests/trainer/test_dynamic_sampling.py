@@ -9,7 +9,6 @@ import torch
 from algos import ADV_ESTIMATORS
 from config import ConfigError, load_config, load_with_plan
 from config.dataflow import DRIVER
-from config.inert import inert_warnings
 from config.schema import FilterGroupsConfig
 from single_controller import DataProto
 from trainer.running.dynamic_sampling import (
@@ -20,6 +19,7 @@ from trainer.running.dynamic_sampling import (
     metric_values,
 )
 from trainer.state.fingerprint import check_resume, config_record
+from verl_compat.cli.inert import inert_warnings
 
 N = 2  # responses per prompt in these batches
 

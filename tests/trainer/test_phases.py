@@ -167,9 +167,9 @@ TABLES = {"config/phases.py", "config/worker_roles.py", "trainer/running/step.py
 OTHER_MEANINGS = {
     ("algos/distillation.py", "teacher"): "a metric's name (distillation/teacher_mass)",
     ("config/distillation.py", "teacher"): "the teacher role's instance names (worker_roles imports this module)",
-    ("config/inert.py", "critic"): "the config section",
+    ("verl_compat/cli/inert.py", "critic"): "the config section",
     ("config/plan.py", "critic"): "the config section",
-    ("config/verl.py", "critic"): "the config section",
+    ("verl_compat/cli/normalize.py", "critic"): "the config section",
     ("trainer/running/build.py", "critic"): "the config section",
     ("workers/compute/actor.py", "actor"): "the metrics' namespace (verl's actor/...)",
     ("workers/compute/critic.py", "critic"): "the metrics' namespace (verl's critic/...)",

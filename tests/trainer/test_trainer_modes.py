@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from config import ConfigError
-from config.inert import inert_warnings
 from config.load import load_with_plan
 from trainer.asynchronous.replay_buffer import Generation, ReplayBuffer, eviction_metrics, staleness_metrics
+from verl_compat.cli.inert import inert_warnings
 
 ONE_EACH = ["trainer.device=cpu", "trainer.n_gpus_per_node=1", "data.train_batch_size=4"]
 ONE_EACH += ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2"]

@@ -22,13 +22,14 @@ from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from config import ConfigError, PPOConfig, StepPlan
-from config.inert import inert_warnings
+from config.adapter import installed
 from config.phases import STEP_PHASES, Step, lookup
 from config.plan import rollout_plan
 from config.tree import ARR
 from config.worker_roles import ACTOR, ROLES, TEACHER
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
+from trainer.preflight.phase_code import phase_lines
 from trainer.preflight.teacher_checks import check_teachers
 from trainer.running.dynamic_sampling import dynamic_sampling_lines
 
@@ -347,7 +348,8 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
             cells[TERMS.index("activations")] = f"{both:>{_width('activations')}s}"
         lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
     lines.append(_verdict(cfg, estimate))
-    inert = inert_warnings(cfg)  # verl's keys set here that ColoRL does not honour (config.inert)
+    lines += ["", *phase_lines(plan)]
+    inert = installed().warnings(cfg)  # keys set here that nothing honours (config.adapter)
     lines += [
         "",
         "verl keys set that ColoRL does not use:" if inert else "verl keys set that ColoRL does not use: none",

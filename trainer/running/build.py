@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer
 
 from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
-from config.inert import inert_warnings
+from config.adapter import installed
 from config.tree import plain
 from data.builtin import demo_model_config, prepare_builtin
 from data.dataset import RLHFDataset, make_dataloader
@@ -47,7 +47,7 @@ def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer
     preflight(cfg, plan, lambda: demo_model_config(cfg.builtin))  # the memory check
     cfg = replace_keys(cfg, {"trainer.device": resolve_device(cfg)})
     check_vllm(cfg.actor_rollout_ref.rollout, cfg.trainer.device, plan.n_workers, _actor_config(cfg))
-    for line in inert_warnings(cfg):  # verl keys of machinery ColoRL does not have
+    for line in installed().warnings(cfg):  # keys set that nothing honours (config.adapter)
         print(f"colorl: warning: {line}", file=sys.stderr)
     _check_optimizers(cfg)
     compute_score = _load_compute_score(cfg)

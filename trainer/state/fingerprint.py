@@ -11,7 +11,7 @@ Every checkpoint records the resolved config it was saved with (``config_record`
   line that lists the differing keys, unless ``trainer.resume_accept_changes`` names them (or a prefix of them).
 
 A key the record lacks (new in the schema since the checkpoint was saved) counts as changed only when it is away
-from its default; keys recorded under an older place are compared at their current one (``config.verl``).
+from its default; keys recorded under an older place are compared at their current one (``config.adapter``).
 
 docs/reliability.md ("Resuming with a changed config") lists the same keys.
 """
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from config import ConfigError, PPOConfig
+from config.adapter import installed
 from config.phases import lookup
 from config.tree import flat
-from config.verl import current_place
 from config.worker_roles import ROLES
 
 MAY_CHANGE = (
@@ -152,11 +152,12 @@ def check_resume(saved: dict[str, Any] | None, cfg: PPOConfig, checkpoint: Path)
 
 def _in_current_places(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's record with the keys that have moved since it was saved in their current places
-    (``config.verl.current_place``: ``ray_init.*``, ``critic.fsdp_config.*``, the top-level reward sections). As
-    verl migrates them, a null older value moves nothing, and a record that has the current place too keeps that."""
+    (the installed adapter's ``current_place``, ``config.adapter``: ``ray_init.*``, ``critic.fsdp_config.*``, the
+    top-level reward sections). As verl migrates them, a null older value moves nothing, and a record that has the
+    current place too keeps that."""
     moved = {}
     for key, value in saved.items():
-        place = current_place(key)
+        place = installed().current_place(key)
         if place == key or (place not in saved and value is not None):
             moved[place] = value
     return moved
@@ -167,7 +168,7 @@ def _new_keys_set(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, t
     whose value is not the schema's default; a new key at its default does not change the run."""
     defaults, changes = config_record(PPOConfig()), {}
     for key in sorted(current.keys() - saved.keys()):
-        if current_place(key) != key:  # an older spelling: its current place is compared
+        if installed().current_place(key) != key:  # an older spelling: its current place is compared
             continue
         default = defaults.get(key, _MISSING)
         if isinstance(default, str) and default.startswith("${"):  # it follows another key (or verl's oc.select)

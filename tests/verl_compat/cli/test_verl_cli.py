@@ -3,9 +3,9 @@ ColoRL accepts with a warning, and what it still refuses."""
 
 import pytest
 
-from config import ConfigError, load_config, make_plan, num_workers
-from config.inert import inert_warnings
-from tests.verl import commands
+from tests.verl_compat.cli import commands
+from verl_compat.cli import ConfigError, load_config, make_plan, num_workers
+from verl_compat.cli.inert import inert_warnings
 
 PATHS = {
     "model": "/models/Qwen2.5-0.5B-Instruct",
@@ -14,7 +14,7 @@ PATHS = {
 }
 
 # command -> (estimator, critic, rollout.n, KL loss type or None, KL in the reward, keys that warn): every command
-# line but the quickstart names rollout.name=vllm, whose engine reads its keys (config.inert.VLLM_KEYS): none warns
+# line but the quickstart names rollout.name=vllm, whose engine reads its keys (cli.inert.VLLM_KEYS): none warns
 EXPECTED = {
     "quickstart": ("gae", True, 1, None, False, {"rollout.gpu_memory_utilization"}),
     "ppo": ("gae", True, 1, None, False, set()),

@@ -10,7 +10,7 @@ here, on the composed config, before it is built (``config.load.to_config``):
 - ``normalize``: what verl computes from the keys as it starts (global micro-batches ÷ workers, the deprecated
   ``warmup_style``, bypass mode's loss, the compute dtype, the gradient clip's two names).
 
-What ColoRL does with the keys of machinery it does not have is ``config.inert``.
+What ColoRL does with the keys of machinery it does not have is ``verl_compat.cli.inert``.
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ import warnings
 
 import pytest
 
-from config import ConfigError, load_config, make_plan, num_workers
-from config.inert import inert_warnings
 from data.reward_loop import REWARD_MANAGERS
-from tests.verl.commands_v091 import SCRIPTS
-from tests.verl.test_verl_e2e import bpe_qwen2
+from tests.verl_compat.cli.commands_v091 import SCRIPTS
+from tests.verl_compat.cli.test_verl_e2e import bpe_qwen2
 from trainer.running.build import build_trainer
+from verl_compat.cli import ConfigError, load_config, make_plan, num_workers
+from verl_compat.cli.inert import inert_warnings
 
 REFUSED = {  # what ColoRL refuses in one line because ignoring it would train something else
     "tuning/lora/run_qwen3_8b_from_adapter_fsdp": "model.lora_adapter_path",

@@ -7,11 +7,11 @@ import math
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from config import load_config
 from data.preprocess.gsm8k import main as preprocess_gsm8k
 from tests.data.gsm8k_fixture import GSM8K, write_gsm8k
-from tests.verl import commands
+from tests.verl_compat.cli import commands
 from trainer.running.build import build_trainer
+from verl_compat.cli import load_config
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

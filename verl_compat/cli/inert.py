@@ -227,9 +227,9 @@ INERT: dict[str, Inert] = {
     ),  # fmt: skip
     "reward.sandbox_fusion.*": Inert("", never=True),
     "reward_model.model.external_lib": Inert("models load with transformers' Auto classes", refuse=True),
-    "reward_model.*": Inert("moved into reward.* (config.verl)", never=True),
-    "custom_reward_function.*": Inert("moved into reward.* (config.verl)", never=True),
-    "sandbox_fusion.*": Inert("moved into reward.* (config.verl)", never=True),
+    "reward_model.*": Inert("moved into reward.* (verl_compat.cli.normalize)", never=True),
+    "custom_reward_function.*": Inert("moved into reward.* (verl_compat.cli.normalize)", never=True),
+    "sandbox_fusion.*": Inert("moved into reward.* (verl_compat.cli.normalize)", never=True),
     "trainer.esi_redundant_time": Inert("ColoRL saves on SIGTERM/SIGINT and at trainer.max_wall_time_s"),
     "trainer.checkpoint_callback_class": Inert("no callback runs after a checkpoint is saved"),
     "trainer.del_local_ckpt_after_load": Inert("checkpoints are kept (trainer.max_actor_ckpt_to_keep prunes)"),

@@ -9,10 +9,10 @@ import verl
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from config import ConfigError, load_config, to_config
-from config.inert import inert_warnings
 from config.load import CONF_DIR
 from config.tree import flat
+from verl_compat.cli import ConfigError, load_config, to_config
+from verl_compat.cli.inert import inert_warnings
 
 VERL_YAML = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
 NO_DEFAULT = {"actor_rollout_ref.rollout.name": "vllm", "reward.reward_model.rollout.name": None}  # verl's ???
