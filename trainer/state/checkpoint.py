@@ -7,8 +7,8 @@ Layout under ``trainer.default_local_dir``::
                           extra.pt, rng_rank<r>.pt   (written by the workers: workers/checkpoint/shards.py)
         critic/           the same for the value model (when there is a critic)
         driver.pt         step, data position, KL controller, wandb run id, the resolved config
-        (trainer.state.fingerprint) COMPLETE          size and SHA-256 of every file above: written last, verified on
-        load
+                          (trainer.state.fingerprint)
+        COMPLETE          size and SHA-256 of every file above: written last, verified on load
     latest_checkpointed_iteration.txt
     metrics.jsonl         (trainer.observing.tracking)
     .colorl.lock          the run lock: one run per directory (trainer.state.run_dir)
