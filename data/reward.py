@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import numbers
 import os
@@ -14,6 +15,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from config import ConfigError
+from data.reward_pool import CallRaised, UserFunction
 from data.tasks import default_compute_score
 from single_controller.data_proto import DataProto
 
@@ -184,7 +186,7 @@ class RewardManager:
                 data_source=data_source, solution_str=solution, ground_truth=ground_truth, extra_info=extra_info
             )
         except Exception as exc:
-            return {"score": 0.0}, raised(self.name, exc)
+            return {"score": 0.0}, failed(self.name, exc)
         return checked(result, self.name)
 
 
@@ -200,7 +202,7 @@ class BatchRewardManager(RewardManager):
                 )
             )
         except Exception as exc:  # the whole batch's scores are lost: each response scores 0
-            return [({"score": 0.0}, raised(self.name, exc))] * len(infos)
+            return [({"score": 0.0}, failed(self.name, exc))] * len(infos)
         if len(results) != len(infos):
             error = (
                 "invalid",
@@ -274,6 +276,16 @@ def raised(name: str, exc: BaseException) -> Failure:
     return "raised", f"reward function {name!r} raised {type(exc).__name__}: {exc}"
 
 
+def failed(name: str, exc: Exception) -> Failure:
+    """The failure of function ``name`` that raised ``exc``: a call of the pool past ``reward.timeout``
+    (``TimeoutError``) is a timeout, one that raised in its worker is the function's exception."""
+    if isinstance(exc, TimeoutError):
+        return "timeout", f"reward function {name!r} timed out ({exc}; reward.timeout)"
+    if isinstance(exc, CallRaised):
+        return "raised", f"reward function {name!r} raised {exc}"
+    return raised(name, exc)
+
+
 def checked(result: Any, name: str) -> Scored:
     """A function's result as a dict with ``score`` and its extras, or a 0 score and the failure."""
     score = score_of(result)
@@ -284,7 +296,9 @@ def checked(result: Any, name: str) -> Scored:
 
 
 def load_custom_compute_score(path: str, name: str = "compute_score") -> ComputeScore:
-    """Import ``name`` from the python file at ``path`` (``reward.custom_reward_function.path/name``)."""
+    """Function ``name`` of the python file at ``path`` (``reward.custom_reward_function.path/name``), imported here
+    once to check it; a sync function is returned as a ``UserFunction``: each call runs in a killable worker process
+    within a deadline (``data.reward_pool``; ``bounded`` sets it); an async one as it is (awaited with a timeout)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"custom reward file not found: {path!r} (looking for function {name!r})")
     module = import_file(path)
@@ -292,7 +306,7 @@ def load_custom_compute_score(path: str, name: str = "compute_score") -> Compute
     if not callable(function):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise AttributeError(f"custom reward file {path!r} has no function {name!r}; callables in it: {found}")
-    return function
+    return function if inspect.iscoroutinefunction(function) else UserFunction(path, name)
 
 
 def import_file(path: str) -> Any:

@@ -35,9 +35,10 @@ from data.reward import (
     RewardManager,
     Scored,
     checked,
+    failed,
     import_file,
-    raised,
 )
+from data.reward_pool import UserFunction
 from single_controller.data_proto import DataProto
 
 
@@ -134,7 +135,7 @@ class ConcurrentRewardManager(RewardManager):
         except _ray_task_error() as exc:  # a remote worker's: the traceback's last line, the function's
             return {"score": 0.0}, ("raised", f"reward function {self.name!r} raised {str(exc).split(chr(10))[-1]}")
         except Exception as exc:
-            return {"score": 0.0}, raised(self.name, exc)
+            return {"score": 0.0}, failed(self.name, exc)
         return checked(result, self.name)
 
     async def _call(self, call: dict) -> Any:
@@ -178,8 +179,9 @@ async def _limits(max_concurrent: int, max_rpm: int | None, max_tpm: int | None)
 class RewardComputeWorker:
     """Calls the user's sync ``compute_score`` in its own process (verl's; the function need not be thread-safe)."""
 
-    def __init__(self, compute_score_fn: Callable[..., Any]) -> None:
-        self.compute_score_fn = compute_score_fn
+    def __init__(self, compute_score_fn: Callable[..., Any]) -> None:  # here, not in a pool: the actor is killable
+        local = isinstance(compute_score_fn, UserFunction)
+        self.compute_score_fn = compute_score_fn.local() if local else compute_score_fn
 
     def compute_score(self, **kwargs: Any) -> Any:
         return self.compute_score_fn(**kwargs)
@@ -313,7 +315,7 @@ def load_manager_class(path: str, name: str) -> type:
 
 
 # verl's reward managers by name (reward.reward_manager.name): "prime" scores each response as "naive" does (verl
-# runs it in a process pool with a timeout; ColoRL's scoring already survives a function that raises)
+# runs it in a process pool with a timeout; every manager here calls a user's function in one: data.reward_pool)
 REWARD_MANAGERS: dict[str, type[RewardManager]] = {
     "naive": RewardManager,
     "prime": RewardManager,

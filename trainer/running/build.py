@@ -29,6 +29,7 @@ from data.reward_loop import (
     RemoteRewardManager,
     load_manager_class,
 )
+from data.reward_pool import UserFunction
 from trainer.preflight.dry_run import check_models, preflight
 from trainer.running.ppo_trainer import RayPPOTrainer
 from workers.compute.agent_loop import check_tools
@@ -183,7 +184,7 @@ def _load_compute_score(cfg: PPOConfig) -> Any:
     if custom.path is None:
         return None
     try:
-        return load_custom_compute_score(custom.path, custom.name)
+        function = load_custom_compute_score(custom.path, custom.name)
     except FileNotFoundError:
         raise ConfigError.invalid(
             "reward.custom_reward_function.path",
@@ -196,6 +197,10 @@ def _load_compute_score(cfg: PPOConfig) -> Any:
         raise ConfigError.invalid(
             "reward.custom_reward_function.path", custom.path, f"importing it raised {_first_line(exc)}"
         ) from None
+    if not isinstance(function, UserFunction):  # async: awaited within reward.timeout
+        return function
+    # each call in a killable worker process within reward.timeout, as many at a time as the machine has cores
+    return function.bounded(cfg.reward.timeout, min(cfg.reward.num_workers, os.cpu_count() or 1))
 
 
 def _fill_paths(cfg: PPOConfig) -> PPOConfig:

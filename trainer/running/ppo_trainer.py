@@ -302,6 +302,7 @@ class RayPPOTrainer(PhaseSteps):
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
                 self._generate(batch, VALIDATION_FLOW, val_kwargs.sampling())
                 tally.add(batch, prompts, *self.val_reward_fn(batch))
+                tally.count_errors(getattr(self.val_reward_fn, "last_error_reasons", {}))
         self.generations.validation(tally.parts, self.global_step, getattr(self, "logger", None))
         return tally.metrics()
 

@@ -26,6 +26,7 @@ class ValidationTally:
     answers: list[tuple[int, ...]] = field(default_factory=list)
     extras: dict[str, list[float]] = field(default_factory=dict)
     parts: list[tuple[DataProto, Any, dict]] = field(default_factory=list)  # (batch, prompts, extras): the dumps'
+    errors: dict[str, int] = field(default_factory=dict)  # responses the reward function failed on, by reason
 
     def add(self, batch: DataProto, prompts: Any, reward: torch.Tensor, reward_extras: dict[str, list]) -> None:
         """A scored batch: ``reward`` (B, R) token-level scores, ``reward_extras`` the reward function's per-row
@@ -43,5 +44,12 @@ class ValidationTally:
             for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])
         ]
 
+    def count_errors(self, reasons: dict[str, int]) -> None:
+        """The last batch's reward failures by reason (scored 0: ``RewardManager.last_error_reasons``)."""
+        for reason, count in reasons.items():
+            self.errors[reason] = self.errors.get(reason, 0) + count
+
     def metrics(self) -> dict[str, float]:
-        return validation_metrics(self.sources, self.rewards, self.answers, self.n, self.extras)
+        """The validation metrics, and ``val-aux/reward/errors/<reason>`` where the reward function failed."""
+        errors = {f"val-aux/reward/errors/{reason}": count for reason, count in self.errors.items()}
+        return {**validation_metrics(self.sources, self.rewards, self.answers, self.n, self.extras), **errors}

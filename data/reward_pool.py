@@ -1,0 +1,205 @@
+"""A user's reward function, called in a small pool of killable processes, each call within a deadline.
+
+A synchronous function that blocks forever cannot be interrupted in the thread that called it; in a process of
+its own it can. ``UserFunction`` is what ``reward.custom_reward_function`` loads: called like the function, it
+runs it in one of at most ``processes`` persistent worker processes (started as they are needed, each loading
+the user's file once). A call that has not answered after ``timeout`` seconds raises ``CallTimeout``: its worker is
+killed and reaped, and the next call that needs a worker starts a fresh one. Nothing grows per hang: no thread
+waits on a hung call (the caller waits on the worker's pipe with a deadline), and a killed worker's process is
+gone. A call that raises raises ``CallRaised`` with the function's exception type and message.
+
+Each worker runs this file as a script (standard library only: it starts in well under a second, whatever the
+trainer imports), reads length-prefixed pickled ``(args, kwargs)`` from one pipe and writes the pickled
+``(ok, value)`` to another; the user's prints still go to the run's stdout. A worker whose parent died exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.util
+import json
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+_HEADER = struct.Struct("!Q")  # each message: its length, then the pickle
+
+
+class CallTimeout(TimeoutError):
+    """The function did not answer within the deadline (its worker was killed)."""
+
+
+class CallRaised(Exception):
+    """The function raised; the message is ``TypeName: message`` of what it raised (in its worker)."""
+
+
+class UserFunction:
+    """Function ``name`` of the Python file at ``path``, each call made in the pool and bounded by ``timeout``
+    seconds (``reward.timeout``), in at most ``processes`` worker processes. ``local()`` is the function itself,
+    in this process (what a worker calls)."""
+
+    def __init__(self, path: str, name: str, timeout: float = 300.0, processes: int = 1) -> None:
+        self.path, self.name, self.timeout, self.processes = os.path.abspath(path), name, timeout, processes
+        self.__name__ = name
+
+    def bounded(self, timeout: float, processes: int) -> UserFunction:
+        """The same function under another deadline and pool size."""
+        return UserFunction(self.path, self.name, timeout, processes)
+
+    def local(self) -> Any:
+        return _load(self.path, self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _pool(self.path, self.name, self.processes).call(args, kwargs, self.timeout)
+
+    def __reduce__(self) -> tuple:  # pickled (Ray actors, a checkpoint's config) as its file and name
+        return UserFunction, (self.path, self.name, self.timeout, self.processes)
+
+    def __repr__(self) -> str:
+        return f"{self.name} of {self.path}"
+
+
+@functools.cache
+def _load(path: str, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"colorl_user_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+class _Worker:
+    """One worker process and its two pipes (to it, from it)."""
+
+    def __init__(self, path: str, name: str) -> None:
+        to_child, self.to_worker = os.pipe()
+        self.from_worker, from_child = os.pipe()
+        argv = [sys.executable, os.path.abspath(__file__), path, name, str(to_child), str(from_child)]
+        env = {**os.environ, "COLORL_REWARD_SYS_PATH": json.dumps(sys.path)}
+        self.process = subprocess.Popen(argv, pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL)
+        os.close(to_child)
+        os.close(from_child)
+
+    def call(self, args: tuple, kwargs: dict, timeout: float) -> Any:
+        """The function's value for ``args``/``kwargs``; ``CallTimeout`` after ``timeout`` seconds, ``CallRaised``."""
+        _write(self.to_worker, pickle.dumps((args, kwargs)))
+        ok, value = pickle.loads(_read(self.from_worker, time.monotonic() + timeout))
+        if not ok:
+            raise CallRaised(value)
+        return value
+
+    def kill(self) -> None:
+        """End the process and reap it; close the pipes (nothing of it is left)."""
+        self.process.kill()
+        self.process.wait()
+        for fd in (self.to_worker, self.from_worker):
+            os.close(fd)
+
+
+class _Pool:
+    """At most ``size`` workers of one function; a call takes an idle worker (or starts one, or waits for one)."""
+
+    def __init__(self, path: str, name: str, size: int) -> None:
+        self.path, self.name = path, name
+        self.idle: list[_Worker] = []
+        self.slots = threading.BoundedSemaphore(size)  # calls at a time = workers alive at most
+        self.lock = threading.Lock()
+        atexit.register(self.close)
+
+    def call(self, args: tuple, kwargs: dict, timeout: float) -> Any:
+        with self.slots:
+            with self.lock:
+                worker = self.idle.pop() if self.idle else None
+            worker = worker or _Worker(self.path, self.name)
+            try:
+                value = worker.call(args, kwargs, timeout)
+            except CallRaised:
+                self._put(worker)
+                raise
+            except BaseException as exc:  # timed out, died or interrupted: the worker may be anywhere in the call
+                worker.kill()
+                if isinstance(exc, EOFError):
+                    raise CallRaised(
+                        f"WorkerExit: its process ended (exit status {worker.process.returncode})"
+                    ) from None
+                if isinstance(exc, TimeoutError):
+                    raise CallTimeout(f"no answer after {timeout}s") from None
+                raise
+            self._put(worker)
+            return value
+
+    def _put(self, worker: _Worker) -> None:
+        with self.lock:
+            self.idle.append(worker)
+
+    def close(self) -> None:
+        with self.lock:
+            workers, self.idle = self.idle, []
+        for worker in workers:
+            worker.kill()
+
+
+@functools.cache
+def _pool(path: str, name: str, size: int) -> _Pool:
+    """One pool per function and size in a process (training's and validation's managers share it)."""
+    return _Pool(path, name, size)
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read(fd: int, deadline: float | None = None) -> bytes:
+    """One message from ``fd``; ``TimeoutError`` past ``deadline`` (monotonic), ``EOFError`` when the writer ended."""
+    header = _read_exactly(fd, _HEADER.size, deadline)
+    return _read_exactly(fd, _HEADER.unpack(header)[0], deadline)
+
+
+def _read_exactly(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks, left = [], n
+    while left:
+        if deadline is not None and not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise TimeoutError
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _serve(path: str, name: str, read_fd: int, write_fd: int) -> None:
+    """A worker: load the function, then answer calls until the trainer closes the pipe or dies."""
+    parent = os.getppid()
+
+    def orphaned() -> None:  # a hung call must not outlive a trainer killed with SIGKILL
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    function = None
+    while True:
+        try:
+            args, kwargs = pickle.loads(_read(read_fd))
+        except EOFError:
+            return
+        try:
+            function = function or _load(path, name)
+            answer = pickle.dumps((True, function(*args, **kwargs)))
+        except Exception as exc:
+            answer = pickle.dumps((False, f"{type(exc).__name__}: {exc}"))
+        _write(write_fd, answer)
+
+
+if __name__ == "__main__":
+    sys.path[:] = json.loads(os.environ.pop("COLORL_REWARD_SYS_PATH", "[]")) or sys.path
+    _serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

@@ -1,0 +1,65 @@
+"""The killable pool a user's reward function runs in (data.reward_pool): a call past the deadline scores 0 as a
+timeout and costs its worker only; raise and rubbish score 0 with their reason; hundreds of hangs leave no process,
+thread or file descriptor behind."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from data.reward import failed, load_custom_compute_score
+from data.reward_pool import CallRaised, CallTimeout, UserFunction, _pool
+
+SOURCE = """
+import math, time
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        time.sleep(3600)
+    if solution_str == "raise":
+        raise ValueError("bad answer")
+    if solution_str == "nan":
+        return math.nan
+    return float(solution_str == ground_truth)
+"""
+
+
+@pytest.fixture(scope="module")
+def function(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reward") / "hang_reward.py"
+    path.write_text(SOURCE)
+    loaded = load_custom_compute_score(str(path))
+    assert isinstance(loaded, UserFunction)
+    return loaded.bounded(0.5, 2)
+
+
+def test_scores_raises_and_times_out(function):
+    assert function("d", "a", "a") == 1.0 and function(data_source="d", solution_str="b", ground_truth="a") == 0.0
+    with pytest.raises(CallRaised, match="ValueError: bad answer"):
+        function("d", "raise", "a")
+    start = time.monotonic()
+    with pytest.raises(CallTimeout) as hang:
+        function("d", "hang", "a")
+    assert 0.5 <= time.monotonic() - start < 2.0
+    assert failed("f", hang.value)[0] == "timeout" and function("d", "a", "a") == 1.0  # a fresh worker answers
+
+
+def test_hundreds_of_hangs_leak_nothing(function):
+    pool = _pool(function.path, function.name, function.processes)
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    quick = function.bounded(0.05, function.processes)
+    for _ in range(100):
+        with pytest.raises(CallTimeout):
+            quick("d", "hang", "a")
+    assert len(pool.idle) <= function.processes and threading.active_count() == threads
+    assert len(os.listdir("/proc/self/fd")) <= fds + 2 * function.processes
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
+    assert len(children) <= function.processes, children
+
+
+def _parent(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
