@@ -3,8 +3,8 @@
 A group starts its workers (``_start_workers``: the environment each one reads is set there), then gets
 its methods from the workers' ``@register``-ed methods (single_controller/base/worker_group.py, the one place
 method names are decided, shared with the local group). ``spawn`` gives the per-role views of a colocated group.
-verl's further group methods (``from_detached``, ``fuse``, mesh queries) are written in
-single_controller/compat/worker_group.py; single_controller/ray/__init__.py adds them to the class.
+verl's further group methods (``from_detached``, ``fuse``, mesh queries) are the door's
+(``verl_compat.single_controller.ray``), never this module's.
 """
 
 from __future__ import annotations

@@ -96,6 +96,7 @@ def test_a_resume_with_a_batch_in_flight_is_exact(runs):
         assert {k: second[step][k] for k in keys} == {k: first[step][k] for k in keys}, step
 
 
+@pytest.mark.slow  # two more runs of the mode; make test keeps the mode's own e2e
 def test_with_nothing_generated_ahead_a_step_is_the_sync_steps(ray_cluster, tmp_path):
     """num_warmup_batches=0: each batch is generated on the rollout group with the weights of the step before, as
     sync mode generates it on the trainer's. Greedy (no random draws to differ), bypass (π_old = the rollout's, as

@@ -61,6 +61,7 @@ def test_a_resume_with_rows_in_flight_is_exact(runs):
         assert {k: resumed[step][k] for k in keys} == {k: straight[step][k] for k in keys}, step
 
 
+@pytest.mark.slow  # a run per strategy; make test keeps the partial rollouts' own e2e
 @pytest.mark.parametrize("strategy", ["wait", "drop"])
 def test_the_threshold_bounds_every_span(ray_cluster, tmp_path, strategy):
     """wait: a piece waits for the rows that would pass it; drop: their groups are evicted (verl's metrics)."""

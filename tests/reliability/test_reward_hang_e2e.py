@@ -63,6 +63,7 @@ def test_naive_and_validation_survive_hangs(tmp_path):
     check_bounded(records, hangs)
 
 
+@pytest.mark.slow  # the same pool as naive's; make test keeps naive + validation
 @pytest.mark.usefixtures("ray_cluster")
 def test_dapo_survives_hangs(tmp_path):
     check_bounded(*hanging_run(tmp_path, "reward.reward_manager.name=dapo"))
