@@ -55,7 +55,7 @@ def test_the_readme_shows_command_lines():
     assert "trainer.export" in MODULES
 
 
-@pytest.mark.parametrize("line", MAIN)
+@pytest.mark.parametrize("line", MAIN, ids=[f"line{i}" for i in range(len(MAIN))])
 def test_a_readme_command_line_checks_and_plans(line, tmp_path):
     argv = [sys.executable, *shlex.split(line.replace("~/", f"{tmp_path}/"))[1:], "trainer.dry_run=true"]
     argv = [
