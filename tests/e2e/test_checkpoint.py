@@ -73,7 +73,7 @@ def run(cfg, reloaded: Path | None = None):
 
 def watch_phases(trainer) -> dict[str, list]:
     """The phases the watchdog armed (``entered``), and those armed while validation rewards were computed."""
-    seen, active, watched = {"entered": [], "val_reward": []}, [], trainer.running.watchdog.phase
+    seen, active, watched = {"entered": [], "val_reward": []}, [], trainer.watchdog.phase
     reward_fn = trainer.val_reward_fn
 
     @contextlib.contextmanager
@@ -90,7 +90,7 @@ def watch_phases(trainer) -> dict[str, list]:
         seen["val_reward"].append(list(active))
         return reward_fn(batch)
 
-    trainer.running.watchdog.phase, trainer.val_reward_fn = phase, val_reward_fn
+    trainer.watchdog.phase, trainer.val_reward_fn = phase, val_reward_fn
     return seen
 
 
