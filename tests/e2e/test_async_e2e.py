@@ -68,6 +68,7 @@ def runs(ray_cluster, tmp_path_factory):
     return straight, straight_dir, trained[0], rollout[0], resumed_dir
 
 
+@pytest.mark.slow  # a minute of Ray runs: make test keeps under its 20 minutes
 def test_each_batch_trains_one_step_after_it_was_asked_for_on_its_own_group(runs):
     straight, straight_dir, _, _, _ = runs
     records = [r for r in read_jsonl(straight_dir / "metrics.jsonl") if r["step"] > 0]

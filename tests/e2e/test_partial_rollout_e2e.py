@@ -44,6 +44,7 @@ def runs(ray_cluster, tmp_path_factory):
     return straight, resumed, straight_dir
 
 
+@pytest.mark.slow  # a minute of Ray runs: make test keeps under its 20 minutes
 def test_unended_rows_go_on_at_the_next_step_under_new_weights(runs):
     straight, _, _ = runs
     assert sorted(straight) == [1, 2, 3, 4, 5]

@@ -18,6 +18,7 @@ def logged_steps(run_dir) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a minute of Ray runs: make test keeps under its 20 minutes
 def test_dead_worker_is_reported_and_everything_torn_down(tmp_path, assets):
     run = run_child([FAULT_RUN, "kill", "1", "2", *tiny_overrides(tmp_path, assets)], cwd=tmp_path)
     assert run.returncode == 1, run.stderr[-3000:]
