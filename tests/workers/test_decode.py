@@ -94,9 +94,7 @@ def test_nothing_recompiles_after_warm_up(model, monkeypatch):
     """One graph per bucket (dynamo, eager backend: fast); a second rollout with new weights of the same shapes
     and the same buckets compiles nothing (``error_on_recompile``)."""
     torch._dynamo.reset()
-    monkeypatch.setitem(
-        decode._COMPILED, "default", torch.compile(decode.decode_step, backend="eager", dynamic=False)
-    )
+    monkeypatch.setitem(decode._COMPILED, "default", torch.compile(decode.decode_step, backend="eager", dynamic=False))
     prompts = _prompts()
     eos = _eos_that_ends_most(model, prompts)
     hf, ours = _both(model, prompts, compiled=True, eos_token_id=eos)
@@ -105,7 +103,9 @@ def test_nothing_recompiles_after_warm_up(model, monkeypatch):
     assert 1 < frames <= len(decode.buckets(8))
     other = copy.deepcopy(model)  # new weight tensors, same shapes
     with torch._dynamo.config.patch(error_on_recompile=True):
-        decode.generate(other, *prompts, compiled=True, response_length=R, pad_token_id=PAD, eos_token_id=eos, do_sample=False)
+        decode.generate(
+            other, *prompts, compiled=True, response_length=R, pad_token_id=PAD, eos_token_id=eos, do_sample=False
+        )
     assert torch._dynamo.utils.counters["frames"]["ok"] == frames
 
 
