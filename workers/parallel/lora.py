@@ -111,29 +111,49 @@ def as_reference(module: nn.Module) -> Iterator[None]:
 
 @contextmanager
 def merged_adapters(module: nn.Module) -> Iterator[None]:
-    """Inside, each fp32 LoRA linear of ``module`` runs as one linear with W + ΔW (ΔW = (α/r)·B·A, computed on
-    entry): a no-grad forward (sampling) pays one matmul per layer instead of three and an add.
+    """Inside, each LoRA linear of ``module`` runs as one linear with W + ΔW (ΔW = (α/r)·B·A, computed on entry):
+    a no-grad forward (sampling) pays one matmul per layer instead of three and an add.
 
-    The base weight is not touched: the merged weight is a new tensor, freed on exit (peft's ``merge_adapter``
-    adds in place, and subtracting again would leave the frozen base weights a rounding error off each step).
-    fp32 only: in bf16 the sum would round most of ΔW away against W's larger entries. Linears whose base is not
-    an ``nn.Linear`` (GPT-2's Conv1D) or that use DoRA keep peft's forward.
+    The base weight is not touched: the merged weight is a new tensor in the base weight's dtype, freed on exit
+    (peft's ``merge_adapter`` adds in place, and subtracting again would leave the frozen base weights a rounding
+    error off each step; the trainer keeps its own weights and fp32 adapter masters). In bf16 the sum W + ΔW is
+    taken in fp32 and rounded once: the merged weight is the nearest bf16 to the adapted one, so sampling differs
+    from the unmerged bf16 forward by bf16's rounding, within the log-prob bound the docs state for bf16 (a small ΔW
+    may round away against W's larger entries: that is the precision the sampler's weights have). Linears whose base
+    is not an ``nn.Linear`` (GPT-2's Conv1D) or that use DoRA keep peft's forward.
     """
-    layers = [
-        m
-        for m in mergeable(module)
-        if not m.disable_adapters and not m.merged and m.get_base_layer().weight.dtype == torch.float32
-    ]
+    layers = [m for m in mergeable(module) if not m.disable_adapters and not m.merged]
     with torch.no_grad():
         for layer in layers:
             base = layer.get_base_layer()
-            weight = base.weight + sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
-            layer.forward = partial(_linear, weight=weight, bias=base.bias)
+            layer.forward = partial(_linear, weight=merged_weight(layer), bias=base.bias)
     try:
         yield
     finally:
         for layer in layers:
             del layer.forward
+
+
+def merged_weight(layer: nn.Module) -> torch.Tensor:
+    """W + ΔW of a LoRA linear (each active adapter's ΔW), summed in fp32 and cast to W's dtype: a new tensor."""
+    weight = layer.get_base_layer().weight
+    deltas = [layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A]
+    return (weight.float() + sum(d.float() for d in deltas)).to(weight.dtype)
+
+
+def linear_weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) a linear runs with: inside :func:`merged_adapters` the merged copy; a LoRA linear outside
+    it W + ΔW (a new tensor; its base alone with adapters disabled); any other linear its own."""
+    forward = layer.__dict__.get("forward")
+    if isinstance(forward, partial) and forward.func is _linear:
+        return forward.keywords["weight"], forward.keywords["bias"]
+    if isinstance(layer, LoraLinear):
+        base = layer.get_base_layer()
+        if layer.disable_adapters or layer.merged:
+            return base.weight, base.bias
+        with torch.no_grad():
+            return merged_weight(layer), base.bias
+    return layer.weight, layer.bias
 
 
 def merged_weights(module: nn.Module, named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

@@ -189,6 +189,7 @@ class ActorRolloutRefWorker(WeightSync, Worker):
                     **ids,
                     **sampling,
                     **partial_piece(inputs.batch, inputs.meta_info),
+                    **({} if self.engine is not None else {"compile_decode": rollout.compile_decode}),
                 )
                 rows, metrics = None, {}
         if self.plan.old_log_prob_from_rollout:  # the sampling policy is the pre-update policy

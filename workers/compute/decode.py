@@ -1,0 +1,270 @@
+"""A decode step of its own over a Llama-family model's weights, compiled once per batch bucket.
+
+``workers.compute.rollout.generate_sequences`` runs the HF module's forward once per token: about a dozen small
+eager ops per layer, each dispatched through the module tree, and a cache object's bookkeeping. Here the same
+math is one pure function over the weights (:func:`decode_step`), which ``torch.compile`` turns into one graph:
+
+- **Weights read, not copied.** Embedding, each layer's q/k/v/o, gate/up/down and RMSNorm weights, the rotary
+  frequencies and the (tied) LM head are the module's own tensors (a LoRA linear's merged copy inside
+  ``lora.merged_adapters``: ``lora.linear_weight``).
+- **A static KV cache.** The prefill (``rollout.prefill``, shared prompts run once) fills a cache preallocated at the
+  longest sequence (prompt + response length); each step writes its keys and values at one column (a 0-d tensor,
+  so the graph does not specialise on it) and attends over the whole cache under a boolean mask.
+- **Batch buckets.** The rows decoded are a bucket: 1, 2, 4, 8, … up to the batch (:func:`buckets`). Every
+  ``EOS_CHECK_INTERVAL`` tokens, when the live rows fit a smaller bucket, the cache is compacted to them; a
+  bucket's spare rows repeat a live row and write to a scratch row of the output. So a compiled step sees at most
+  ``len(buckets(B))`` shapes: one graph each (``dynamic=False``), and nothing recompiles after they are warm,
+  across steps too (the weights and the cache are arguments, guarded on shape and dtype only).
+- **Tokens as the HF loop's.** The math is HF's (RMSNorm in fp32, rotary in fp32 cast to the model's dtype,
+  softmax in fp32); greedy decoding gives the same tokens in fp32, and bf16 log-probs within bf16's tolerance.
+
+On CUDA the compiled step uses ``mode="reduce-overhead"``: each bucket's graph is captured as a CUDA graph and
+replayed. Where the model is not one this reads (:func:`supports`), the rollout keeps the HF loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from workers.parallel import lora
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")  # decoder blocks of the same shape: pre-norm, rotary, GQA, SwiGLU
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The model's shape constants the step specialises on (hashable: guarded by value)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    rope_scaling: float  # the rotary embedding's attention_scaling
+
+
+def decoder(model: nn.Module) -> nn.Module:
+    """The causal LM under a peft wrapper (``PeftModel.get_base_model``), or the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether :func:`read_weights` reads this model: a Llama-family decoder with full attention and SwiGLU."""
+    config = getattr(decoder(model), "config", None)
+    return (
+        config is not None
+        and config.model_type in SUPPORTED_MODEL_TYPES
+        and getattr(config, "hidden_act", "silu") == "silu"
+        and not getattr(config, "use_sliding_window", False)
+        and not any(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
+    )
+
+
+def read_weights(model: nn.Module) -> tuple[Spec, tuple]:
+    """(the :class:`Spec`, the weights as the step takes them): (embed (V, H), inv_freq (d/2,), final norm (H,),
+    head (V, H), layers), each layer (ln1, q, q_bias, k, k_bias, v, v_bias, o, o_bias, ln2, gate, up, down)."""
+    causal = decoder(model)
+    inner, config = causal.model, causal.config
+    layers = []
+    for block in inner.layers:
+        attn, mlp = block.self_attn, block.mlp
+        qkvo = [x for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj) for x in lora.linear_weight(proj)]
+        ffn = [lora.linear_weight(p)[0] for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+        layers.append((block.input_layernorm.weight, *qkvo, block.post_attention_layernorm.weight, *ffn))
+    rotary = inner.rotary_emb
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    spec = Spec(
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        eps=float(config.rms_norm_eps),
+        rope_scaling=float(rotary.attention_scaling),
+    )
+    head = lora.linear_weight(causal.lm_head)[0]
+    return spec, (inner.embed_tokens.weight, rotary.inv_freq, inner.norm.weight, head, tuple(layers))
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """weight · x / sqrt(mean(x²) + eps), computed in fp32 and cast back (HF's ``LlamaRMSNorm``). x (..., H)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding x·cos + rotate_half(x)·sin; x (B, heads, d), cos/sin (B, 1, d)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def decode_step(
+    token: Tensor,
+    position: Tensor,
+    column: Tensor,
+    mask: Tensor,
+    weights: tuple,
+    keys: Sequence[Tensor],
+    values: Sequence[Tensor],
+    spec: Spec,
+) -> Tensor:
+    """One token per row through the decoder: logits (B, V) after ``token`` (B,) at ``position`` (B,).
+
+    Writes each layer's key and value at cache ``column`` (0-d long) of ``keys``/``values`` (B, kv_heads, L, d),
+    then attends over the cache positions ``mask`` (B, L) bool marks (this token's column included).
+    attention: softmax(q·Kᵀ/√d + mask) · V, the q heads grouped over their kv head (no repeated K, V).
+    """
+    embed, inv_freq, norm, head, layers = weights
+    b, group = token.shape[0], spec.heads // spec.kv_heads
+    x = embed[token]  # (B, H)
+    freqs = position[:, None].float() * inv_freq.float()  # (B, d/2)
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, d)
+    cos, sin = ((f(angles) * spec.rope_scaling).to(x.dtype) for f in (torch.cos, torch.sin))
+    bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
+    bias = bias[:, None, None, :]  # (B, 1, 1, L)
+    index = column.view(1)
+    for (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, gate, up, down), k_cache, v_cache in zip(layers, keys, values):
+        h = rms_norm(x, ln1, spec.eps)
+        q = rotate(F.linear(h, wq, bq).view(b, spec.heads, spec.head_dim), cos, sin)
+        k = rotate(F.linear(h, wk, bk).view(b, spec.kv_heads, spec.head_dim), cos, sin)
+        v = F.linear(h, wv, bv).view(b, spec.kv_heads, spec.head_dim)
+        k_cache.index_copy_(2, index, k[:, :, None])
+        v_cache.index_copy_(2, index, v[:, :, None])
+        q = q.view(b, spec.kv_heads, group, spec.head_dim)
+        scores = torch.matmul(q, k_cache.transpose(-1, -2)).float() * spec.head_dim**-0.5  # (B, kvh, g, L)
+        probs = torch.softmax(scores + bias, dim=-1).to(x.dtype)
+        attn = torch.matmul(probs, v_cache).reshape(b, spec.heads * spec.head_dim)
+        x = x + F.linear(attn, wo, bo)
+        h = rms_norm(x, ln2, spec.eps)
+        x = x + F.linear(F.silu(F.linear(h, gate)) * F.linear(h, up), down)
+    return F.linear(rms_norm(x, norm, spec.eps), head)
+
+
+def buckets(batch: int) -> list[int]:
+    """The batch sizes a step runs at: the powers of two below ``batch``, then ``batch`` itself."""
+    sizes = [1 << i for i in range(batch.bit_length()) if 1 << i < batch]
+    return [*sizes, batch]
+
+
+def bucket(live: int, batch: int) -> int:
+    """The smallest bucket of ``batch`` that holds ``live`` rows."""
+    return next(size for size in buckets(batch) if size >= live)
+
+
+_COMPILED: dict[str, Callable] = {}
+RECOMPILE_LIMIT = 64  # graphs per code object: one per bucket and model shape (torch's default, 8, is too few)
+
+
+def compiled_step(device: torch.device) -> Callable:
+    """:func:`decode_step` under ``torch.compile(dynamic=False)``, one per process: each bucket's shapes compile
+    once (torch's inductor cache on disk keeps the kernels across runs and resumes). On CUDA ``reduce-overhead``
+    captures each bucket's graph as a CUDA graph."""
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    if mode not in _COMPILED:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        _COMPILED[mode] = torch.compile(decode_step, dynamic=False, mode=mode)
+    return _COMPILED[mode]
+
+
+AUTO_MIN_PARAMETERS = 50_000_000  # auto compiles models this large: below, compiling costs more than it saves
+
+
+def resolve(setting: Any, model: nn.Module) -> bool:
+    """Whether the rollout decodes with the compiled step: ``rollout.compile_decode`` true/false, or ``auto``: where
+    it was measured faster than the HF loop, compile time included (docs/benchmarks.md, "compiled decode"), for the
+    models :func:`supports`."""
+    if setting in (False, "false"):
+        return False
+    return supports(model) and (setting in (True, "true") or auto_compiles(model))
+
+
+def auto_compiles(model: nn.Module) -> bool:
+    """``compile_decode=auto``'s rule: a CPU or CUDA device, fp32 or bf16 weights, and a model of at least
+    ``AUTO_MIN_PARAMETERS`` (a tiny test model decodes in less time than its graphs take to compile)."""
+    weight = next(model.parameters())
+    large = sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMETERS
+    return large and weight.device.type in ("cpu", "cuda") and weight.dtype in (torch.float32, torch.bfloat16)
+
+
+def mark_static(tensors: Sequence[Tensor]) -> None:
+    """On CUDA, tell the graph capture these inputs (the cache) keep their address across replays."""
+    for t in tensors:
+        if t.device.type == "cuda":
+            torch._dynamo.mark_static_address(t)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    *,
+    response_length: int,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int,
+    compiled: bool = True,
+    return_log_probs: bool = False,
+    partial: Any = None,
+    **sampling: Any,
+) -> dict[str, Tensor]:
+    """``rollout.generate_sequences``'s contract (same arguments, same outputs) with :func:`decode_step` per token,
+    compiled per bucket when ``compiled``; ``sampling``: temperature, top_p, top_k, do_sample, generator."""
+    from workers.compute import rollout as hf  # the HF loop's pieces (it imports this module lazily)
+
+    device = next(model.parameters()).device
+    batch, prompt_length = input_ids.shape
+    cache, logits = hf.prefill(model, input_ids, attention_mask, position_ids, prompt_length + response_length)
+    input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
+    spec, weights = read_weights(model)
+    keys, values = [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
+    step = compiled_step(device) if compiled else decode_step
+    eos = hf._eos_tensor(eos_token_id, device)
+    # row ``batch`` is scratch: a bucket's spare rows write there
+    responses = torch.full((batch + 1, response_length), pad_token_id, dtype=input_ids.dtype, device=device)
+    response_mask = torch.zeros((batch + 1, response_length), dtype=attention_mask.dtype, device=device)
+    log_probs = torch.zeros((batch + 1, response_length), dtype=torch.float32, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    mask = torch.cat([attention_mask.bool(), attention_mask.new_zeros(batch, response_length, dtype=torch.bool)], -1)
+    position = position_ids[:, -1]
+    columns = torch.arange(prompt_length, prompt_length + response_length, device=device)
+    rows, real = torch.arange(batch, device=device), batch  # rows[:real] are batch rows, the rest spare
+    full = torch.full((batch,), response_length, device=device)
+    budget = full if partial is None else partial.budget.to(device)
+    temperature = sampling.get("temperature", 1.0)
+    for t in range(response_length):
+        token = hf.sample_next_token(logits, **sampling)
+        if return_log_probs:
+            log_probs[rows, t] = hf.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
+        token = torch.where(finished, pad_token_id, token)
+        responses[rows, t] = token
+        response_mask[rows, t] = (~finished).to(response_mask.dtype)
+        finished |= torch.isin(token, eos) | (budget <= t + 1)
+        if t == response_length - 1:
+            break
+        if (t + 1) % hf.EOS_CHECK_INTERVAL == 0:
+            live, enough = hf._live_rows(finished[:real], rows[:real], batch, partial)
+            if live == 0 or enough:
+                break
+            if (size := bucket(live, batch)) < len(rows):  # compact the cache to the live rows' bucket
+                keep = hf.live_rows(finished[:real], live)
+                index = torch.cat([keep, keep[:1].expand(size - live)])  # spare rows repeat a live row
+                keys, values = ([c.index_select(0, index) for c in cache] for cache in (keys, values))
+                mask, position, token, budget = (x[index] for x in (mask, position, token, budget))
+                rows = torch.cat([rows[keep], rows.new_full((size - live,), batch)])
+                finished = torch.cat([finished[keep], finished.new_ones(size - live)])
+                real = live
+        mask[:, prompt_length + t] = True
+        position = position + 1
+        mark_static([*keys, *values])
+        logits = step(token, position, columns[t], mask, weights, keys, values, spec)
+    out = hf.rollout_batch(input_ids, attention_mask, position_ids, responses[:batch], response_mask[:batch])
+    if return_log_probs:
+        out["rollout_log_probs"] = log_probs[:batch]
+    if partial is not None:
+        out["ended"] = hf._ended(finished[:real], rows[:real], batch)
+    return out
