@@ -75,7 +75,7 @@ def _teachers(cfg: Any) -> dict[str, str]:
     return {role: f"distillation.teacher_models.{name}.model_path" for role, name in roles.items()}
 
 
-WORKERS = "workers.roles.fsdp_workers"
+WORKERS, SCORING = "workers.roles.fsdp_workers", "workers.roles.scoring_workers"
 ROLES: tuple[WorkerRole, ...] = (
     WorkerRole(
         "actor",
@@ -118,7 +118,7 @@ ROLES: tuple[WorkerRole, ...] = (
         value_head=True,
         held=lambda s: s.plan.use_critic,
         worker="critic",
-        worker_class=f"{WORKERS}:CriticWorker",
+        worker_class=f"{SCORING}:CriticWorker",
         init_args=lambda cfg, plan: dict(config=cfg.critic, plan=plan),
     ),
     WorkerRole(  # verl's reward model section has its path and options in one place (no model sub-section)
@@ -130,7 +130,7 @@ ROLES: tuple[WorkerRole, ...] = (
         value_head=True,
         held=lambda s: s.reward_model,
         worker="rm",
-        worker_class=f"{WORKERS}:RewardModelWorker",
+        worker_class=f"{SCORING}:RewardModelWorker",
         init_args=lambda cfg, plan: dict(config=cfg.reward.reward_model),
     ),
     WorkerRole(  # frozen, offloaded between its forwards (config.distillation.teacher_fsdp_config)
@@ -143,7 +143,7 @@ ROLES: tuple[WorkerRole, ...] = (
         instances=_teachers,
         fsdp=lambda cfg: teacher_fsdp_config(cfg.actor_rollout_ref),
         worker="teacher",
-        worker_class=f"{WORKERS}:TeacherWorker",
+        worker_class=f"{SCORING}:TeacherWorker",
         init_args=lambda cfg, plan: dict(config=cfg.distillation, actor_rollout_ref=cfg.actor_rollout_ref, plan=plan),
     ),
 )

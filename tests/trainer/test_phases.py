@@ -20,7 +20,8 @@ from trainer.preflight.memory_estimate import model_sizes
 from trainer.preflight.memory_phases import ESTIMATORS, estimate_memory
 from trainer.running.faults import MEMORY_KEYS, _memory_hint
 from trainer.running.step import PhaseSteps, StepState
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker
+from workers.roles.fsdp_workers import ActorRolloutRefWorker
+from workers.roles.scoring_workers import CriticWorker, RewardModelWorker, TeacherWorker
 
 # between them, these plans run every phase of the table
 PLANS = {
@@ -174,7 +175,7 @@ OTHER_MEANINGS = {
     ("workers/compute/actor.py", "actor"): "the metrics' namespace (verl's actor/...)",
     ("workers/compute/critic.py", "critic"): "the metrics' namespace (verl's critic/...)",
     ("workers/roles/fsdp_workers.py", "actor"): "the metrics' namespace (verl's actor/...)",
-    ("workers/roles/fsdp_workers.py", "critic"): "the metrics' namespace (verl's critic/...)",
+    ("workers/roles/scoring_workers.py", "critic"): "the metrics' namespace (verl's critic/...)",
     ("workers/roles/fsdp_workers.py", "actor_rollout"): "verl's role argument of ActorRolloutRefWorker",
     ("workers/roles/fsdp_workers.py", "ref"): "verl's role argument of ActorRolloutRefWorker",
 }

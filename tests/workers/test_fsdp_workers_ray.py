@@ -18,7 +18,8 @@ from single_controller import (
     create_colocated_worker_cls,
 )
 from tests.workers.helpers import actor_config, critic_config, make_prompts, worker_config
-from workers.roles.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+from workers.roles.fsdp_workers import ActorRolloutRefWorker
+from workers.roles.scoring_workers import CriticWorker
 
 P, R, N, PROMPTS = 6, 5, 2, 4  # 4 prompts × n=2 = 8 rows, 4 per rank
 

@@ -1,2 +1,2 @@
-"""The Ray role workers (``fsdp_workers``: actor + rollout + reference, critic, reward model), a role's placement
-and trained state (``role``)."""
+"""The Ray role workers (``fsdp_workers``: actor + rollout + reference; ``scoring_workers``: teacher, critic,
+reward model), a role's placement and trained state (``role``)."""

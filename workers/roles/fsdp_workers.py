@@ -1,5 +1,5 @@
-"""Ray-side role workers: the actor/rollout/reference worker, the critic, the reward model and the distillation
-teachers, on FSDP2.
+"""Ray-side role workers on FSDP2: the actor/rollout/reference worker, and the helpers every role's process uses
+(the scoring roles, critic, reward model and distillation teachers, are ``scoring_workers``).
 
 Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed method
 runs on every rank with its chunk of the batch. Each data method is one phase of ``config.phases``: it takes its
@@ -21,7 +21,6 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config.distillation import active_teachers, teacher_fsdp_config, uses_topk
 from config.phases import PROMPT, uses_full_kl
 from config.plan import StepPlan
 from single_controller.base.register import Dispatch, register
@@ -29,11 +28,8 @@ from single_controller.base.worker import Worker
 from single_controller.data_proto import DataProto
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.agent_loop import build_agent_loop
-from workers.compute.critic import DataParallelPPOCritic, load_value_model
-from workers.compute.reward_model import compute_rm_scores, load_reward_model
 from workers.compute.rollout import eos_token_ids, generate_sequences, partial_piece
 from workers.compute.step_store import STORE
-from workers.compute.teacher import merge_by_rows, score_batch, teacher_rows
 from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler
 from workers.parallel import fsdp, lora
 from workers.roles.role import FrozenRole, TrainedRole
@@ -44,7 +40,7 @@ ROLES = ("actor_rollout", "ref", "actor_rollout_ref")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
 
 
-def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
+def setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
     """CPU threads (workers × threads ≤ cores) and malloc, per-rank seed, determinism, the torch.distributed world."""
     if worker.device.type == "cpu":
         torch.set_num_threads(malloc.compute_threads(worker.local_world_size))
@@ -55,7 +51,7 @@ def _setup_process(worker: Worker, seed: int, deterministic: bool) -> None:
     worker.init_process_group()
 
 
-def _check_world(worker: Worker, plan: StepPlan) -> None:
+def check_world(worker: Worker, plan: StepPlan) -> None:
     if plan.n_workers != worker.world_size:
         raise ValueError(f"the step plan is for {plan.n_workers} workers, this group has {worker.world_size}")
 
@@ -87,7 +83,7 @@ class ActorRolloutRefWorker(WeightSync, Worker):
         self.distillation = distillation  # the distillation section: its loss joins the actor's when enabled
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; valid: {list(ROLES)}")
-        _check_world(self, plan)
+        check_world(self, plan)
         self.config, self.role, self.plan = config, role, plan
         self._is_actor = role in ("actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
@@ -100,7 +96,7 @@ class ActorRolloutRefWorker(WeightSync, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
         """Load tokenizer and model(s), shard them, build optimizer and LR schedule (actor role only)."""
-        _setup_process(self, seed, deterministic)
+        setup_process(self, seed, deterministic)
         cfg = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         remove_padding = cfg.model.use_remove_padding
@@ -272,130 +268,3 @@ class ActorRolloutRefWorker(WeightSync, Worker):
     def load_checkpoint(self, path: str) -> None:
         """Restore what ``save_checkpoint`` wrote (from any world size)."""
         self.trained.load(path)
-
-
-class TeacherWorker(Worker):
-    """The frozen distillation teachers (``distillation.teacher_models``), each a causal LM sharded like the
-    reference (``actor_rollout_ref.ref.fsdp_config``) and offloaded between its forwards (``FrozenRole``): on CUDA
-    its parameters wait in host memory; on a CPU the device is host memory, so nothing moves, and what the teacher
-    holds between forwards is its FSDP shard (1/n of its weights on each of n workers; the gathered copy of a
-    forward is freed when it ends). ``config`` is the ``distillation`` section, ``actor_rollout_ref`` the student's:
-    its model's remove-padding and fused-kernel settings, the actor's prefix grouper and the rollout's log-prob
-    micro-batches shape the teacher's forwards as they do the old log-probs'."""
-
-    def __init__(self, config: Any, actor_rollout_ref: Any, plan: StepPlan) -> None:
-        super().__init__()
-        _check_world(self, plan)
-        self.config, self.arr, self.plan = config, actor_rollout_ref, plan
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
-        """Load every teacher and shard it (``total_training_steps`` is unused: teachers do not train)."""
-        _setup_process(self, seed, deterministic)
-        trust = self.arr.model.trust_remote_code
-        self.teachers = {
-            name: FrozenRole(
-                self,
-                AutoModelForCausalLM.from_pretrained(teacher.model_path, dtype=torch.float32, trust_remote_code=trust),
-                teacher_fsdp_config(self.arr),
-            )
-            for name, teacher in active_teachers(self.config).items()
-        }
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
-        """The teachers' scores of the responses (``workers.compute.teacher``): ``teacher_log_probs`` (B, R), or
-        ``teacher_topk_ids`` and ``teacher_topk_log_probs`` (B, R, k) for the top-k loss."""
-        inputs, rollout, model = STORE.inputs(data), self.arr.rollout, self.arr.model
-        rows = teacher_rows(inputs, active_teachers(self.config), self.config.teacher_key)
-        loss = self.config.distillation_loss
-        scores = {}
-        for name, teacher in self.teachers.items():
-            with teacher.onloaded():
-                scores[name] = score_batch(
-                    teacher.module,
-                    inputs,
-                    rollout.log_prob_micro_batch_size_per_gpu,
-                    rollout.log_prob_max_token_len_per_gpu if rollout.log_prob_use_dynamic_bsz else None,
-                    model.use_remove_padding,
-                    model.use_fused_kernels,
-                    loss.topk if uses_topk(self.config) else None,
-                    share_prompts=self.arr.actor.use_prefix_grouper,
-                )
-        out = next(iter(scores.values())) if rows is None else merge_by_rows(scores, rows)
-        return STORE.outputs(data, out)
-
-
-class CriticWorker(Worker):
-    """The value model. ``config`` is the ``critic`` section (``config.model.path`` resolved by the trainer)."""
-
-    def __init__(self, config: Any, plan: StepPlan) -> None:
-        super().__init__()
-        _check_world(self, plan)
-        self.config, self.plan = config, plan
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
-        """Load the value model (zero-initialised head), shard it, build optimizer and LR schedule."""
-        cfg = self.config
-        _setup_process(self, seed, deterministic)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-        model = load_value_model(cfg.model.path, cfg.model.trust_remote_code, cfg.model.override_config)
-        if cfg.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.trained = TrainedRole(self, model, cfg.fsdp, cfg.optim, total_training_steps)
-        self.critic = DataParallelPPOCritic(
-            self.trained.module,
-            self.trained.optimizer,
-            self.trained.lr_scheduler,
-            cfg,
-            self.plan.critic_mini_batch_size,
-        )
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_values(self, data: DataProto) -> DataProto:
-        """``values`` (B, R): V(s) before each response token, zero outside the response mask."""
-        with self.trained.onloaded():
-            values = self.critic.compute_values(STORE.inputs(data))
-        return STORE.outputs(data, {"values": values})
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_critic(self, data: DataProto) -> DataProto:
-        """One value-loss update on this rank's rows; returns ``meta_info["metrics"]``."""
-        inputs = STORE.inputs(data)
-        return self.trained.update("critic", inputs, lambda: self.critic.update_critic(inputs), self.config.ppo_epochs)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        """Write the value model under ``path`` (HF directory + optimizer, scheduler, RNG state)."""
-        self.trained.save(path, self.tokenizer)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        """Restore what ``save_checkpoint`` wrote (from any world size)."""
-        self.trained.load(path)
-
-
-class RewardModelWorker(Worker):
-    """A frozen sequence-classification reward model. ``config`` is the ``reward.reward_model`` section.
-
-    It scores the policy's token ids as they are: the RM must share the policy's tokenizer (a different
-    RM tokenizer, with decode and re-encode, is not supported yet).
-    """
-
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.config = config
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self, total_training_steps: int = 0, seed: int = 1, deterministic: bool = False) -> None:
-        """Load the reward model and shard it (``total_training_steps`` is unused: it does not train)."""
-        _setup_process(self, seed, deterministic)
-        self.rm = FrozenRole(self, load_reward_model(self.config.model_path), self.config.fsdp_config)
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_rm_score(self, data: DataProto) -> DataProto:
-        """``rm_scores`` (B, R): each sequence's score at its last valid response token, 0 elsewhere."""
-        with self.rm.onloaded():
-            scores = compute_rm_scores(self.rm.module, STORE.inputs(data), self.config.micro_batch_size_per_gpu)
-        return STORE.outputs(data, {"rm_scores": scores})
