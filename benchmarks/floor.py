@@ -63,11 +63,12 @@ from single_controller.data_proto import DataProto
 from workers.compute import attention
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.critic import DataParallelPPOCritic, load_value_model
-from workers.compute.rollout import eos_token_ids, generate_sequences
+from workers.compute.rollout import generate_sequences
 from workers.parallel import fsdp, lora
 from workers.parallel.master_weights import on_one_rank, optimizer_for
 from workers.roles.fsdp_workers import load_causal_lm
 from workers.runtime import malloc, perf
+from workers.tools.turns import eos_token_ids
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 FORWARD_PHASES = ("old_log_prob", "ref", "values")

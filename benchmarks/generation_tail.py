@@ -34,7 +34,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.common import default_device, emit, machine
 from benchmarks.greedy_accuracy import prompt_text
-from workers.compute.rollout import eos_token_ids, generate_sequences
+from workers.compute.rollout import generate_sequences
+from workers.tools.turns import eos_token_ids
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -31,8 +31,8 @@ from data.dataset import RLHFDataset
 from data.reward import RewardManager
 from single_controller.data_proto import DataProto
 from workers.compute.agent_loop import AgentLoop
-from workers.compute.rollout import eos_token_ids
 from workers.tools import ToolBox, load_tools
+from workers.tools.turns import eos_token_ids
 
 
 def main() -> None:

@@ -108,6 +108,19 @@ def env_for(home: Path) -> dict[str, str]:
     return {**os.environ, "HOME": str(home), "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
 
 
+def python(args: list[str], user_home: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the repository, with the README's user home."""
+    return subprocess.run(
+        [sys.executable, *args],
+        input=stdin,
+        cwd=ROOT,
+        env=env_for(user_home),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.fixture(scope="module")
 def dry_runs(user_home) -> dict[str, dict]:
     """Each README ``python main.py`` line's dry run: its status and output, all in one process."""
@@ -115,15 +128,7 @@ def dry_runs(user_home) -> dict[str, dict]:
     for line in MAIN:
         argv = expand(line, user_home)[2:]
         argvs.append(argv if "trainer.dry_run=true" in argv else [*argv, "trainer.dry_run=true"])
-    out = subprocess.run(
-        [sys.executable, "-c", DRY_RUNNER],
-        input=json.dumps(argvs),
-        cwd=ROOT,
-        env=env_for(user_home),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = python(["-c", DRY_RUNNER], user_home, stdin=json.dumps(argvs))
     results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"status"')]
     assert len(results) == len(MAIN), out.stderr[-3000:]
     return dict(zip(MAIN, results, strict=True))
@@ -145,9 +150,7 @@ def test_a_readme_command_line_checks_and_plans(line, dry_runs):
 def test_the_readme_separate_async_line_trains_a_step_ahead(user_home, tmp_path):
     """Two real steps of the README's line: the second trains on a batch generated under the first step's weights."""
     argv = [*expand(ASYNC[0], user_home), "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}"]
-    out = subprocess.run(
-        [sys.executable, *argv[1:]], cwd=ROOT, env=env_for(user_home), capture_output=True, text=True, timeout=300
-    )
+    out = python(argv[1:], user_home)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     rows = [json.loads(row) for row in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = [row for row in rows if "training/off_policy/trajectory_staleness/mean" in row]
@@ -156,14 +159,7 @@ def test_the_readme_separate_async_line_trains_a_step_ahead(user_home, tmp_path)
 
 
 def test_every_module_the_readme_names_answers_help(user_home):
-    out = subprocess.run(
-        [sys.executable, "-c", HELP_RUNNER, *MODULES],
-        cwd=ROOT,
-        env=env_for(user_home),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = python(["-c", HELP_RUNNER, *MODULES], user_home)
     results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"module"')]
     assert [r["module"] for r in results] == MODULES, out.stderr[-3000:]
     assert [r for r in results if r["status"] != 0 or not r["usage"]] == [], out.stderr[-3000:]

