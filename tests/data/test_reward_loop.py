@@ -103,6 +103,7 @@ def test_a_judge_down_for_the_whole_batch_is_one_error(char_tokenizer, judge):
         manager(_batch(char_tokenizer, ["2"] * 3))
 
 
+@pytest.mark.slow  # a minute of Ray runs: make test keeps under its 20 minutes
 def test_remote_scores_in_ray_workers_and_replaces_a_hung_one(ray_cluster, char_tokenizer, judge):
     function = functools.partial(judge_score, url=judge)  # the cluster's workers started before the URL was set
     manager = RemoteRewardManager(char_tokenizer, compute_score=function, num_workers=8, timeout=1.0)

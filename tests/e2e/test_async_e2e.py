@@ -11,6 +11,10 @@ from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
 from trainer.running.build import build_trainer
 
+pytestmark = (
+    pytest.mark.slow
+)  # the separate_async mode's minute-long runs; make test trains the README's separate_async line
+
 STALENESS = [f"training/off_policy/trajectory_staleness/{s}" for s in ("mean", "max", "min")]
 
 

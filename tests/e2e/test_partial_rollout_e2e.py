@@ -11,6 +11,9 @@ from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
 from trainer.running.build import build_trainer
 
+# colocate_async's minute-long runs; its pieces are tests/workers/test_partial_rollout.py
+pytestmark = pytest.mark.slow
+
 OFF_POLICY = "training/off_policy"
 SPANS = [f"{OFF_POLICY}/trajectory_spans/{s}" for s in ("mean", "max", "min")]
 

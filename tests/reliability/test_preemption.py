@@ -66,6 +66,7 @@ def preempted_run(tmp_path, assets, sig: signal.Signals, more: tuple[str, ...] =
     return args, stopped_at
 
 
+@pytest.mark.slow  # a minute of Ray runs: make test keeps under its 20 minutes
 def test_sigterm_to_the_group_checkpoints_the_step_and_the_same_command_continues_from_it(tmp_path, assets):
     args, stopped_at = preempted_run(tmp_path, assets, signal.SIGTERM)
     second = run_child(args, cwd=tmp_path)
