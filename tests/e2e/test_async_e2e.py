@@ -11,9 +11,8 @@ from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl
 from trainer.running.build import build_trainer
 
-pytestmark = (
-    pytest.mark.slow
-)  # the separate_async mode's minute-long runs; make test trains the README's separate_async line
+# the separate_async mode's minute-long runs; make test trains the README's separate_async line
+pytestmark = pytest.mark.slow
 
 STALENESS = [f"training/off_policy/trajectory_staleness/{s}" for s in ("mean", "max", "min")]
 
