@@ -22,7 +22,7 @@ class EstimatorSpec(NamedTuple):
     options: tuple[str, ...] = ()
 
 
-# what each input is, and so which phase of a step must produce it (config.plan reads the registry)
+# what each input is, and so which phase of a step must produce it (planner.plan reads the registry)
 ESTIMATOR_INPUTS = {
     "values": "the critic's values (bs, response_length)",
     "index": "each response's prompt group (uid): rollout.n > 1",

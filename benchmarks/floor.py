@@ -58,7 +58,7 @@ from benchmarks.common import (
     vocabulary_variant,
 )
 from benchmarks.memory import PhasePeaks, reset_peak_rss, storage_bytes
-from config.phases import uses_full_kl
+from planner.phases import uses_full_kl
 from single_controller.data_proto import DataProto
 from workers.compute import attention
 from workers.compute.actor import DataParallelPPOActor

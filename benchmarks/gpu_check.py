@@ -55,7 +55,7 @@ PROMPTS, N, PROMPT_LENGTH, RESPONSE_LENGTH = 8, 4, 96, 64
 # the tiny built-in model of --quick (no SFT warm-up: nothing is trained before the check)
 TINY = ["builtin.hidden_size=32", "builtin.num_layers=1", "builtin.sft_warmup_steps=0"]
 # the hf rollout's log-probs would be the old ones and no forward would compare with them: Σπ² makes the old-log-prob
-# forward run (config.plan), so the rollout-vs-trainer gap is measured for hf as for vLLM
+# forward run (planner.plan), so the rollout-vs-trainer gap is measured for hf as for vLLM
 GAP_KEYS = [
     "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
     "actor_rollout_ref.actor.skip_on_policy_old_log_prob=false",

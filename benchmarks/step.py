@@ -110,7 +110,7 @@ def step_flops(cfg: Any, metrics: dict[str, float], sequences: int) -> float:
     """
     import torch
 
-    from config.phases import uses_full_kl
+    from planner.phases import uses_full_kl
 
     seq_lens = torch.full((sequences,), metrics["prompt_length/mean"] + metrics["response_length/mean"])
     ran = {k.removeprefix("timing_s/") for k in metrics if k.startswith("timing_s/")}

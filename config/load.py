@@ -1,10 +1,10 @@
 """Loading ColoRL's configuration: compose with Hydra, build the typed config, check what spans components.
 
-``load_config`` composes ``conf/<name>.yaml`` and the command-line overrides on top of the schema's defaults
-(``config.schema``), then builds the frozen, fully resolved ``PPOConfig``: every key is checked against the
-schema (unknown keys, types, ``Literal`` choices, each component's ranges), and the batch arithmetic is checked
-by computing the step plan (``config.plan``). Every problem is a ``ConfigError`` whose message names the full key,
-the value and what is valid, e.g. ``data.train_batch_size=0: must be a positive integer``.
+``compose_config`` composes ``conf/<name>.yaml`` and the command-line overrides on top of the schema's defaults
+(``config.schema``), then builds the frozen, fully resolved ``PPOConfig``: every key is checked against the schema
+(unknown keys, types, ``Literal`` choices, each component's ranges). The batch arithmetic is checked one layer up,
+by computing the step plan (``planner.load_config``). Every problem is a ``ConfigError`` whose message names the
+full key, the value and what is valid, e.g. ``data.train_batch_size=0: must be a positive integer``.
 
 Which preset: a command line that names a model or data (``actor_rollout_ref.model.path``, ``data.train_files``)
 runs on ``conf/ppo_trainer.yaml``, verl's defaults, so a verl command line means what it means in verl; one that
@@ -28,7 +28,6 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from config.adapter import Adapter, installed
 from config.checks import ConfigError, is_int, is_number
-from config.plan import StepPlan, make_plan, num_workers
 from config.schema import PPOConfig
 from config.tree import InertTree, plain
 
@@ -53,7 +52,7 @@ def split_command_line(args: Sequence[str], adapter: Adapter | None = None) -> t
     The preset is the one named (``--config-name``/``-cn``), else ``preset_for`` the overrides; ``adapter``
     (default: the installed one, ``config.adapter``) moves older key paths to the schema's. Hydra's own arguments
     (flags such as ``--help``, ``--cfg job``, ``-m``, and ``hydra.*`` keys) need Hydra's application; without them
-    the overrides are composed by ``load_with_plan``.
+    the overrides are composed by ``compose_config``.
     """
     config_name, overrides = None, []
     rest = iter(args)
@@ -69,20 +68,13 @@ def split_command_line(args: Sequence[str], adapter: Adapter | None = None) -> t
     return config_name or preset_for(overrides), overrides, hydra_app
 
 
-def load_config(
+def compose_config(
     overrides: Sequence[str] = (), config_name: str | None = None, adapter: Adapter | None = None
 ) -> PPOConfig:
     """The typed config of ``conf/<config_name>.yaml`` (default: ``preset_for(overrides)``) with Hydra-style
     ``overrides`` (``["data.train_batch_size=8"]``; another dialect's keys through ``adapter``, default the
-    installed one), checked, including the batch arithmetic for its ``trainer.n_gpus_per_node × trainer.nnodes``
-    workers."""
-    return load_with_plan(overrides, config_name, adapter)[0]
-
-
-def load_with_plan(
-    overrides: Sequence[str] = (), config_name: str | None = None, adapter: Adapter | None = None
-) -> tuple[PPOConfig, StepPlan]:
-    """``load_config``'s config and the step plan that checked it (composed and computed once, then passed on)."""
+    installed one), checked against the schema. The batch arithmetic spans components: the step planner checks it
+    (``planner.load_config``)."""
     adapter = adapter or installed()
     overrides = [_plain_if_known(o) for o in adapter.overrides(overrides)]
     try:
@@ -90,8 +82,7 @@ def load_with_plan(
             composed = compose(config_name=config_name or preset_for(overrides), overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc) from exc
-    cfg = to_config(composed, adapter)
-    return cfg, make_plan(cfg, num_workers(cfg))
+    return to_config(composed, adapter)
 
 
 def _plain_if_known(override: str) -> str:

@@ -1,6 +1,6 @@
 """verl's run-level machinery ColoRL has its own way of doing: Ray's start-up, the trainer's v1 modes, the
 transfer queue, skipping rollouts from a dump. Loaded with verl's defaults; ``cli.inert`` says what ColoRL does
-with each key, ``trainer.running.run`` reads ``ray_kwargs``, ``config.trainer_modes`` reads ``trainer.v1``.
+with each key, ``trainer.running.run`` reads ``ray_kwargs``, ``planner.trainer_modes`` reads ``trainer.v1``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class RayKwargsConfig:
 
 
 class TrainerV1Tree(InertTree):
-    """verl's trainer modes, read by ``config.trainer_modes`` (the keys it does not honour: ``cli.inert``)."""
+    """verl's trainer modes, read by ``planner.trainer_modes`` (the keys it does not honour: ``cli.inert``)."""
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "trainer_mode": "sync",

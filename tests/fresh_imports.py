@@ -19,7 +19,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-PACKAGES = ("single_controller", "algos", "config", "workers", "trainer", "data", "verl_compat")
+PACKAGES = ("single_controller", "algos", "config", "planner", "workers", "trainer", "data", "verl_compat")
 
 
 def run_at_import(tree: ast.AST):

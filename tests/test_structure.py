@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("single_controller", "algos", "config", "workers", "data", "trainer", "main")
+LAYERS = ("single_controller", "algos", "config", "planner", "workers", "data", "trainer", "main")
 DOOR = "verl_compat"
 SUBLAYERS = {  # lowest first; a module directly in the package (not in a subpackage) ranks lowest
     "workers": ("parallel", "checkpoint", "tools", "compute", "runtime", "roles"),

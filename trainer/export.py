@@ -28,7 +28,7 @@ from transformers import (
     GenerationConfig,
 )
 
-from config.worker_roles import ACTOR, ROLES
+from planner.worker_roles import ACTOR, ROLES
 from trainer.state.checkpoint import LATEST, PREFIX, CheckpointError, CheckpointManager, check_checkpoint
 from trainer.state.run_dir import LOCK
 from workers.checkpoint.shards import PlainLoadPlanner, PlainReader, check_fits

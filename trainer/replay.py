@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from config import ConfigError, PPOConfig, make_plan, replace_keys, to_config
+from config import ConfigError, PPOConfig, replace_keys, to_config
+from planner import make_plan
 from trainer.observing.tracking import read_metrics
 from trainer.state.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 

@@ -34,7 +34,7 @@ ACTOR_TARGET = "verl.workers.config.FSDPActorConfig"
 class RolloutCorrectionConfig:
     """verl's ``algorithm.rollout_correction``: importance weights and rejection between the rollout engine's
     policy and the trained one (``algos.rollout_correction``). Every switch needs the rollout's per-token
-    log-probs (``rollout.calculate_log_probs``; ``config.plan`` checks). ColoRL's rollout is the pre-update policy
+    log-probs (``rollout.calculate_log_probs``; ``planner.plan`` checks). ColoRL's rollout is the pre-update policy
     itself, so its log-probs are the old ones whenever computed: bypass mode is the only mode."""
 
     rollout_is: Literal["token", "sequence"] | None = None  # importance weights per token or per sequence
@@ -90,7 +90,7 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
     strategy: Strategy = "fsdp"
-    ppo_mini_batch_size: int = 256  # prompts (global); × rollout.n / workers per rank (config.plan)
+    ppo_mini_batch_size: int = 256  # prompts (global); × rollout.n / workers per rank (planner.plan)
     ppo_micro_batch_size: int | None = None  # verl's global micro-batch: ÷ workers -> the per-GPU key (cli.normalize)
     ppo_micro_batch_size_per_gpu: int | None = None  # sequences per forward/backward on one worker
     use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu

@@ -4,7 +4,8 @@ yet refused with the reason, each in one line before anything starts; and the pl
 import pytest
 
 import algos
-from config import ConfigError, load_config, make_plan
+from config import ConfigError
+from planner import load_config, make_plan
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import algos
-from config import ConfigError, load_config, make_plan, replace_keys
+from config import ConfigError, replace_keys
+from planner import load_config, make_plan
 from tests.workers.helpers import build_tiny_checkpoint, make_update_batch
 from trainer.running.advantage import compute_advantage
 from workers.compute.actor import DataParallelPPOActor

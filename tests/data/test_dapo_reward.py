@@ -2,10 +2,11 @@
 
 import pytest
 
-from config import ConfigError, load_config
+from config import ConfigError
 from config.sections.reward import OverlongBufferConfig
 from data.reward import DAPORewardManager, RewardManager, overlong_penalty
 from data.reward_loop import REWARD_MANAGERS
+from planner import load_config
 from tests.data.test_data_reward import _batch
 from trainer.running.build import make_reward_manager
 

@@ -9,10 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from config import ConfigError, load_config
+from config import ConfigError
 from data.dataset import RLHFDataset
 from data.preprocess import arith, gsm8k
 from data.reward import RewardManager
+from planner import load_config
 from single_controller import DataProto
 from tests.data.gsm8k_fixture import printable_tokenizer, write_gsm8k
 

@@ -140,7 +140,7 @@ def test_gdpo_gives_the_dict_per_key_with_the_experiment_name(char_tokenizer):
 
 
 def test_config_builds_verls_reward_loop_managers_from_its_keys(char_tokenizer):
-    from config import load_config
+    from planner import load_config
     from trainer.running.build import make_reward_manager
 
     def build(*overrides):

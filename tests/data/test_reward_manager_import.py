@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from benchmarks.judge import URL_VAR, async_judge_score, serve
-from config import ConfigError, load_config
+from config import ConfigError
 from data.reward import RewardManager
 from data.reward_loop import ImportedRewardManager
 from data.tasks import default_compute_score
+from planner import load_config
 from single_controller.data_proto import DataProto
 from trainer.running.build import make_reward_manager
 

@@ -9,10 +9,11 @@ is the real path: config, parquet files, tokenizer from disk, datasets, reward m
 import pytest
 import torch
 
-from config import ConfigError, load_config
+from config import ConfigError
 from data.builtin import write_parquet
 from data.preprocess.gsm8k import preprocess
 from data.tasks import make_splits
+from planner import load_config
 from single_controller import DataProto
 from tests.data.gsm8k_fixture import printable_tokenizer, save_tiny_model, write_gsm8k
 from trainer.running.build import build_trainer

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from config import ConfigError, load_config, make_plan
+from config import ConfigError
+from planner import load_config, make_plan
 from trainer.replay import ReplayError, check_phase, compared
 from trainer.running.groups import uses_ray
 

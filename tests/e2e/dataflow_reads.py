@@ -3,7 +3,7 @@
 ``record_reads`` (run in each worker through ``__ray_call__``) wraps every tensor a routed phase gets from its step
 store's ``inputs`` in a ``Recorded`` tensor: moving its rows or device keeps the wrapper, any other use (an op, its
 shape) notes the key under the phase and unwraps. ``recorded_reads`` returns what was noted; ``assert_declared``
-compares it with the routes of the plan (``config.phases.declare_flows``): a phase given a key it never uses, or
+compares it with the routes of the plan (``planner.phases.declare_flows``): a phase given a key it never uses, or
 missing one it needs (it would fail on the missing key), shows up there.
 """
 

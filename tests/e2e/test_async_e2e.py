@@ -5,7 +5,7 @@ holds the trainer's weights after each sync, and a resume with a batch in flight
 import pytest
 import torch
 
-from config import load_config
+from planner import load_config
 from tests.e2e.runs import run_keys
 from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl

@@ -11,7 +11,8 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config import ConfigError, load_config
+from config import ConfigError
+from planner import load_config
 from tests.e2e.test_ppo_e2e import read_jsonl
 from tests.reliability.conftest import tmpfs
 from tests.wandb_offline import history, run_files, wandb_records

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from config import load_config
+from planner import load_config
 from trainer.running.build import build_trainer
 
 

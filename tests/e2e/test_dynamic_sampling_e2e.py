@@ -3,7 +3,7 @@ drop the groups without signal and train on the kept rows' own tensors; a resume
 
 import pytest
 
-from config import load_config
+from planner import load_config
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.e2e.runs import run_keys
 from tests.e2e.test_checkpoint import COMPARED

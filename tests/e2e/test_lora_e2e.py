@@ -12,7 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
-from config import load_config
+from planner import load_config
 from tests.e2e.test_checkpoint import run
 from tests.e2e.test_ppo_e2e import read_jsonl
 from workers.checkpoint.shards import PlainLoadPlanner, PlainReader

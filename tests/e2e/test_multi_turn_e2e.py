@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from config import load_config
 from data.builtin import write_parquet
+from planner import load_config
 from tests.workers.agent_helpers import save_tool_calling_model
 from trainer.running.build import build_trainer
 

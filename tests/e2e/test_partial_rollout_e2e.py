@@ -5,7 +5,7 @@ exact; ``wait`` and ``drop`` keep every span within the threshold."""
 
 import pytest
 
-from config import load_config
+from planner import load_config
 from tests.e2e.test_async_e2e import STALENESS, tiny_async
 from tests.e2e.test_checkpoint import COMPARED
 from tests.e2e.test_ppo_e2e import read_jsonl

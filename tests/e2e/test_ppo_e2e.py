@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from config import load_config
+from planner import load_config
 from single_controller import DataProto
 from tests.e2e.dataflow_reads import assert_declared, record_reads, recorded_reads
 from tests.wandb_offline import history, run_file, wandb_records

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.judge import URL_VAR, serve
-from config import load_config
 from data.reward import RewardError
+from planner import load_config
 from trainer.running.build import build_trainer
 
 DELAY, RESPONSES = 0.2, 128  # the demo's step: 16 prompts × 8 responses

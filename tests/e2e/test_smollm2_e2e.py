@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from config import load_config
 from data.preprocess.arith import main as write_arith
+from planner import load_config
 from trainer.running.build import build_trainer
 
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from config import ConfigError, load_config, make_plan
+from config import ConfigError
+from planner import load_config, make_plan
 from tests.e2e.test_multi_turn_e2e import fit, tool_config
 from tests.e2e.test_ppo_e2e import read_jsonl, tiny_config
 from tests.workers.agent_helpers import save_tool_calling_model

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from config import ConfigError, load_config, load_with_plan, resolve_device
+from config import ConfigError, resolve_device
+from planner import load_config, load_with_plan
 from single_controller.base import worker as worker_module
 from workers.parallel import fsdp
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from config.dataflow import Route
+from planner.dataflow import Route
 from single_controller.data_proto import DataProto  # the trainer's (the core's: data[i] is one row)
 from workers.compute.step_store import ROWS, STEP, StepCall, StepStore
 

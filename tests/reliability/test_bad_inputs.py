@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers import DistilBertConfig
 
-from config import ConfigError, load_config
+from config import ConfigError
 from data.builtin import build_char_tokenizer
 from data.dataset import RLHFDataset
 from data.reward import RewardError, RewardManager
+from planner import load_config
 from single_controller import DataProto
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
 from trainer.running.build import build_trainer

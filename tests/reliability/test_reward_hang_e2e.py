@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from config import load_config
+from planner import load_config
 from trainer.running.build import build_trainer
 
 TIMEOUT, STEPS = 1.0, 2

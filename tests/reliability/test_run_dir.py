@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from config import ConfigError, load_config, replace_keys
+from config import ConfigError, replace_keys
+from planner import load_config
 from tests.reliability.conftest import REPO, child_env
 from tests.workers.helpers import build_tiny_checkpoint
 from trainer.observing.tracking import Tracking, read_metrics

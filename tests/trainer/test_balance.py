@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from config import load_config, make_plan
+from planner import load_config, make_plan
 from single_controller import DataProto
 from trainer.running.balance import balance_batch, balanced_partitions
 

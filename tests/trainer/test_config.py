@@ -5,18 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from config import (
-    ConfigError,
-    PPOConfig,
-    load_config,
-    make_plan,
-    num_workers,
-    replace_keys,
-    resolve_device,
-    to_config,
-    uses_critic,
-)
+from config import ConfigError, PPOConfig, replace_keys, resolve_device, to_config
 from config.schema import DataConfig
+from planner import load_config, make_plan, num_workers, uses_critic
 
 
 def test_verls_preset_is_the_schema_and_the_demo_is_a_preset_on_it():

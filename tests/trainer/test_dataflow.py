@@ -1,11 +1,11 @@
-"""Per-token data declared once (config.phases.declare_flows): the routes derived from it, and the workers' step store
+"""Per-token data declared once (planner.phases.declare_flows): the routes derived from it, and the workers' step store
 that keeps a step's tensors where they are next read (workers/compute/step_store.py)."""
 
 import pytest
 import torch
 
-from config import load_config, make_plan
-from config.dataflow import DRIVER, WORKER, Dataflow, Phase
+from planner import load_config, make_plan
+from planner.dataflow import DRIVER, WORKER, Dataflow, Phase
 from single_controller import DataProto
 from trainer.running.routing import request, take_back
 from workers.compute.step_store import ROWS, STEP, StepCall, StepStore, StepStoreError

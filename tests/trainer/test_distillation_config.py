@@ -4,9 +4,10 @@ teacher that is not a causal LM or lacks the student's vocabulary is refused bef
 import pytest
 from transformers import DistilBertConfig
 
-from config import ConfigError, load_config, make_plan, num_workers
+from config import ConfigError
 from config.distillation import active_teachers, teacher_warnings
 from data.builtin import build_char_tokenizer, tiny_model_config
+from planner import load_config, make_plan, num_workers
 from trainer.preflight.dry_run import check_models
 
 ON = ["distillation.enabled=true"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from config import ConfigError, load_config, make_plan, num_workers, replace_keys
+from config import ConfigError, replace_keys
+from planner import load_config, make_plan, num_workers
 from tests.verl_compat.cli import commands
 from trainer.preflight.dry_run import _estimate, load_model_sizes, phase_batches, preflight
 from trainer.preflight.memory_phases import estimate_memory

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from algos import ADV_ESTIMATORS
-from config import ConfigError, load_config, load_with_plan
-from config.dataflow import DRIVER
+from config import ConfigError
 from config.schema import FilterGroupsConfig
+from planner import load_config, load_with_plan
+from planner.dataflow import DRIVER
 from single_controller import DataProto
 from trainer.running.dynamic_sampling import (
     DynamicSamplingError,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from config import load_config
+from planner import load_config
 from tests.trainer.report_fixtures import REWARDS
 from tests.wandb_offline import run_file
 from trainer.observing.generations import GenerationLog, pick_samples, read_generations, write_generations

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from config import ConfigError, load_config, load_with_plan, make_plan, num_workers, split_command_line, uses_critic
+from config import ConfigError, split_command_line
+from planner import load_config, load_with_plan, make_plan, num_workers, uses_critic
 
 PRESET = "qwen2_5_0_5b_gsm8k"
 REPO = Path(__file__).resolve().parent.parent.parent

@@ -2,8 +2,8 @@
 
 import importlib
 
-from config import load_with_plan
-from config.phases import STEP_PHASES
+from planner import load_with_plan
+from planner.phases import STEP_PHASES
 from trainer.preflight.phase_code import phase_code, phase_lines
 
 

@@ -1,4 +1,4 @@
-"""The phase table (config.phases) and its readers: a phase missing from any of them fails here.
+"""The phase table (planner.phases) and its readers: a phase missing from any of them fails here.
 
 Readers: the routes (``declare_flows``), ``train_step``'s loop, the memory estimate, the dry run's batch table
 and the out-of-memory advice. Each test names the reader it holds to the table.
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from config import load_config, make_plan
-from config.dataflow import DRIVER, WORKER
-from config.phases import PHASES, STEP_FLOW, STEP_PHASES
-from config.worker_roles import ROLE, ROLES
 from data.builtin import demo_model_config
+from planner import load_config, make_plan
+from planner.dataflow import DRIVER, WORKER
+from planner.phases import PHASES, STEP_FLOW, STEP_PHASES
+from planner.worker_roles import ROLE, ROLES
 from trainer.preflight.dry_run import phase_batches
 from trainer.preflight.memory_estimate import model_sizes
 from trainer.preflight.memory_phases import ESTIMATORS, estimate_memory
@@ -164,12 +164,12 @@ def test_a_phase_that_selects_rows_on_the_driver_brings_what_crosses_it_there_an
 
 # the only production files that name a phase or a role by its string: the two tables and the driver's code of the
 # phases (``trainer.running.step.STEP_CODE``); elsewhere a word equal to a role's name means something else, said here
-TABLES = {"config/phases.py", "config/worker_roles.py", "trainer/running/step.py"}
+TABLES = {"planner/phases.py", "planner/worker_roles.py", "trainer/running/step.py"}
 OTHER_MEANINGS = {
     ("algos/distillation.py", "teacher"): "a metric's name (distillation/teacher_mass)",
     ("config/distillation.py", "teacher"): "the teacher role's instance names (worker_roles imports this module)",
     ("verl_compat/cli/inert.py", "critic"): "the config section",
-    ("config/plan.py", "critic"): "the config section",
+    ("planner/plan.py", "critic"): "the config section",
     ("verl_compat/cli/normalize.py", "critic"): "the config section",
     ("trainer/running/build.py", "critic"): "the config section",
     ("workers/compute/actor.py", "actor"): "the metrics' namespace (verl's actor/...)",
@@ -211,7 +211,7 @@ def test_no_other_production_file_names_a_phase_or_a_role_by_string():
     root = Path(__file__).resolve().parents[2]
     files = sorted(
         p
-        for d in ("algos", "config", "single_controller", "trainer", "workers", "data")
+        for d in ("algos", "config", "planner", "single_controller", "trainer", "workers", "data")
         for p in (root / d).rglob("*.py")
     )
     found = []
@@ -219,6 +219,6 @@ def test_no_other_production_file_names_a_phase_or_a_role_by_string():
         name = path.relative_to(root).as_posix()
         named = names_by_string(path.read_text()) if name not in TABLES else []
         found += [f"{name}:{line} {word!r}" for line, word in named if (name, word) not in OTHER_MEANINGS]
-    assert not found, "name it through config.phases / config.worker_roles (e.g. ACTOR.name): " + ", ".join(found)
+    assert not found, "name it through planner.phases / planner.worker_roles (e.g. ACTOR.name): " + ", ".join(found)
     example = 'plan.runs("gen")\nx = PHASES["adv"]\ny = "critic"'
     assert names_by_string(example) == [(1, "gen"), (2, "adv"), (3, "critic")]

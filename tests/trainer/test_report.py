@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from config import load_config
+from planner import load_config
 from trainer.observing.generations import GenerationLog, write_generations
 from trainer.observing.report import RunReport, preset_diff, write_report
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from config import ConfigError
-from config.load import load_with_plan
+from planner import load_with_plan
 from trainer.asynchronous.replay_buffer import Generation, ReplayBuffer, eviction_metrics, staleness_metrics
 from verl_compat.cli.inert import inert_warnings
 

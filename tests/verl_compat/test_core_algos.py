@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import algos
-from config import ConfigError, load_config
+from config import ConfigError
 from config.schema import AlgorithmConfig
+from planner import load_config
 from verl_compat.trainer.ppo import core_algos as door
 
 BASES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")

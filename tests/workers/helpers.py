@@ -14,9 +14,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from config import PPOConfig, StepPlan, make_plan, to_config
+from config import PPOConfig, to_config
 from config.schema import AlgorithmConfig, DataConfig
 from config.sections import ActorConfig, ActorRolloutRefConfig, CriticConfig, CriticModelConfig, OptimConfig
+from planner import StepPlan, make_plan
 from single_controller import DataProto
 
 PAD, EOS, BOS = 0, 1, 2

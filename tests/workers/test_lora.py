@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config import ConfigError, make_plan
+from config import ConfigError
 from config.sections import (
     ActorRolloutRefConfig,
     FSDPConfig,
@@ -17,6 +17,7 @@ from config.sections import (
     RefConfig,
     RolloutConfig,
 )
+from planner import make_plan
 from tests.workers.helpers import actor_config, make_update_batch, worker_config
 from workers.checkpoint.shards import PlainReader, load_role, save_role
 from workers.compute.actor import DataParallelPPOActor

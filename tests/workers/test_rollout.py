@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, StaticCache
 
-from config import make_plan
-from config.phases import STEP_FLOW
 from config.sections import ActorRolloutRefConfig, RefConfig, RolloutConfig
+from planner import make_plan
+from planner.phases import STEP_FLOW
 from single_controller import DataProto
 from tests.workers.helpers import PAD, VOCAB, actor_config, make_prompts, worker_config
 from workers.compute import rollout

@@ -289,7 +289,7 @@ def test_the_arithmetic_calculators_tool_turn_never_scores_by_itself():
 
 def test_the_tools_preset_keeps_the_calculators_turn_whole():
     """A cut reminder ("...(truncated)...th #### followed by this number.") is not the turn the preset means."""
-    from config import load_config
+    from planner import load_config
 
     multi_turn = load_config([], config_name="smollm2_tools").actor_rollout_ref.rollout.multi_turn
     longest = arith_calculator_template().format(result=-99 * 99 * 99)  # beyond any two-step problem's

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from config.plan import StepPlan, rollout_plan
 from config.schema import PPOConfig
+from planner.plan import StepPlan, rollout_plan
 from single_controller.data_proto import DataProto
 from trainer.asynchronous.partial import Pool
 from trainer.asynchronous.replay_buffer import VERSION, Generation, ReplayBuffer, eviction_metrics

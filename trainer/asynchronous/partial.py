@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from config.phases import PROMPT
+from planner.phases import PROMPT
 from single_controller.data_proto import DataProto
 from single_controller.padding import pad_dataproto_to_divisor
 from trainer.asynchronous.replay_buffer import FIRST_VERSION, VERSION, eviction_stats

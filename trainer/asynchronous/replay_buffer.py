@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from config.trainer_modes import TrainerMode
+from planner.trainer_modes import TrainerMode
 
 VERSION = "policy_version"  # the per-sample column: the version of the weights that generated the sample (its last)
 # a partial rollout's (trainer.asynchronous.partial): the first version that generated it

@@ -32,7 +32,7 @@ import sys
 from collections import deque
 from typing import Any
 
-from config.worker_roles import ROLES
+from planner.worker_roles import ROLES
 
 ENTROPY, CLIP, SCORE, LENGTH = (
     "actor/entropy",

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from config.phases import STEP_PHASES
+from planner.phases import STEP_PHASES
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, Tensor]:
@@ -107,7 +107,7 @@ def reward_group_metrics(scores: Tensor, uids: Sequence[Hashable]) -> dict[str, 
 
 def compute_timing_metrics(batch: Mapping[str, Tensor], timing_raw: Mapping[str, float]) -> dict[str, float]:
     """timing_s/<name> for every timer, and timing_per_token_ms/<name> for the phases that process tokens: each
-    divided by the tokens its entry of ``config.phases.STEP_PHASES`` names (``tokens``: the response tokens, or all
+    divided by the tokens its entry of ``planner.phases.STEP_PHASES`` names (``tokens``: the response tokens, or all
     of prompt + response)."""
     tokens = {
         "response": max(int(batch["attention_mask"][:, -batch["responses"].shape[-1] :].sum()), 1),

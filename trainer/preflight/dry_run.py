@@ -21,12 +21,13 @@ import torch
 from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from config import ConfigError, PPOConfig, StepPlan
+from config import ConfigError, PPOConfig
 from config.adapter import installed
-from config.phases import STEP_PHASES, Step, lookup
-from config.plan import rollout_plan
 from config.tree import ARR
-from config.worker_roles import ACTOR, ROLES, TEACHER
+from planner import StepPlan
+from planner.phases import STEP_PHASES, Step, lookup
+from planner.plan import rollout_plan
+from planner.worker_roles import ACTOR, ROLES, TEACHER
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
 from trainer.preflight.phase_code import phase_lines
@@ -49,7 +50,7 @@ class PhaseBatch:
 
 
 def phase_batches(cfg: PPOConfig, plan: StepPlan) -> list[PhaseBatch]:
-    """The batch arithmetic of every worker phase a step runs (``config.phases.STEP_PHASES``), at the longest
+    """The batch arithmetic of every worker phase a step runs (``planner.phases.STEP_PHASES``), at the longest
     sequences the config allows."""
     rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // plan.n_workers
     length = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -110,7 +111,7 @@ def requested_device(cfg: PPOConfig) -> str:
 
 def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
     """Each model path the user set (null ones are the built-in demo's) names a model of the right kind: every role
-    the plan places (``config.worker_roles.ROLES``) with a model of its own, other than the actor's."""
+    the plan places (``planner.worker_roles.ROLES``) with a model of its own, other than the actor's."""
     step, actor_path = Step(cfg, plan), cfg.actor_rollout_ref.model.path
     for role in ROLES:
         if role.instances:  # distillation's teachers: check_teachers, below
@@ -147,7 +148,7 @@ def _check_model(key: str, path: str, trust_remote_code: bool, causal_lm: bool) 
 
 
 def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], Any]) -> dict[str, ModelSizes]:
-    """The sizes of each role's own model (``config.worker_roles.ROLES`` that the plan places), from its
+    """The sizes of each role's own model (``planner.worker_roles.ROLES`` that the plan places), from its
     ``config.json``; ``demo_config()`` gives the built-in model's config when ``actor_rollout_ref.model.path`` is null,
     and a null path of another role is the actor's model."""
     arr, step = cfg.actor_rollout_ref, Step(cfg, plan)

@@ -1,9 +1,9 @@
 """The phases of a run on one worker and what each holds at its peak: the memory estimate of a config.
 
-A worker holds every role the step plan places on it (``config.worker_roles.ROLES``): the actor (+ rollout), the
+A worker holds every role the step plan places on it (``planner.worker_roles.ROLES``): the actor (+ rollout), the
 reference unless the actor is its own (LoRA), the critic, the reward model, distillation's teachers. Each phase adds its
 own terms (``trainer.preflight.memory_estimate``) to what persists: loading, every worker phase of the step that the
-plan runs (``config.phases.STEP_PHASES``, each by the estimator its entry names in ``ESTIMATORS``) and validation's
+plan runs (``planner.phases.STEP_PHASES``, each by the estimator its entry names in ``ESTIMATORS``) and validation's
 generation. Every phase knows the key that sizes its batch, so a refusal can name what to lower.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from config.dataflow import when
 from config.distillation import uses_topk
-from config.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
-from config.plan import StepPlan
-from config.worker_roles import ACTOR, REF, ROLE, ROLES
+from planner.dataflow import when
+from planner.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
+from planner.plan import StepPlan
+from planner.worker_roles import ACTOR, REF, ROLE, ROLES
 from trainer.preflight.memory_estimate import (
     FP32,
     RUNTIME_CPU_BYTES,
@@ -55,9 +55,9 @@ class Lengths:
 
 
 def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], device: str) -> dict[str, Role]:
-    """The roles one worker holds (``config.worker_roles.ROLES`` that the plan places: each model of a role of several),
-    with their sizes and placement; ``models`` has the sizes of each model (a role that shares another's model uses
-    that one's)."""
+    """The roles one worker holds (``planner.worker_roles.ROLES`` that the plan places: each model of a role of
+    several), with their sizes and placement; ``models`` has the sizes of each model (a role that shares another's
+    model uses that one's)."""
     step = Step(cfg, plan)
     return {
         name: Role(
@@ -284,7 +284,7 @@ class _Estimator:
         return self.generate(phase.name, getattr(self.plan, phase.batch.rows), phase.batch.key(self.cfg))
 
 
-# the memory estimate each entry of config.phases.STEP_PHASES names (its ``memory``)
+# the memory estimate each entry of planner.phases.STEP_PHASES names (its ``memory``)
 ESTIMATORS: dict[str, Callable[[_Estimator, StepPhase], PhasePeak]] = {
     "generate": _Estimator.generate_step,
     "forward": _Estimator.forward,

@@ -1,7 +1,7 @@
 """Where each phase of a step runs: the ``file:function`` a dry run prints beside the phase's name.
 
 A phase with driver code runs the method ``trainer.running.step.PhaseSteps.STEP_CODE`` names; any other is its entry's
-worker method (``config.phases.STEP_PHASES``) on its role's worker class in ``workers/roles/``. Both are read from
+worker method (``planner.phases.STEP_PHASES``) on its role's worker class in ``workers/roles/``. Both are read from
 the source with ``ast``, so a dry run imports neither Ray nor the trainer.
 """
 
@@ -11,8 +11,8 @@ import ast
 from functools import cache
 from pathlib import Path
 
-from config.phases import PHASES
-from config.plan import StepPlan
+from planner.phases import PHASES
+from planner.plan import StepPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_FILE, ROLES = "trainer/running/step.py", "workers/roles"

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 import algos
-from config.plan import StepPlan
+from planner.plan import StepPlan
 from single_controller.data_proto import DataProto
 
 

@@ -7,7 +7,7 @@ same number of tokens, as verl's ``trainer.balance_batch`` does. Advantages are 
 so the order does not change them; the mini-batches of the update are drawn from the new order.
 
 With ``actor.use_prefix_grouper`` a prompt's rows must stay together (they share the prompt's forward), so whole
-groups are placed instead of rows (``config.plan`` checks that the groups divide evenly over the workers).
+groups are placed instead of rows (``planner.plan`` checks that the groups divide evenly over the workers).
 """
 
 from __future__ import annotations

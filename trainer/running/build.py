@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer
 
-from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys, resolve_device
+from config import ConfigError, PPOConfig, replace_keys, resolve_device
 from config.adapter import installed
 from config.tree import plain
 from data.builtin import demo_model_config, prepare_builtin
@@ -30,6 +30,7 @@ from data.reward_loop import (
     load_manager_class,
 )
 from data.reward_pool import UserFunction
+from planner import StepPlan, make_plan, num_workers
 from trainer.preflight.dry_run import check_models, preflight
 from trainer.running.ppo_trainer import RayPPOTrainer
 from workers.compute.agent_loop import check_tools
@@ -41,7 +42,7 @@ from workers.tools import ToolConfigError
 def build_trainer(cfg: PPOConfig, plan: StepPlan | None = None) -> RayPPOTrainer:
     """Check ``cfg``, prepare model/data (the built-in demo when paths are null) and build the trainer.
 
-    ``plan`` is ``cfg``'s step plan when the caller has it already (``config.load_with_plan``), else computed here.
+    ``plan`` is ``cfg``'s step plan when the caller has it already (``planner.load_with_plan``), else computed here.
     """
     plan = plan or make_plan(cfg, num_workers(cfg))
     check_models(cfg, plan)  # before the memory check reads the models' configs

@@ -10,7 +10,7 @@ the same way, every group kept.
 
 The kept rows come from several generation batches, whose tensors the workers' step stores held under each
 batch's own token: the step plan's ``filter_groups`` phase makes the generation phase give back every key a later
-phase reads (``config.phases.declare_flows``), and the training phases start a new token on the collected batch.
+phase reads (``planner.phases.declare_flows``), and the training phases start a new token on the collected batch.
 
 Metrics (verl's names): ``train/num_gen_batches`` (the DAPO recipe's), ``training/filter_groups/evicted_samples``
 (groups dropped for zero spread) and ``training/filter_groups/discarded_surplus_samples`` (groups with signal
@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from config import ConfigError, PPOConfig, StepPlan
+from config import ConfigError, PPOConfig
 from config.schema import FILTER_TENSOR_METRICS
+from planner import StepPlan
 from single_controller.data_proto import DataProto
 from trainer.observing.metrics import reward_group_metrics
 

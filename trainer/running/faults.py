@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import sys
 
-from config.phases import STEP_PHASES
+from planner.phases import STEP_PHASES
 from single_controller.errors import WorkerDiedError
 
 # worker method -> the config keys that bound its memory, lowest-hanging first: a step's phases' from their entries
-# (config.phases.STEP_PHASES), and loading the models
+# (planner.phases.STEP_PHASES), and loading the models
 MEMORY_KEYS = {
     "init_model": "actor_rollout_ref.actor.fsdp_config.param_offload/optimizer_offload (or more workers: "
     "trainer.n_gpus_per_node)",

@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from config import ConfigError, PPOConfig, StepPlan
+from config import ConfigError, PPOConfig
+from planner import StepPlan
 from single_controller.base.worker_group import ClassWithInitArgs
 from trainer.running import console
 

@@ -1,6 +1,6 @@
 """Which role workers one colocated process holds for a plan (``RayPPOTrainer.init_workers`` places them).
 
-Each entry of ``config.worker_roles.ROLES`` that the plan gives a worker of its own (``WorkerRole.placed``) is one
+Each entry of ``planner.worker_roles.ROLES`` that the plan gives a worker of its own (``WorkerRole.placed``) is one
 role worker of the process, by the name its methods get as a prefix (``WorkerRole.worker``): its class and
 constructor arguments come from its entry. A rollout group of its own (``trainer.v1.trainer_mode=separate_async``)
 holds the rollout's role alone (``rollout_class``).
@@ -11,10 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from config.phases import Step
-from config.plan import StepPlan
 from config.schema import PPOConfig
-from config.worker_roles import ROLES, WorkerRole
+from planner.phases import Step
+from planner.plan import StepPlan
+from planner.worker_roles import ROLES, WorkerRole
 from single_controller.base.worker_group import ClassWithInitArgs
 
 

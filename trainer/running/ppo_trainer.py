@@ -3,10 +3,10 @@
 Every model lives in the workers: one ``WorkerDict`` process per device holds the actor (+ rollout), the reference
 policy, the critic and distillation's teachers (colocation: ``trainer.running.placement``). The driver calls them phase
 by phase and computes rewards and advantages, which are cheap tensor maths over the whole batch. ``train_step``
-(``trainer.running.step``) runs the plan's phases of the table ``config.phases.STEP_PHASES`` in its order, one timed
+(``trainer.running.step``) runs the plan's phases of the table ``planner.phases.STEP_PHASES`` in its order, one timed
 line each; a worker phase's role and method come from its entry. Tensors stay where they are next read: each call sends
 only what the driver holds of what the phase reads, and takes back only what a driver phase reads (the routes of
-``config.phases.declare_flows``); the rest stays in the workers' step store.
+``planner.phases.declare_flows``); the rest stays in the workers' step store.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 import algos
-from config.phases import VALIDATION_FLOW
-from config.plan import StepPlan
 from config.schema import PPOConfig
-from config.worker_roles import ROLE, ROLES, WorkerRole
+from planner.phases import VALIDATION_FLOW
+from planner.plan import StepPlan
+from planner.worker_roles import ROLE, ROLES, WorkerRole
 from single_controller.data_proto import DataProto
 from trainer.asynchronous.ahead import Ahead, node_workers
 from trainer.observing.generations import GenerationLog
@@ -67,7 +67,7 @@ class RayPPOTrainer(PhaseSteps):
         self.val_dataloader = val_dataloader
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
-        self.plan = plan  # which phases run, which keys travel, per-rank batch sizes (config.plan)
+        self.plan = plan  # which phases run, which keys travel, per-rank batch sizes (planner.plan)
         kl_ctrl = config.algorithm.kl_ctrl
         self.kl_ctrl_in_reward = algos.get_kl_controller(
             kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon

@@ -1,14 +1,14 @@
 """The driver's half of a step's routing: what it sends a worker phase and what it takes back from it.
 
 The worker's half, which keeps a step's tensors where a later phase reads them, is ``workers.compute.step_store``;
-each phase's ``Route`` (which keys are sent, fetched, kept and given back) is ``config.dataflow``'s.
+each phase's ``Route`` (which keys are sent, fetched, kept and given back) is ``planner.dataflow``'s.
 """
 
 from __future__ import annotations
 
 import torch
 
-from config.dataflow import Route
+from planner.dataflow import Route
 from single_controller.data_proto import DataProto
 from workers.compute.step_store import ROWS, STEP, StepCall
 

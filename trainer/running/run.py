@@ -8,8 +8,9 @@ import os
 import socket
 import sys
 
-from config import ConfigError, PPOConfig, StepPlan, make_plan, num_workers, replace_keys
+from config import ConfigError, PPOConfig, replace_keys
 from data.reward import RewardError
+from planner import StepPlan, make_plan, num_workers
 from single_controller.errors import WorkerDiedError
 from trainer.observing.health import NonFiniteLossError
 from trainer.running import console

@@ -1,5 +1,5 @@
 """One training step as the phase table: ``PhaseSteps.train_step`` runs the plan's phases of
-``config.phases.STEP_PHASES`` in the table's order, one timed line each.
+``planner.phases.STEP_PHASES`` in the table's order, one timed line each.
 
 A phase is either a worker phase, its entry's method on its role's worker group called with what its route moves
 (``_call``, ``trainer.running.routing``), or a phase with driver code, found by its name in ``STEP_CODE``. The step is
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from config.dataflow import DRIVER
-from config.phases import GREEDY_FLOW, PHASES, STEP_FLOW
-from config.worker_roles import ROLE
 from data.reward import RewardHandle
+from planner.dataflow import DRIVER
+from planner.phases import GREEDY_FLOW, PHASES, STEP_FLOW
+from planner.worker_roles import ROLE
 from single_controller.base.worker_group import StartedCall
 from single_controller.data_proto import DataProto
 from trainer.asynchronous.ahead import Generating
@@ -63,7 +63,7 @@ class StepState:
 class PhaseSteps:
     """The step of ``trainer.running.ppo_trainer.RayPPOTrainer``: its phases' driver code and worker calls. Reads the
     trainer's ``config``, ``plan``, ``reward_fn``, ``kl_ctrl_in_reward``, ``generations``, ``watchdog``,
-    ``global_step`` and its worker groups (``config.worker_roles.WorkerRole.group``).
+    ``global_step`` and its worker groups (``planner.worker_roles.WorkerRole.group``).
 
     ``phase_hook("before" | "after", phase, state)``, when set, is called around each phase (``trainer.replay``:
     the debugger before a phase, each phase's outputs for ``trainer.diff``)."""
@@ -71,7 +71,7 @@ class PhaseSteps:
     phase_hook: Callable[[str, str, StepState], None] | None = None
 
     def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
-        """One PPO iteration on a batch of prompts: the plan's phases of ``config.phases.STEP_PHASES`` in the
+        """One PPO iteration on a batch of prompts: the plan's phases of ``planner.phases.STEP_PHASES`` in the
         table's order (``run_phases``). With dynamic sampling (``trainer.running.dynamic_sampling``) ``batch`` is the
         first generation batch and ``more`` gives the next ones: the ``filter_groups`` phase runs the table's prefix
         (the phases before it) on each."""
@@ -241,7 +241,7 @@ class PhaseSteps:
         state.metrics.update(compute_data_metrics(state.batch.batch, use_critic=self.plan.use_critic))
         state.metrics.update(rollout_probs_diff(state.batch.batch))
 
-    # the driver's code of each phase that has some, by its name in config.phases.STEP_PHASES; a worker phase
+    # the driver's code of each phase that has some, by its name in planner.phases.STEP_PHASES; a worker phase
     # without an entry is its role's method, called with what its route moves (``_call``)
     STEP_CODE: dict[str, Callable[[PhaseSteps, StepState], None]] = {
         "prompts": _prompts,
@@ -272,7 +272,7 @@ class PhaseSteps:
             yield
 
     def _role_group(self, role: str) -> Any:
-        """The worker group that computes ``role``'s phases (``config.worker_roles.ROLES``): read at each call, so
+        """The worker group that computes ``role``'s phases (``planner.worker_roles.ROLES``): read at each call, so
         that a group set on the trainer (verl's ``trainer.actor_rollout_wg = ...``) is the one called."""
         return getattr(self, ROLE[role].group)
 

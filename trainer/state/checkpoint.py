@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from config.checks import ConfigError
-from config.worker_roles import ACTOR, CRITIC
+from planner.worker_roles import ACTOR, CRITIC
 from workers.checkpoint.safe_files import (
     WRITE_ERRORS,
     UnsafeCheckpointError,

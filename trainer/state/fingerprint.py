@@ -26,9 +26,9 @@ from typing import Any
 
 from config import ConfigError, PPOConfig
 from config.adapter import installed
-from config.phases import lookup
 from config.tree import flat
-from config.worker_roles import ROLES
+from planner.phases import lookup
+from planner.worker_roles import ROLES
 
 MAY_CHANGE = (
     "trainer.total_epochs",

@@ -8,7 +8,8 @@ Importing this package installs the adapter (``config.adapter.install``): ``main
 script that loads verl command lines through ``config``.
 """
 
-from config import ConfigError, StepPlan, make_plan, num_workers
+from config import ConfigError
+from planner import StepPlan, make_plan, num_workers
 from verl_compat.cli.inert import INERT, VLLM_KEYS, check_refused, inert_warnings
 from verl_compat.cli.load import VERL, VerlAdapter, load_config, load_with_plan, split_command_line, to_config
 

@@ -235,7 +235,7 @@ INERT: dict[str, Inert] = {
     "trainer.del_local_ckpt_after_load": Inert("checkpoints are kept (trainer.max_actor_ckpt_to_keep prunes)"),
     "trainer.ray_wait_register_center_timeout": Inert("trainer.phase_timeout_s bounds each phase"),
     "trainer.use_v1": Inert("ColoRL has one trainer (verl's v1 sync mode)", never=True),
-    # trainer.v1.trainer_mode and its keys: config.trainer_modes
+    # trainer.v1.trainer_mode and its keys: planner.trainer_modes
     "trainer.v1.separate_async.hybrid_rollout.*": Inert("the trainer's workers never generate for the rollout group"),
     "trainer.v1.separate_async.*": Inert("read by trainer.v1.trainer_mode=separate_async", modes=("separate_async",)),
     "trainer.v1.colocate_async.*": Inert("read by trainer.v1.trainer_mode=colocate_async", modes=("colocate_async",)),

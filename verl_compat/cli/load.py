@@ -3,8 +3,8 @@
 ``VerlAdapter`` answers with verl's rules: older key paths moved (``normalize.rewrite_aliases``), the composed tree
 normalized as verl does at start-up (``normalize.normalize``), values ColoRL cannot honour refused or warned about
 (``inert``), a checkpoint's older keys found at their current place (``normalize.current_place``). The loading
-functions here are ``config.load``'s with this adapter passed: ``python main.py`` and the benchmarks load through
-them, once, at load.
+functions here are ``config.load``'s and ``planner.load``'s with this adapter passed: ``python main.py`` and the
+benchmarks load through them, once, at load.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+import planner
 from config import adapter as core_adapter
 from config import load as core
-from config.plan import StepPlan
 from config.schema import PPOConfig
+from planner import StepPlan
 from verl_compat.cli.inert import check_refused, inert_warnings
 from verl_compat.cli.normalize import current_place, normalize, rewrite_aliases
 
@@ -51,13 +52,13 @@ def split_command_line(args: Sequence[str]) -> tuple[str, list[str], bool]:
 
 
 def load_config(overrides: Sequence[str] = (), config_name: str | None = None) -> PPOConfig:
-    """``config.load.load_config`` of a verl command line."""
-    return core.load_config(overrides, config_name, VERL)
+    """``planner.load_config`` of a verl command line."""
+    return planner.load_config(overrides, config_name, VERL)
 
 
 def load_with_plan(overrides: Sequence[str] = (), config_name: str | None = None) -> tuple[PPOConfig, StepPlan]:
-    """``config.load.load_with_plan`` of a verl command line."""
-    return core.load_with_plan(overrides, config_name, VERL)
+    """``planner.load_with_plan`` of a verl command line."""
+    return planner.load_with_plan(overrides, config_name, VERL)
 
 
 def to_config(node: DictConfig | Mapping) -> PPOConfig:

@@ -14,8 +14,8 @@ from torch import Tensor, nn
 from algos import aggregate, compute_policy_loss, kl_penalty
 from algos.distillation import combine_with_policy_loss, distillation_loss, distillation_token_losses
 from config.distillation import uses_topk
-from config.phases import forward_keys, uses_full_kl
-from config.plan import is_single_step
+from planner.phases import forward_keys, uses_full_kl
+from planner.plan import is_single_step
 from single_controller.data_proto import DataProto
 from workers.compute.logprob import token_stats
 from workers.compute.packing import restore_order
@@ -266,7 +266,7 @@ class DataParallelPPOActor:
         Reads batch keys input_ids, attention_mask, position_ids (not with remove-padding), responses,
         response_mask, advantages, old_log_probs (+ ref_log_prob with ``use_kl_loss``, unless
         ``kl_loss_type=full``; + the policy loss's own needs, ``algos.POLICY_LOSSES``): the update_actor phase of
-        ``config.phases.declare_flows``, which the worker gives it exactly (other keys would be micro-batched
+        ``planner.phases.declare_flows``, which the worker gives it exactly (other keys would be micro-batched
         along). ``meta_info["temperature"]`` (default 1) must be the sampling temperature. Without old_log_probs
         the update is on-policy: allowed only for a single optimizer step on unchanged weights (see
         :func:`is_single_step`), where the old log-probs equal this forward's, detached. The LR scheduler steps

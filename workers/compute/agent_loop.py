@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
-from config.phases import PROMPT
+from planner.phases import PROMPT
 from workers.compute.rollout import rollout_batch
 from workers.compute.turn_sampler import HFTurnSampler, LogitsProcessor, TurnSampler
 from workers.tools import AgentData, ToolBox, ToolConfigError, load_tools

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from algos import compute_value_loss
-from config.phases import forward_keys
+from planner.phases import forward_keys
 from single_controller.data_proto import DataProto
 from workers.compute.packing import pack_batch, pack_width, restore_order
 from workers.compute.update import configured_update, micro_batches, model_device, to_device
@@ -145,7 +145,7 @@ class DataParallelPPOCritic:
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """Value-loss update: ``ppo_epochs`` × mini-batches, one optimizer step per mini-batch; LR scheduler once
         per call. Reads input_ids, attention_mask, position_ids, responses, response_mask, values, returns (the
-        update_critic phase of ``config.phases.declare_flows``; other keys given would be micro-batched along).
+        update_critic phase of ``planner.phases.declare_flows``; other keys given would be micro-batched along).
         Metrics: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm, critic/lr."""
         cfg = self.config
         return configured_update(

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForSequenceClassification
 
-from config.phases import SEQUENCE
+from planner.phases import SEQUENCE
 from single_controller.data_proto import DataProto
 from workers.compute.update import model_device
 

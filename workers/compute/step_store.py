@@ -3,7 +3,7 @@
 The colocated roles of a rank (actor and rollout, reference, critic, reward model) live in one process, so one
 store per process (``STORE``) serves them all: the rollout's sequences stay where the log-prob, value and update
 phases read them, and the driver gets only what it computes with. Which keys are sent, fetched, kept and given
-back is each phase's ``Route`` (``config.dataflow``, derived from ``config.phases.declare_flows``).
+back is each phase's ``Route`` (``planner.dataflow``, derived from ``planner.phases.declare_flows``).
 
 A routed call (``trainer.running.routing.request``, on the driver) carries ``meta_info[STEP] = StepCall(token, route)``
 and the global index of each of its rows (``ROWS``); ``trainer.running.routing.take_back`` merges the answer into the
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from config.dataflow import Route
+from planner.dataflow import Route
 from single_controller.data_proto import DataProto
 
 STEP = "colorl_step"  # meta_info key of a routed call: its StepCall

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from config.phases import forward_keys
+from planner.phases import forward_keys
 from single_controller.data_proto import DataProto
 from workers.compute.logprob import teacher_scores
 from workers.compute.packing import restore_order

@@ -2,7 +2,7 @@
 (the scoring roles, critic, reward model and distillation teachers, are ``scoring_workers``).
 
 Each class is a plain ``Worker`` subclass (the trainer wraps it with ``ray.remote``); each ``@register``-ed method
-runs on every rank with its chunk of the batch. Each data method is one phase of ``config.phases``: it takes its
+runs on every rank with its chunk of the batch. Each data method is one phase of ``planner.phases``: it takes its
 inputs from ``STORE.inputs`` (what the call carries, plus what an earlier phase kept in this process) and hands
 its results to ``STORE.outputs``, which keeps what a later worker phase reads and returns what the driver reads
 (``workers/compute/step_store.py``), as CPU tensors.
@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from config.phases import PROMPT, uses_full_kl
-from config.plan import StepPlan
+from planner.phases import PROMPT, uses_full_kl
+from planner.plan import StepPlan
 from single_controller.base.register import Dispatch, register
 from single_controller.base.worker import Worker
 from single_controller.data_proto import DataProto

@@ -1,7 +1,7 @@
 """Ray-side role workers that score or value the actor's samples, on FSDP2: the distillation teachers, the critic
 and the reward model (the actor/rollout/reference worker and the process helpers are ``fsdp_workers``).
 
-Each data method is one phase of ``config.phases``, with its inputs from ``STORE.inputs`` and its results to
+Each data method is one phase of ``planner.phases``, with its inputs from ``STORE.inputs`` and its results to
 ``STORE.outputs`` (``workers/compute/step_store.py``), as in ``fsdp_workers``.
 """
 
@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from config.distillation import active_teachers, teacher_fsdp_config, uses_topk
-from config.plan import StepPlan
+from planner.plan import StepPlan
 from single_controller.base.register import Dispatch, register
 from single_controller.base.worker import Worker
 from single_controller.data_proto import DataProto

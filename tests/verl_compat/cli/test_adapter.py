@@ -6,7 +6,7 @@ import pytest
 
 from config import ConfigError
 from config.adapter import Adapter, installed
-from config.load import load_config as core_load
+from planner import load_config as core_load
 from verl_compat import cli
 
 OLD_SPELLING = "critic.fsdp_config.param_offload=true"  # verl's older place of critic.fsdp.param_offload

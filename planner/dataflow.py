@@ -1,6 +1,6 @@
 """Where per-token data lives and travels, derived from one declaration of what each phase reads and writes.
 
-A flow is a sequence of ``Phase``s (``config.phases.declare_flows`` declares the training step's, the validation's and
+A flow is a sequence of ``Phase``s (``planner.phases.declare_flows`` declares the training step's, the validation's and
 ReMax's greedy baseline's): each runs on the driver or on the workers and names the per-token keys it reads and
 writes. ``Dataflow.of`` derives every worker phase's ``Route`` from that, so nothing else lists keys:
 

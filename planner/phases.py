@@ -4,10 +4,10 @@
 the workers), which worker role computes it with which method, the per-token keys it reads and writes, whether it
 runs for a plan, its memory estimate (named here, implemented in ``trainer.preflight.memory_phases``) and what sizes
 its batch on a worker (``Batching``: the keys the dry run reads, the memory check names and the out-of-memory advice
-gives). The roles, the models a worker may hold, are the other table (``config.worker_roles.ROLES``). Everything
+gives). The roles, the models a worker may hold, are the other table (``planner.worker_roles.ROLES``). Everything
 that knows about phases reads these tables:
 
-- ``declare_flows`` (below): the routes of each flow's phases that run (``config.dataflow``), kept in the plan;
+- ``declare_flows`` (below): the routes of each flow's phases that run (``planner.dataflow``), kept in the plan;
 - ``trainer.running.step.PhaseSteps.train_step``: runs the plan's phases in this order, each a worker call of the method
   named here or the driver code ``STEP_CODE`` holds under its name, timed on the line its entry names; ``timing_s/``
   metrics divided by the tokens its entry names;
@@ -16,7 +16,7 @@ that knows about phases reads these tables:
 - ``trainer.running.faults``: the keys an out-of-memory error in a worker method advises to lower.
 
 Adding a phase is an entry here plus its compute code (a worker method, or the driver's in ``trainer.running.step``); a
-new role is also an entry of ``config.worker_roles.ROLES``. A phase that drops or reorders rows on the driver
+new role is also an entry of ``planner.worker_roles.ROLES``. A phase that drops or reorders rows on the driver
 (``selects_rows``) makes every key written before it and read after it pass through the driver.
 """
 
@@ -28,10 +28,10 @@ from functools import reduce
 from typing import Any
 
 from algos.registry import estimator_needs, policy_loss_spec
-from config.dataflow import DRIVER, WORKER, Dataflow, Phase, when
 from config.distillation import teacher_columns, teacher_outputs
-from config.trainer_modes import partial_rollouts
 from config.tree import ARR
+from planner.dataflow import DRIVER, WORKER, Dataflow, Phase, when
+from planner.trainer_modes import partial_rollouts
 
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
 SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
@@ -80,7 +80,7 @@ class Step:
     """What a declaration reads: the config, the plan's decisions, and the key groups they imply."""
 
     cfg: Any
-    plan: Any  # a config.plan.StepPlan (config.plan imports this module, not the other way)
+    plan: Any  # a planner.plan.StepPlan (planner.plan imports this module, not the other way)
 
     @property
     def policy(self) -> tuple[str, ...]:
@@ -203,7 +203,7 @@ def _adv_reads(s: Step) -> tuple[str, ...]:
 
 
 def _update_actor_reads(s: Step) -> tuple[str, ...]:
-    """Without old_log_probs the update is on-policy (``config.plan.is_single_step``); the policy loss may need
+    """Without old_log_probs the update is on-policy (``planner.plan.is_single_step``); the policy loss may need
     more."""
     actor = s.cfg.actor_rollout_ref.actor
     return (

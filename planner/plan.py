@@ -5,7 +5,7 @@ per-rank batch sizes from it. Both import it from here (below them), so the deci
 Computing the plan checks the batch arithmetic: every error names the keys and values that do not divide.
 
 The plan's decisions (which phases run, per-rank batch sizes) select the entries of the phase table
-(``config.phases``), whose declared reads and writes give each flow's routes (``config.phases.declare_flows``):
+(``planner.phases``), whose declared reads and writes give each flow's routes (``planner.phases.declare_flows``):
 what the driver sends and keeps, what the workers keep for a later phase and what they return. A new per-token
 quantity is one edit there: add it to the writes of the phase that makes it and to the reads of each phase that
 uses it.
@@ -20,17 +20,9 @@ from typing import Any
 
 from algos.registry import estimator_needs, estimator_needs_critic, policy_loss_spec
 from config.checks import ConfigError, is_int
-from config.dataflow import Dataflow
-from config.phases import (
-    PHASES,
-    STEP_FLOW,
-    declare_flows,
-    lookup,
-    rollout_log_probs,
-    uses_full_kl,
-    uses_ref_log_prob,
-)
-from config.trainer_modes import TrainerMode, trainer_mode
+from planner.dataflow import Dataflow
+from planner.phases import PHASES, STEP_FLOW, declare_flows, lookup, rollout_log_probs, uses_full_kl, uses_ref_log_prob
+from planner.trainer_modes import TrainerMode, trainer_mode
 
 ROLLOUT_LOG_PROBS = (
     "needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (verl's key)"
@@ -70,7 +62,7 @@ class StepPlan:
     filter_metric: str | None
     dynamic_sampling: bool
     flows: dict[str, Dataflow] = field(hash=False)  # declare_flows: where each flow's tensors live and travel
-    mode: TrainerMode = TrainerMode()  # trainer.v1: sync, or generation ahead of training (config.trainer_modes)
+    mode: TrainerMode = TrainerMode()  # trainer.v1: sync, or generation ahead of training (planner.trainer_modes)
 
     @property
     def step_phases(self) -> tuple[str, ...]:
@@ -78,9 +70,9 @@ class StepPlan:
         return tuple(p.name for p in self.flows[STEP_FLOW].phases)
 
     def runs(self, phase: str) -> bool:
-        """Whether a step of this plan runs ``phase`` (a name of ``config.phases.STEP_PHASES``)."""
+        """Whether a step of this plan runs ``phase`` (a name of ``planner.phases.STEP_PHASES``)."""
         if phase not in PHASES:
-            raise KeyError(f"no phase {phase!r} in config.phases.STEP_PHASES: {list(PHASES)}")
+            raise KeyError(f"no phase {phase!r} in planner.phases.STEP_PHASES: {list(PHASES)}")
         return phase in self.step_phases
 
 

@@ -1,4 +1,4 @@
-"""The models a worker may hold, declared once: ``ROLES``, the other table beside ``config.phases.STEP_PHASES``.
+"""The models a worker may hold, declared once: ``ROLES``, the other table beside ``planner.phases.STEP_PHASES``.
 
 An entry says where its model's path, model options and FSDP section sit in the config (verl's layout), whether it
 trains, whether it ends in a value head, whether a step plan places it, and its worker: the class, its arguments and
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.distillation import teacher_fsdp_config, teacher_roles
-from config.phases import ARR, Step, lookup
+from planner.phases import ARR, Step, lookup
 
 
 @dataclass(frozen=True)
