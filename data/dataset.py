@@ -217,7 +217,8 @@ class RLHFDataset(Dataset):
             column = np.empty(len(rows), dtype=object)
             column[:] = [row[key] for row in rows]  # slice-assign keeps dicts/lists as objects
             batch[key] = column
-        batch[INDEX] = np.array([row[INDEX] for row in rows], dtype=np.int64)
+        if all(INDEX in row for row in rows):  # rows as the dataset gives them (not its ``rows`` as stored)
+            batch[INDEX] = np.array([row[INDEX] for row in rows], dtype=np.int64)
         return batch
 
 
