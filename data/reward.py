@@ -192,7 +192,11 @@ class RewardManager:
 
 class BatchRewardManager(RewardManager):
     """verl's "batch" reward manager: the function is called once per batch with lists (``data_sources``,
-    ``solution_strs``, ``ground_truths``, ``extra_infos``) and returns one result per response."""
+    ``solution_strs``, ``ground_truths``, ``extra_infos``) and returns one result per response.
+
+    A batch call past ``reward.timeout`` is made again one response at a time, each call within the timeout: a
+    response the function hangs on scores 0 (``reward/errors/timeout``) and the others keep their scores, so a hang
+    costs its trajectory, not the batch (verl's manager has no timeout)."""
 
     def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
         try:
@@ -201,6 +205,11 @@ class BatchRewardManager(RewardManager):
                     data_sources=sources, solution_strs=solutions, ground_truths=truths, extra_infos=infos
                 )
             )
+        except TimeoutError as exc:
+            if len(infos) == 1:
+                return [({"score": 0.0}, failed(self.name, exc))]
+            rows = zip(sources, solutions, truths, infos)
+            return [scored for row in rows for scored in self._score_all(*([value] for value in row))]
         except Exception as exc:  # the whole batch's scores are lost: each response scores 0
             return [({"score": 0.0}, failed(self.name, exc))] * len(infos)
         if len(results) != len(infos):
