@@ -175,8 +175,19 @@ class RewardManager:
         return score, {}
 
     def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
-        """Each response's ``(result, failure)``: the function called once per response (verl's naive manager)."""
-        return [self._score(*args) for args in zip(sources, solutions, truths, infos)]
+        """Each response's ``(result, failure)``: the function called once per response (verl's naive manager); a
+        user's function in its pool, the batch's calls in one round trip (``UserFunction.map``)."""
+        if not isinstance(self.compute_score, UserFunction):
+            return [self._score(*args) for args in zip(sources, solutions, truths, infos)]
+        calls = [
+            {"data_source": source, "solution_str": solution, "ground_truth": truth, "extra_info": info}
+            for source, solution, truth, info in zip(sources, solutions, truths, infos)
+        ]
+        outcomes = self.compute_score.map(calls)
+        return [
+            ({"score": 0.0}, failed(self.name, out)) if isinstance(out, Exception) else checked(out, self.name)
+            for out in outcomes
+        ]
 
     def _score(self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict) -> Scored:
         """The user's function on one response, as a dict with ``score`` (0 on failure) and the failure, if it

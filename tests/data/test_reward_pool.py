@@ -92,3 +92,13 @@ def test_a_hang_in_a_batch_call_costs_one_response(tmp_path, char_tokenizer):
     reward, _ = manager(_batch(char_tokenizer, ["1$", "3$", "2$", "5$"], ["1", "1", "2", "2"]))
     assert reward.sum(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
     assert manager.last_errors == 1 and manager.last_error_reasons == {"timeout": 1}
+
+
+def test_a_batch_of_calls_answers_each_in_order_within_its_deadline(function):
+    """``map``: one round trip per worker; a hang ends its worker and the calls after it still answer."""
+    calls = [{"data_source": "d", "solution_str": s, "ground_truth": "a"} for s in ["a", "hang", "b", "raise", "a"]]
+    start = time.monotonic()
+    values = function.map(calls * 2)
+    assert time.monotonic() - start < 4 * function.timeout  # two hangs, each within its deadline
+    kinds = [type(v).__name__ if isinstance(v, Exception) else v for v in values]
+    assert kinds == [1.0, "CallTimeout", 0.0, "CallRaised", 1.0] * 2
