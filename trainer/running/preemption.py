@@ -127,7 +127,8 @@ class StopSignals:
         deadline = None
         with reader:
             while True:
-                reader.settimeout(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+                # never 0: a timeout of 0 makes recv non-blocking (BlockingIOError), not timed
+                reader.settimeout(None if deadline is None else max(deadline - time.monotonic(), 1e-3))
                 try:
                     received = reader.recv(64)
                 except TimeoutError:
