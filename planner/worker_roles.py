@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.distillation import teacher_fsdp_config, teacher_roles
-from planner.phases import ARR, Step, lookup
+from config.tree import ARR
+from planner.phases import Step, lookup
 
 
 @dataclass(frozen=True)

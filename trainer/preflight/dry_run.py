@@ -25,6 +25,7 @@ from config import ConfigError, PPOConfig
 from config.adapter import installed
 from config.tree import ARR
 from planner import StepPlan
+from planner.batching import PHASE_BATCHES
 from planner.phases import STEP_PHASES, Step, lookup
 from planner.plan import rollout_plan
 from planner.worker_roles import ACTOR, ROLES, TEACHER
@@ -50,21 +51,21 @@ class PhaseBatch:
 
 
 def phase_batches(cfg: PPOConfig, plan: StepPlan) -> list[PhaseBatch]:
-    """The batch arithmetic of every worker phase a step runs (``planner.phases.STEP_PHASES``), at the longest
-    sequences the config allows."""
+    """The batch arithmetic of every worker phase a step runs (``planner.phases.STEP_PHASES``, each by its
+    ``planner.batching.PHASE_BATCHES`` entry), at the longest sequences the config allows."""
     rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // plan.n_workers
     length = cfg.data.max_prompt_length + cfg.data.max_response_length
     out = []
     for phase in STEP_PHASES:
-        b = phase.batch
+        b = PHASE_BATCHES.get(phase.name)
         if b is None or not plan.runs(phase.name):
             continue
         if b.section is None:  # every row at once (a generation batch's, with dynamic sampling)
             at_once = getattr(plan, b.rows)
             out.append(PhaseBatch(phase.name, at_once, at_once, 1, None, 0, at_once * length))
             continue
-        section = lookup(cfg, b.section)
-        budget = getattr(section, b.budget) if b.dynamic and getattr(section, b.dynamic) else None
+        section = b.config(cfg)
+        budget = getattr(section, b.budget) if b.is_dynamic(section) else None
         if b.mini is None:  # a forward per micro-batch
             size = min(max(1, budget // length) if budget else getattr(section, b.micro) or rows, rows)
             out.append(PhaseBatch(phase.name, rows, size, math.ceil(rows / size), None, 0, rows * length))
