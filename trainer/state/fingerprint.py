@@ -45,6 +45,7 @@ MAY_CHANGE = (
     "trainer.resume_*",
     "trainer.max_nonfinite_steps",
     "trainer.phase_timeout_s",
+    "trainer.stop_grace_s",
     "trainer.max_restarts",
     "trainer.device",
     "trainer.n_gpus_per_node",
