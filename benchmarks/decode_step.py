@@ -96,7 +96,8 @@ PROFILED = ("compiled", "eager")
 
 
 def steps(model: torch.nn.Module, batch: tuple, args: argparse.Namespace, compiled: bool) -> Any:
-    """A function that runs 8 decode steps (at most ``--response-length``) (:func:`decode.decode_step`, compiled or not) after one prefill."""
+    """A function that runs 8 decode steps (at most ``--response-length``; :func:`decode.decode_step`, compiled
+    or not) after one prefill."""
     cache, logits = rollout.prefill(model, *batch, args.prompt_length + args.response_length)
     spec, weights = decode.read_weights(model)
     keys, values = [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
