@@ -147,7 +147,7 @@ def test_nothing_recompiles_after_warm_up(model, monkeypatch):
 
 
 def test_compile_decode_setting(model):
-    assert decode.resolve(True, model) and not decode.resolve("auto", model)  # auto: not a tiny model
+    assert decode.resolve(True, model) and not decode.resolve("auto", model)  # auto: the HF loop
     assert not decode.resolve(False, model) and not decode.resolve("false", model)
 
 
