@@ -22,7 +22,7 @@ own time limit and what is left of ``--budget-s``, so the whole check ends withi
 
 ``--quick`` puts a one-layer built-in model in SmolLM2's place (``model`` and ``data`` are skipped; the GRPO runs
 use the built-in demo's preset) and leaves vLLM out; ``--device cpu --quick --no-ray`` is ``make test``'s smoke test.
-A part whose Python modules are missing here (the lent machine may lack Hydra, datasets) is "skipped: needs X";
+A part whose Python modules are missing here (the lent machine may lack Hydra, pyarrow) is "skipped: needs X";
 ``floor`` and ``gpu_tests`` need Ray.
 Writes ``DIR/<part>.log`` for every part run and ``DIR/summary.json``: each part's status (``ok``, ``failed: ...``,
 ``skipped: ...``), seconds and figures; prints one line per part and the summary's path. Exit status 1 when a
@@ -250,9 +250,9 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
     quick = "--quick uses the built-in tiny model" if args.quick else None
     cpu = "--device cpu" if args.device == "cpu" else None
     hydra = ("hydra", "omegaconf", "tensordict", "transformers")
-    trainer = (*hydra, "ray", "datasets")
+    trainer = (*hydra, "ray", "pyarrow")
     ray_free = args.no_ray or bool(missing_modules(("ray",)))  # the GRPO runs then run without Ray
-    grpo_needs = (*hydra, "datasets") if ray_free else trainer
+    grpo_needs = (*hydra, "pyarrow") if ray_free else trainer
     model_args = ["--hidden", "32", "--layers", "1", "--sft-warmup-steps", "0", "--cache-dir", str(assets_dir)]
     if not args.quick:
         model_args = ["--model-path", model]
@@ -333,7 +333,7 @@ def environment(device: str) -> dict[str, Any]:
     """What the check ran on: Python, torch and its CUDA, the GPU, which of the modules ColoRL uses are here."""
     import torch
 
-    modules = ("ray", "hydra", "datasets", "wandb", "tensordict", "transformers", "peft", "vllm", "gguf", "pytest")
+    modules = ("ray", "hydra", "pyarrow", "wandb", "tensordict", "transformers", "peft", "vllm", "gguf", "pytest")
     info = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,

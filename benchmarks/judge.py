@@ -6,8 +6,9 @@ The judge (``serve``) answers ``POST /`` with ``{"data_source", "solution_str", 
 reward (``data.tasks.default_compute_score``) after ``delay`` seconds: the same score as the rule, at an LLM
 judge's pace. ``judge_score`` (sync, urllib) and ``async_judge_score`` (aiohttp) are ``compute_score`` functions
 that ask the judge at ``$COLORL_JUDGE_URL`` (``reward.custom_reward_function.path=benchmarks/judge.py``, ``name``
-one of them). The benchmark runs ``python main.py`` (the demo) ``--steps`` steps four times: the rule reward, then
-the judge with ``naive``, ``rate_limited`` (``reward.max_concurrent=--concurrent``) and ``remote``
+one of them). The benchmark runs ``python main.py`` (the demo) ``--steps`` steps once per run: the rule reward, the
+rule as a user's function (``rule_score``: through the killable pool every user function runs in), then the judge
+with ``naive``, ``rate_limited`` (``reward.max_concurrent=--concurrent``) and ``remote``
 (``reward.num_workers=--concurrent``), and prints JSON: each run's median ``timing_s/step`` and ``timing_s/reward``
 (steps 2 onwards) and their ratio to the rule's.
 """
@@ -90,6 +91,14 @@ def judge_score(
         return json.loads(response.read())
 
 
+def rule_score(data_source: Any, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
+    """The rule reward as a user's function: each call goes through the killable pool (``data.reward_pool``), what
+    the ``rule_pool`` run prices against the rule called inline."""
+    from data.tasks import default_compute_score
+
+    return default_compute_score(data_source, solution_str, ground_truth)
+
+
 async def async_judge_score(
     data_source: Any, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> Any:
@@ -104,6 +113,7 @@ async def async_judge_score(
 
 RUNS = {  # name -> overrides; {c}: --concurrent
     "rule": [],
+    "rule_pool": ["reward.custom_reward_function.name=rule_score"],
     "naive": ["reward.custom_reward_function.name=judge_score"],
     "rate_limited": [
         "reward.custom_reward_function.name=async_judge_score",

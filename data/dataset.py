@@ -2,73 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
-import datasets
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
 from transformers import PreTrainedTokenizerBase
+
+from data.prompt_files import read_rows
 
 logger = logging.getLogger(__name__)
 
 NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt", "agent_name", "tools_kwargs")
 TOOL_AGENT = "tool_agent"  # verl's agent_name of the multi-turn tool loop (workers.compute.agent_loop)
-
-
-def _load_file(path: str, columns: dict[str, str]) -> datasets.Dataset:
-    """One parquet or jsonl file as a ``datasets.Dataset``: readable, with rows, and with each of ``columns``
-    (column -> the config key that names it)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"data file not found: {path}")
-    suffix = os.path.splitext(path)[1].lower()
-    builder = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}.get(suffix)
-    if builder is None:
-        raise ValueError(f"unsupported data file type {suffix!r} ({path}); use .parquet or .jsonl")
-    try:
-        table = datasets.load_dataset(builder, data_files=path, split="train")
-    except Exception as exc:  # datasets wraps the reader's error in its own: say what is wrong with the file
-        raise ValueError(_unreadable(path, suffix, exc)) from None
-    if len(table) == 0:
-        raise ValueError(f"{path} holds no rows; expected one prompt per row")
-    for column, key in columns.items():
-        if column not in table.column_names:
-            raise ValueError(
-                f"{key.rpartition('.')[2].replace('_', ' ')} {column!r} not found in {path}; its columns "
-                f"are {table.column_names}. Set {key} to one of them."
-            )
-    return table
-
-
-def _unreadable(path: str, suffix: str, exc: Exception) -> str:
-    """Why ``path`` could not be read: empty, the first line of a JSON Lines file that is not an object, or the
-    reader's own first line."""
-    if os.path.getsize(path) == 0:
-        return f"{path} is empty (0 bytes); expected one prompt per row"
-    if suffix == ".jsonl":
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    ok = not line.strip() or isinstance(json.loads(line), dict)
-                except ValueError as bad:
-                    ok, exc = False, bad
-                if not ok:
-                    return (
-                        f"line {number} of {path} is not a JSON object ({exc}); expected one JSON object per line, "
-                        '{"prompt": ..., ...}'
-                    )
-        return f"{path} holds no rows; expected one prompt per row"
-    if suffix == ".parquet" and _parquet_rows(path) == 0:
-        return f"{path} holds no rows; expected one prompt per row"
-    cause = exc.__cause__ or exc
-    first = (str(cause).splitlines() or [""])[0]
-    expected = "a parquet file (as pandas.DataFrame.to_parquet writes it)" if suffix == ".parquet" else "a JSON file"
-    return f"{path} cannot be read ({type(cause).__name__}: {first}); expected {expected}"
 
 
 class RLHFDataset(Dataset):
@@ -121,7 +70,7 @@ class RLHFDataset(Dataset):
         # Files are chained row by row, not concatenated as tables: files of different data sources may hold
         # different columns (GSM8K's chat prompt and extra_info beside a plain-string task).
         rows = [
-            self._make_row(record, path, i) for path in self.files for i, record in enumerate(_load_file(path, columns))
+            self._make_row(record, path, i) for path in self.files for i, record in enumerate(read_rows(path, columns))
         ]
         if not filter_overlong_prompts and truncation != "error":
             rows = [{**row, "input_ids": _truncate(row["input_ids"], max_prompt_length, truncation)} for row in rows]
@@ -214,14 +163,6 @@ class RLHFDataset(Dataset):
             column[:] = [row[key] for row in rows]  # slice-assign keeps dicts/lists as objects
             batch[key] = column
         return batch
-
-
-def _parquet_rows(path: str) -> int | None:
-    """The row count a parquet file's footer records (None: no readable footer)."""
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
-        return None
 
 
 def _is_prompt(prompt: Any) -> bool:

@@ -175,8 +175,19 @@ class RewardManager:
         return score, {}
 
     def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
-        """Each response's ``(result, failure)``: the function called once per response (verl's naive manager)."""
-        return [self._score(*args) for args in zip(sources, solutions, truths, infos)]
+        """Each response's ``(result, failure)``: the function called once per response (verl's naive manager); a
+        user's function in its pool, the batch's calls in one round trip (``UserFunction.map``)."""
+        if not isinstance(self.compute_score, UserFunction):
+            return [self._score(*args) for args in zip(sources, solutions, truths, infos)]
+        calls = [
+            {"data_source": source, "solution_str": solution, "ground_truth": truth, "extra_info": info}
+            for source, solution, truth, info in zip(sources, solutions, truths, infos)
+        ]
+        outcomes = self.compute_score.map(calls)
+        return [
+            ({"score": 0.0}, failed(self.name, out)) if isinstance(out, Exception) else checked(out, self.name)
+            for out in outcomes
+        ]
 
     def _score(self, data_source: Any, solution: str, ground_truth: Any, extra_info: dict) -> Scored:
         """The user's function on one response, as a dict with ``score`` (0 on failure) and the failure, if it
@@ -192,7 +203,11 @@ class RewardManager:
 
 class BatchRewardManager(RewardManager):
     """verl's "batch" reward manager: the function is called once per batch with lists (``data_sources``,
-    ``solution_strs``, ``ground_truths``, ``extra_infos``) and returns one result per response."""
+    ``solution_strs``, ``ground_truths``, ``extra_infos``) and returns one result per response.
+
+    A batch call past ``reward.timeout`` is made again one response at a time, each call within the timeout: a
+    response the function hangs on scores 0 (``reward/errors/timeout``) and the others keep their scores, so a hang
+    costs its trajectory, not the batch (verl's manager has no timeout)."""
 
     def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
         try:
@@ -201,6 +216,11 @@ class BatchRewardManager(RewardManager):
                     data_sources=sources, solution_strs=solutions, ground_truths=truths, extra_infos=infos
                 )
             )
+        except TimeoutError as exc:
+            if len(infos) == 1:
+                return [({"score": 0.0}, failed(self.name, exc))]
+            rows = zip(sources, solutions, truths, infos)
+            return [scored for row in rows for scored in self._score_all(*([value] for value in row))]
         except Exception as exc:  # the whole batch's scores are lost: each response scores 0
             return [({"score": 0.0}, failed(self.name, exc))] * len(infos)
         if len(results) != len(infos):

@@ -8,14 +8,19 @@ killed and reaped, and the next call that needs a worker starts a fresh one. Not
 waits on a hung call (the caller waits on the worker's pipe with a deadline), and a killed worker's process is
 gone. A call that raises raises ``CallRaised`` with the function's exception type and message.
 
+``map`` makes a batch's calls in one round trip per worker: the worker gets the list at once, answers each call
+as it finishes, and each answer has ``timeout`` seconds from the one before it. A call that hangs ends its worker;
+the calls after it go to a fresh one. So a batch of quick calls costs one message each way, not one per call.
+
 Each worker runs this file as a script (standard library only: it starts in well under a second, whatever the
-trainer imports), reads length-prefixed pickled ``(args, kwargs)`` from one pipe and writes the pickled
-``(ok, value)`` to another; the user's prints still go to the run's stdout. A worker whose parent died exits.
+trainer imports), reads a length-prefixed pickled list of ``(args, kwargs)`` from one pipe and writes the pickled
+``(ok, value)`` of each to another; the user's prints still go to the run's stdout. A worker whose parent died exits.
 """
 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import functools
 import importlib.util
 import json
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 _HEADER = struct.Struct("!Q")  # each message: its length, then the pickle
@@ -59,6 +65,11 @@ class UserFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _pool(self.path, self.name, self.processes).call(args, kwargs, self.timeout)
 
+    def map(self, calls: list[dict[str, Any]]) -> list[Any]:
+        """The function's value for each keyword-argument dict of ``calls``, in order, each within the deadline; a
+        call that raised or timed out gives its ``CallRaised``/``CallTimeout`` in its place."""
+        return _pool(self.path, self.name, self.processes).map(calls, self.timeout)
+
     def __reduce__(self) -> tuple:  # pickled (Ray actors, a checkpoint's config) as its file and name
         return UserFunction, (self.path, self.name, self.timeout, self.processes)
 
@@ -88,11 +99,18 @@ class _Worker:
 
     def call(self, args: tuple, kwargs: dict, timeout: float) -> Any:
         """The function's value for ``args``/``kwargs``; ``CallTimeout`` after ``timeout`` seconds, ``CallRaised``."""
-        _write(self.to_worker, pickle.dumps((args, kwargs)))
+        _write(self.to_worker, pickle.dumps([(args, kwargs)]))
         ok, value = pickle.loads(_read(self.from_worker, time.monotonic() + timeout))
         if not ok:
             raise CallRaised(value)
         return value
+
+    def answers(self, calls: list[dict[str, Any]], timeout: float) -> Iterator[tuple[bool, Any]]:
+        """Each call's ``(ok, value)`` as the worker answers it (``ok`` False: the error line); ``TimeoutError`` when
+        an answer takes more than ``timeout`` seconds after the one before it."""
+        _write(self.to_worker, pickle.dumps([((), kwargs) for kwargs in calls]))
+        for _ in calls:
+            yield pickle.loads(_read(self.from_worker, time.monotonic() + timeout))
 
     def kill(self) -> None:
         """End the process and reap it; close the pipes (nothing of it is left)."""
@@ -106,7 +124,7 @@ class _Pool:
     """At most ``size`` workers of one function; a call takes an idle worker (or starts one, or waits for one)."""
 
     def __init__(self, path: str, name: str, size: int) -> None:
-        self.path, self.name = path, name
+        self.path, self.name, self.size = path, name, size
         self.idle: list[_Worker] = []
         self.slots = threading.BoundedSemaphore(size)  # calls at a time = workers alive at most
         self.lock = threading.Lock()
@@ -114,9 +132,7 @@ class _Pool:
 
     def call(self, args: tuple, kwargs: dict, timeout: float) -> Any:
         with self.slots:
-            with self.lock:
-                worker = self.idle.pop() if self.idle else None
-            worker = worker or _Worker(self.path, self.name)
+            worker = self._take()
             try:
                 value = worker.call(args, kwargs, timeout)
             except CallRaised:
@@ -133,6 +149,40 @@ class _Pool:
                 raise
             self._put(worker)
             return value
+
+    def map(self, calls: list[dict[str, Any]], timeout: float) -> list[Any]:
+        """``calls`` in contiguous shares, one worker each (as many as the pool allows), in order of ``calls``."""
+        share = -(-len(calls) // self.size) if calls else 1
+        chunks = [calls[i : i + share] for i in range(0, len(calls), share)]
+        if len(chunks) <= 1:
+            return self._map_one(calls, timeout) if calls else []
+        with concurrent.futures.ThreadPoolExecutor(len(chunks)) as threads:  # each waits on its worker's pipe
+            return [value for chunk in threads.map(lambda c: self._map_one(c, timeout), chunks) for value in chunk]
+
+    def _map_one(self, calls: list[dict[str, Any]], timeout: float) -> list[Any]:
+        """``calls`` on one worker; after a call that hangs (its worker killed) the rest go to a fresh worker."""
+        values: list[Any] = []
+        while len(values) < len(calls):
+            with self.slots:
+                worker = self._take()
+                try:
+                    for ok, value in worker.answers(calls[len(values) :], timeout):
+                        values.append(value if ok else CallRaised(value))
+                except BaseException as exc:  # timed out, died or interrupted: the worker may be anywhere
+                    worker.kill()
+                    if not isinstance(exc, (TimeoutError, EOFError)):
+                        raise
+                    timed_out = isinstance(exc, TimeoutError)
+                    why = f"no answer after {timeout}s" if timed_out else "WorkerExit: its process ended"
+                    values.append(CallTimeout(why) if timed_out else CallRaised(why))
+                    continue
+                self._put(worker)
+        return values
+
+    def _take(self) -> _Worker:
+        with self.lock:
+            worker = self.idle.pop() if self.idle else None
+        return worker or _Worker(self.path, self.name)
 
     def _put(self, worker: _Worker) -> None:
         with self.lock:
@@ -189,15 +239,16 @@ def _serve(path: str, name: str, read_fd: int, write_fd: int) -> None:
     function = None
     while True:
         try:
-            args, kwargs = pickle.loads(_read(read_fd))
+            calls = pickle.loads(_read(read_fd))
         except EOFError:
             return
-        try:
-            function = function or _load(path, name)
-            answer = pickle.dumps((True, function(*args, **kwargs)))
-        except Exception as exc:
-            answer = pickle.dumps((False, f"{type(exc).__name__}: {exc}"))
-        _write(write_fd, answer)
+        for args, kwargs in calls:  # each answered as soon as it is computed
+            try:
+                function = function or _load(path, name)
+                answer = pickle.dumps((True, function(*args, **kwargs)))
+            except Exception as exc:
+                answer = pickle.dumps((False, f"{type(exc).__name__}: {exc}"))
+            _write(write_fd, answer)
 
 
 if __name__ == "__main__":

@@ -2,20 +2,21 @@
 
 ``STEP_PHASES`` lists a step's phases in the order it runs them. An entry says where the phase runs (the driver or
 the workers), which worker role computes it with which method, the per-token keys it reads and writes, whether it
-runs for a plan, its memory estimate (named here, implemented in ``trainer.preflight.memory_phases``) and what sizes
-its batch on a worker (``Batching``: the keys the dry run reads, the memory check names and the out-of-memory advice
-gives). The roles, the models a worker may hold, are the other table (``planner.worker_roles.ROLES``). Everything
-that knows about phases reads these tables:
+runs for a plan and the timing line it is timed on. The roles, the models a worker may hold, are the other table
+(``planner.worker_roles.ROLES``). What else a phase has lives in a table keyed by its name, in the code that reads it:
 
 - ``declare_flows`` (below): the routes of each flow's phases that run (``planner.dataflow``), kept in the plan;
-- ``trainer.running.step.PhaseSteps.train_step``: runs the plan's phases in this order, each a worker call of the method
-  named here or the driver code ``STEP_CODE`` holds under its name, timed on the line its entry names; ``timing_s/``
-  metrics divided by the tokens its entry names;
-- ``trainer.preflight.memory_phases``: each phase's memory terms, by the estimator its entry names, over the roles;
-- ``trainer.preflight.dry_run``: each phase's batch arithmetic, and the models' configs it reads;
-- ``trainer.running.faults``: the keys an out-of-memory error in a worker method advises to lower.
+- ``trainer.running.step.PhaseSteps.train_step``: runs the plan's phases in this order, each a worker call of the
+  method named here or the driver code ``STEP_CODE`` holds under its name, timed on the line its entry names;
+- ``planner.batching.PHASE_BATCHES``: what sizes a worker phase's batch (the plan's checks, the dry run's batch
+  arithmetic, the memory estimate's micro-batches);
+- ``trainer.preflight.memory_phases.PHASE_MEMORY``: each worker phase's memory estimate, over the roles;
+- ``trainer.running.faults.OOM_ADVICE``: what to lower when a worker phase runs out of memory (default: its batch
+  keys);
+- ``trainer.observing.metrics.PER_TOKEN``: the tokens ``timing_per_token_ms/<phase>`` divides its time by.
 
-Adding a phase is an entry here plus its compute code (a worker method, or the driver's in ``trainer.running.step``); a
+Adding a phase is an entry here plus its compute code (a worker method, or the driver's in ``trainer.running.step``)
+and, for a worker phase, its batching and memory estimate (``tests/trainer/test_phases.py`` names what is missing); a
 new role is also an entry of ``planner.worker_roles.ROLES``. A phase that drops or reorders rows on the driver
 (``selects_rows``) makes every key written before it and read after it pass through the driver.
 """
@@ -24,14 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import reduce
 from typing import Any
 
 from algos.registry import estimator_needs, policy_loss_spec
 from config.distillation import teacher_columns, teacher_outputs
-from config.tree import ARR
 from planner.dataflow import DRIVER, WORKER, Dataflow, Phase, when
-from planner.trainer_modes import partial_rollouts
 
 PROMPT = ("input_ids", "attention_mask", "position_ids")  # the dataloader's left-padded prompts (B, P)
 SEQUENCE = PROMPT  # the same names for prompt + response (B, P + R), as the rollout writes them
@@ -40,12 +38,6 @@ WORKER_ESTIMATOR_INPUTS = ("values", "old_log_probs", "sum_pi_squared")  # what 
 # what the reward function reads (with tool turns, a response's length is its attended tokens), and validation's
 SCORED = ("responses", "response_mask", "attention_mask")
 STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
-
-
-def lookup(cfg: Any, key: str) -> Any:
-    """The value (or section) at a dotted key of a config: ``lookup(cfg, "critic.model")`` (and through a mapping's
-    entries: ``distillation.teacher_models.<name>.model_path``)."""
-    return reduce(lambda node, k: node[k] if isinstance(node, dict) else getattr(node, k), key.split("."), cfg)
 
 
 def forward_keys(remove_padding: bool) -> tuple[str, ...]:
@@ -106,42 +98,12 @@ Keys = tuple[str, ...] | Callable[[Step], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
-class Batching:
-    """What sizes a worker phase's batch on one worker. Every row at once (``rows``: the ``StepPlan`` field of their
-    number; ``rows_key``: the keys that set it, for a config), or micro-batches of ``micro`` rows (keys of
-    ``section``), of ``budget`` tokens when the ``dynamic`` key is true; an update first splits the rows into the
-    plan's per-rank ``mini`` batches (a ``StepPlan`` field), ``ppo_epochs`` times."""
-
-    section: str | None = None
-    micro: str | None = None
-    dynamic: str | None = None
-    budget: str | None = None
-    mini: str | None = None
-    rows: str | None = None
-    rows_key: Callable[[Any], str] | None = None
-
-    def key(self, cfg: Any) -> str:
-        """The key that sizes one forward of ``cfg``'s: the token budget's when dynamic, else the micro-batch's."""
-        if self.section is None:
-            return self.rows_key(cfg)
-        dynamic = self.dynamic is not None and lookup(cfg, f"{self.section}.{self.dynamic}")
-        return f"{self.section}.{self.budget if dynamic else self.micro}"
-
-    def keys(self) -> str:
-        """Both keys, for advice that holds whichever is on."""
-        dynamic = f" ({self.budget} with {self.dynamic})" if self.dynamic else ""
-        return f"{self.section}.{self.micro}{dynamic}"
-
-
-@dataclass(frozen=True)
 class StepPhase:
     """One phase of a step (see the module docstring). ``reads``/``writes``: per-token keys, or a function of the
-    ``Step``; ``runs``: whether a plan runs it; ``memory``: the name of its estimate in
-    ``trainer.preflight.memory_phases.ESTIMATORS`` (a worker phase's peak); ``advice``: what to lower when its
-    worker method runs out of memory (default: its batch keys); ``timer``: the line of ``timing_s/`` that times it
-    (its own name by default, another phase's to count within it, ``None``: untimed); ``tokens``: what
-    ``timing_per_token_ms/<name>`` divides its time by (``"response"`` or ``"all"`` tokens, ``None``: no such
-    metric); ``columns``: the non-tensor columns it reads (or a function of the ``Step``)."""
+    ``Step``; ``runs``: whether a plan runs it; ``role`` and ``method``: the worker role and its method that compute
+    a worker phase; ``timer``: the line of ``timing_s/`` that times it (its own name by default, another phase's to
+    count within it, ``None``: untimed); ``columns``: the non-tensor columns it reads (or a function of the
+    ``Step``)."""
 
     name: str
     on: str
@@ -150,12 +112,8 @@ class StepPhase:
     runs: Callable[[Step], bool] = lambda s: True
     role: str | None = None
     method: str | None = None
-    memory: str | None = None
-    batch: Batching | None = None
-    advice: str | None = None
     columns: Keys = ()
     timer: str | None = ""
-    tokens: str | None = None
     selects_rows: bool = False
 
     def __post_init__(self) -> None:
@@ -168,17 +126,6 @@ class StepPhase:
             keys(s) if callable(keys) else keys for keys in (self.reads, self.writes, self.columns)
         )
         return Phase(self.name, self.on, reads, writes, columns)
-
-    @property
-    def oom_advice(self) -> str:
-        return self.advice or (self.batch.keys() if self.batch else "")
-
-
-def _generation_batch(cfg: Any) -> str:
-    """What sets the rows a worker generates at once: the prompts of a generation batch (dynamic sampling's, when
-    data.gen_batch_size is set) × the responses to each; with partial rollouts, of every batch in flight."""
-    rows = f"data.{'gen' if cfg.data.gen_batch_size else 'train'}_batch_size × {ARR}.rollout.n"
-    return f"{rows} × (1 + trainer.v1.colocate_async.num_warmup_batches)" if partial_rollouts(cfg) else rows
 
 
 def _gen_writes(s: Step) -> tuple[str, ...]:
@@ -217,16 +164,6 @@ def _update_actor_reads(s: Step) -> tuple[str, ...]:
     )
 
 
-def _log_prob_batching(section: str) -> Batching:
-    return Batching(
-        section, "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"
-    )
-
-
-def _update_batching(section: str, mini: str) -> Batching:
-    return Batching(section, "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", mini)
-
-
 STEP_PHASES: tuple[StepPhase, ...] = (
     StepPhase("prompts", DRIVER, writes=PROMPT, timer=None),  # the dataloader's batch
     # ReMax's baseline: each prompt's greedy response, generated (GREEDY_FLOW) and scored
@@ -238,11 +175,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         _gen_writes,
         role="actor",
         method="generate_sequences",
-        memory="generate",
-        tokens="response",  # tool turns included: the rollout feeds them
-        batch=Batching(rows="gen_rows", rows_key=_generation_batch),
-        advice="data.train_batch_size or data.max_response_length (a worker generates its whole share of "
-        f"data.train_batch_size × {ARR}.rollout.n at once)",
         columns=AGENT_KEYS,
     ),
     # trainer.v1's async modes: a batch is generated while another trains (on a group of its own, or before the
@@ -262,8 +194,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.reward_model,
         role="rm",
         method="compute_rm_score",
-        memory="forward",
-        batch=Batching("reward.reward_model", "micro_batch_size_per_gpu"),
         timer="reward",
     ),
     StepPhase("reward", DRIVER, lambda s: (*SCORED, *when(s.reward_model, "rm_scores")), ("token_level_scores",)),
@@ -279,9 +209,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.recompute_old_log_prob,
         role="actor",
         method="compute_log_prob",
-        tokens="all",
-        memory="forward",
-        batch=_log_prob_batching(f"{ARR}.rollout"),
     ),
     StepPhase(
         "ref",
@@ -291,9 +218,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.compute_ref_log_prob,
         role="ref",
         method="compute_ref_log_prob",
-        tokens="all",
-        memory="forward",
-        batch=_log_prob_batching(f"{ARR}.ref"),
     ),
     StepPhase(  # on-policy distillation: the teachers score the rows that train (after the filter)
         "teacher",
@@ -303,9 +227,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.compute_teacher,
         role="teacher",
         method="compute_teacher_log_prob",
-        tokens="all",
-        memory="forward",
-        batch=_log_prob_batching(f"{ARR}.rollout"),  # micro-batched as the old log-probs' (workers.compute.teacher)
         columns=lambda s: teacher_columns(s.cfg.distillation),  # several teachers: the column that routes rows
     ),
     StepPhase(
@@ -316,13 +237,8 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.use_critic,
         role="critic",
         method="compute_values",
-        tokens="all",
-        memory="forward",
-        batch=Batching(
-            "critic", "forward_micro_batch_size_per_gpu", "use_dynamic_bsz", "forward_max_token_len_per_gpu"
-        ),
     ),
-    StepPhase("adv", DRIVER, _adv_reads, ("token_level_rewards", "advantages", "returns"), tokens="all"),
+    StepPhase("adv", DRIVER, _adv_reads, ("token_level_rewards", "advantages", "returns")),
     StepPhase(
         "update_critic",
         WORKER,
@@ -330,9 +246,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         runs=lambda s: s.plan.use_critic,
         role="critic",
         method="update_critic",
-        tokens="all",
-        memory="update",
-        batch=_update_batching("critic", "critic_mini_batch_size"),
     ),
     StepPhase(
         "update_actor",
@@ -340,9 +253,6 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         _update_actor_reads,
         role="actor",
         method="update_actor",
-        tokens="all",
-        memory="update",
-        batch=_update_batching(f"{ARR}.actor", "actor_mini_batch_size"),
     ),
     # trainer.v1's async modes: the batches asked for from now on are generated with these weights; a rollout group
     # of its own takes them (verl's timer name)

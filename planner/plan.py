@@ -20,8 +20,9 @@ from typing import Any
 
 from algos.registry import estimator_needs, estimator_needs_critic, policy_loss_spec
 from config.checks import ConfigError, is_int
+from planner.batching import PHASE_BATCHES
 from planner.dataflow import Dataflow
-from planner.phases import PHASES, STEP_FLOW, declare_flows, lookup, rollout_log_probs, uses_full_kl, uses_ref_log_prob
+from planner.phases import PHASES, STEP_FLOW, declare_flows, rollout_log_probs, uses_full_kl, uses_ref_log_prob
 from planner.trainer_modes import TrainerMode, trainer_mode
 
 ROLLOUT_LOG_PROBS = (
@@ -203,15 +204,19 @@ def _balance(cfg: Any, n_workers: int) -> bool:
 
 
 def _check_micro_batches(cfg: Any, plan: StepPlan) -> None:
-    """Each worker phase that runs and micro-batches by sequences needs its micro-batch size (its entry's
-    ``Batching``): verl gives none a default."""
+    """Each worker phase that runs and micro-batches by sequences needs its micro-batch size (its
+    ``planner.batching.PHASE_BATCHES`` entry): verl gives none a default."""
     for phase in plan.flows[STEP_FLOW].phases:
-        batching = PHASES[phase.name].batch
+        batching = PHASE_BATCHES.get(phase.name)
         if batching is None or batching.section is None or batching.mini is not None:  # updates: _mini_batch_per_rank
             continue
-        dynamic = batching.dynamic is not None and lookup(cfg, f"{batching.section}.{batching.dynamic}")
-        key = f"{batching.section}.{batching.micro}"
-        _require_micro(key, lookup(cfg, key), not dynamic, f"{batching.section}.{batching.dynamic}")
+        section = batching.config(cfg)
+        _require_micro(
+            f"{batching.section}.{batching.micro}",
+            getattr(section, batching.micro),
+            not batching.is_dynamic(section),
+            f"{batching.section}.{batching.dynamic}",
+        )
 
 
 def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch_size: int, n_workers: int) -> int:

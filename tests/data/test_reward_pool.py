@@ -69,3 +69,36 @@ def _parent(pid: str) -> int:
 def _children() -> list[str]:
     """The pids of this process's children."""
     return [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
+
+
+BATCH_SOURCE = """
+import time
+def compute_score(data_sources, solution_strs, ground_truths, extra_infos):
+    if "3" in solution_strs:
+        time.sleep(3600)
+    return [float(s == g) for s, g in zip(solution_strs, ground_truths)]
+"""
+
+
+def test_a_hang_in_a_batch_call_costs_one_response(tmp_path, char_tokenizer):
+    """The batch manager makes a timed-out batch call again one response at a time: the response it hangs on
+    scores 0 as a timeout, the others keep their scores, and the step goes on (no RewardError)."""
+    from data.reward import BatchRewardManager
+    from tests.data.test_data_reward import _batch
+
+    path = tmp_path / "batch_reward.py"
+    path.write_text(BATCH_SOURCE)
+    manager = BatchRewardManager(char_tokenizer, load_custom_compute_score(str(path)).bounded(0.5, 1))
+    reward, _ = manager(_batch(char_tokenizer, ["1$", "3$", "2$", "5$"], ["1", "1", "2", "2"]))
+    assert reward.sum(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert manager.last_errors == 1 and manager.last_error_reasons == {"timeout": 1}
+
+
+def test_a_batch_of_calls_answers_each_in_order_within_its_deadline(function):
+    """``map``: one round trip per worker; a hang ends its worker and the calls after it still answer."""
+    calls = [{"data_source": "d", "solution_str": s, "ground_truth": "a"} for s in ["a", "hang", "b", "raise", "a"]]
+    start = time.monotonic()
+    values = function.map(calls * 2)
+    assert time.monotonic() - start < 4 * function.timeout  # two hangs, each within its deadline
+    kinds = [type(v).__name__ if isinstance(v, Exception) else v for v in values]
+    assert kinds == [1.0, "CallTimeout", 0.0, "CallRaised", 1.0] * 2

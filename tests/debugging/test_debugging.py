@@ -1,14 +1,18 @@
 """One process, no Ray: a Ray-free run bit-equal to Ray's, a replayed step equal to the log, and ``trainer.diff``
-naming the step and phase where a changed learning rate parts two runs (real tiny demo runs, reused)."""
+naming the step and phase where a changed learning rate parts two runs (real tiny demo runs, reused). The runs
+without Ray run as on a bare PyTorch image (``bare_image/``): what they import beyond it is docs/gpu.md's table."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from config import ConfigError
 from planner import load_config, make_plan
@@ -16,7 +20,7 @@ from trainer.replay import ReplayError, check_phase, compared
 from trainer.running.groups import uses_ray
 
 REPO = Path(__file__).resolve().parents[2]
-NO_RAY = Path(__file__).parent / "no_ray"  # a sitecustomize that hides Ray
+BARE = Path(__file__).parent / "bare_image"  # a sitecustomize that hides Ray, datasets and matplotlib
 STEPS = 5
 
 
@@ -43,26 +47,42 @@ def tiny(run_dir: Path, assets: Path) -> list[str]:
     ]
 
 
-def run(args: list[str], ray: bool) -> subprocess.CompletedProcess:
+IMAGE = ("torch", "transformers", "peft", "safetensors", "pytest")  # a bare PyTorch image, with what these require
+BEYOND_IMAGE = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "pyarrow"}  # docs/gpu.md's table
+# the project itself, and mimalloc's loader, which its .pth imports at start-up where it is installed (optional)
+NOT_COUNTED = {"colorl", "cmeel"}
+
+
+def run(args: list[str], ray: bool, imported: Path | None = None) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the repository; without ``ray`` as on a bare PyTorch image, which writes into
+    ``imported`` the distributions of what it imported."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HYDRA_FULL_ERROR": "0"}
-    env["PYTHONPATH"] = str(REPO) if ray else os.pathsep.join([str(NO_RAY), str(REPO)])
+    env["PYTHONPATH"] = str(REPO) if ray else os.pathsep.join([str(BARE), str(REPO)])
+    if imported is not None:
+        imported.mkdir(exist_ok=True)
+        env["COLORL_BARE_REPORT"] = str(imported)
     done = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     return done
 
 
-def train(keys: list[str], ray: bool) -> None:
-    done = run(["main.py", *keys], ray)
+def train(keys: list[str], ray: bool, imported: Path | None = None) -> str:
+    done = run(["main.py", *keys], ray, imported)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A: without Ray (Ray hidden); B: the same on Ray."""
+    """A: as on a bare PyTorch image (no Ray, no datasets, no matplotlib); B: the same on Ray."""
     root = tmp_path_factory.mktemp("debugging")
     a, b = root / "a", root / "b"
-    train(tiny(a, root / "assets"), ray=False)
+    (root / "a.log").write_text(train(tiny(a, root / "assets"), ray=False, imported=root / "imported"))
     train(tiny(b, root / "assets"), ray=True)
     return a, b
+
+
+def imported(run_dir: Path) -> Path:
+    return run_dir.parent / "imported"
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +111,7 @@ def test_a_run_without_ray_is_bit_equal_to_the_ray_run(runs):
 def test_a_replayed_step_equals_the_logged_one_without_ray(runs):
     _, b = runs
     before = sorted(p.name for p in b.rglob("*"))
-    done = run(["-m", "trainer.replay", str(b), "--step", "3"], ray=False)
+    done = run(["-m", "trainer.replay", str(b), "--step", "3"], ray=False, imported=imported(b))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "step 3: the replay equals the log" in done.stdout
     assert sorted(p.name for p in b.rglob("*")) == before  # nothing written into the recorded run
@@ -100,7 +120,7 @@ def test_a_replayed_step_equals_the_logged_one_without_ray(runs):
 @pytest.mark.slow  # a third run and two replays: ~1 min on 2 cores
 def test_diff_names_the_step_and_phase_of_a_changed_learning_rate(runs, changed_lr):
     b, c = runs[1], changed_lr
-    done = run(["-m", "trainer.diff", str(b), str(c), "--tensors"], ray=False)
+    done = run(["-m", "trainer.diff", str(b), str(c), "--tensors"], ray=False, imported=imported(b))
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"step {STEPS}: the runs part" in done.stdout
     assert "config actor_rollout_ref.actor.optim.lr: A 0.0003, B 0.0001" in done.stdout
@@ -109,7 +129,7 @@ def test_diff_names_the_step_and_phase_of_a_changed_learning_rate(runs, changed_
 
 def test_diff_finds_nothing_between_equal_runs(runs):
     a, b = runs
-    done = run(["-m", "trainer.diff", str(a), str(b)], ray=False)
+    done = run(["-m", "trainer.diff", str(a), str(b)], ray=False, imported=imported(a))
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert "agree on every step" in done.stdout
 
@@ -120,3 +140,41 @@ def test_configs_a_single_process_cannot_run_are_refused_naming_the_key():
         uses_ray(cfg, make_plan(cfg, 2))
     with pytest.raises(ReplayError, match="--stop-before nope: not a phase .* its phases: .*update_actor"):
         check_phase(cfg, "nope")
+
+
+def test_without_matplotlib_a_run_skips_the_plot_in_one_line(runs):
+    a, b = runs
+    lines = [line for line in (a.parent / "a.log").read_text().splitlines() if "reward_curve.png" in line]
+    assert lines == ["colorl: reward_curve.png skipped: matplotlib is not installed (pip install matplotlib draws it)"]
+    assert not (a / "reward_curve.png").exists() and (b / "reward_curve.png").stat().st_size > 0
+
+
+def _required(names: tuple[str, ...]) -> set[str]:
+    """The distributions ``names`` need, and those they need, as installed here (no extras)."""
+    seen, todo = set(), list(names)
+    while todo:
+        name = _normal(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = distribution(name).requires or []
+        except PackageNotFoundError:
+            continue
+        requirements = [Requirement(r) for r in requires]
+        todo += [r.name for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
+    return seen
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_a_bare_pytorch_image_needs_only_the_packages_of_the_table(runs):
+    """Training, and the replays and diffs of the tests before this one: docs/gpu.md's table is all they import
+    beyond the image."""
+    found = {}
+    for report in imported(runs[0]).glob("*.json"):
+        found.update(json.loads(report.read_text()))
+    beyond = {_normal(d) for d in found} - _required(IMAGE) - NOT_COUNTED
+    assert "torch" in found and beyond == BEYOND_IMAGE

@@ -1,7 +1,9 @@
-"""The phase table (planner.phases) and its readers: a phase missing from any of them fails here.
+"""The phase table (planner.phases), the tables keyed by its phases' names, and their readers: a phase missing from
+any of them fails here.
 
-Readers: the routes (``declare_flows``), ``train_step``'s loop, the memory estimate, the dry run's batch table
-and the out-of-memory advice. Each test names the reader it holds to the table.
+Readers: the routes (``declare_flows``), ``train_step``'s loop, the batching (``planner.batching.PHASE_BATCHES``: the
+plan's checks, the dry run's batch table), the memory estimate (``PHASE_MEMORY``), the out-of-memory advice
+(``OOM_ADVICE``) and the per-token timings (``PER_TOKEN``). Each test names the reader it holds to the table.
 """
 
 import ast
@@ -12,13 +14,15 @@ import pytest
 
 from data.builtin import demo_model_config
 from planner import load_config, make_plan
+from planner.batching import PHASE_BATCHES
 from planner.dataflow import DRIVER, WORKER
 from planner.phases import PHASES, STEP_FLOW, STEP_PHASES
 from planner.worker_roles import ROLE, ROLES
+from trainer.observing.metrics import PER_TOKEN
 from trainer.preflight.dry_run import phase_batches
 from trainer.preflight.memory_estimate import model_sizes
-from trainer.preflight.memory_phases import ESTIMATORS, estimate_memory
-from trainer.running.faults import MEMORY_KEYS, _memory_hint
+from trainer.preflight.memory_phases import PHASE_MEMORY, estimate_memory
+from trainer.running.faults import MEMORY_KEYS, OOM_ADVICE, _memory_hint
 from trainer.running.step import PhaseSteps, StepState
 from workers.roles.fsdp_workers import ActorRolloutRefWorker
 from workers.roles.scoring_workers import CriticWorker, RewardModelWorker, TeacherWorker
@@ -55,19 +59,79 @@ def planned(request):
     return cfg, make_plan(cfg, 2)
 
 
-def test_every_worker_phase_names_a_role_a_method_an_estimate_and_its_batch_keys():
-    """What the memory estimate, the out-of-memory advice and train_step's calls look up by a phase's entry."""
+WORKER_PHASES = {phase.name for phase in STEP_PHASES if phase.on == WORKER}
+
+
+def test_every_worker_phase_names_a_role_and_a_method_and_has_its_batching_and_memory_estimate():
+    """What train_step's calls look up by a phase's entry, and the tables of the batching and the memory estimate:
+    each names exactly the worker phases."""
     assert set(WORKER_CLASSES) == set(ROLE)  # a new role needs its worker class here (and in trainer.running.placement)
     for phase in STEP_PHASES:
         if phase.on == DRIVER:
-            assert phase.role is phase.method is phase.memory is phase.batch is None, phase.name
+            assert phase.role is phase.method is None, phase.name
             continue
-        assert phase.role in ROLE and phase.memory in ESTIMATORS and phase.batch is not None, phase.name
+        assert phase.role in ROLE, phase.name
         assert callable(getattr(WORKER_CLASSES[phase.role], phase.method, None)), (phase.name, phase.method)
-        assert MEMORY_KEYS[phase.method] == phase.oom_advice and phase.oom_advice, phase.name
-        assert phase.oom_advice in _memory_hint(f"{phase.role}.{phase.method}")
+    assert set(PHASE_BATCHES) == WORKER_PHASES
+    assert set(PHASE_MEMORY) == WORKER_PHASES
     for role in ROLES:
         assert role.shares is None or role.shares in ROLE
+
+
+def _at(cfg, key):
+    """What a message naming dotted ``key`` means: the value there (through a mapping's entries)."""
+    for part in key.split("."):
+        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
+    return cfg
+
+
+def test_a_batchings_section_is_the_one_its_key_names():
+    """An entry of PHASE_BATCHES names its section's key (for messages) and reads the section: the same one."""
+    cfg = load_config(PLANS["ppo_with_everything"])
+    for name, batching in PHASE_BATCHES.items():
+        if batching.section is None:  # every row at once: the plan's count
+            assert batching.rows and batching.rows_key(cfg), name
+            continue
+        section = _at(cfg, batching.section)
+        assert batching.config(cfg) is section, name
+        assert all(hasattr(section, f) for f in (batching.micro, batching.dynamic, batching.budget) if f), name
+
+
+def test_a_roles_keys_name_what_it_reads():
+    """A role names the keys of its model section and path (for messages) and reads them: the same ones."""
+    cfg = load_config(
+        [
+            "algorithm.adv_estimator=gae",
+            "critic.model.path=/no/critic",
+            "reward.reward_model.enable=true",
+            "reward.reward_model.model_path=/no/reward/model",
+            "distillation.enabled=true",
+            "distillation.teacher_models.teacher_model.model_path=/no/teacher",
+        ]
+    )
+    for role in ROLES:
+        assert role.model_config(cfg) is _at(cfg, role.model), role.name
+        for name, (key, path) in role.paths(cfg).items():
+            assert key.startswith(role.path) and path == _at(cfg, key), name
+    assert {"/no/critic", "/no/reward/model", "/no/teacher"} <= {p for r in ROLES for _, p in r.paths(cfg).values()}
+
+
+def test_every_worker_method_has_out_of_memory_advice():
+    """OOM_ADVICE names exactly the worker phases whose batch has no micro-batch keys to lower (every row at once);
+    the others' advice is their batch keys."""
+    assert set(OOM_ADVICE) == {name for name, batching in PHASE_BATCHES.items() if batching.section is None}
+    for phase in STEP_PHASES:
+        if phase.method:
+            advice = OOM_ADVICE.get(phase.name) or PHASE_BATCHES[phase.name].keys()
+            assert MEMORY_KEYS[phase.method] == advice and advice, phase.name
+            assert advice in _memory_hint(f"{phase.role}.{phase.method}")
+
+
+def test_per_token_timings_are_of_phases_timed_on_their_own_line():
+    """PER_TOKEN names phases (each worker phase with a timing line of its own among them) timed on their own line."""
+    assert {name for name in WORKER_PHASES if PHASES[name].timer == name} <= set(PER_TOKEN)
+    for name, counted in PER_TOKEN.items():
+        assert PHASES[name].timer == name and counted in ("response", "all"), name
 
 
 def test_the_plans_run_every_phase():
@@ -96,13 +160,13 @@ def test_the_memory_estimate_has_each_worker_phase_that_runs(planned):
     worker = [p.name for p in STEP_PHASES if p.on == WORKER and plan.runs(p.name)]
     assert [p.name for p in estimate.phases] == ["load", *worker, "validate"]
     for phase in estimate.phases[1:-1]:
-        assert phase.key == PHASES[phase.name].batch.key(cfg) and phase.terms["weights"] > 0
+        assert phase.key == PHASE_BATCHES[phase.name].key(cfg) and phase.terms["weights"] > 0
 
 
 def test_the_dry_run_has_each_worker_phase_that_runs(planned):
     cfg, plan = planned
     batches = phase_batches(cfg, plan)
-    assert [b.name for b in batches] == [p.name for p in STEP_PHASES if p.batch and plan.runs(p.name)]
+    assert [b.name for b in batches] == [p.name for p in STEP_PHASES if p.name in PHASE_BATCHES and plan.runs(p.name)]
     assert all(b.micro_batches >= 1 and b.tokens > 0 for b in batches)
 
 
@@ -163,13 +227,16 @@ def test_a_phase_that_selects_rows_on_the_driver_brings_what_crosses_it_there_an
 
 
 # the only production files that name a phase or a role by its string: the two tables and the driver's code of the
-# phases (``trainer.running.step.STEP_CODE``); elsewhere a word equal to a role's name means something else, said here
+# phases (``trainer.running.step.STEP_CODE``), and the keys of the tables keyed by a phase's name; elsewhere a word
+# equal to a role's name means something else, said here
 TABLES = {"planner/phases.py", "planner/worker_roles.py", "trainer/running/step.py"}
+PHASE_TABLES = {"PHASE_BATCHES", "PHASE_MEMORY", "OOM_ADVICE", "PER_TOKEN"}
 OTHER_MEANINGS = {
     ("algos/distillation.py", "teacher"): "a metric's name (distillation/teacher_mass)",
     ("config/distillation.py", "teacher"): "the teacher role's instance names (worker_roles imports this module)",
     ("verl_compat/cli/inert.py", "critic"): "the config section",
     ("planner/plan.py", "critic"): "the config section",
+    ("planner/batching.py", "critic"): "the config section",
     ("verl_compat/cli/normalize.py", "critic"): "the config section",
     ("trainer/running/build.py", "critic"): "the config section",
     ("workers/compute/actor.py", "actor"): "the metrics' namespace (verl's actor/...)",
@@ -193,9 +260,17 @@ def names_by_string(source: str) -> list[tuple[int, str]]:
         and node.body
         and isinstance(node.body[0], ast.Expr)
     }
+    table_keys = {
+        id(key)
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Dict)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name) and target.id in PHASE_TABLES
+        for key in node.value.keys
+    }
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and node.value in roles and id(node) not in docstrings:
+        if isinstance(node, ast.Constant) and node.value in roles and id(node) not in docstrings | table_keys:
             found.append((node.lineno, node.value))
         first = None
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PHASE_CALLS:
@@ -220,5 +295,5 @@ def test_no_other_production_file_names_a_phase_or_a_role_by_string():
         named = names_by_string(path.read_text()) if name not in TABLES else []
         found += [f"{name}:{line} {word!r}" for line, word in named if (name, word) not in OTHER_MEANINGS]
     assert not found, "name it through planner.phases / planner.worker_roles (e.g. ACTOR.name): " + ", ".join(found)
-    example = 'plan.runs("gen")\nx = PHASES["adv"]\ny = "critic"'
-    assert names_by_string(example) == [(1, "gen"), (2, "adv"), (3, "critic")]
+    example = 'plan.runs("gen")\nx = PHASES["adv"]\ny = "critic"\nPER_TOKEN = {"ref": "ref"}'
+    assert names_by_string(example) == [(1, "gen"), (2, "adv"), (3, "critic"), (4, "ref")]  # a table's key aside

@@ -15,7 +15,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from planner.phases import STEP_PHASES
+# the tokens timing_per_token_ms/<phase> divides a phase's time by (phases of planner.phases.STEP_PHASES, by name):
+# the response tokens (tool turns included: the rollout feeds them) or all of prompt + response
+PER_TOKEN = {
+    "gen": "response",
+    "old_log_prob": "all",
+    "ref": "all",
+    "teacher": "all",
+    "values": "all",
+    "adv": "all",
+    "update_critic": "all",
+    "update_actor": "all",
+}
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, Tensor]:
@@ -107,16 +118,15 @@ def reward_group_metrics(scores: Tensor, uids: Sequence[Hashable]) -> dict[str, 
 
 def compute_timing_metrics(batch: Mapping[str, Tensor], timing_raw: Mapping[str, float]) -> dict[str, float]:
     """timing_s/<name> for every timer, and timing_per_token_ms/<name> for the phases that process tokens: each
-    divided by the tokens its entry of ``planner.phases.STEP_PHASES`` names (``tokens``: the response tokens, or all
-    of prompt + response)."""
+    divided by the tokens ``PER_TOKEN`` names for it (the response tokens, or all of prompt + response)."""
     tokens = {
         "response": max(int(batch["attention_mask"][:, -batch["responses"].shape[-1] :].sum()), 1),
         "all": max(int(batch["attention_mask"].sum()), 1),
     }
     metrics = {f"timing_s/{name}": float(seconds) for name, seconds in timing_raw.items()}
-    for phase in STEP_PHASES:
-        if phase.tokens is not None and phase.name in timing_raw:
-            metrics[f"timing_per_token_ms/{phase.name}"] = timing_raw[phase.name] * 1000.0 / tokens[phase.tokens]
+    for phase, counted in PER_TOKEN.items():
+        if phase in timing_raw:
+            metrics[f"timing_per_token_ms/{phase}"] = timing_raw[phase] * 1000.0 / tokens[counted]
     return metrics
 
 

@@ -11,7 +11,8 @@ Backends (``trainer.logger``):
 ``log_generations`` shows validation samples (``trainer.log_val_generations``): printed on the console, and in wandb
 as verl's ``val/generations`` table (a row per validation: the step, then each sample's input, output and score).
 ``finish()`` also draws ``<local_dir>/reward_curve.png``: a grid of the run's health against step (reward and
-validation, response length, entropy and KL, prompt groups with all-equal rewards).
+validation, response length, entropy and KL, prompt groups with all-equal rewards). matplotlib draws it; where it
+is not installed, one line says the plot is skipped, and the run is otherwise the same.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
-
-from matplotlib.figure import Figure
 
 from config.checks import ConfigError
 from config.schema import LoggerBackend
@@ -171,6 +170,12 @@ class Tracking:
             plot_reward_curve(self.records(), self.plot_path)
         except OSError as exc:  # a full disk must not hide how the run ended
             print(f"colorl: warning: cannot write {self.plot_path} ({exc})", file=sys.stderr)
+        except ImportError as exc:  # matplotlib (or a module it needs) is not installed
+            missing = exc.name or "matplotlib"
+            print(
+                f"colorl: {self.plot_path.name} skipped: {missing} is not installed (pip install matplotlib draws it)",
+                file=sys.stderr,
+            )
 
     def records(self) -> list[dict[str, Any]]:
         """Every step logged so far; with the file backend those of earlier (resumed) attempts too, so that the
@@ -272,6 +277,8 @@ def plot_reward_curve(records: list[dict[str, Any]], path: str | os.PathLike) ->
                 curves.setdefault(key, {})[record["step"]] = value
     if not any(not k.startswith("health/warning/") for k in curves):
         return False
+    from matplotlib.figure import Figure  # here: a run without matplotlib skips the plot (``Tracking.finish``)
+
     fig = Figure(figsize=(11, 7), layout="tight")  # a bare Figure renders with Agg; pyplot's global state not needed
     for ax, panel in zip(fig.subplots(2, 2).flat, PANELS):
         _draw_panel(ax, panel, curves)

@@ -25,7 +25,8 @@ from config import ConfigError, PPOConfig
 from config.adapter import installed
 from config.tree import ARR
 from planner import StepPlan
-from planner.phases import STEP_PHASES, Step, lookup
+from planner.batching import PHASE_BATCHES
+from planner.phases import STEP_PHASES, Step
 from planner.plan import rollout_plan
 from planner.worker_roles import ACTOR, ROLES, TEACHER
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
@@ -50,21 +51,21 @@ class PhaseBatch:
 
 
 def phase_batches(cfg: PPOConfig, plan: StepPlan) -> list[PhaseBatch]:
-    """The batch arithmetic of every worker phase a step runs (``planner.phases.STEP_PHASES``), at the longest
-    sequences the config allows."""
+    """The batch arithmetic of every worker phase a step runs (``planner.phases.STEP_PHASES``, each by its
+    ``planner.batching.PHASE_BATCHES`` entry), at the longest sequences the config allows."""
     rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // plan.n_workers
     length = cfg.data.max_prompt_length + cfg.data.max_response_length
     out = []
     for phase in STEP_PHASES:
-        b = phase.batch
+        b = PHASE_BATCHES.get(phase.name)
         if b is None or not plan.runs(phase.name):
             continue
         if b.section is None:  # every row at once (a generation batch's, with dynamic sampling)
             at_once = getattr(plan, b.rows)
             out.append(PhaseBatch(phase.name, at_once, at_once, 1, None, 0, at_once * length))
             continue
-        section = lookup(cfg, b.section)
-        budget = getattr(section, b.budget) if b.dynamic and getattr(section, b.dynamic) else None
+        section = b.config(cfg)
+        budget = getattr(section, b.budget) if b.is_dynamic(section) else None
         if b.mini is None:  # a forward per micro-batch
             size = min(max(1, budget // length) if budget else getattr(section, b.micro) or rows, rows)
             out.append(PhaseBatch(phase.name, rows, size, math.ceil(rows / size), None, 0, rows * length))
@@ -116,10 +117,10 @@ def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
     for role in ROLES:
         if role.instances:  # distillation's teachers: check_teachers, below
             continue
-        path = lookup(cfg, role.path)
+        path = role.model_path(cfg)
         own = role is ACTOR or path != actor_path
         if role.held(step) and role.shares is None and path is not None and own:
-            trust = bool(getattr(lookup(cfg, role.model), "trust_remote_code", False))
+            trust = bool(getattr(role.model_config(cfg), "trust_remote_code", False))
             _check_model(role.path, path, trust, causal_lm=not role.value_head)
     check_teachers(cfg, _check_model)  # distillation: causal LMs with the student's vocabulary
 
@@ -160,11 +161,10 @@ def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], A
     for role in ROLES:
         if not role.held(step) or role.shares is not None:
             continue
-        model = lookup(cfg, role.model)
+        model = role.model_config(cfg)
         trust = bool(getattr(model, "trust_remote_code", False))
-        min_params = role.fsdp_config(cfg).wrap_policy.min_num_params
-        for name, key in role.paths(cfg).items():  # one model, or each of distillation's teachers
-            path = lookup(cfg, key)
+        min_params = role.fsdp(cfg).wrap_policy.min_num_params
+        for name, (key, path) in role.paths(cfg).items():  # one model, or each of distillation's teachers
             config = actor_config if path in (None, actor_path) else _config(key, path, trust)
             sizes[name] = model_sizes(config, model if role.adapters else None, min_params, role.value_head)
     return sizes

@@ -3,13 +3,12 @@
 A worker holds every role the step plan places on it (``planner.worker_roles.ROLES``): the actor (+ rollout), the
 reference unless the actor is its own (LoRA), the critic, the reward model, distillation's teachers. Each phase adds its
 own terms (``trainer.preflight.memory_estimate``) to what persists: loading, every worker phase of the step that the
-plan runs (``planner.phases.STEP_PHASES``, each by the estimator its entry names in ``ESTIMATORS``) and validation's
-generation. Every phase knows the key that sizes its batch, so a refusal can name what to lower.
+plan runs (``planner.phases.STEP_PHASES``, each by its estimator in ``PHASE_MEMORY``, keyed by the phase's name) and
+validation's generation. Every phase knows the key that sizes its batch, so a refusal can name what to lower.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +16,9 @@ from typing import Any
 import torch
 
 from config.distillation import uses_topk
+from planner.batching import PHASE_BATCHES
 from planner.dataflow import when
-from planner.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
+from planner.phases import STEP_PHASES, Step, StepPhase, uses_full_kl
 from planner.plan import StepPlan
 from planner.worker_roles import ACTOR, REF, ROLE, ROLES
 from trainer.preflight.memory_estimate import (
@@ -62,7 +62,7 @@ def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], dev
     return {
         name: Role(
             models[r.shares or name],
-            placement(device, plan.n_workers, r.fsdp_config(cfg), r.trained),
+            placement(device, plan.n_workers, r.fsdp(cfg), r.trained),
             r.trained,
         )
         for r in ROLES
@@ -99,25 +99,25 @@ class _Estimator:
         self.vllm = cfg.actor_rollout_ref.rollout.name == "vllm"
 
     def phases(self, val_rows: int) -> list[PhasePeak]:
-        step = [ESTIMATORS[p.memory](self, p) for p in self.worker_phases()]
+        step = [PHASE_MEMORY[p.name](self, p, name) for p, name in self.worker_phases()]
         validate = when(val_rows > 0, self.generate("validate", val_rows, "data.val_batch_size"))
         return [self.load(), *step, *validate]
 
-    def worker_phases(self) -> list[StepPhase]:
-        """The worker phases the plan runs; a role of several models (distillation's teachers) runs its phase once
-        per model, under that model's name."""
+    def worker_phases(self) -> list[tuple[StepPhase, str]]:
+        """(phase, the name of its peak) of each worker phase the plan runs; a role of several models
+        (distillation's teachers) runs its phase once per model, under that model's name."""
         out = []
         for p in STEP_PHASES:
-            if p.memory and self.plan.runs(p.name):
+            if p.name in PHASE_MEMORY and self.plan.runs(p.name):
                 role = ROLE[p.role]
-                out += [dataclasses.replace(p, name=n) for n in role.paths(self.cfg)] if role.instances else [p]
+                out += [(p, n) for n in role.paths(self.cfg)] if role.instances else [(p, p.name)]
         return out
 
-    def role(self, phase: StepPhase) -> tuple[str, Role]:
-        """The model that computes ``phase`` on this worker, by name: its role's (one of a role of several, by the
-        phase's name), or the one its role shares a model with."""
+    def role(self, phase: StepPhase, name: str) -> tuple[str, Role]:
+        """The model that computes ``phase`` (its peak called ``name``) on this worker, by name: its role's (one of
+        a role of several, by the peak's name), or the one its role shares a model with."""
         if ROLE[phase.role].instances:
-            return phase.name, self.roles[phase.name]
+            return name, self.roles[name]
         name = phase.role if phase.role in self.roles else ROLE[phase.role].shares
         return name, self.roles[name]
 
@@ -216,18 +216,18 @@ class _Estimator:
 
     def batch(self, phase: StepPhase, rows: int) -> tuple[Any, Micro, str]:
         """(the section of ``phase``'s batch keys, one micro-batch of its ``rows``, the key that sizes it)."""
-        b, cfg = phase.batch, self.cfg
-        section = lookup(cfg, b.section)
-        dynamic = getattr(section, b.budget) if b.dynamic and getattr(section, b.dynamic) else None
-        model = lookup(cfg, ROLE[phase.role].model)
+        b, cfg = PHASE_BATCHES[phase.name], self.cfg
+        section = b.config(cfg)
+        dynamic = getattr(section, b.budget) if b.is_dynamic(section) else None
+        model = ROLE[phase.role].model_config(cfg)
         policy = not ROLE[phase.role].value_head  # the actor's and the reference's forwards share prompts
         micro_rows = min(getattr(section, b.micro) or rows, rows)
         micro = self.micro(micro_rows, bool(getattr(model, "use_remove_padding", False)), dynamic, policy)
         return section, micro, b.key(cfg)
 
-    def forward(self, phase: StepPhase) -> PhasePeak:
+    def forward(self, phase: StepPhase, peak: str) -> PhasePeak:
         """A no-grad forward per micro-batch: a block's temporaries, and an LM head's logits."""
-        name, r = self.role(phase)
+        name, r = self.role(phase, peak)
         _, micro, key = self.batch(phase, self.rows)
         tokens, _, head = micro.geometry(r.sizes)
         c = r.placement.compute_bytes
@@ -236,13 +236,13 @@ class _Estimator:
             fused = self.cfg.actor_rollout_ref.model.use_fused_kernels
             n = tokens_response(micro)
             terms["logits"] = logits_bytes(head, n, r.sizes.vocab, c, micro.packed, backward=False, fused=fused)
-        return self._phase(phase.name, name, terms, micro, key)
+        return self._phase(peak, name, terms, micro, key)
 
-    def update(self, phase: StepPhase) -> PhasePeak:
+    def update(self, phase: StepPhase, peak: str) -> PhasePeak:
         """Forward and backward per micro-batch of the role's mini-batch: activations (with gradient checkpointing
         as configured, and switched), gradients, and an LM head's logits (with the full KL's, the reference's too)."""
-        name, r = self.role(phase)
-        section, micro, key = self.batch(phase, getattr(self.plan, phase.batch.mini))
+        name, r = self.role(phase, peak)
+        section, micro, key = self.batch(phase, getattr(self.plan, PHASE_BATCHES[phase.name].mini))
         tokens, width, head = micro.geometry(r.sizes)
         c = r.placement.compute_bytes
         math = uses_math_attention(r.sizes, self.device, c, width)
@@ -250,7 +250,7 @@ class _Estimator:
         def acts(checkpointing: bool) -> int:
             return activation_bytes(r.sizes, tokens, width, c, math, checkpointing)
 
-        ckpt = bool(lookup(self.cfg, ROLE[phase.role].model).enable_gradient_checkpointing)
+        ckpt = bool(ROLE[phase.role].model_config(self.cfg).enable_gradient_checkpointing)
         terms = {
             "weights": r.placement.gathered(r.sizes),
             "gradients": r.placement.gradients(r.sizes),
@@ -259,7 +259,7 @@ class _Estimator:
         if not ROLE[phase.role].value_head:
             terms["logits"], weights = self.update_logits(section, micro, head, r)
             terms["weights"] += weights
-        return self._phase(phase.name, name, terms, micro, key, updating=True, activations_other=acts(not ckpt))
+        return self._phase(peak, name, terms, micro, key, updating=True, activations_other=acts(not ckpt))
 
     def update_logits(self, actor: Any, micro: Micro, head: int, r: Role) -> tuple[int, int]:
         """(logits bytes, extra weights) of a policy update: with the exact KL loss the reference's logits and the
@@ -279,16 +279,22 @@ class _Estimator:
         ref = self.roles.get(REF.name)
         return logits, ref.placement.gathered(ref.sizes) if ref else 0
 
-    def generate_step(self, phase: StepPhase) -> PhasePeak:
+    def generate_step(self, phase: StepPhase, peak: str) -> PhasePeak:
         """The step's generation: every row of the worker's share of a generation batch at once."""
-        return self.generate(phase.name, getattr(self.plan, phase.batch.rows), phase.batch.key(self.cfg))
+        batching = PHASE_BATCHES[phase.name]
+        return self.generate(peak, getattr(self.plan, batching.rows), batching.key(self.cfg))
 
 
-# the memory estimate each entry of planner.phases.STEP_PHASES names (its ``memory``)
-ESTIMATORS: dict[str, Callable[[_Estimator, StepPhase], PhasePeak]] = {
-    "generate": _Estimator.generate_step,
-    "forward": _Estimator.forward,
-    "update": _Estimator.update,
+# each worker phase's memory estimate (of planner.phases.STEP_PHASES, by name): (phase, the name of its peak) -> peak
+PHASE_MEMORY: dict[str, Callable[[_Estimator, StepPhase, str], PhasePeak]] = {
+    "gen": _Estimator.generate_step,
+    "rm_score": _Estimator.forward,
+    "old_log_prob": _Estimator.forward,
+    "ref": _Estimator.forward,
+    "teacher": _Estimator.forward,
+    "values": _Estimator.forward,
+    "update_critic": _Estimator.update,
+    "update_actor": _Estimator.update,
 }
 
 

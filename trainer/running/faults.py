@@ -10,15 +10,23 @@ from __future__ import annotations
 
 import sys
 
+from config.tree import ARR
+from planner.batching import PHASE_BATCHES
 from planner.phases import STEP_PHASES
 from single_controller.errors import WorkerDiedError
 
-# worker method -> the config keys that bound its memory, lowest-hanging first: a step's phases' from their entries
-# (planner.phases.STEP_PHASES), and loading the models
+# what to lower when a worker phase (of planner.phases.STEP_PHASES, by name) runs out of memory, where its batch keys
+# (planner.batching.PHASE_BATCHES) are not what sizes it: generation holds every row of the worker at once
+OOM_ADVICE = {
+    "gen": "data.train_batch_size or data.max_response_length (a worker generates its whole share of "
+    f"data.train_batch_size × {ARR}.rollout.n at once)",
+}
+# worker method -> the config keys that bound its memory, lowest-hanging first: a step's phases' (OOM_ADVICE, else
+# their batch keys), and loading the models
 MEMORY_KEYS = {
     "init_model": "actor_rollout_ref.actor.fsdp_config.param_offload/optimizer_offload (or more workers: "
     "trainer.n_gpus_per_node)",
-    **{phase.method: phase.oom_advice for phase in STEP_PHASES if phase.method},
+    **{p.method: OOM_ADVICE.get(p.name) or PHASE_BATCHES[p.name].keys() for p in STEP_PHASES if p.method},
 }
 STORE_HINT = (
     "the Ray object store is full, and so is the disk it spills to: free space in Ray's temp dir (default "

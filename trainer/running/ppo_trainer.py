@@ -35,7 +35,7 @@ from trainer.observing.report import RunReport
 from trainer.observing.tracking import Tracking
 from trainer.running import console, groups
 from trainer.running.placement import placed_roles, role_classes
-from trainer.running.preemption import StopSignals
+from trainer.running.preemption import Ending, StopSignals
 from trainer.running.step import STEP_TOKEN, PhaseSteps
 from trainer.running.validation import ValidationTally
 from trainer.running.watchdog import PhaseWatchdog
@@ -158,7 +158,8 @@ class RayPPOTrainer(PhaseSteps):
         )
         self.wandb_run_id = self.logger.wandb_run_id
         self.report = RunReport(self.config)  # <default_local_dir>/report.html, at each validation and the end
-        last, stop = {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
+        # SIGTERM/SIGINT: save, then stop; a step not done within trainer.stop_grace_s is abandoned
+        last, stop = {}, StopSignals(cfg.stop_grace_s, self._ending(start)).install()
         out_of_time = False
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
@@ -205,12 +206,33 @@ class RayPPOTrainer(PhaseSteps):
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
 
+    def _ending(self, start: float) -> Ending:
+        """What the signal thread ends the run with when the step in progress is abandoned (preemption.Ending)."""
+
+        def word(why: str) -> str:
+            report = self.report.write(self.logger.records(), self.health.fired)
+            return self._last_word(False, False, time.monotonic() - start, report, abandoned=why)
+
+        # a local group's worker is this process, which ends anyway; a Ray group's actors may live elsewhere
+        teardown = self.watchdog.teardown_fn if self.config.trainer.use_ray else lambda: None
+        return Ending(self.checkpoints.latest, word, teardown)
+
     def _last_word(
-        self, preempted: bool, out_of_time: bool, wall_s: float, report: Path | None, nan_stop: bool = False
+        self,
+        preempted: bool,
+        out_of_time: bool,
+        wall_s: float,
+        report: Path | None,
+        nan_stop: bool = False,
+        abandoned: str | None = None,
     ) -> str:
         """The run's summary (``trainer.running.console.last_word``): why it ended, what it reached, where it all is."""
         cfg = self.config.trainer
-        if nan_stop:
+        records = self.logger.records()
+        step = self.global_step
+        if abandoned:  # the step in progress is not done: the steps done are those logged (after their save)
+            why, step = abandoned, max((r["step"] for r in records), default=0)
+        elif nan_stop:
             why = f"the NaN guard stopped it ({cfg.max_nonfinite_steps} steps in a row with NaN/inf losses)"
         elif preempted:
             why = "preempted (a stop signal): the step was finished and checkpointed"
@@ -230,8 +252,7 @@ class RayPPOTrainer(PhaseSteps):
         argv = console.continue_argv(
             sys.argv[1:], self.global_step if why.startswith("done") else None, cfg.resume_mode
         )
-        records = self.logger.records()
-        return console.last_word(why, self.global_step, steps, wall_s, records, paths, cfg.default_local_dir, argv)
+        return console.last_word(why, step, steps, wall_s, records, paths, cfg.default_local_dir, argv)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
