@@ -170,7 +170,7 @@ class _Estimator:
         c, m = actor.placement.compute_bytes, actor.sizes
         if self.vllm:
             return self._phase(name, ACTOR.name, self.vllm_generate(m, c, rows), key=key)
-        merged = FP32 * m.merged if c == FP32 else 0  # fp32 LoRA samples with merged copies of its linears
+        merged = c * m.merged  # LoRA samples with merged copies of its linears, in the compute dtype
         terms = {
             "weights": actor.placement.gathered(m, whole=True) + merged,
             # a partial rollout's continued rows: their tokens so far join the prompt, and R more come
