@@ -232,6 +232,7 @@ class Floor:
                 top_k=rollout.top_k,
                 do_sample=rollout.do_sample,
                 return_log_probs=rollout.calculate_log_probs,
+                compile_decode=rollout.compile_decode,  # as the workers decode
             )
         return DataProto.from_dict({k: v.cpu() for k, v in out.items()}, non_tensors=dict(prompts.non_tensor_batch))
 

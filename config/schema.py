@@ -282,6 +282,10 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: int | None = None
     max_nonfinite_steps: int = 5  # abort after this many steps in a row whose loss/gradients were NaN/inf
     phase_timeout_s: float | None = 1800.0  # a phase running longer is a hang: dump stacks, exit 3; null: off
+    # after the first SIGTERM/SIGINT the run has exited within this many seconds: the step in progress and its
+    # checkpoint if they fit, else that step abandoned (previous checkpoint kept). 25: 5 s inside the 30 s a scheduler
+    # gives before SIGKILL (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds); null: wait for the step
+    stop_grace_s: float | None = 25.0
     max_restarts: int = 0  # times a dead worker's group is rebuilt and resumed from the last checkpoint
     dry_run: bool = False  # print a step's batch arithmetic and the memory estimate per worker, then exit
     check_memory: bool = True  # refuse to start when the estimated peak memory per worker exceeds the device's
@@ -299,6 +303,12 @@ class TrainerConfig:
             ["phase_timeout_s"],
             lambda v: v is None or (is_number(v) and v > 0),
             "must be null (no watchdog) or > 0 seconds",
+        )
+        check(
+            self,
+            ["stop_grace_s"],
+            lambda v: v is None or (is_number(v) and v > 0),
+            "must be null (wait for the step) or > 0 seconds",
         )
         check(self, ["max_restarts"], lambda v: is_int(v) and v >= 0, "must be a non-negative integer")
         optional_positive_int(self, "max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep")

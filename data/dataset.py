@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 
 NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt", "agent_name", "tools_kwargs")
 TOOL_AGENT = "tool_agent"  # verl's agent_name of the multi-turn tool loop (workers.compute.agent_loop)
+# the non-tensor column of each prompt's position in the dataset (its rows as kept: after filter_overlong_prompts and
+# max_samples); the run's ledger of what was trained counts prompts by it (trainer.state.ledger)
+INDEX = "dataset_index"
 
 
 class RLHFDataset(Dataset):
@@ -137,14 +140,15 @@ class RLHFDataset(Dataset):
         return len(self.rows)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.rows[index]
+        return {**self.rows[index], INDEX: index}
 
     def collate_fn(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Left-pad prompts to ``max_prompt_length``.
 
         Returns tensors ``input_ids``, ``attention_mask``, ``position_ids`` of shape (B, max_prompt_length),
         with position_ids = clamp(cumsum(mask) - 1, min=0) so that each prompt starts at position 0, and
-        numpy object arrays (B,) for ``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt``.
+        numpy object arrays (B,) for ``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt``; each
+        prompt's position in the dataset, ``dataset_index`` (B,) int64.
         """
         width = self.max_prompt_length
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -162,6 +166,8 @@ class RLHFDataset(Dataset):
             column = np.empty(len(rows), dtype=object)
             column[:] = [row[key] for row in rows]  # slice-assign keeps dicts/lists as objects
             batch[key] = column
+        if all(INDEX in row for row in rows):  # rows as the dataset gives them (not its ``rows`` as stored)
+            batch[INDEX] = np.array([row[INDEX] for row in rows], dtype=np.int64)
         return batch
 
 

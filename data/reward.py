@@ -70,6 +70,7 @@ class RewardManager:
         self.eos_token_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
         self.last_errors = 0  # responses of the last batch that the function failed on (scored 0)
         self.last_error_reasons: dict[str, int] = {}  # those by reason (Failure)
+        self.last_error_rows: list[int] = []  # and their rows (the run's ledger counts their prompts as failed)
 
     @property
     def name(self) -> str:
@@ -104,9 +105,9 @@ class RewardManager:
         after); the responses are scored now here, in the background by a concurrent manager (``data.reward_loop``).
         The result is ``reward_tensor`` (B, R) float32 and extra per-row lists: ``score`` plus any other keys a
         ``compute_score`` returning a dict gives. A response on which the function raises, times out or returns no
-        finite score scores 0 (counted in ``last_errors`` and, by reason, ``last_error_reasons``, with a warning
-        line naming the function, the row and the error); the run goes on. Failing on every response of a batch
-        is a broken function (or a judge that is down): ``RewardError``.
+        finite score scores 0 (counted in ``last_errors``, by reason in ``last_error_reasons``, by row in
+        ``last_error_rows``, with a warning line naming the function, the row and the error); the run goes on.
+        Failing on every response of a batch is a broken function (or a judge that is down): ``RewardError``.
         """
         responses = data.batch["responses"]
         valid = data.batch["attention_mask"][:, -responses.shape[-1] :] if "attention_mask" in data.batch else None
@@ -144,18 +145,20 @@ class RewardManager:
         results: list[dict[str, Any]] = []
         errors: list[str] = []
         reasons: dict[str, int] = {}
+        failed: list[int] = []
         for i, (ids, solution, (result, failure)) in enumerate(zip(rows, solutions, scored)):
             reward, shaping = self.shape(result["score"], len(ids))
             result.update(shaping)
             if failure is not None:  # this trajectory scores 0; the others keep theirs
                 reason, line = failure
                 reasons[reason] = reasons.get(reason, 0) + 1
+                failed.append(i)
                 errors.append(f"{line} (row {i}, data_source={sources[i]!r}, response={solution!r:.200})")
             results.append(result)
             tool_reward = float(tools[i]) if tools is not None else 0.0
             if ids:  # an empty response has no token to carry its score
                 reward_tensor[i, len(ids) - 1] = reward + tool_reward
-        self.last_errors, self.last_error_reasons = len(errors), reasons
+        self.last_errors, self.last_error_reasons, self.last_error_rows = len(errors), reasons, failed
         if errors and len(errors) == len(rows):  # failing on every response is a broken function, not a response
             raise RewardError(f"{errors[0]}; it failed on all {len(rows)} responses of the batch")
         if errors:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import reduce
 from typing import Any
 
 from algos.registry import estimator_needs, policy_loss_spec
@@ -39,12 +38,6 @@ WORKER_ESTIMATOR_INPUTS = ("values", "old_log_probs", "sum_pi_squared")  # what 
 # what the reward function reads (with tool turns, a response's length is its attended tokens), and validation's
 SCORED = ("responses", "response_mask", "attention_mask")
 STEP_FLOW, VALIDATION_FLOW, GREEDY_FLOW = "step", "validation", "greedy_baseline"
-
-
-def lookup(cfg: Any, key: str) -> Any:
-    """The value (or section) at a dotted key of a config: ``lookup(cfg, "critic.model")`` (and through a mapping's
-    entries: ``distillation.teacher_models.<name>.model_path``)."""
-    return reduce(lambda node, k: node[k] if isinstance(node, dict) else getattr(node, k), key.split("."), cfg)
 
 
 def forward_keys(remove_padding: bool) -> tuple[str, ...]:

@@ -17,19 +17,20 @@ from typing import Any
 
 from config.distillation import teacher_fsdp_config, teacher_roles
 from config.tree import ARR
-from planner.phases import Step, lookup
+from planner.phases import Step
 
 
 @dataclass(frozen=True)
 class WorkerRole:
-    """A model each worker may hold: the key of its ``path``, its ``model`` section (trust_remote_code,
-    use_remove_padding, enable_gradient_checkpointing, where it has them), the key of the FSDP section that places
-    it (``placement``), whether it trains, whether it ends in a value head (one output, not the vocabulary), whether
-    LoRA ``adapters`` apply, and whether a plan places it (``held``). ``shares``: the role whose model this is, which
-    computes its phases when it is not held (a LoRA actor is its own reference: its module, adapters disabled).
-    ``instances``: a role of several models (distillation's teachers), each model's name -> the key of its path;
-    ``fsdp``: its FSDP config when it is not the section at ``placement`` (the teachers': the reference's,
-    offloaded). ``worker``: the name of its worker in the colocated process (its methods' prefix; the driver calls
+    """A model each worker may hold: the key of its ``path`` and of its ``model`` section (trust_remote_code,
+    use_remove_padding, enable_gradient_checkpointing, where it has them), for messages, and the functions that read
+    them from a config: ``model_config`` (the section), ``model_path`` (the path) and ``fsdp`` (the FSDP section
+    that places it; the teachers': the reference's, offloaded); whether it trains, whether it ends in a value head
+    (one output, not the vocabulary), whether LoRA ``adapters`` apply, and whether a plan places it (``held``).
+    ``shares``: the role whose model this is, which computes its phases when it is not held (a LoRA actor is its own
+    reference: its module, adapters disabled). ``instances``: a role of several models (distillation's teachers),
+    each model's name -> (the key of its path, the path). ``worker``: the name of its worker in the colocated process
+    (its methods' prefix; the driver calls
     it through its attribute ``group``), ``worker_class`` (``module:Class``) and ``init_args`` its constructor's
     arguments for a config and plan; ``own_worker``: whether the plan gives it a worker of its own (default:
     ``held``; else its phases run on the worker of the role it ``shares``); ``rollout``: it holds the rollout engine,
@@ -38,14 +39,15 @@ class WorkerRole:
     name: str
     path: str
     model: str
-    placement: str
+    model_config: Callable[[Any], Any]
+    model_path: Callable[[Any], str | None]
+    fsdp: Callable[[Any], Any]
     trained: bool
     value_head: bool = False
     adapters: bool = False
     shares: str | None = None
     held: Callable[[Step], bool] = lambda s: True
-    instances: Callable[[Any], dict[str, str]] | None = None
-    fsdp: Callable[[Any], Any] | None = None
+    instances: Callable[[Any], dict[str, tuple[str, str | None]]] | None = None
     worker: str = ""
     worker_class: str = ""
     init_args: Callable[[Any, Any], dict[str, Any]] = lambda cfg, plan: {}
@@ -61,19 +63,22 @@ class WorkerRole:
         """Whether plan ``s`` gives this role a worker of its own."""
         return (self.own_worker or self.held)(s)
 
-    def paths(self, cfg: Any) -> dict[str, str]:
-        """The models of this role on a worker: each one's name -> the key of its path."""
-        return self.instances(cfg) if self.instances else {self.name: self.path}
-
-    def fsdp_config(self, cfg: Any) -> Any:
-        """How this role's models are placed."""
-        return self.fsdp(cfg) if self.fsdp else lookup(cfg, self.placement)
+    def paths(self, cfg: Any) -> dict[str, tuple[str, str | None]]:
+        """The models of this role on a worker: each one's name -> (the key of its path, the path)."""
+        return self.instances(cfg) if self.instances else {self.name: (self.path, self.model_path(cfg))}
 
 
-def _teachers(cfg: Any) -> dict[str, str]:
+def _teachers(cfg: Any) -> dict[str, tuple[str, str | None]]:
     """Distillation's teachers: ``teacher`` for one, ``teacher.<name>`` for each of several."""
-    roles = teacher_roles(cfg.distillation)
-    return {role: f"distillation.teacher_models.{name}.model_path" for role, name in roles.items()}
+    models = cfg.distillation.teacher_models
+    return {
+        role: (f"distillation.teacher_models.{name}.model_path", models[name].model_path)
+        for role, name in teacher_roles(cfg.distillation).items()
+    }
+
+
+def _arr_model(cfg: Any) -> Any:
+    return cfg.actor_rollout_ref.model
 
 
 WORKERS, SCORING = "workers.roles.fsdp_workers", "workers.roles.scoring_workers"
@@ -82,7 +87,9 @@ ROLES: tuple[WorkerRole, ...] = (
         "actor",
         f"{ARR}.model.path",
         f"{ARR}.model",
-        f"{ARR}.actor.fsdp_config",
+        _arr_model,
+        lambda cfg: cfg.actor_rollout_ref.model.path,
+        lambda cfg: cfg.actor_rollout_ref.actor.fsdp_config,
         trained=True,
         adapters=True,
         worker="actor_rollout",
@@ -101,7 +108,9 @@ ROLES: tuple[WorkerRole, ...] = (
         "ref",
         f"{ARR}.model.path",
         f"{ARR}.model",
-        f"{ARR}.ref.fsdp_config",
+        _arr_model,
+        lambda cfg: cfg.actor_rollout_ref.model.path,
+        lambda cfg: cfg.actor_rollout_ref.ref.fsdp_config,
         trained=False,
         shares="actor",
         held=lambda s: s.plan.use_reference_policy and s.cfg.actor_rollout_ref.model.lora_rank == 0,
@@ -114,8 +123,10 @@ ROLES: tuple[WorkerRole, ...] = (
         "critic",
         "critic.model.path",
         "critic.model",
-        "critic.fsdp",
-        True,
+        lambda cfg: cfg.critic.model,
+        lambda cfg: cfg.critic.model.path,
+        lambda cfg: cfg.critic.fsdp,
+        trained=True,
         value_head=True,
         held=lambda s: s.plan.use_critic,
         worker="critic",
@@ -126,7 +137,9 @@ ROLES: tuple[WorkerRole, ...] = (
         "rm",
         "reward.reward_model.model_path",
         "reward.reward_model",
-        "reward.reward_model.fsdp_config",
+        lambda cfg: cfg.reward.reward_model,
+        lambda cfg: cfg.reward.reward_model.model_path,
+        lambda cfg: cfg.reward.reward_model.fsdp_config,
         trained=False,
         value_head=True,
         held=lambda s: s.reward_model,
@@ -138,11 +151,12 @@ ROLES: tuple[WorkerRole, ...] = (
         "teacher",
         "distillation.teacher_models",
         f"{ARR}.model",
-        f"{ARR}.ref.fsdp_config",  # the reference's placement, parameters offloaded (``fsdp``)
+        _arr_model,
+        lambda cfg: None,  # each teacher's is its entry's (``instances``)
+        lambda cfg: teacher_fsdp_config(cfg.actor_rollout_ref),  # the reference's placement, parameters offloaded
         trained=False,
         held=lambda s: s.plan.compute_teacher,
         instances=_teachers,
-        fsdp=lambda cfg: teacher_fsdp_config(cfg.actor_rollout_ref),
         worker="teacher",
         worker_class=f"{SCORING}:TeacherWorker",
         init_args=lambda cfg, plan: dict(config=cfg.distillation, actor_rollout_ref=cfg.actor_rollout_ref, plan=plan),

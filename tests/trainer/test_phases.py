@@ -78,6 +78,13 @@ def test_every_worker_phase_names_a_role_and_a_method_and_has_its_batching_and_m
         assert role.shares is None or role.shares in ROLE
 
 
+def _at(cfg, key):
+    """What a message naming dotted ``key`` means: the value there (through a mapping's entries)."""
+    for part in key.split("."):
+        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
+    return cfg
+
+
 def test_a_batchings_section_is_the_one_its_key_names():
     """An entry of PHASE_BATCHES names its section's key (for messages) and reads the section: the same one."""
     cfg = load_config(PLANS["ppo_with_everything"])
@@ -85,11 +92,28 @@ def test_a_batchings_section_is_the_one_its_key_names():
         if batching.section is None:  # every row at once: the plan's count
             assert batching.rows and batching.rows_key(cfg), name
             continue
-        section = cfg
-        for part in batching.section.split("."):
-            section = getattr(section, part)
+        section = _at(cfg, batching.section)
         assert batching.config(cfg) is section, name
         assert all(hasattr(section, f) for f in (batching.micro, batching.dynamic, batching.budget) if f), name
+
+
+def test_a_roles_keys_name_what_it_reads():
+    """A role names the keys of its model section and path (for messages) and reads them: the same ones."""
+    cfg = load_config(
+        [
+            "algorithm.adv_estimator=gae",
+            "critic.model.path=/no/critic",
+            "reward.reward_model.enable=true",
+            "reward.reward_model.model_path=/no/reward/model",
+            "distillation.enabled=true",
+            "distillation.teacher_models.teacher_model.model_path=/no/teacher",
+        ]
+    )
+    for role in ROLES:
+        assert role.model_config(cfg) is _at(cfg, role.model), role.name
+        for name, (key, path) in role.paths(cfg).items():
+            assert key.startswith(role.path) and path == _at(cfg, key), name
+    assert {"/no/critic", "/no/reward/model", "/no/teacher"} <= {p for r in ROLES for _, p in r.paths(cfg).values()}
 
 
 def test_every_worker_method_has_out_of_memory_advice():

@@ -3,14 +3,19 @@ rows leaving at bucket boundaries; shared prompts; partial rollouts' budgets and
 stated bound, buckets, and no recompilation after warm-up."""
 
 import copy
+import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.workers.helpers import PAD, make_prompts
+from single_controller import DataProto
+from tests.workers.helpers import PAD, actor_config, make_prompts
 from workers.compute import decode, rollout
+from workers.compute.actor import DataParallelPPOActor
 from workers.compute.rollout import Partial, generate_sequences
+from workers.parallel import lora
 
 P, R = 6, 12
 
@@ -90,6 +95,38 @@ def test_bf16_log_probs_stay_within_the_stated_bound(model):
     assert gap.max() < 0.1, gap.max()
 
 
+def test_bf16_lora_sampled_merged_stays_within_the_stated_bound_of_its_unmerged_forward(tiny_model_dir):
+    """bf16 LoRA samples with W + ΔW merged into one bf16 weight (rounded once); the rollout's log-probs, through
+    the HF loop and the decode step, stay within the bf16 bound the docs state for a rollout against the update's
+    forward (max 0.1, mean 0.02), which here runs peft's unmerged adapters. ΔW matters: the base model is far."""
+    adapters = SimpleNamespace(lora_rank=4, lora_alpha=8, target_modules="all-linear")
+    model = lora.add_adapters(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapters)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    model = model.to(torch.bfloat16).eval()
+    actor = DataParallelPPOActor(model, None, None, actor_config())
+    for sampler in (generate_sequences, functools.partial(decode.generate, compiled=False)):
+        with lora.merged_adapters(model):
+            out = sampler(
+                model,
+                *_prompts(),
+                response_length=R,
+                eos_token_id=None,
+                pad_token_id=PAD,
+                generator=torch.Generator().manual_seed(0),
+                return_log_probs=True,
+            )
+        recomputed = actor.compute_log_prob(DataProto.from_dict(out), micro_batch_size=8)[0]
+        gap = (out["rollout_log_probs"] - recomputed).abs()
+        assert gap.max() < 0.1 and gap.mean() < 0.02, (sampler, gap.max(), gap.mean())
+        with lora.as_reference(model):
+            base = actor.compute_log_prob(DataProto.from_dict(out), micro_batch_size=8)[0]
+        assert (out["rollout_log_probs"] - base).abs().mean() > 0.1
+
+
 def test_nothing_recompiles_after_warm_up(model, monkeypatch):
     """One graph per bucket (dynamo, eager backend: fast); a second rollout with new weights of the same shapes
     and the same buckets compiles nothing (``error_on_recompile``)."""
@@ -110,7 +147,7 @@ def test_nothing_recompiles_after_warm_up(model, monkeypatch):
 
 
 def test_compile_decode_setting(model):
-    assert decode.resolve(True, model) and not decode.resolve("auto", model)  # auto: not a tiny model
+    assert decode.resolve(True, model) and not decode.resolve("auto", model)  # auto: the HF loop
     assert not decode.resolve(False, model) and not decode.resolve("false", model)
 
 

@@ -53,12 +53,14 @@ def node_workers(cfg: PPOConfig, plan: StepPlan) -> int | None:
 class Generating:
     """The step's side of a generation (``trainer.running.step``): ``prepare`` a drawn batch (the phases before ``gen``,
     the repeats), ``start`` its generation on a group with some meta_info, ``finish`` it into the batch (metrics);
-    the keys the generation ``writes``."""
+    the keys the generation ``writes``; what to do with rows ``dropped`` as too stale (the run's ledger records
+    them)."""
 
     prepare: Callable[[DataProto], DataProto]
     start: Callable[[Any, DataProto, dict], Any]
     finish: Callable[[DataProto, Any], dict[str, float]]
     writes: tuple[str, ...]
+    dropped: Callable[[DataProto], None] = lambda batch: None
 
 
 @dataclasses.dataclass
@@ -122,7 +124,7 @@ class Ahead:
         version (``VERSION``); the metrics of its generation and of the batches evicted as too old."""
         if self.pool is not None:
             drawn = map(generating.prepare, more)
-            return self.pool.next(batch, drawn, step, self.version, self._seed, generating.writes)
+            return self.pool.next(batch, drawn, step, self.version, self._seed, generating)
         self._ask(batch, step, generating)
         while self.buffer.wanted():
             self._ask(generating.prepare(next(more)), step, generating)
@@ -130,7 +132,8 @@ class Ahead:
         while True:  # drop: each evicted batch is replaced by a fresh one (verl's "evict k; refill k")
             taken, evicted = self.buffer.take(step)
             dropped += evicted
-            for _ in evicted:
+            for generation in evicted:
+                generating.dropped(generation.result.batch)
                 self._ask(generating.prepare(next(more)), step, generating)
             if taken is not None:
                 break
@@ -152,6 +155,11 @@ class Ahead:
         return {"timing_s/update_weights": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ checkpoints
+    def in_flight(self) -> list[DataProto]:
+        """The batches asked for and not yet trained on (the partial rollouts' rows): what a checkpoint holds."""
+        batches = [generation.result.batch for generation in self.buffer.queue]
+        return batches + ([self.pool.rows] if self.pool is not None and self.pool.rows is not None else [])
+
     def state(self, generating: Generating) -> dict[str, Any]:
         """The queued batches (waited for: tensors, columns, versions) or the partial rollouts' rows in flight, and
         the generations asked for, as plain types."""
@@ -199,8 +207,8 @@ class Ahead:
 
 
 def _plain(batch: DataProto) -> dict[str, Any]:
-    """A batch's tensors and columns (as lists), for a checkpoint."""
-    return {"tensors": dict(batch.batch.items()), "columns": {k: list(v) for k, v in batch.non_tensor_batch.items()}}
+    """A batch's tensors and columns (as lists of plain values: numbers as Python's), for a checkpoint."""
+    return {"tensors": dict(batch.batch.items()), "columns": {k: v.tolist() for k, v in batch.non_tensor_batch.items()}}
 
 
 def _from_plain(plain: dict[str, Any], meta_info: dict | None = None) -> DataProto:

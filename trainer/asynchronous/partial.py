@@ -86,14 +86,14 @@ class Pool:
         step: int,
         version: int,
         seed: Callable[[], int],
-        writes: tuple[str, ...],
+        generating: Any,
     ) -> tuple[DataProto, dict[str, float]]:
-        """Add ``batch`` (repeated, ready to generate from, as ``more`` gives them), evict what ``drop`` must, draw
-        from ``more`` until the pool holds its groups, and generate with the weights of ``version`` until
-        ``train_batch_size`` groups have ended (each piece under ``seed()``); the oldest of them as the step's batch
-        (the keys the rollout ``writes``), and the metrics."""
+        """Add ``batch`` (repeated, ready to generate from, as ``more`` gives them), evict what ``drop`` must (the
+        rows to ``generating.dropped``), draw from ``more`` until the pool holds its groups, and generate with the
+        weights of ``version`` until ``train_batch_size`` groups have ended (each piece under ``seed()``); the
+        oldest of them as the step's batch (the keys the rollout ``generating.writes``), and the metrics."""
         self.add(batch)
-        evicted = self._evict(step)
+        evicted = self._evict(step, generating.dropped)
         while self._groups(self.rows) < self.in_flight:
             self.add(next(more))
         metrics: dict[str, float] = {}
@@ -104,7 +104,7 @@ class Pool:
             for name, value in reduce_metrics(out.meta_info.pop("metrics", {})).items():  # the pieces' times add up
                 metrics[name] = metrics.get(name, 0.0) + value if name.startswith("timing_s/") else value
             append(self.rows.batch, index, out[: len(index)].batch, version)
-        return self._take(writes), {**metrics, **evicted}
+        return self._take(generating.writes), {**metrics, **evicted}
 
     def add(self, batch: DataProto) -> None:
         """``batch``'s rows join the pool, nothing generated yet (groups are taken in the order they joined)."""
@@ -141,9 +141,9 @@ class Pool:
         oldest = torch.full((int(group.max()) + 1,), step - 1).scatter_reduce(0, group, first, "amin")
         return step - oldest[group]
 
-    def _evict(self, step: int) -> dict[str, float]:
+    def _evict(self, step: int, dropped: Callable[[DataProto], None]) -> dict[str, float]:
         """``drop``: the groups still generating whose span would pass the threshold leave the pool (verl's
-        eviction); their spans' metrics."""
+        eviction), given to ``dropped``; their spans' metrics."""
         if self.strategy != "drop" or self.threshold is None or self.rows is None:
             return {}
         group = self._group_of()
@@ -152,6 +152,7 @@ class Pool:
         if not len(stale):
             return {}
         out = np.isin(group, stale)
+        dropped(self.rows[np.flatnonzero(out)])
         self.rows = self.rows[np.flatnonzero(~out)]
         return eviction_stats(np.array([spans[group == g][0] for g in stale]))
 

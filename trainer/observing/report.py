@@ -1,7 +1,8 @@
 """The run report: ``<trainer.default_local_dir>/report.html``, one self-contained file (data, script and style
 inlined; no network), written at each validation and at the end of a run.
 
-It shows the metrics as an interactive plot grid (the panels of ``reward_curve.png``,
+It shows what each epoch trained (the run's ledger, ``trainer.state.ledger``: trained N of M prompts, filtered,
+dropped), the metrics as an interactive plot grid (the panels of ``reward_curve.png``,
 ``trainer.observing.tracking.PANELS``, plus any logged metric; hover for values, drag to zoom on steps) with the steps
 where each health warning held, the health warnings in words, a trajectory browser over the sampled responses of each
 step and validation (``trainer.observing.generations``: prompt, response, reward, advantage, every turn of a tool
@@ -20,6 +21,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +58,14 @@ class RunReport:
     """The report of a run with ``config`` (a ``PPOConfig``; nothing is written when ``trainer.report.enable`` is
     false), in its ``trainer.default_local_dir``. The config's differences from its closest preset are found once
     (``compare_presets``); each sample file read is kept as JSON ready to inline, so that a later ``write`` reads
-    only the steps written since (a file rewritten by a resumed run is read again)."""
+    only the steps written since (a file rewritten by a resumed run is read again). ``ledger`` gives the lines of
+    what each epoch trained (``trainer.state.ledger.Ledger.summary``) at each write."""
 
-    def __init__(self, config: Any, compare_presets: bool = True) -> None:
+    def __init__(
+        self, config: Any, compare_presets: bool = True, ledger: Callable[[], list[str]] | None = None
+    ) -> None:
         self.config, self.enabled = config, config.trainer.report.enable
+        self.ledger = ledger
         self.local_dir = Path(config.trainer.default_local_dir)
         self.config_diff = preset_diff(config) if self.enabled and compare_presets else None
         self.files: dict[Path, tuple[tuple[int, int], str, dict[str, str]]] = {}  # path -> (stat, JSON, prompts)
@@ -97,6 +103,7 @@ class RunReport:
             "panels": panels,
             "labels": {k: series_label(k) for panel in panels for k in panel["left"] + panel["right"]},
             "warnings": [{"name": k, "step": step, "message": text} for k, (step, text) in warnings.items()],
+            "ledger": self.ledger() if self.ledger is not None else [],
             "config": dict(flat(config)),
             "preset": config_diff[0] if config_diff else None,
             "diff": [[k, _jsonable(a), _jsonable(b)] for k, a, b in config_diff[1]] if config_diff else [],

@@ -26,7 +26,7 @@ from config.adapter import installed
 from config.tree import ARR
 from planner import StepPlan
 from planner.batching import PHASE_BATCHES
-from planner.phases import STEP_PHASES, Step, lookup
+from planner.phases import STEP_PHASES, Step
 from planner.plan import rollout_plan
 from planner.worker_roles import ACTOR, ROLES, TEACHER
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
@@ -117,10 +117,10 @@ def check_models(cfg: PPOConfig, plan: StepPlan) -> None:
     for role in ROLES:
         if role.instances:  # distillation's teachers: check_teachers, below
             continue
-        path = lookup(cfg, role.path)
+        path = role.model_path(cfg)
         own = role is ACTOR or path != actor_path
         if role.held(step) and role.shares is None and path is not None and own:
-            trust = bool(getattr(lookup(cfg, role.model), "trust_remote_code", False))
+            trust = bool(getattr(role.model_config(cfg), "trust_remote_code", False))
             _check_model(role.path, path, trust, causal_lm=not role.value_head)
     check_teachers(cfg, _check_model)  # distillation: causal LMs with the student's vocabulary
 
@@ -161,11 +161,10 @@ def load_model_sizes(cfg: PPOConfig, plan: StepPlan, demo_config: Callable[[], A
     for role in ROLES:
         if not role.held(step) or role.shares is not None:
             continue
-        model = lookup(cfg, role.model)
+        model = role.model_config(cfg)
         trust = bool(getattr(model, "trust_remote_code", False))
-        min_params = role.fsdp_config(cfg).wrap_policy.min_num_params
-        for name, key in role.paths(cfg).items():  # one model, or each of distillation's teachers
-            path = lookup(cfg, key)
+        min_params = role.fsdp(cfg).wrap_policy.min_num_params
+        for name, (key, path) in role.paths(cfg).items():  # one model, or each of distillation's teachers
             config = actor_config if path in (None, actor_path) else _config(key, path, trust)
             sizes[name] = model_sizes(config, model if role.adapters else None, min_params, role.value_head)
     return sizes

@@ -18,7 +18,7 @@ import torch
 from config.distillation import uses_topk
 from planner.batching import PHASE_BATCHES
 from planner.dataflow import when
-from planner.phases import STEP_PHASES, Step, StepPhase, lookup, uses_full_kl
+from planner.phases import STEP_PHASES, Step, StepPhase, uses_full_kl
 from planner.plan import StepPlan
 from planner.worker_roles import ACTOR, REF, ROLE, ROLES
 from trainer.preflight.memory_estimate import (
@@ -62,7 +62,7 @@ def roles_on_worker(cfg: Any, plan: StepPlan, models: dict[str, ModelSizes], dev
     return {
         name: Role(
             models[r.shares or name],
-            placement(device, plan.n_workers, r.fsdp_config(cfg), r.trained),
+            placement(device, plan.n_workers, r.fsdp(cfg), r.trained),
             r.trained,
         )
         for r in ROLES
@@ -170,7 +170,7 @@ class _Estimator:
         c, m = actor.placement.compute_bytes, actor.sizes
         if self.vllm:
             return self._phase(name, ACTOR.name, self.vllm_generate(m, c, rows), key=key)
-        merged = FP32 * m.merged if c == FP32 else 0  # fp32 LoRA samples with merged copies of its linears
+        merged = c * m.merged  # LoRA samples with merged copies of its linears, in the compute dtype
         terms = {
             "weights": actor.placement.gathered(m, whole=True) + merged,
             # a partial rollout's continued rows: their tokens so far join the prompt, and R more come
@@ -219,7 +219,7 @@ class _Estimator:
         b, cfg = PHASE_BATCHES[phase.name], self.cfg
         section = b.config(cfg)
         dynamic = getattr(section, b.budget) if b.is_dynamic(section) else None
-        model = lookup(cfg, ROLE[phase.role].model)
+        model = ROLE[phase.role].model_config(cfg)
         policy = not ROLE[phase.role].value_head  # the actor's and the reference's forwards share prompts
         micro_rows = min(getattr(section, b.micro) or rows, rows)
         micro = self.micro(micro_rows, bool(getattr(model, "use_remove_padding", False)), dynamic, policy)
@@ -250,7 +250,7 @@ class _Estimator:
         def acts(checkpointing: bool) -> int:
             return activation_bytes(r.sizes, tokens, width, c, math, checkpointing)
 
-        ckpt = bool(lookup(self.cfg, ROLE[phase.role].model).enable_gradient_checkpointing)
+        ckpt = bool(ROLE[phase.role].model_config(self.cfg).enable_gradient_checkpointing)
         terms = {
             "weights": r.placement.gathered(r.sizes),
             "gradients": r.placement.gradients(r.sizes),

@@ -58,12 +58,15 @@ def last_word(
     paths: dict[str, Path | None],
     local_dir: str,
     argv: Sequence[str] | None = None,
+    trained: Sequence[str] = (),
 ) -> str:
-    """The lines a run ends with: why it ended (``why``), steps, validation's first and best score, wall time, where
-    the checkpoint, the report and the metrics are (``paths``: name -> path or None), and the commands to go on."""
+    """The lines a run ends with: why it ended (``why``), steps, what each epoch trained (``trained``: the ledger's
+    lines, ``trainer.state.ledger``), validation's first and best score, wall time, where the checkpoint, the report
+    and the metrics are (``paths``: name -> path or None), and the commands to go on."""
     argv = list(sys.argv[1:] if argv is None else argv)
     of = f" of {total_steps}" if total_steps else ""
     lines = [f"colorl: run ended: {why}", f"  steps: {step}{of} done in {_duration(wall_s)}"]
+    lines += [f"  {line}" for line in trained]
     scores = validation_scores(records)
     if scores is not None:
         key, (first_step, first), (best_step, best) = scores

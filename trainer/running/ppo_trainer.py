@@ -35,13 +35,14 @@ from trainer.observing.report import RunReport
 from trainer.observing.tracking import Tracking
 from trainer.running import console, groups
 from trainer.running.placement import placed_roles, role_classes
-from trainer.running.preemption import StopSignals
+from trainer.running.preemption import Ending, StopSignals
 from trainer.running.step import STEP_TOKEN, PhaseSteps
 from trainer.running.validation import ValidationTally
 from trainer.running.watchdog import PhaseWatchdog
 from trainer.state.checkpoint import CheckpointError, CheckpointManager, load_driver_state
 from trainer.state.data_position import DataPosition
 from trainer.state.fingerprint import config_record
+from trainer.state.ledger import Ledger
 from trainer.state.run_dir import open_run
 from workers.runtime import malloc
 
@@ -76,6 +77,7 @@ class RayPPOTrainer(PhaseSteps):
         self.total_training_steps = config.trainer.total_training_steps or steps_per_epoch * config.trainer.total_epochs
         self.global_step = 0
         self.data = DataPosition(train_dataloader)  # saved with checkpoints: a resumed run draws the same batches
+        self.ledger = Ledger(config.trainer.default_local_dir, self.data.epoch_size())  # what each step trained
         self.wandb_run_id: str | None = None
         self.nonfinite = NonFiniteGuard(config.trainer.max_nonfinite_steps)  # NaN/inf steps: k in a row stop the run
         self.health = HealthMonitor(config.trainer.health, config.data.max_response_length)
@@ -157,18 +159,21 @@ class RayPPOTrainer(PhaseSteps):
             resume_step=self.global_step,  # steps logged after it are computed again: one history
         )
         self.wandb_run_id = self.logger.wandb_run_id
-        self.report = RunReport(self.config)  # <default_local_dir>/report.html, at each validation and the end
-        last, stop = {}, StopSignals().install()  # SIGTERM/SIGINT: save, then stop
+        # <default_local_dir>/report.html, at each validation and the end; with the ledger's lines
+        self.report = RunReport(self.config, ledger=self.ledger.summary)
+        # SIGTERM/SIGINT: save, then stop; a step not done within trainer.stop_grace_s is abandoned
+        last, stop = {}, StopSignals(cfg.stop_grace_s, self._ending(start)).install()
         out_of_time = False
         try:
             if self.val_dataloader is not None and cfg.val_before_train and not resumed:
                 last = self.validate()
                 self.logger.log(self.health.observe(last, self.global_step), step=self.global_step)
                 self.report.write(self.logger.records(), self.health.fired)
-            batches = self.data.batches()
+            batches = self.ledger.watch(self.data.batches())  # each batch drawn, in the ledger
             while self.global_step < self.total_training_steps and not cfg.val_only:  # val_only: validate, stop
                 self.global_step += 1
                 last = self.train_step(next(batches), batches)
+                self.ledger.end_step(self.global_step)  # on disk before the step's checkpoint
                 last["training/epoch"] = float(self.data.epoch)
                 self.nonfinite.check(last, self.global_step, self.checkpoints.latest())
                 # with dynamic sampling and no total_training_steps, a run also ends once it has drawn total_epochs
@@ -205,12 +210,33 @@ class RayPPOTrainer(PhaseSteps):
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
 
+    def _ending(self, start: float) -> Ending:
+        """What the signal thread ends the run with when the step in progress is abandoned (preemption.Ending)."""
+
+        def word(why: str) -> str:
+            report = self.report.write(self.logger.records(), self.health.fired)
+            return self._last_word(False, False, time.monotonic() - start, report, abandoned=why)
+
+        # a local group's worker is this process, which ends anyway; a Ray group's actors may live elsewhere
+        teardown = self.watchdog.teardown_fn if self.config.trainer.use_ray else lambda: None
+        return Ending(self.checkpoints.latest, word, teardown)
+
     def _last_word(
-        self, preempted: bool, out_of_time: bool, wall_s: float, report: Path | None, nan_stop: bool = False
+        self,
+        preempted: bool,
+        out_of_time: bool,
+        wall_s: float,
+        report: Path | None,
+        nan_stop: bool = False,
+        abandoned: str | None = None,
     ) -> str:
         """The run's summary (``trainer.running.console.last_word``): why it ended, what it reached, where it all is."""
         cfg = self.config.trainer
-        if nan_stop:
+        records = self.logger.records()
+        step = self.global_step
+        if abandoned:  # the step in progress is not done: the steps done are those logged (after their save)
+            why, step = abandoned, max((r["step"] for r in records), default=0)
+        elif nan_stop:
             why = f"the NaN guard stopped it ({cfg.max_nonfinite_steps} steps in a row with NaN/inf losses)"
         elif preempted:
             why = "preempted (a stop signal): the step was finished and checkpointed"
@@ -224,14 +250,15 @@ class RayPPOTrainer(PhaseSteps):
             "checkpoint": self.checkpoints.latest(),
             "report": report,
             "metrics": self.logger.metrics_path if self.logger.metrics_path.exists() else None,
+            "ledger": self.ledger.path if self.ledger.path.exists() else None,
         }
         no_count = cfg.total_training_steps is None and cfg.max_wall_time_s  # a wall-time budget: no step count
         steps = None if no_count else self.total_training_steps
         argv = console.continue_argv(
             sys.argv[1:], self.global_step if why.startswith("done") else None, cfg.resume_mode
         )
-        records = self.logger.records()
-        return console.last_word(why, self.global_step, steps, wall_s, records, paths, cfg.default_local_dir, argv)
+        trained = self.ledger.summary()  # per epoch: trained N of M, filtered, dropped (trainer.state.ledger)
+        return console.last_word(why, step, steps, wall_s, records, paths, cfg.default_local_dir, argv, trained)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
@@ -261,6 +288,7 @@ class RayPPOTrainer(PhaseSteps):
             "kl_ctrl": self.kl_ctrl_in_reward.state_dict(),
             "wandb_run_id": self.wandb_run_id,
             "config": config_record(self.config),  # compared on resume (trainer.state.fingerprint)
+            "ledger": self.ledger.state(),  # the ledger's lines up to this step, checked on resume
             **({"ahead": self.ahead.state(self._generating())} if self.ahead is not None else {}),
         }
 
@@ -268,6 +296,7 @@ class RayPPOTrainer(PhaseSteps):
         """Load the checkpoint ``open_run`` picked (``trainer.resume_mode``); True when there was one."""
         path = self.resume_from
         if path is None:
+            self._resume_ledger(None, None)  # a run that died before its first checkpoint left lines
             return False
         for role, _ in self._trained_groups():
             if not (path / role.name).exists():
@@ -287,8 +316,15 @@ class RayPPOTrainer(PhaseSteps):
         self.wandb_run_id = state["wandb_run_id"]
         if self.ahead is not None:
             self.ahead.load(state["ahead"])
+        self._resume_ledger(state.get("ledger"), path)
         print(f"[colorl] resumed from {path} (step {self.global_step})", flush=True)
         return True
+
+    def _resume_ledger(self, state: dict[str, Any] | None, path: Path | None) -> None:
+        """The ledger as of checkpoint ``path`` (None: a fresh start), checked against it (``Ledger.resume``)."""
+        in_flight = self.ahead.in_flight() if self.ahead is not None else []
+        drawn = self.data.epoch, self.data.drawn_in_epoch()
+        self.ledger.resume(state, path, self.global_step, drawn, in_flight)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:

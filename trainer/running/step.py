@@ -44,6 +44,7 @@ from trainer.running.advantage import compute_advantage
 from trainer.running.balance import balance_batch
 from trainer.running.dynamic_sampling import collect
 from trainer.running.routing import STEP_TOKEN, request, take_back
+from trainer.state.ledger import Ledger, prompts
 
 
 @dataclasses.dataclass
@@ -63,12 +64,14 @@ class StepState:
 class PhaseSteps:
     """The step of ``trainer.running.ppo_trainer.RayPPOTrainer``: its phases' driver code and worker calls. Reads the
     trainer's ``config``, ``plan``, ``reward_fn``, ``kl_ctrl_in_reward``, ``generations``, ``watchdog``,
-    ``global_step`` and its worker groups (``planner.worker_roles.WorkerRole.group``).
+    ``global_step`` and its worker groups (``planner.worker_roles.WorkerRole.group``); records what each step
+    trained, filtered and dropped in its ``ledger`` when it has one (``trainer.state.ledger``).
 
     ``phase_hook("before" | "after", phase, state)``, when set, is called around each phase (``trainer.replay``:
     the debugger before a phase, each phase's outputs for ``trainer.diff``)."""
 
     phase_hook: Callable[[str, str, StepState], None] | None = None
+    ledger: Ledger | None = None
 
     def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
         """One PPO iteration on a batch of prompts: the plan's phases of ``planner.phases.STEP_PHASES`` in the
@@ -79,6 +82,7 @@ class PhaseSteps:
         with timed("step", state.timing):
             self.run_phases(self.plan.step_phases, state)
         metrics, batch = state.metrics, state.batch
+        self._record("trained", batch)
         metrics.update(compute_timing_metrics(batch.batch, state.timing))
         metrics.update(compute_throughput_metrics(batch.batch, state.timing, self.plan.n_workers))
         metrics["training/global_step"] = self.global_step
@@ -149,7 +153,13 @@ class PhaseSteps:
             start=lambda group, batch, meta_info: self._start("gen", batch, group=group, meta_info=meta_info),
             finish=lambda batch, call: self._finish("gen", batch, call),
             writes=self.plan.flows[STEP_FLOW].route("gen").writes,
+            dropped=lambda batch: self._record("dropped", batch),
         )
+
+    def _record(self, kind: str, batch: DataProto) -> None:
+        """``batch``'s prompts as ``kind`` in the step's ledger lines (``trainer.state.ledger``), when there is one."""
+        if self.ledger is not None:
+            self.ledger.record(kind, batch)
 
     def _repeated(self, batch: DataProto) -> DataProto:
         batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
@@ -193,6 +203,9 @@ class PhaseSteps:
         with self._phase("reward", state.timing):
             scores, state.extras = state.scoring.result()
         state.scoring = None
+        failed = getattr(self.reward_fn, "last_error_rows", [])
+        if failed:  # responses that scored 0 as the function failed on them: their prompts, in the ledger
+            self._record("failed", batch[np.asarray(failed)])
         if getattr(self.reward_fn, "last_errors", 0):  # responses the user's function failed on, scored 0
             metrics["reward/errors"] = self.reward_fn.last_errors
             for reason, count in getattr(self.reward_fn, "last_error_reasons", {}).items():
@@ -207,9 +220,12 @@ class PhaseSteps:
         (``trainer.running.dynamic_sampling``); the collected rows get a new step token, and are balanced when asked."""
         prefix = self.plan.step_phases[: self.plan.step_phases.index("filter_groups")]
 
+        sampled: list[tuple[int, int]] = []  # the prompts of every generation batch, for the ledger
+
         def sample(batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
             part = StepState(batch, timing=state.timing)
             self.run_phases(prefix, part)
+            sampled.extend(prompts(part.batch))
             return part.batch, part.extras, part.metrics
 
         cfg = self.config
@@ -217,6 +233,9 @@ class PhaseSteps:
         batch, state.extras, sampled = collect(
             state.batch, state.more, sample, train_batch_size, n, cfg.algorithm.filter_groups
         )
+        if self.ledger is not None:  # dropped without signal, or beyond the step's batch
+            kept = set(prompts(batch))
+            self.ledger.add("filtered", [prompt for prompt in sampled if prompt not in kept])
         batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
         if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
             sampled.update(self._balance(batch, state.extras))

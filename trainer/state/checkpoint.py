@@ -7,10 +7,12 @@ Layout under ``trainer.default_local_dir``::
                           extra.pt, rng_rank<r>.pt   (written by the workers: workers/checkpoint/shards.py)
         critic/           the same for the value model (when there is a critic)
         driver.pt         step, data position, KL controller, wandb run id, the resolved config
-                          (trainer.state.fingerprint)
+                          (trainer.state.fingerprint), the ledger's line digests (trainer.state.ledger), the
+                          batches generated ahead (trainer.asynchronous.ahead)
         COMPLETE          size and SHA-256 of every file above: written last, verified on load
     latest_checkpointed_iteration.txt
     metrics.jsonl         (trainer.observing.tracking)
+    ledger.jsonl          what each step trained, filtered and dropped, by dataset index (trainer.state.ledger)
     .colorl.lock          the run lock: one run per directory (trainer.state.run_dir)
 
 A checkpoint is written into a hidden staging directory, every file and directory of it flushed to disk (fsync),

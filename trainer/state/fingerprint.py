@@ -27,7 +27,6 @@ from typing import Any
 from config import ConfigError, PPOConfig
 from config.adapter import installed
 from config.tree import flat
-from planner.phases import lookup
 from planner.worker_roles import ROLES
 
 MAY_CHANGE = (
@@ -46,6 +45,7 @@ MAY_CHANGE = (
     "trainer.resume_*",
     "trainer.max_nonfinite_steps",
     "trainer.phase_timeout_s",
+    "trainer.stop_grace_s",
     "trainer.max_restarts",
     "trainer.device",
     "trainer.n_gpus_per_node",
@@ -184,7 +184,7 @@ def _architecture_changes(cfg: PPOConfig, checkpoint: Path) -> dict[str, tuple[A
 
     changes = {}
     for role in (role for role in ROLES if role.trained):  # their checkpoints' directories are their names
-        key, model = role.model, lookup(cfg, role.model)
+        key, model = role.model, role.model_config(cfg)
         saved_dir = checkpoint / role.name
         if not (saved_dir / "config.json").is_file() or not model.path or not os.path.isdir(model.path):
             continue

@@ -170,24 +170,12 @@ def compiled_step(device: torch.device) -> Callable:
     return _COMPILED[mode]
 
 
-AUTO_MIN_PARAMETERS = 50_000_000  # auto compiles models this large: below, compiling costs more than it saves
-
-
 def resolve(setting: Any, model: nn.Module) -> bool:
-    """Whether the rollout decodes with the compiled step: ``rollout.compile_decode`` true/false, or ``auto``: where
-    it was measured faster than the HF loop, compile time included (docs/benchmarks.md, "compiled decode"), for the
-    models :func:`supports`."""
-    if setting in (False, "false"):
-        return False
-    return supports(model) and (setting in (True, "true") or auto_compiles(model))
-
-
-def auto_compiles(model: nn.Module) -> bool:
-    """``compile_decode=auto``'s rule: a CPU or CUDA device, fp32 or bf16 weights, and a model of at least
-    ``AUTO_MIN_PARAMETERS`` (a tiny test model decodes in less time than its graphs take to compile)."""
-    weight = next(model.parameters())
-    large = sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMETERS
-    return large and weight.device.type in ("cpu", "cuda") and weight.dtype in (torch.float32, torch.bfloat16)
+    """Whether the rollout decodes with the compiled step: ``rollout.compile_decode`` true, for the models
+    :func:`supports`. ``auto`` is the HF loop: on a CPU the step is faster at SmolLM2's size, but
+    compiling every bucket takes minutes, more than a short run saves (docs/benchmarks.md, "The compiled decode
+    step"); on CUDA it is unmeasured."""
+    return setting in (True, "true") and supports(model)
 
 
 def mark_static(tensors: Sequence[Tensor]) -> None:

@@ -10,6 +10,12 @@ function showWarnings(data) {
   for (const w of data.warnings) box.append(h("div", { class: "warning" }, h("b", {}, `${w.name} (from step ${w.step}): `), w.message));
 }
 
+function showLedger(data) {
+  const box = document.getElementById("ledger-list");
+  if (!data.ledger.length) box.append(h("div", { class: "hint" }, "No step trained yet."));
+  for (const line of data.ledger) box.append(h("div", {}, line));
+}
+
 function showPlots(data, browser) {
   const grid = new PlotGrid(data.metrics, step => browser.show(step));
   const root = document.getElementById("grid");
@@ -53,6 +59,7 @@ function main() {
   document.getElementById("subtitle").textContent =
     `ColoRL run report · ${steps.length ? "steps " + steps[0] + "–" + steps[steps.length - 1] : "no step logged yet"} · written ${data.written}`;
   showWarnings(data);
+  showLedger(data);
   const browser = new Browser(data, {
     controls: document.getElementById("controls"),
     legend: document.getElementById("legend"),
