@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar, Union
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -201,6 +201,8 @@ def _join(path: str, name: str) -> str:
 
 def _composition_error(exc: BaseException) -> ConfigError:
     """Turn Hydra's 'Could not override ...' / OmegaConf's errors into a one-line ConfigError."""
+    if isinstance(exc, OverrideParseException) and exc.override:
+        return ConfigError(_unparsed_override_message(exc.override, exc.message))
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
@@ -208,6 +210,21 @@ def _composition_error(exc: BaseException) -> ConfigError:
         return ConfigError(_unknown_key_message(cause.full_key))
     lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("See http")]
     return ConfigError(": ".join(lines[:2]))
+
+
+def _unparsed_override_message(override: str, message: str) -> str:
+    """An override Hydra's grammar cannot parse (``key=~/path``): what stopped it, and the value quoted (Hydra reads
+    a quoted value as a plain string; the outer single quotes keep the double ones from the shell)."""
+    first, _, rest = message.partition("\n")
+    lexer = "LexerNoViableAltException: "
+    if first.startswith(lexer):  # the caret under the override marks the character it stopped at
+        at = rest.splitlines()[0].find("^") - len(lexer) if rest else -1
+        why = f"{override[at]!r} cannot stand unquoted in a value" if 0 <= at < len(override) else "cannot be read"
+    else:
+        why = first
+    key, sep, value = override.partition("=")
+    fix = f"; quote the value: '{key}=\"{value}\"'" if sep and '"' not in value else ""
+    return f"{override}: {why} (Hydra's override grammar){fix}"
 
 
 def _unknown_key_message(full_key: str) -> str:

@@ -135,9 +135,21 @@ def _rollout_group(cfg: Any, trainer_workers: int, sync_step: int) -> int:
         )
     mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     if data.train_batch_size != sync_step * mini:
-        raise ConfigError(
-            f"{V1}.separate_async.parameter_sync_step={sync_step}: a step is parameter_sync_step updates of "
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} prompts, so data.train_batch_size="
-            f"{data.train_batch_size} must be {sync_step * mini} (verl's rule)"
-        )
+        raise ConfigError(_sync_step_message(sync_step, mini, data.train_batch_size))
     return workers
+
+
+def _sync_step_message(sync_step: int, mini: int, train_batch_size: int) -> str:
+    """verl's rule for separate_async: a step is parameter_sync_step updates of one mini-batch each, so
+    parameter_sync_step × ppo_mini_batch_size = train_batch_size; each of the three values that would make it hold."""
+    sync_key, mini_key = f"{V1}.separate_async.parameter_sync_step", "actor_rollout_ref.actor.ppo_mini_batch_size"
+    fixes = [
+        *([f"{sync_key}={train_batch_size // mini}"] if train_batch_size % mini == 0 else []),
+        *([f"{mini_key}={train_batch_size // sync_step}"] if train_batch_size % sync_step == 0 else []),
+        f"data.train_batch_size={sync_step * mini}",
+    ]
+    return (
+        f"{sync_key}={sync_step} × {mini_key}={mini} = {sync_step * mini} prompts, but data.train_batch_size="
+        f"{train_batch_size}: a step of separate_async is parameter_sync_step updates of one mini-batch each "
+        f"(verl's rule); set {' or '.join(fixes)}"
+    )

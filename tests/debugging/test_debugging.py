@@ -49,14 +49,17 @@ def tiny(run_dir: Path, assets: Path) -> list[str]:
 
 IMAGE = ("torch", "transformers", "peft", "safetensors", "pytest")  # a bare PyTorch image, with what these require
 BEYOND_IMAGE = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "pyarrow"}  # docs/gpu.md's table
-# the project itself, and mimalloc's loader, which its .pth imports at start-up where it is installed (optional)
+# the project (installed editable); mimalloc's loader, which its .pth imports at start-up where installed (optional)
 NOT_COUNTED = {"colorl", "cmeel"}
 
 
-def run(args: list[str], ray: bool, imported: Path | None = None) -> subprocess.CompletedProcess:
-    """``python ARGS`` in the repository; without ``ray`` as on a bare PyTorch image, which writes into
-    ``imported`` the distributions of what it imported."""
+def run(
+    args: list[str], ray: bool, imported: Path | None = None, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the repository (``extra`` added to its environment); without ``ray`` as on a bare
+    PyTorch image, which writes into ``imported`` the distributions of what it imported."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HYDRA_FULL_ERROR": "0"}
+    env.update(extra or {})
     env["PYTHONPATH"] = str(REPO) if ray else os.pathsep.join([str(BARE), str(REPO)])
     if imported is not None:
         imported.mkdir(exist_ok=True)
@@ -108,13 +111,34 @@ def test_a_run_without_ray_is_bit_equal_to_the_ray_run(runs):
     assert (a / weights).read_bytes() == (b / weights).read_bytes()
 
 
-def test_a_replayed_step_equals_the_logged_one_without_ray(runs):
-    _, b = runs
-    before = sorted(p.name for p in b.rglob("*"))
-    done = run(["-m", "trainer.replay", str(b), "--step", "3"], ray=False, imported=imported(b))
+@pytest.fixture(scope="module")
+def replay_3(runs):
+    """B's step 3 replayed with ``--stop-before update_actor``: a breakpoint hook notes what the debugger had."""
+    b = runs[1]
+    seen, before = b.parent / "breakpoints.jsonl", sorted(p.name for p in b.rglob("*"))
+    args = ["-m", "trainer.replay", str(b), "--step", "3", "--stop-before", "update_actor"]
+    hook = {"PYTHONBREAKPOINT": "tests.debugging.breakpoint_hook.record", "COLORL_BREAKPOINT_LOG": str(seen)}
+    done = run(args, ray=False, imported=imported(b), extra=hook)
+    assert sorted(p.name for p in b.rglob("*")) == before  # nothing written into the recorded run
+    return done, [json.loads(line) for line in seen.read_text().splitlines()] if seen.exists() else []
+
+
+def test_a_replayed_step_equals_the_logged_one_without_ray(replay_3):
+    done, _ = replay_3
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "step 3: the replay equals the log" in done.stdout
-    assert sorted(p.name for p in b.rglob("*")) == before  # nothing written into the recorded run
+
+
+def test_stop_before_enters_the_debugger_with_the_steps_batch(runs, replay_3):
+    """Once, before update_actor of step 3, with that step's 4 prompts × 2 responses, scored and with advantages."""
+    done, seen = replay_3
+    assert [(s["phase"], s["step"], s["rows"]) for s in seen] == [("update_actor", 3, 8)], done.stdout[-2000:]
+    assert {"responses", "attention_mask", "advantages", "token_level_scores"} <= set(seen[0]["tensors"])
+    assert "raw_prompt" in seen[0]["non_tensors"]
+    assert "actor/pg_loss" not in seen[0]["metrics"]  # before the update, not after it
+    assert "before phase 'update_actor' of step 3: `batch` is its DataProto" in done.stdout
+    logged = next(m for m in metrics(runs[1]) if m["training/global_step"] == 3)
+    assert seen[0]["score_mean"] == pytest.approx(logged["critic/score/mean"], abs=1e-6)
 
 
 @pytest.mark.slow  # a third run and two replays: ~1 min on 2 cores

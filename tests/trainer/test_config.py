@@ -110,6 +110,11 @@ def test_the_config_is_frozen_and_replace_keys_rechecks():
         (["critic.optim.lr=-1"], ["critic.optim.lr=-1"]),
         (["actor_rollout_ref.rollout.val_kwargs.top_p=0"], ["actor_rollout_ref.rollout.val_kwargs.top_p=0"]),
         (["algorithm.gamma=1.5"], ["algorithm.gamma=1.5"]),
+        # a value Hydra's override grammar cannot read: the character, and the value quoted
+        (
+            ["trainer.default_local_dir=~/ckpt"],
+            ["trainer.default_local_dir=~/ckpt: '~'", "'trainer.default_local_dir=\"~/ckpt\"'"],
+        ),
     ],
 )
 def test_bad_values_name_key_and_value(overrides, expected):
@@ -119,6 +124,13 @@ def test_bad_values_name_key_and_value(overrides, expected):
     assert "\n" not in message
     for part in expected:
         assert part in message
+
+
+def test_an_unreadable_override_proposes_one_that_loads():
+    with pytest.raises(ConfigError) as info:
+        load_config(["trainer.default_local_dir=~/ckpt"])
+    proposed = str(info.value).rpartition("quote the value: ")[2].strip("'")
+    assert load_config([proposed]).trainer.default_local_dir == "~/ckpt"
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,19 @@ def test_bad_input_is_one_line_naming_the_key(overrides, names):
     assert names in message and "\n" not in message
 
 
+def test_a_parameter_sync_step_refusal_names_the_values_that_hold():
+    """parameter_sync_step × ppo_mini_batch_size must be the batch (verl's rule): the refusal says the product, and
+    each value it proposes loads (the batch of 4 prompts: sync 2 × mini 4 = 8 proposes sync 1, mini 2, batch 8)."""
+    with pytest.raises(ConfigError) as error:
+        _plan(*SEPARATE, "trainer.v1.separate_async.parameter_sync_step=2")
+    message = str(error.value)
+    assert "parameter_sync_step=2 × actor_rollout_ref.actor.ppo_mini_batch_size=4 = 8 prompts" in message
+    fixes = message.partition("; set ")[2].split(" or ")
+    assert len(fixes) == 3
+    for fix in fixes:
+        _plan(*SEPARATE, "trainer.v1.separate_async.parameter_sync_step=2", fix)
+
+
 def test_async_old_log_probs_are_the_rollouts_only_in_bypass_mode():
     """The rollout of an async mode samples with older weights: its log-probs stand for the old ones (skipping the
     forward) only in bypass mode, as algorithm.rollout_correction says."""

@@ -37,11 +37,20 @@ sys.meta_path[:] = [_NotInstalled if f is importlib.machinery.PathFinder else f 
 
 def _report(folder: str) -> None:
     owners = importlib.metadata.packages_distributions()
-    used = {dist for name in list(sys.modules) for dist in owners.get(name.partition(".")[0], ())}
+    names = [name for name, module in list(sys.modules.items()) if not _in_project(getattr(module, "__file__", None))]
+    used = {dist for name in names for dist in owners.get(name.partition(".")[0], ())}
     versions = {dist: importlib.metadata.version(dist) for dist in sorted(used)}
     with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
         json.dump(versions, f, indent=1)
 
 
+def _in_project(path: str | None) -> bool:
+    """A file of the repository, whose ``tests`` or ``data`` an installed wheel may also name (verl's has ``tests``);
+    not one of its virtual environment's."""
+    path = os.path.abspath(path or "")
+    return path.startswith(PROJECT + os.sep) and f"{os.sep}site-packages{os.sep}" not in path
+
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if os.environ.get("COLORL_BARE_REPORT"):
     atexit.register(_report, os.environ["COLORL_BARE_REPORT"])
