@@ -90,6 +90,14 @@ def test_steps_draw_generation_batches_until_the_batch_has_signal(runs):
     for indices in rows:  # each update: 4 prompt groups × 2, every one of them a prompt with signal
         assert len(indices) == 8 and all(i % 2 == 1 for i in indices)
         assert indices[::2] == indices[1::2]  # whole groups, in order
+    # the run's ledger (trainer.state.ledger): each step's trained prompts are those its update saw; every prompt
+    # drawn ends once, the ones without signal (even) filtered
+    ledger = read_jsonl(straight_dir / "ledger.jsonl")
+    assert [line["trained"] for line in ledger] == [indices[::2] for indices in rows]
+    drawn = [i for line in ledger for i in line["drawn"]]
+    ended = [i for line in ledger for i in line["trained"] + line["filtered"]]
+    assert len(set(drawn)) == len(drawn) and sorted(ended) == sorted(drawn)
+    assert {i for i in drawn if i % 2 == 0} <= {i for line in ledger for i in line["filtered"]}
 
 
 @pytest.mark.slow  # the module's runs: ~65 s (the filter and its batches: tests/trainer/test_dynamic_sampling.py)

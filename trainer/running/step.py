@@ -220,12 +220,12 @@ class PhaseSteps:
         (``trainer.running.dynamic_sampling``); the collected rows get a new step token, and are balanced when asked."""
         prefix = self.plan.step_phases[: self.plan.step_phases.index("filter_groups")]
 
-        sampled: list[tuple[int, int]] = []  # the prompts of every generation batch, for the ledger
+        generated: list[tuple[int, int]] = []  # the prompts of every generation batch, for the ledger
 
         def sample(batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
             part = StepState(batch, timing=state.timing)
             self.run_phases(prefix, part)
-            sampled.extend(prompts(part.batch))
+            generated.extend(prompts(part.batch))
             return part.batch, part.extras, part.metrics
 
         cfg = self.config
@@ -235,7 +235,7 @@ class PhaseSteps:
         )
         if self.ledger is not None:  # dropped without signal, or beyond the step's batch
             kept = set(prompts(batch))
-            self.ledger.add("filtered", [prompt for prompt in sampled if prompt not in kept])
+            self.ledger.add("filtered", [prompt for prompt in generated if prompt not in kept])
         batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
         if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
             sampled.update(self._balance(batch, state.extras))
