@@ -1,6 +1,6 @@
 """The run's ledger of what was trained (trainer/state/ledger.py) over real runs of ``main.py`` (child processes):
-an epoch interrupted by SIGKILL and resumed trains every prompt exactly once, in sync mode and in
-``separate_async``; a ledger edited by hand is refused in one line.
+an epoch interrupted by SIGKILL and resumed trains every prompt exactly once, in sync mode, on another worker count
+(elastic resume) and in ``separate_async``; a ledger edited by hand is refused in one line.
 
 The tiny demo with 16 prompts and 4 a step: an epoch is 4 steps. The run is SIGKILLed (its whole process group) at
 step 3, after its ledger line was written and before any save of the step; the checkpoint is step 2's; the resumed
@@ -56,14 +56,18 @@ def ledger(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / FILE).read_text().splitlines()]
 
 
-def killed_and_resumed(run_dir: Path, assets: Path, *extra: str) -> tuple[list[dict], str]:
-    """SIGKILLed at step 3, then resumed to step 6: the ledger (its step 3 checked before the resume) and the last
-    word."""
+def killed_and_resumed(
+    run_dir: Path, assets: Path, *extra: str, resume_with: tuple[str, ...] = ()
+) -> tuple[list[dict], str]:
+    """SIGKILLed at step 3, then resumed to step 6 (with ``resume_with`` in place of the keys it names): the ledger
+    (its step 3 checked before the resume) and the last word."""
     run_dir.mkdir()
     killed = run_child([KILL_RUN, "3", *keys(run_dir, assets, 6, *extra)], cwd=run_dir)
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert [line["step"] for line in ledger(run_dir)][-1] == 3  # step 3's line, which no checkpoint holds
-    resumed = run_child([MAIN, *keys(run_dir, assets, 6, *extra)], cwd=run_dir)
+    replaced = {override.partition("=")[0] for override in resume_with}
+    again = [o for o in keys(run_dir, assets, 6, *extra) if o.partition("=")[0] not in replaced]
+    resumed = run_child([MAIN, *again, *resume_with], cwd=run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {run_dir / 'global_step_2'} (step 2)" in resumed.stdout
     return ledger(run_dir), resumed.stdout
@@ -118,5 +122,13 @@ def test_a_ledger_edited_by_hand_is_refused_in_one_line(sync_run):
 @pytest.mark.slow  # two separate_async runs with Ray (~60 s on 2 loaded cores)
 def test_separate_async_killed_and_resumed_trains_every_prompt_once(tmp_path, tmp_path_factory):
     lines, last_word = killed_and_resumed(tmp_path / "run", tmp_path_factory.mktemp("assets"), *SEPARATE_ASYNC)
+    assert_every_prompt_once(lines)
+    assert "  epoch 0: trained 16 of 16, filtered 0, dropped 0\n" in last_word
+
+
+@pytest.mark.slow  # a run of two workers with Ray after the one-worker run (~40 s on 2 loaded cores)
+def test_an_epoch_killed_on_one_worker_and_resumed_on_two_trains_every_prompt_once(tmp_path, tmp_path_factory):
+    two = ("trainer.n_gpus_per_node=2", "trainer.use_ray=true")
+    lines, last_word = killed_and_resumed(tmp_path / "run", tmp_path_factory.mktemp("assets"), resume_with=two)
     assert_every_prompt_once(lines)
     assert "  epoch 0: trained 16 of 16, filtered 0, dropped 0\n" in last_word
