@@ -10,6 +10,7 @@ import pytest
 from tests.reliability.conftest import REPO, run_child, tiny_overrides
 from trainer.running.watchdog import EXIT_HUNG
 from trainer.state.checkpoint import check_checkpoint
+from trainer.state.ledger import FILE as LEDGER
 
 FAULT_RUN = str(REPO / "tests" / "reliability" / "fault_run.py")
 
@@ -75,6 +76,10 @@ def test_dead_worker_is_replaced_and_the_run_completes(tmp_path, assets):
     assert "restart 1 of 1 (trainer.max_restarts)" in run.stderr
     assert f"resumed from {tmp_path / 'global_step_1'} (step 1)" in run.stdout
     assert logged_steps(tmp_path) == [1, 2]  # step 2, cut short by the death, computed once more and only it
+    ledger = [json.loads(line) for line in (tmp_path / LEDGER).read_text().splitlines()]
+    assert [line["step"] for line in ledger] == [1, 2]  # the restart's step 2 once in the ledger too
+    trained = [(line["epoch"], i) for line in ledger for i in line["trained"]]
+    assert trained and len(trained) == len(set(trained))  # no prompt trained twice across the restart
     check_checkpoint(tmp_path / "global_step_2")
     assert run.survivors() == []
 
