@@ -117,5 +117,15 @@ def test_a_checkpoint_without_a_ledger_counts_from_its_step(tmp_path):
     step(ledger, 5, batch(1, 1, 2), trained=batch(1, 1, 2, 3))  # 3 was drawn before the checkpoint
     assert ledger.summary() == [
         "epoch 1: trained 3 of 4, filtered 0, dropped 0 (1 not drawn yet)",  # 3 (before), 1 and 2: 0 is not known
-        "(counted from step 4: the checkpoint resumed from holds no ledger)",
+        "(counted from step 4: no ledger before the checkpoint resumed from)",
     ]
+
+
+def test_a_checkpoint_copied_without_its_ledger_counts_from_its_step(tmp_path, capsys):
+    """A checkpoint copied into another directory without ledger.jsonl: one warning, counted from its step (a file
+    that is there but cut is refused: the edited-ledger test)."""
+    state = two_epochs(tmp_path / "first").state()
+    ledger = resumed(tmp_path, state, 3, drawn=(1, [1, 2]))
+    assert f"no {FILE} in {tmp_path} beside checkpoint" in capsys.readouterr().err
+    step(ledger, 4, batch(1, 0, 3), trained=batch(1, 0, 3))
+    assert ledger.summary()[0] == "epoch 1: trained 2 of 4, filtered 0, dropped 0 (2 not drawn yet)"

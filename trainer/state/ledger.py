@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,7 +173,14 @@ class Ledger:
         ``in_flight`` (generated ahead). A mismatch is a ``LedgerError``."""
         lines = self.path.read_text().splitlines() if self.path.exists() else []
         self._drawn, self._ended, self._failed = {}, {}, {}  # loading twice (a test, verl's scripts) starts over
-        if checkpoint is not None and state is None:  # saved without a ledger: it counts from here
+        if checkpoint is not None and (state is None or not self.path.exists()):  # it counts from here
+            if state is not None:  # a checkpoint copied without its run's ledger (a cut file is refused below)
+                print(
+                    f"colorl: warning: no {FILE} in {self.path.parent} beside checkpoint {checkpoint} (copied "
+                    f"without it?): the ledger counts from step {step}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self.since, keep = step, []
         else:
             self.since = state["since"] if state else 0
@@ -265,5 +273,5 @@ class Ledger:
         """One line per epoch (and what the ledger does not count: the steps before a checkpoint without one)."""
         lines = [tally.line() for tally in self.tallies()]
         if self.since and lines:
-            lines.append(f"(counted from step {self.since}: the checkpoint resumed from holds no ledger)")
+            lines.append(f"(counted from step {self.since}: no ledger before the checkpoint resumed from)")
         return lines
