@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 
 import hydra
@@ -55,9 +54,6 @@ def _train(cfg: PPOConfig, plan: StepPlan) -> int:
         return run(cfg, plan)
     except ConfigError as exc:  # found while building: a model or data path, a reward function
         return _config_error(exc)
-    except KeyboardInterrupt:  # Ctrl-C while the run starts or ends; within fit, trainer.running.preemption has it
-        print("colorl: stopped by Ctrl-C outside a training step; no step was lost", file=sys.stderr)
-        return 128 + signal.SIGINT  # the shell's status for a process ended by SIGINT
 
 
 def _config_error(exc: ConfigError) -> int:

@@ -173,25 +173,3 @@ def test_sigterm_to_the_group_of_a_ray_run_with_a_hung_worker_exits_within_the_g
     first = run_child([FAULT_RUN, "hang", "1", "2", *args], cwd=tmp_path, timeout_s=180)
     check_abandoned(first, sent[0], time.monotonic(), tmp_path)
     check_resumes(args, tmp_path)
-
-
-INTERRUPTING_REWARD = """
-import os, signal, time
-os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the run is being built: its reward file is imported then
-time.sleep(30)
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return 0.0
-"""
-
-
-def test_a_ctrl_c_while_the_run_is_built_is_one_line_and_status_130(tmp_path, assets):
-    """Before ``fit`` (no step under way, nothing to save): one line, exit 130, no traceback, nothing trained."""
-    reward = tmp_path / "interrupting_reward.py"
-    reward.write_text(INTERRUPTING_REWARD)
-    overrides = [*tiny_overrides(tmp_path, assets), f"reward.custom_reward_function.path={reward}"]
-    run = run_child([str(REPO / "main.py"), *overrides], cwd=tmp_path)
-    assert run.returncode == EXIT_SECOND_INTERRUPT, run.stderr[-3000:]
-    assert [line for line in run.stderr.splitlines() if line.startswith("colorl: ")] == [
-        "colorl: stopped by Ctrl-C outside a training step; no step was lost"
-    ]
-    assert "Traceback" not in run.stderr and not list(tmp_path.glob("global_step_*"))
