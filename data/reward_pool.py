@@ -97,18 +97,10 @@ class _Worker:
         os.close(to_child)
         os.close(from_child)
 
-    def call(self, args: tuple, kwargs: dict, timeout: float) -> Any:
-        """The function's value for ``args``/``kwargs``; ``CallTimeout`` after ``timeout`` seconds, ``CallRaised``."""
-        _write(self.to_worker, pickle.dumps([(args, kwargs)]))
-        ok, value = pickle.loads(_read(self.from_worker, time.monotonic() + timeout))
-        if not ok:
-            raise CallRaised(value)
-        return value
-
-    def answers(self, calls: list[dict[str, Any]], timeout: float) -> Iterator[tuple[bool, Any]]:
+    def answers(self, calls: list[tuple[tuple, dict]], timeout: float) -> Iterator[tuple[bool, Any]]:
         """Each call's ``(ok, value)`` as the worker answers it (``ok`` False: the error line); ``TimeoutError`` when
         an answer takes more than ``timeout`` seconds after the one before it."""
-        _write(self.to_worker, pickle.dumps([((), kwargs) for kwargs in calls]))
+        _write(self.to_worker, pickle.dumps(calls))
         for _ in calls:
             yield pickle.loads(_read(self.from_worker, time.monotonic() + timeout))
 
@@ -131,35 +123,23 @@ class _Pool:
         atexit.register(self.close)
 
     def call(self, args: tuple, kwargs: dict, timeout: float) -> Any:
-        with self.slots:
-            worker = self._take()
-            try:
-                value = worker.call(args, kwargs, timeout)
-            except CallRaised:
-                self._put(worker)
-                raise
-            except BaseException as exc:  # timed out, died or interrupted: the worker may be anywhere in the call
-                worker.kill()
-                if isinstance(exc, EOFError):
-                    raise CallRaised(
-                        f"WorkerExit: its process ended (exit status {worker.process.returncode})"
-                    ) from None
-                if isinstance(exc, TimeoutError):
-                    raise CallTimeout(f"no answer after {timeout}s") from None
-                raise
-            self._put(worker)
-            return value
+        """The function's value for ``args``/``kwargs``; raises ``CallTimeout`` or ``CallRaised``."""
+        value = self._map_one([(args, kwargs)], timeout)[0]
+        if isinstance(value, Exception):
+            raise value
+        return value
 
     def map(self, calls: list[dict[str, Any]], timeout: float) -> list[Any]:
         """``calls`` in contiguous shares, one worker each (as many as the pool allows), in order of ``calls``."""
         share = -(-len(calls) // self.size) if calls else 1
-        chunks = [calls[i : i + share] for i in range(0, len(calls), share)]
+        pairs = [((), kwargs) for kwargs in calls]
+        chunks = [pairs[i : i + share] for i in range(0, len(pairs), share)]
         if len(chunks) <= 1:
-            return self._map_one(calls, timeout) if calls else []
+            return self._map_one(pairs, timeout) if pairs else []
         with concurrent.futures.ThreadPoolExecutor(len(chunks)) as threads:  # each waits on its worker's pipe
             return [value for chunk in threads.map(lambda c: self._map_one(c, timeout), chunks) for value in chunk]
 
-    def _map_one(self, calls: list[dict[str, Any]], timeout: float) -> list[Any]:
+    def _map_one(self, calls: list[tuple[tuple, dict]], timeout: float) -> list[Any]:
         """``calls`` on one worker; after a call that hangs (its worker killed) the rest go to a fresh worker."""
         values: list[Any] = []
         while len(values) < len(calls):
@@ -173,7 +153,8 @@ class _Pool:
                     if not isinstance(exc, (TimeoutError, EOFError)):
                         raise
                     timed_out = isinstance(exc, TimeoutError)
-                    why = f"no answer after {timeout}s" if timed_out else "WorkerExit: its process ended"
+                    status = worker.process.returncode
+                    why = f"no answer after {timeout}s" if timed_out else f"WorkerExit: its process ended ({status})"
                     values.append(CallTimeout(why) if timed_out else CallRaised(why))
                     continue
                 self._put(worker)
