@@ -63,7 +63,7 @@ def rollout_log_probs(cfg: Any) -> bool:
 
 
 def samples_tokens(cfg: Any) -> bool:
-    """Whether the driver writes sampled responses token by token: the run report's, or verl's rollout dumps."""
+    """Whether the driver writes sampled responses token by token: the run report's, or the rollout dumps."""
     return bool(cfg.trainer.report.enable and cfg.trainer.report.samples_per_step) or bool(cfg.trainer.rollout_data_dir)
 
 
@@ -180,13 +180,13 @@ STEP_PHASES: tuple[StepPhase, ...] = (
     # trainer.v1's async modes: a batch is generated while another trains (on a group of its own, or before the
     # update on the same one), so what the rollout writes comes to the driver with it (trainer.asynchronous.ahead)
     StepPhase("handover", DRIVER, _gen_writes, _gen_writes, runs=lambda s: s.plan.mode.asynchronous, timer=None),
-    # trainer.balance_batch, at verl's place (after generation, before the reward): the driver reorders the rows so
+    # trainer.balance_batch, after generation and before the reward: the driver reorders the rows so
     # each worker's share holds a similar number of tokens (trainer.running.balance); with dynamic sampling,
-    # filter_groups balances the rows it keeps instead (verl's DAPO loop)
+    # filter_groups balances the rows it keeps instead (the DAPO loop)
     StepPhase(
         "balance", DRIVER, runs=lambda s: s.plan.balance_batch and not s.plan.dynamic_sampling, selects_rows=True
     ),
-    StepPhase(  # timed within the reward's line, as verl times it
+    StepPhase(  # timed within the reward's line
         "rm_score",
         WORKER,
         (*SEQUENCE, "response_mask"),
@@ -255,9 +255,9 @@ STEP_PHASES: tuple[StepPhase, ...] = (
         method="update_actor",
     ),
     # trainer.v1's async modes: the batches asked for from now on are generated with these weights; a rollout group
-    # of its own takes them (verl's timer name)
+    # of its own takes them
     StepPhase("update_weights", DRIVER, runs=lambda s: s.plan.mode.asynchronous),
-    # verl's generation dumps and the run report's samples (trainer.observing.generations), with each token's log-prob
+    # the rollout dumps and the run report's samples (trainer.observing.generations), with each token's log-prob
     StepPhase("dump_rollout_generations", DRIVER, lambda s: when(s.has_old and samples_tokens(s.cfg), "old_log_probs")),
     StepPhase(  # the step's data metrics (trainer.observing.metrics.compute_data_metrics)
         "metrics",

@@ -1,6 +1,6 @@
 """The models a worker may hold, declared once: ``ROLES``, the other table beside ``planner.phases.STEP_PHASES``.
 
-An entry says where its model's path, model options and FSDP section sit in the config (verl's layout), whether it
+An entry says where its model's path, model options and FSDP section sit in the config, whether it
 trains, whether it ends in a value head, whether a step plan places it, and its worker: the class, its arguments and
 the driver's worker group that calls it. Everything that knows about roles reads this table: the placement
 (``trainer.running.placement``), ``RayPPOTrainer.init_workers`` and the driver's group of each phase
@@ -56,7 +56,7 @@ class WorkerRole:
 
     @property
     def group(self) -> str:
-        """The driver's attribute that holds this role's worker group (verl's ``actor_rollout_wg``, ...)."""
+        """The driver's attribute that holds this role's worker group (``actor_rollout_wg``, ...)."""
         return f"{self.worker}_wg"
 
     def placed(self, s: Step) -> bool:
@@ -95,7 +95,7 @@ ROLES: tuple[WorkerRole, ...] = (
         worker="actor_rollout",
         worker_class=f"{WORKERS}:ActorRolloutRefWorker",
         # the exact KL loss reads reference logits inside the update, and a LoRA actor is its own reference
-        # (adapters disabled): then one object holds actor and ref (verl's role names)
+        # (adapters disabled): then one object holds actor and ref
         init_args=lambda cfg, plan: dict(
             config=cfg.actor_rollout_ref,
             role="actor_rollout_ref" if plan.ref_in_actor else "actor_rollout",
@@ -133,7 +133,7 @@ ROLES: tuple[WorkerRole, ...] = (
         worker_class=f"{SCORING}:CriticWorker",
         init_args=lambda cfg, plan: dict(config=cfg.critic, plan=plan),
     ),
-    WorkerRole(  # verl's reward model section has its path and options in one place (no model sub-section)
+    WorkerRole(  # the reward model's section has its path and options in one place (no model sub-section)
         "rm",
         "reward.reward_model.model_path",
         "reward.reward_model",
