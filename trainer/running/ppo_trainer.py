@@ -177,11 +177,11 @@ class RayPPOTrainer(PhaseSteps):
                 last["training/epoch"] = float(self.data.epoch)
                 self.nonfinite.check(last, self.global_step, self.checkpoints.latest())
                 # with dynamic sampling and no total_training_steps, a run also ends once it has drawn total_epochs
-                # passes over the data (verl's DAPO loop), which may come before the step count
+                # passes over the data (the DAPO recipe's end), which may come before the step count
                 used_up = self.plan.dynamic_sampling and self.data.epochs_drawn() >= cfg.total_epochs
                 done = self.global_step >= self.total_training_steps or (used_up and cfg.total_training_steps is None)
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
-                last_step = done or out_of_time  # verl validates and saves at the last step when its freq > 0
+                last_step = done or out_of_time  # validate and save at the last step when the freq > 0
                 validated = self.val_dataloader is not None and _due(cfg.test_freq, self.global_step, last_step)
                 timing: dict[str, float] = {}
                 if validated:
@@ -344,5 +344,5 @@ class RayPPOTrainer(PhaseSteps):
 
 
 def _due(freq: int, step: int, last_step: bool) -> bool:
-    """verl's rule for test_freq/save_freq: every ``freq`` steps and at the last one; never when ``freq <= 0``."""
+    """The rule of test_freq/save_freq: every ``freq`` steps and at the last one; never when ``freq <= 0``."""
     return freq > 0 and (last_step or step % freq == 0)
