@@ -137,7 +137,7 @@ def _common(a: str, b: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a Hugging Face model directory (its tokenizer and generation_config.json)")
-    parser.add_argument("--tool-config", default=None, help="verl tool YAML: render with its tools' schemas")
+    parser.add_argument("--tool-config", default=None, help="a tool YAML: render with its tools' schemas")
     parser.add_argument("--function-tools", default=None, help="a Python file of @function_tool functions")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer, GenerationConfig
