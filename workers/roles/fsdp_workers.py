@@ -59,7 +59,7 @@ def check_world(worker: Worker, plan: StepPlan) -> None:
 
 def load_causal_lm(model_config: Any) -> nn.Module:
     """The fp32 causal LM of ``model_config`` (``actor_rollout_ref.model``), its config's attributes replaced by
-    ``override_config`` (verl's key), activation checkpointing as configured."""
+    ``override_config``, activation checkpointing as configured."""
     model = AutoModelForCausalLM.from_pretrained(
         model_config.path,
         dtype=torch.float32,
