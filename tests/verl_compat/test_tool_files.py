@@ -74,3 +74,14 @@ def test_verls_former_gsm8k_tool_name_loads_colorls_answer_tool_once_the_door_is
     (tmp_path / "tools.yaml").write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n")
     tools = load_tools(str(tmp_path / "tools.yaml"), None)
     assert list(tools) == ["calc_gsm8k_reward"] and type(tools["calc_gsm8k_reward"]) is AnswerTool
+
+
+def test_a_class_that_is_no_tool_is_refused_naming_both_base_classes(tmp_path):
+    import verl_compat.tools  # noqa: F401  (what COLORL_PRELOAD imports)
+    from workers.tools import ToolConfigError, load_tools
+
+    (tmp_path / "plain.py").write_text("class NotATool:\n    def __init__(self, config, tool_schema):\n        pass\n")
+    (tmp_path / "tools.yaml").write_text(f"tools:\n  - class_name: {tmp_path / 'plain.py'}:NotATool\n")
+    with pytest.raises(ToolConfigError, match="not a subclass of workers.tools.BaseTool") as raised:
+        load_tools(str(tmp_path / "tools.yaml"), None)
+    assert str(raised.value).endswith("(or of verl.tools.base_tool.BaseTool)")

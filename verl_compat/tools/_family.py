@@ -32,6 +32,7 @@ class VerlTools(ToolFamily):
     """The real verl's tool classes and function registry, and verl's former built-in tool names."""
 
     aliases = {"verl.tools.gsm8k_tool.Gsm8kTool": "workers.tools.answer.AnswerTool"}
+    base_name = "verl.tools.base_tool.BaseTool"
 
     def base(self) -> type | None:
         """The real verl's ``BaseTool`` once a user's file imported it (the door's is ColoRL's own class)."""

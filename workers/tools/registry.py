@@ -47,6 +47,7 @@ class ToolFamily:
 
     # class_name a config may give -> the class ColoRL serves for it (a family's former built-ins)
     aliases: dict[str, str] = {}
+    base_name = ""  # the dotted name of the family's base class, for the error that names the accepted ones
 
     def base(self) -> type | None:
         """The family's tool base class, or None while its code is not loaded."""
@@ -138,7 +139,7 @@ def _is_tool(tool: Any) -> bool:
 
 
 def _base_names() -> str:
-    names = [f"{base.__module__}.{base.__qualname__}" for f in _families if (base := f.base()) is not None]
+    names = [family.base_name for family in _families if family.base_name]
     return f" (or of {', '.join(names)})" if names else ""
 
 
@@ -223,7 +224,7 @@ class FunctionTool(BaseTool):
 
 
 def function_result(value: Any) -> Any:
-    """A function tool's return value as a tool's: a ``ToolResponse`` or a str as it is, a dict as its JSON,
+    """How a function tool's return value is read: a ``ToolResponse`` or a str as it is, a dict as its JSON,
     a tuple as (response, reward[, metrics]) with the response read the same way, anything else as its str."""
     if isinstance(value, tuple):
         return (function_result(value[0]), *value[1:]) if value else value
