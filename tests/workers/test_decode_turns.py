@@ -1,6 +1,6 @@
 """Multi-turn tool turns through the compiled decode step (``HFTurnSampler(compile_decode=True)``): greedy, fp32,
 the same tokens, masks and log-probs as the HF loop, with tool turns fed as chunks and rows leaving through the
-batch buckets."""
+batch buckets; and (in process) a multi-turn run with ``rollout.compile_decode=true`` samples through it."""
 
 import pytest
 import torch
@@ -74,3 +74,18 @@ def test_tool_turns_through_the_compiled_step_give_the_hf_loops_tokens(model, st
     torch.testing.assert_close(ours.log_probs, hf.log_probs, atol=1e-5, rtol=0)
     assert steps[:2] == [B, B] and set(steps) == {B, B // 2}  # buckets only, and the odd rows left
     assert int(hf.valid.sum() - hf.model_mask.sum()) >= B // 2 * len(TOOL_TURN)  # the fed tokens
+
+
+def test_a_multi_turn_run_samples_its_tool_turns_with_the_compiled_step(steps, tmp_path, monkeypatch):
+    """``rollout.compile_decode=true`` reaches the agent loop's sampler in the worker: two GRPO steps with tools (in
+    process, one worker) decode through the step, at bucket sizes, and log the tool metrics."""
+    from tests.e2e.test_multi_turn_e2e import fit, tool_config
+    from tests.workers.agent_helpers import save_tool_calling_model
+
+    monkeypatch.setenv("COLORL_PRELOAD", "verl_compat.tools")  # as main.py sets it: verl's tool class names
+    extra = ("trainer.use_ray=false", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.compile_decode=true")
+    records = fit(tool_config(tmp_path, save_tool_calling_model(tmp_path / "model"), extra))
+    assert [r["step"] for r in records] == [0, 1, 2]  # validation before training too
+    assert steps and set(steps) <= set(decode.buckets(8)) | set(decode.buckets(2))  # 8 rows a step, 2 validated
+    for record in records[1:]:
+        assert record["tool_call_counts/mean"] > 0 and record["multi_turn/tokenization_mismatch_ratio"] == 0
