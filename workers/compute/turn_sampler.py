@@ -47,6 +47,18 @@ class SampledTurns:
     finished: Tensor
     log_probs: Tensor
 
+    @classmethod
+    def empty(cls, batch: int, length: int, pad_token_id: int, device: torch.device) -> SampledTurns:
+        """Nothing sampled yet: responses all padding, no row finished."""
+        zeros = lambda dtype: torch.zeros((batch, length), dtype=dtype, device=device)  # noqa: E731
+        return cls(
+            responses=torch.full((batch, length), pad_token_id, dtype=torch.long, device=device),
+            model_mask=zeros(torch.long),
+            valid=zeros(torch.long),
+            finished=torch.zeros(batch, dtype=torch.bool, device=device),
+            log_probs=zeros(torch.float32),
+        )
+
 
 class TurnSampler:
     """Samples the assistant turns of a batch of conversations (see the module docstring)."""
@@ -98,13 +110,7 @@ class HFTurnSampler(TurnSampler):
         model, device = self.model, next(self.model.parameters()).device
         (batch, prompt_length), length = input_ids.shape, response_length
         eos = torch.tensor(list(eos_token_id), dtype=torch.long, device=device)
-        out = SampledTurns(
-            responses=torch.full((batch, length), pad_token_id, dtype=torch.long, device=device),
-            model_mask=torch.zeros((batch, length), dtype=torch.long, device=device),
-            valid=torch.zeros((batch, length), dtype=torch.long, device=device),
-            finished=torch.zeros(batch, dtype=torch.bool, device=device),
-            log_probs=torch.zeros((batch, length), dtype=torch.float32, device=device),
-        )
+        out = SampledTurns.empty(batch, length, pad_token_id, device)
         forced = torch.full((batch, length), -1, dtype=torch.long, device=device)  # -1: sample this position
         plan = _HostPlan(batch)  # what the host decides (finished rows, forced spans, the rows decoding), mirrored
         cache, logits = prefill(model, input_ids, attention_mask, position_ids, prompt_length + length)
