@@ -28,7 +28,7 @@ def main(args: list[str]) -> int:
     """Compose the config once, check it, then build and train; returns the exit status."""
     # a user's tool file may import verl's module paths: where verl is not installed, the door serves them; the
     # command line is read as verl's (verl_compat.cli: its older spellings, the keys ColoRL warns about or refuses)
-    os.environ.setdefault("COLORL_PRELOAD", "verl_compat")
+    os.environ.setdefault("COLORL_PRELOAD", "verl_compat.tools")
     config_name, overrides, hydra_app = split_command_line(args)
     if hydra_app:
         return _hydra_app(config_name, overrides)

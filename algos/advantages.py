@@ -1,4 +1,4 @@
-"""Advantage estimators and their registry (``algorithm.adv_estimator``): verl 0.9.1's, under verl's names.
+"""Advantage estimators and their registry (``algorithm.adv_estimator``), by the names the config gives them.
 
 Each takes ``token_level_rewards`` and ``response_mask`` (bs, response_length) plus what it needs (values,
 group ids, greedy baselines, …) and returns ``(advantages, returns)``, both (bs, response_length), advantages
@@ -86,7 +86,7 @@ def compute_optimal_token_baseline_advantage(
     handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
 ) -> tuple[Tensor, Tensor]:
-    """Optimal token baseline (verl's OTB): a per-position baseline weighted by each path's variance so far.
+    """Optimal token baseline (OTB): a per-position baseline weighted by each path's variance so far.
 
     G_t = Σ_{k≥t} r_k·m_k (returns);  w_t = 1 − 2π_t + Σ_v π(v)² (π_t = exp(old_log_probs), the sampled token's
     probability; ``sum_pi_squared`` (bs, response_length) from the actor's log-prob forward), W_t = Σ_{j≤t} w_j·m_j;
@@ -124,7 +124,7 @@ def compute_multi_turn_optimal_token_baseline_advantage(
     handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
 ) -> tuple[Tensor, Tensor]:
-    """The optimal token baseline over the model's own tokens of a multi-turn response (verl's TIR-OTB).
+    """The optimal token baseline over the model's own tokens of a multi-turn response (TIR-OTB).
 
     A tool-calling response interleaves model tokens (mask 1) with tool output (mask 0). The baseline of
     :func:`compute_optimal_token_baseline_advantage` is aligned by position; here it is aligned by the k-th *model*
@@ -174,7 +174,7 @@ def compute_advantage(
 
     ``given`` holds inputs (``ESTIMATOR_INPUTS``; those the estimator does not need are ignored) and options by
     name; an option not given is read from ``config`` (the ``algorithm`` config) when it has it, else the
-    function's default (verl's) applies.
+    function's default applies.
     """
     est = validate_adv_estimator(adv_estimator)
     every_option = {name for entry in ADV_ESTIMATORS.values() for name in entry.options}

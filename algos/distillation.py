@@ -1,4 +1,4 @@
-"""On-policy distillation losses (verl 0.9.1's ``distillation.distillation_loss``): the student samples a response,
+"""On-policy distillation losses (``distillation.distillation_loss``): the student samples a response,
 a frozen teacher scores every sampled token, and the student minimises a per-token divergence to the teacher.
 
 Two kinds, by ``loss_mode`` (``DISTILLATION_LOSSES``):

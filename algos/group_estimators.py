@@ -144,7 +144,7 @@ def compute_rloo_outcome_advantage(
 ) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024): A_i = s_i − mean_{j≠i, j∈g} s_j = (s_i − mean_g)·n/(n−1); returns = A.
 
-    A group of one keeps its score, A_i = s_i (verl's ``rloo``). ``epsilon`` is accepted for a signature shared
+    A group of one keeps its score, A_i = s_i (``rloo``). ``epsilon`` is accepted for a signature shared
     with GRPO and not used: the leave-one-out baseline has no division that could vanish.
     """
     return _leave_one_out(token_level_rewards, response_mask, index, single=None)
@@ -157,7 +157,7 @@ def compute_rloo_vectorized_outcome_advantage(
     index: np.ndarray,
     epsilon: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
-    """RLOO as verl's ``rloo_vectorized``: the same, except that a group of one gets A = 0."""
+    """RLOO as ``rloo_vectorized``: the same, except that a group of one gets A = 0."""
     return _leave_one_out(token_level_rewards, response_mask, index, single=0.0)
 
 

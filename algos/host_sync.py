@@ -34,21 +34,20 @@ HOST_SYNCS: dict[str, str] = {
         "once per optimizer step: a mini-batch whose clipped gradient norm is not finite skips its step"
     ),
     "rollout_correction.any_valid": (
-        "bypass mode, once per micro-batch (and per diagnostic): a micro-batch without a valid token is a "
-        "ValueError (as verl's)"
+        "bypass mode, once per micro-batch (and per diagnostic): a micro-batch without a valid token is a ValueError"
     ),
     "rollout_correction.valid_sequences": (
         "bypass mode's rejection diagnostics (rollout_rs), once per option and micro-batch: the statistics of the "
         "sequences with a valid token, selected by a boolean mask (a data-dependent shape; metrics only)"
     ),
-    "stats.masked_var_count": "once per whitening: fewer than 2 masked elements is a ValueError (as verl's)",
+    "stats.masked_var_count": "once per whitening: fewer than 2 masked elements is a ValueError",
     "policy_losses.clip_cov_count": (
         "clip_cov, once per micro-batch: how many tokens to detach, max(ratio·valid tokens, 1), and the candidates "
-        "(a data-dependent shape, as verl's)"
+        "(a data-dependent shape)"
     ),
     "policy_losses.kl_cov_count": (
         "kl_cov, once per micro-batch: the valid tokens' count sizes the top-k, computed on the CPU so that ties "
-        "pick verl's tokens"
+        "pick the same tokens on every device"
     ),
 }
 READS: Counter[str] = Counter()  # reads per name since the process started (tests count a loop's reads)

@@ -30,7 +30,7 @@ def agg_loss(
     global_batch_size: float | None = None,
     loss_scale_factor: float | None = None,
 ) -> Tensor:
-    """Reduce a (bs, response_length) loss matrix to a scalar (verl 0.9.1's ``agg_loss``).
+    """Reduce a (bs, response_length) loss matrix to a scalar (``agg_loss``).
 
     token-mean: Σ L·m / N;  token-sum: Σ L·m;  seq-mean-token-sum: Σ_i (Σ_t L·m) / S;
     seq-mean-token-mean: Σ_i (Σ_t L·m / Σ_t m) / S;  seq-mean-token-sum-norm: Σ_i (Σ_t L·m) / S / K (Dr.GRPO),
@@ -141,7 +141,7 @@ def compute_policy_loss(
         response_mask: (bs, response_length) 1 on response tokens, 0 on padding.
         loss_agg_mode: ``agg_loss``'s mode, unless the loss has its own (``PolicyLoss.agg_mode``).
         config: the actor config (``actor_rollout_ref.actor``) the loss's options are read from; None: the
-            functions' defaults, which are verl's.
+            functions' defaults.
         rollout_log_probs: (bs, response_length), for the losses that need them (``PolicyLoss.needs``), which
             take them as the old policy's.
         global_batch: see ``aggregate``.
@@ -154,7 +154,7 @@ def compute_policy_loss(
     if "rollout_log_probs" in entry.needs:
         if rollout_log_probs is None:
             raise ValueError(f"policy loss_mode {loss_mode!r} needs rollout_log_probs")
-        old_log_prob = rollout_log_probs  # as verl's bypass mode: the rollout engine's policy is the old one
+        old_log_prob = rollout_log_probs  # bypass mode: the rollout engine's policy is the old one
     terms = entry.fn(old_log_prob, log_prob, advantages, response_mask, **options)
     mask = response_mask if terms.mask is None else terms.mask
     loss_scale_factor = None if config is None else config.loss_scale_factor

@@ -1,8 +1,8 @@
-"""The policy losses of verl 0.9.1, one pure function each (``algos.losses.POLICY_LOSSES`` names them).
+"""The policy losses, one pure function each (``algos.losses.POLICY_LOSSES`` names them).
 
 Each takes the sampled tokens' log-probs under the old policy (``old_log_prob``) and the current one
 (``log_prob``, which carries the gradient), the ``advantages`` and the ``response_mask``, all
-(bs, response_length), plus its options as keywords with verl's defaults. It returns the per-token loss
+(bs, response_length), plus its options as keywords with their defaults. It returns the per-token loss
 matrix before aggregation and its metrics (detached scalars named ``actor/…``); ``algos.losses`` aggregates.
 ρ = π/π_old is the importance ratio, A the advantage, ε_l/ε_h = ``clip_ratio_low``/``clip_ratio_high``.
 """
@@ -30,7 +30,7 @@ def _metrics(mask: Tensor, **values: Tensor) -> dict[str, Tensor]:
 
 
 def _zero(like: Tensor) -> Tensor:
-    """A metric verl reports for compatibility and that is always 0 for this loss."""
+    """A metric every policy loss reports (so that the metric set is the same) and that is always 0 for this loss."""
     return torch.zeros((), device=like.device)
 
 
@@ -278,7 +278,7 @@ def compute_policy_loss_clip_cov(
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL"): detach a few high-covariance tokens.
 
     L = max(−A·ρ, −A·clip(ρ, 1−ε_l, 1+ε_h)) with ρ = π/π_old, times 0 on max(⌊r·N⌋, 1) tokens (r =
-    ``clip_cov_ratio``, N the valid tokens) drawn uniformly (torch's global RNG, as verl) among the valid tokens
+    ``clip_cov_ratio``, N the valid tokens) drawn uniformly (torch's global RNG) among the valid tokens
     the clip left alone whose cov = (A − mean A)·(log π − mean log π) lies in (lb, ub). pg_clipfrac: dropped.
     """
     if clip_cov_ratio <= 0:
@@ -297,7 +297,7 @@ def compute_policy_loss_clip_cov(
         # the candidates' flat indices in row-major order (nonzero's, without its data-dependent shape)
         candidates = torch.argsort((~candidate).to(torch.uint8), stable=True)[: int(n_candidates)]
         keep = torch.ones_like(advantages)
-        if n_candidates:  # torch's global RNG draws only then, as with verl's
+        if n_candidates:  # torch's global RNG draws only then (the draws a seed gives stay the same)
             keep.view(-1)[candidates[torch.randperm(int(n_candidates))[:n_clip]]] = 0
     return PolicyLossTerms(
         torch.maximum(loss1, loss2) * keep, _metrics(response_mask, pg_clipfrac=keep == 0, ppo_kl=-log_ratio)
@@ -324,7 +324,7 @@ def compute_policy_loss_kl_cov(
     valid = response_mask > 0
     n_valid = int(host_read("policy_losses.kl_cov_count", valid.sum(), meta_value=0))
     if n_valid:
-        with torch.no_grad():  # on the CPU, as verl, so that ties pick the same tokens
+        with torch.no_grad():  # on the CPU, so that ties pick the same tokens on every device
             adv, logp = advantages[valid].cpu(), log_prob[valid].cpu()
             cov = (adv - adv.mean()) * (logp - logp.mean())
             top = torch.topk(cov, max(1, int(n_valid * kl_cov_ratio))).indices

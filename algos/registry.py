@@ -1,6 +1,6 @@
 """The registries' entries without their functions: what the config layer reads, importable without torch.
 
-Each advantage estimator and policy loss is one line here: its name (verl's), the name of its function, the batch
+Each advantage estimator and policy loss is one line here: its name (the config's), the name of its function, the batch
 inputs it needs (so the step plan knows which phases must produce them) and the config keys it reads.
 ``algos.advantages.ADV_ESTIMATORS``, ``algos.losses.POLICY_LOSSES`` and ``algos.distillation.DISTILLATION_LOSSES``
 attach the functions by those names. The KL types and the loss aggregation modes are listed here too. Loading,
@@ -84,7 +84,7 @@ class PolicyLossSpec(NamedTuple):
 
 CLIP = ("clip_ratio_low", "clip_ratio_high")
 DUAL_CLIP = (*CLIP, "clip_ratio_c")
-# the options compute_policy_loss_bypass_mode reads, under actor.policy_loss (verl: algorithm.rollout_correction)
+# the options compute_policy_loss_bypass_mode reads, under actor.policy_loss
 ROLLOUT_CORRECTION_OPTIONS = tuple(
     f"rollout_correction.{name}"
     for name in (

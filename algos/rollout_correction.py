@@ -1,10 +1,10 @@
-"""Rollout correction (verl 0.9.1's ``bypass_mode``): train on the rollout engine's own log-probs.
+"""Rollout correction (``bypass_mode``): train on the rollout engine's own log-probs.
 
 In bypass mode the old policy is the one that sampled, π_rollout, so no old-log-prob forward runs. Truncated
 importance weights w = π/π_rollout (per token or per sequence) and rejection of tokens or sequences whose
 divergence from π_rollout is too large correct for the gap; the loss is then PPO's clip (``ppo_clip``) or the
 importance-weighted policy gradient (``reinforce``). Liu et al. 2025, "When Speed Kills Stability".
-All log-prob tensors are (bs, response_length); metrics are named ``rollout_corr/…`` as in verl.
+All log-prob tensors are (bs, response_length); metrics are named ``rollout_corr/…``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _clamped_std(values: Tensor, mask: Tensor, low: float, high: float) -> Tenso
 
 
 def _batch_mean(values: Tensor, weights: Tensor) -> Tensor:
-    """Σ values·weights / Σ weights, over every data-parallel rank when torch.distributed runs (as verl)."""
+    """Σ values·weights / Σ weights, over every data-parallel rank when torch.distributed runs."""
     sums = torch.stack([(values * weights).sum(), weights.sum()])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(sums)
@@ -136,7 +136,7 @@ def rollout_is_weights(
 def _is_metrics(
     weights: Tensor, raw: Tensor, log_w: Tensor, mask: Tensor, level: str, upper: float, lower: float | None
 ) -> dict[str, Tensor]:
-    """verl's ``rollout_is_*`` diagnostics: extremes, fractions outside the bounds, std, effective sample size."""
+    """The ``rollout_is_*`` diagnostics: extremes, fractions outside the bounds, std, effective sample size."""
     _require_valid(mask)
     floor = 1.0 / upper if lower is None else lower
     m = {"rollout_is_mean": masked_mean(weights, mask)}
@@ -229,7 +229,7 @@ def _rs_metrics(
     low: float,
     two_sided: bool,
 ) -> dict[str, Tensor]:
-    """verl's ``rollout_rs_<option>_*`` diagnostics of one rejection statistic (per token, or per sequence)."""
+    """The ``rollout_rs_<option>_*`` diagnostics of one rejection statistic (per token, or per sequence)."""
     _require_valid(mask)
     p, zero = f"rollout_rs_{option}", stat.new_zeros(())
     # the sequences with a valid token, picked on the host: a boolean mask's selection has a data-dependent shape

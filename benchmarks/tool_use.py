@@ -30,6 +30,7 @@ from config.sections import MultiTurnConfig
 from data.dataset import RLHFDataset
 from data.reward import RewardManager
 from single_controller.data_proto import DataProto
+from verl_compat import tools as _verl_tools  # noqa: F401  (verl's tool names, e.g. conf/tools/gsm8k.yaml, as main.py)
 from workers.compute.agent_loop import AgentLoop
 from workers.tools import ToolBox, load_tools
 from workers.tools.turns import eos_token_ids

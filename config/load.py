@@ -26,6 +26,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from config import engine
 from config.adapter import Adapter, installed
 from config.checks import ConfigError, is_int, is_number
 from config.schema import PPOConfig
@@ -105,9 +106,19 @@ def to_config(node: DictConfig | Mapping, adapter: Adapter | None = None) -> PPO
     """Build the typed ``PPOConfig`` from a composed config (interpolations resolved, every value checked; the
     tree translated and the result checked by ``adapter``, default the installed one)."""
     adapter = adapter or installed()
-    cfg = _built(node, adapter)
+    cfg = _engine_chosen(_built(node, adapter))
     adapter.check(cfg)
     return cfg
+
+
+def _engine_chosen(cfg: PPOConfig) -> PPOConfig:
+    """``cfg`` with ``rollout.name=auto`` replaced by the engine ``config.engine.choose`` picks, said once."""
+    if cfg.actor_rollout_ref.rollout.name != "auto":
+        return cfg
+    device = resolve_device(cfg) if engine.vllm_installed() else "cpu"  # without vLLM no device matters
+    name, why = engine.choose(cfg, device)
+    engine.say(name, why)
+    return replace_keys(cfg, {"actor_rollout_ref.rollout.name": name})
 
 
 def _built(node: DictConfig | Mapping, adapter: Adapter) -> PPOConfig:

@@ -133,7 +133,7 @@ def sft_warmup(
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
-    """Rows (verl layout, nested dicts allowed) -> one parquet file."""
+    """Rows (the dataset's layout, nested dicts allowed) -> one parquet file."""
     pq.write_table(pa.Table.from_pylist(rows), str(path))
 
 

@@ -1,4 +1,5 @@
-"""Prompt dataset and dataloader for RL: parquet/jsonl rows in verl's layout -> left-padded prompt batches."""
+"""Prompt dataset and dataloader for RL: parquet/jsonl rows (``data_source``, ``prompt``, ``reward_model``,
+``extra_info``) -> left-padded prompt batches."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from data.prompt_files import read_rows
 logger = logging.getLogger(__name__)
 
 NON_TENSOR_KEYS = ("data_source", "reward_model", "extra_info", "raw_prompt", "agent_name", "tools_kwargs")
-TOOL_AGENT = "tool_agent"  # verl's agent_name of the multi-turn tool loop (workers.compute.agent_loop)
+TOOL_AGENT = "tool_agent"  # the agent_name of the multi-turn tool loop (workers.compute.agent_loop)
 # the non-tensor column of each prompt's position in the dataset (its rows as kept: after filter_overlong_prompts and
 # max_samples); the run's ledger of what was trained counts prompts by it (trainer.state.ledger)
 INDEX = "dataset_index"
@@ -25,14 +26,14 @@ INDEX = "dataset_index"
 
 class RLHFDataset(Dataset):
     """Prompts tokenised once at construction. Rows longer than ``max_prompt_length`` tokens are dropped (and
-    counted) with ``filter_overlong_prompts``; otherwise ``truncation`` (verl's ``data.truncation``) says what
+    counted) with ``filter_overlong_prompts``; otherwise ``truncation`` (``data.truncation``) says what
     happens to them: ``error``, or keep their ``left`` (last) tokens, ``right`` (first) or ``middle`` (both ends).
-    ``max_samples`` > 0 keeps only the first that many prompts (verl's ``data.train_max_samples``/``val_max_samples``).
+    ``max_samples`` > 0 keeps only the first that many prompts (``data.train_max_samples``/``val_max_samples``).
 
     A prompt is either a string (tokenised as is) or a list of chat messages (``{"role", "content"}``), which
     go through the tokenizer's chat template with the generation prompt when it has one, else are joined.
 
-    Multi-turn rows (verl's layout): a row's ``agent_name`` (else ``default_agent``) picks its rollout loop, and
+    Multi-turn rows: a row's ``agent_name`` (else ``default_agent``) picks its rollout loop, and
     ``extra_info.tools_kwargs`` the per-tool arguments of its tools (non-tensor ``tools_kwargs``). A
     ``tool_agent`` chat prompt is rendered with ``tool_schemas`` (the template's ``tools=``), exactly as the
     rollout renders the later turns; ``num_tool_agent_rows`` counts such rows.
@@ -59,10 +60,10 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
-        # the column that picks each row's reward function (verl's data.reward_fn_key) travels with the row
+        # the column that picks each row's reward function (data.reward_fn_key) travels with the row
         self.non_tensor_keys = NON_TENSOR_KEYS + (() if reward_fn_key in NON_TENSOR_KEYS else (reward_fn_key,))
         columns = {prompt_key: "data.prompt_key"}
-        if reward_fn_key != "data_source":  # verl's default may be absent (a custom reward function ignores it)
+        if reward_fn_key != "data_source":  # the default column may be absent (a custom reward function ignores it)
             columns[reward_fn_key] = "data.reward_fn_key"
         self.tool_schemas, self.default_agent = list(tool_schemas or []), default_agent
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -1,6 +1,6 @@
 """A prompt file's rows: parquet read with pyarrow, JSON Lines (or one JSON list of objects) with ``json``.
 
-The rows are those verl's ``datasets.load_dataset`` gives for the same file, in the same order with the same
+The rows are those ``datasets.load_dataset`` gives for the same file, in the same order with the same
 columns: each row a dict of Python values, nested columns as lists and dicts; in JSON a key that some rows lack is
 None in them. One difference, in JSON only: a column that mixes integers and floats keeps each value as written,
 where ``datasets`` makes every one a float (``1`` -> ``1.0``). Read directly, a run needs neither ``datasets`` nor

@@ -44,15 +44,15 @@ class RewardHandle:
 
 
 class RewardManager:
-    """Turns a rollout batch into token-level scores (verl's "naive" reward manager).
+    """Turns a rollout batch into token-level scores (``reward.reward_manager.name=naive``).
 
     For row i with n valid response tokens, ``reward_tensor[i, n - 1] = compute_score(...)`` and 0 elsewhere.
     The response is decoded without special tokens; ``extra_info["stopped_by_eos"]`` tells the score whether
     the last valid token was an eos (True) or generation hit the length limit (False).
 
-    A multi-turn rollout's response holds tool turns too: the valid tokens are those of the attention mask
-    (verl's), the whole conversation after the prompt is decoded, the tools' step rewards (``tool_rewards``)
-    add to the score, and ``extra_info`` gets verl's ``num_turns`` and ``rollout_reward_scores`` (each tool's
+    A multi-turn rollout's response holds tool turns too: the valid tokens are those of the attention mask,
+    the whole conversation after the prompt is decoded, the tools' step rewards (``tool_rewards``)
+    add to the score, and ``extra_info`` gets ``num_turns`` and ``rollout_reward_scores`` (each tool's
     ``calc_reward``).
     """
 
@@ -121,7 +121,9 @@ class RewardManager:
         for i, ids in enumerate(rows):
             extra_info = dict(extra_infos[i] or {}) if extra_infos is not None else {}
             extra_info["stopped_by_eos"] = bool(ids) and ids[-1] in self.eos_token_ids
-            if rollout["__num_turns__"] is not None:  # verl's names for what the multi-turn rollout did
+            if (
+                rollout["__num_turns__"] is not None
+            ):  # the names a reward function reads for what the multi-turn rollout did
                 extra_info.update(
                     num_turns=rollout["__num_turns__"][i], rollout_reward_scores=rollout["reward_scores"][i]
                 )
@@ -178,7 +180,7 @@ class RewardManager:
         return score, {}
 
     def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
-        """Each response's ``(result, failure)``: the function called once per response (verl's naive manager); a
+        """Each response's ``(result, failure)``: the function called once per response (the naive manager); a
         user's function in its pool, the batch's calls in one round trip (``UserFunction.map``)."""
         if not isinstance(self.compute_score, UserFunction):
             return [self._score(*args) for args in zip(sources, solutions, truths, infos)]
@@ -205,12 +207,12 @@ class RewardManager:
 
 
 class BatchRewardManager(RewardManager):
-    """verl's "batch" reward manager: the function is called once per batch with lists (``data_sources``,
+    """The "batch" reward manager: the function is called once per batch with lists (``data_sources``,
     ``solution_strs``, ``ground_truths``, ``extra_infos``) and returns one result per response.
 
     A batch call past ``reward.timeout`` is made again one response at a time, each call within the timeout: a
     response the function hangs on scores 0 (``reward/errors/timeout``) and the others keep their scores, so a hang
-    costs its trajectory, not the batch (verl's manager has no timeout)."""
+    costs its trajectory, not the batch."""
 
     def _score_all(self, sources: list, solutions: list[str], truths: list, infos: list[dict]) -> list[Scored]:
         try:
@@ -243,13 +245,13 @@ class BatchRewardManager(RewardManager):
 
 
 class DAPORewardManager(RewardManager):
-    """verl's "dapo" reward manager: the naive manager's scores plus DAPO's overlong penalty.
+    """The "dapo" reward manager: the naive manager's scores plus DAPO's overlong penalty.
 
     With ``overlong_buffer_cfg.enable``, a response of L tokens is rewarded its score plus
     ``min(−(L − (max_resp_len − len)) / len · penalty_factor, 0)``: nothing until ``len`` tokens before
     ``max_resp_len``, then a penalty growing linearly to ``−penalty_factor`` at the limit. The recorded ``score``
     stays the function's (dynamic sampling's ``acc``/``score`` metrics read it); with ``log``, each row also
-    reports ``overlong_reward`` (the penalty) and ``overlong`` (whether it applied), as verl's manager does
+    reports ``overlong_reward`` (the penalty) and ``overlong`` (whether it applied)
     (validation shows them under ``val-aux/<source>/overlong_reward/mean@n``).
     """
 
@@ -272,7 +274,7 @@ def overlong_penalty(length: int, max_resp_len: int, buffer_len: int, penalty_fa
 
 
 class GDPORewardManager(RewardManager):
-    """verl's "gdpo" reward manager: the naive manager, with ``extra_info["experiment_name"]``
+    """The "gdpo" reward manager: the naive manager, with ``extra_info["experiment_name"]``
     (``trainer.experiment_name``) for the function; ``algorithm.adv_estimator=gdpo`` normalises the entries of its
     result dict that ``algorithm.gdpo_reward_keys`` names, one by one."""
 

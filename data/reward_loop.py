@@ -1,8 +1,8 @@
-"""verl's reward loop: the reward managers by name, the two that score responses concurrently, in the background, and
+"""The reward loop: the reward managers by name, the two that score responses concurrently, in the background, and
 a user's manager class (``source=importlib``, ``ImportedRewardManager``), scored the same way.
 
 ``rate_limited`` calls the user's ``compute_score`` (async, or sync in a thread) at most ``reward.max_concurrent``
-at a time, under verl's token buckets (``reward.max_rpm`` requests and ``reward.max_tpm`` ≈ tokens a minute, each
+at a time, under token buckets (``reward.max_rpm`` requests and ``reward.max_tpm`` ≈ tokens a minute, each
 request counted as ``reward.estimated_tokens_per_request``); ``remote`` calls a sync one in ``reward.num_workers``
 Ray actors beside the trainer, one call each at a time. Both start scoring at ``submit`` on an event loop of their
 own (a thread), so the driver goes on with the step until it needs the scores; each call ends after
@@ -43,7 +43,7 @@ from single_controller.data_proto import DataProto
 
 
 class TokenBucket:
-    """verl's token bucket: ``rate`` tokens a second, holding at most ``rate`` (one second's worth), full at first.
+    """A token bucket: ``rate`` tokens a second, holding at most ``rate`` (one second's worth), full at first.
     ``acquire(n)`` waits until n tokens are there and takes them; more than the bucket holds goes into debt."""
 
     def __init__(self, rate: float) -> None:
@@ -72,7 +72,7 @@ class TokenBucket:
 
 class _Loop:
     """An event loop in a daemon thread, a thread pool for sync functions (threads a hung call holds stay held),
-    and the limits made on it: the semaphore and verl's token buckets (rpm/60 requests, tpm/60 tokens a second)."""
+    and the limits made on it: the semaphore and the token buckets (rpm/60 requests, tpm/60 tokens a second)."""
 
     def __init__(self, max_concurrent: int, max_rpm: int | None, max_tpm: int | None) -> None:
         self.loop = asyncio.new_event_loop()
@@ -86,7 +86,7 @@ class _Loop:
 
 
 class ConcurrentRewardManager(RewardManager):
-    """verl's "rate_limited" manager: each response's call under the limits above, in the background."""
+    """The "rate_limited" manager: each response's call under the limits above, in the background."""
 
     def __init__(
         self,
@@ -163,7 +163,7 @@ class ConcurrentRewardManager(RewardManager):
 
 @functools.cache
 def _shared_loop(max_concurrent: int, max_rpm: int | None, max_tpm: int | None) -> _Loop:
-    """One loop and one set of limits for the managers of a process with the same limits (verl's limits are
+    """One loop and one set of limits for the managers of a process with the same limits (the limits are
     global: training's and validation's managers share them)."""
     return _Loop(max_concurrent, max_rpm, max_tpm)
 
@@ -177,7 +177,7 @@ async def _limits(max_concurrent: int, max_rpm: int | None, max_tpm: int | None)
 
 
 class RewardComputeWorker:
-    """Calls the user's sync ``compute_score`` in its own process (verl's; the function need not be thread-safe)."""
+    """Calls the user's sync ``compute_score`` in its own process (the function need not be thread-safe)."""
 
     def __init__(self, compute_score_fn: Callable[..., Any]) -> None:  # here, not in a pool: the actor is killable
         local = isinstance(compute_score_fn, UserFunction)
@@ -197,7 +197,7 @@ def _ray_task_error() -> tuple[type[BaseException], ...]:
 
 
 class RemoteRewardManager(ConcurrentRewardManager):
-    """verl's "remote" manager: ``num_workers`` Ray actors, each scoring one response at a time; created at the
+    """The "remote" manager: ``num_workers`` Ray actors, each scoring one response at a time; created at the
     first batch (Ray runs by then). A worker whose call timed out is killed and replaced."""
 
     def __init__(self, *args: Any, num_workers: int = 8, **kwargs: Any) -> None:
@@ -241,11 +241,11 @@ class RemoteRewardManager(ConcurrentRewardManager):
 
 
 class ImportedRewardManager(ConcurrentRewardManager):
-    """``reward.reward_manager.source=importlib``: the user's verl reward-manager class, built as verl builds it
-    (``cls(config=, tokenizer=, compute_score=)``, on the reward loop: a verl manager's ``get_event_loop()`` is
-    the loop that runs it). Each response is scored by its ``async run_single(data)`` on a one-row batch
-    (``UserRows``: ``data[0]`` is the row, as verl's ``DataProtoItem``), all at once as verl's reward loop gathers
-    them, each within ``reward.timeout``; it returns verl's ``{"reward_score": float, "reward_extra_info": dict}``."""
+    """``reward.reward_manager.source=importlib``: the user's reward-manager class, built as
+    ``cls(config=, tokenizer=, compute_score=)`` on the reward loop (a manager's ``get_event_loop()`` is the loop
+    that runs it). Each response is scored by its ``async run_single(data)`` on a one-row batch (``UserRows``:
+    ``data[0]`` is the row itself), all at once, gathered, each within ``reward.timeout``; it returns
+    ``{"reward_score": float, "reward_extra_info": dict}`` (the interface: docs/algorithms.md)."""
 
     def __init__(self, *args: Any, manager_cls: type, config: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -299,8 +299,8 @@ async def _built(cls: type, config: Any, tokenizer: Any, compute_score: Any) -> 
 
 
 def load_manager_class(path: str, name: str) -> type:
-    """Class ``name`` of verl's ``module.path``: ``pkg://a.b.c`` (an importable module) or a Python file (with or
-    without ``file://``). FileNotFoundError, AttributeError, or what importing raised."""
+    """Class ``name`` of ``reward_manager.module.path``: ``pkg://a.b.c`` (an importable module) or a Python file
+    (with or without ``file://``). FileNotFoundError, AttributeError, or what importing raised."""
     if path.startswith("pkg://"):
         module = importlib.import_module(path.removeprefix("pkg://").replace("/", "."))
     else:
@@ -310,12 +310,12 @@ def load_manager_class(path: str, name: str) -> type:
         module = import_file(file)
     cls = getattr(module, name, None)
     if not (isinstance(cls, type) and inspect.iscoroutinefunction(getattr(cls, "run_single", None))):
-        raise AttributeError(f"{path} has no class {name!r} with an async run_single(data) (verl's RewardManagerBase)")
+        raise AttributeError(f"{path} has no class {name!r} with an async run_single(data) (a reward manager's)")
     return cls
 
 
-# verl's reward managers by name (reward.reward_manager.name): "prime" scores each response as "naive" does (verl
-# runs it in a process pool with a timeout; every manager here calls a user's function in one: data.reward_pool)
+# the reward managers by name (reward.reward_manager.name): "prime" scores each response as "naive" does (in a
+# process pool with a timeout, as every manager here calls a user's function: data.reward_pool)
 REWARD_MANAGERS: dict[str, type[RewardManager]] = {
     "naive": RewardManager,
     "prime": RewardManager,

@@ -1,13 +1,13 @@
 """Built-in synthetic tasks with rule-based rewards (the offline demo).
 
 A task maps a digit string to an answer: ``reverse`` turns ``r6475>`` into ``5746``, ``copy`` turns ``c604>``
-into ``604``. Rows follow verl's layout::
+into ``604``. Rows follow the prompt files' layout (``data.dataset``)::
 
     {"data_source": "colorl/reverse", "prompt": "r6475>",
      "reward_model": {"ground_truth": "5746"}, "extra_info": {"split": "train", "index": 0}}
 
 How the reward learns that generation stopped: the reward manager decodes the valid response tokens WITHOUT
-special tokens (as verl's naive reward manager does, so verl-style ``compute_score`` functions work unchanged)
+special tokens (the naive reward manager's reading, so ``compute_score`` functions written for it work unchanged)
 and adds ``extra_info["stopped_by_eos"]``: True when the last valid token was the tokenizer's eos. A call
 without the flag (e.g. by hand) treats ``solution_str`` as a finished answer.
 
@@ -58,7 +58,7 @@ def get_task(name: str) -> Task:
 
 
 def make_row(task: Task, digits: str, split: str, index: int) -> dict[str, Any]:
-    """One verl-layout row for ``digits``."""
+    """One dataset row for ``digits``."""
     return {
         "data_source": task.data_source,
         "prompt": f"{task.symbol}{digits}>",

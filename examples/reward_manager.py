@@ -1,13 +1,13 @@
-"""A reward manager of verl's kind, for ``reward.reward_manager.source=importlib`` (verl's ``RewardManagerBase``
-interface: the class is built with the config, the tokenizer and the reward function, and scores one response at a
-time with ``async run_single``). It scores as verl's naive manager does, and adds each response's length::
+"""A reward-manager class, for ``reward.reward_manager.source=importlib`` (the interface of docs/algorithms.md:
+the class is built with the config, the tokenizer and the reward function, and scores one response at a
+time with ``async run_single``). It scores as the naive manager does, and adds each response's length::
 
     python main.py reward.reward_manager.source=importlib \\
         reward.reward_manager.module.path=examples/reward_manager.py reward.reward_manager.name=LengthAwareRewardManager
 
 ColoRL calls ``run_single`` on every response of a batch at once, each within ``reward.timeout`` seconds; a call
 that raises, times out or returns no score scores that response 0 (``reward/errors``). ``data`` is a one-row
-DataProto of verl's kind: ``data[0]`` is the row (each tensor one dimension less), its ``non_tensor_batch`` the row's
+DataProto whose ``data[0]`` is the row (each tensor one dimension less), its ``non_tensor_batch`` the row's
 ``data_source``, ``reward_model`` and ``extra_info`` (with ColoRL's ``stopped_by_eos``: the built-in tasks' rewards
 read it).
 """
@@ -20,12 +20,13 @@ class LengthAwareRewardManager:
     def __init__(self, config, tokenizer, compute_score, **kwargs):
         self.tokenizer, self.compute_score = tokenizer, compute_score
         self.response_limit = config.data.max_response_length
-        self.loop = asyncio.get_event_loop()  # the loop run_single runs on (verl's base class takes it the same way)
+        # the loop run_single runs on, taken at construction as the interface's base class takes it
+        self.loop = asyncio.get_event_loop()
 
     async def run_single(self, data):
         item = data[0]
         response_ids = item.batch["responses"]
-        # the response's tokens: the attention mask's part after the prompt (tool turns included, as verl's)
+        # the response's tokens: the attention mask's part after the prompt (tool turns included)
         length = int(item.batch["attention_mask"][-response_ids.shape[-1] :].sum())
         text = self.tokenizer.decode(response_ids[:length], skip_special_tokens=True)
         call = dict(

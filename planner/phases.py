@@ -6,7 +6,7 @@ runs for a plan and the timing line it is timed on. The roles, the models a work
 (``planner.worker_roles.ROLES``). What else a phase has lives in a table keyed by its name, in the code that reads it:
 
 - ``declare_flows`` (below): the routes of each flow's phases that run (``planner.dataflow``), kept in the plan;
-- ``trainer.running.step.PhaseSteps.train_step``: runs the plan's phases in this order, each a worker call of the
+- ``trainer.running.step.TrainStep.run``: runs the plan's phases in this order, each a worker call of the
   method named here or the driver code ``STEP_CODE`` holds under its name, timed on the line its entry names;
 - ``planner.batching.PHASE_BATCHES``: what sizes a worker phase's batch (the plan's checks, the dry run's batch
   arithmetic, the memory estimate's micro-batches);

@@ -70,9 +70,9 @@ class DataProto:
     ) -> DataProto:
         """Build from ``{name: tensor}`` and ``{name: list|ndarray}``; the sizes of the batch dim must agree.
 
-        A list becomes ``np.array(list, dtype=object)``, as in verl (a list of equal-length lists: a 2-d array).
+        A list becomes ``np.array(list, dtype=object)`` (a list of equal-length lists: a 2-d array).
         ``num_batch_dims``: how many leading dims the tensors must share (checked); a DataProto then keeps
-        one batch dim, so anything but 1 is refused after the check, as in verl.
+        one batch dim, so anything but 1 is refused after the check.
         """
         tensors = dict(tensors or {})
         if num_batch_dims < 1:
@@ -237,7 +237,7 @@ class DataProto:
         """Split into ``chunks`` parts along the rows; every part keeps ``meta_info``.
 
         A size that ``chunks`` does not divide is split only where padding was turned on (see
-        single_controller/padding.py), into verl's parts: ``ceil(len / chunks)`` rows each, the last ones
+        single_controller/padding.py), into parts of ``ceil(len / chunks)`` rows each, the last ones
         shorter (or empty); otherwise it is an error.
         """
         n = len(self)
@@ -293,7 +293,7 @@ class DataProto:
         return padding_choice(self.meta_info) is not False
 
     def padding(self, padding_size: int, padding_candidate: str = "last") -> None:
-        """Append ``padding_size`` copies of the first or last row, in place (verl's ``DataProto.padding``).
+        """Append ``padding_size`` copies of the first or last row, in place.
 
         Worker-group dispatch does not use this: it pads a copy (:func:`pad_dataproto_to_divisor`).
         """
@@ -310,10 +310,10 @@ class DataProto:
     def make_iterator(
         self, mini_batch_size: int, epochs: int = 1, seed: int | None = None, dataloader_kwargs: dict | None = None
     ) -> Iterator[DataProto]:
-        """``epochs * len / mini_batch_size`` mini-batches, as verl's: a torch ``DataLoader`` over the rows.
+        """``epochs * len / mini_batch_size`` mini-batches: a torch ``DataLoader`` over the rows.
 
         In order unless ``dataloader_kwargs={"shuffle": True}`` (drawn from a generator seeded with ``seed``,
-        so the same seed gives verl's and ColoRL's runs the same mini-batches).
+        so the same seed gives the same mini-batches, run after run).
         """
         from torch.utils.data import DataLoader
 

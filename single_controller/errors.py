@@ -10,8 +10,8 @@ class ContractError(ValueError, AssertionError):
     """Arguments that break a documented precondition (sizes that differ, a key that would be overwritten, ...).
 
     It is a ``ValueError``, as every argument check in ColoRL is, and an ``AssertionError`` as well, because
-    verl ``assert``s the same preconditions: code written against verl that catches ``AssertionError`` (its
-    own tests do) sees the same failure here.
+    code that states these preconditions as ``assert``s, and catches ``AssertionError`` (ported code and its tests
+    do), must see the same failure here.
     """
 
 

@@ -38,7 +38,7 @@ class DataProtoFuture:
 
     @staticmethod
     def concat(data: list) -> DataProtoFuture:
-        """The future of the concatenation of these per-rank results (verl's constructor)."""
+        """The future of the concatenation of these per-rank results (the constructor ported code calls)."""
         return DataProtoFuture(list(data))
 
     def chunk(self, chunks: int) -> list:

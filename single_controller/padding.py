@@ -5,8 +5,8 @@ Who decides whether a batch may be padded, first match wins:
 1. the batch's own ``meta_info["_verl_auto_padding"]`` (``DataProto.from_dict(..., auto_padding=...)``);
 2. ``DataProtoConfig.auto_padding = True/False`` set in code (``None`` hands back to the environment);
 3. ``COLORL_AUTO_PADDING`` or ``VERL_AUTO_PADDING`` in the environment (``0``/``false``/``no`` is off);
-4. nobody: worker-group dispatch pads a copy of the batch (ColoRL's default; verl's is off), while
-   ``DataProto.chunk`` splits only evenly (verl's default), since nobody asked for uneven parts.
+4. nobody: worker-group dispatch pads a copy of the batch (ColoRL's default), while
+   ``DataProto.chunk`` splits only evenly, since nobody asked for uneven parts.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 __all__ = ["AUTO_PADDING_KEY", "DataProtoConfig", "pad_dataproto_to_divisor", "padding_choice", "unpad_dataproto"]
 
-AUTO_PADDING_KEY = "_verl_auto_padding"  # verl's meta_info key
+AUTO_PADDING_KEY = "_verl_auto_padding"  # the meta_info key, as ported code sets it
 
 
 class _AutoPaddingSwitch(type):

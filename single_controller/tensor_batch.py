@@ -1,7 +1,7 @@
 """TensorBatch: the tensor storage of a DataProto.
 
 A ``TensorBatch`` is a ``dict[str, Tensor]`` whose tensors share the size of dim 0 (the batch size, kept even
-when the batch holds no tensor). It offers the part of ``TensorDict``'s interface that verl code uses on
+when the batch holds no tensor). It offers the part of ``TensorDict``'s interface that worker code uses on
 ``DataProto.batch`` (``batch_size``, ``keys()``, ``select``, ``exclude``, ``to``, ``clone``, row indexing,
 ``torch.cat``) and converts to and from a ``TensorDict`` without copying. It stays a plain dict of tensors,
 not a ``TensorDict``, because a chunk of a DataProto must travel through Ray with only its own rows (see

@@ -119,7 +119,7 @@ def replayed(
 
         trainer.train_step = until
         if phase_hook is not None:
-            trainer.phase_hook = lambda when, name, state: (
+            trainer.step.phase_hook = lambda when, name, state: (
                 phase_hook(trainer, when, name, state) if trainer.global_step == step else None
             )
         try:

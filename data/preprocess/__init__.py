@@ -1,1 +1,1 @@
-"""Offline converters from public data sets to ColoRL's (verl's) row layout: ``python -m data.preprocess.<name>``."""
+"""Offline converters from public data sets to ColoRL's row layout: ``python -m data.preprocess.<name>``."""

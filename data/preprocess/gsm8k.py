@@ -6,7 +6,7 @@ The input is a local copy of GSM8K (``question``/``answer`` rows) in any of thes
 - ``<local_dir>/<split>.parquet`` or shards ``<split>-*.parquet``, also under ``main/`` (the Hugging Face layout);
 - ``<local_dir>/<split>.jsonl`` (the layout of OpenAI's repository).
 
-Each output row follows verl's GSM8K layout::
+Each output row follows the dataset's layout (``data.dataset``)::
 
     {"data_source": "openai/gsm8k", "ability": "math",
      "prompt": [{"role": "user", "content": question + ' Let\\'s think step by step and output ... "####".'}],
@@ -16,9 +16,9 @@ Each output row follows verl's GSM8K layout::
 The prompt is a chat message list: ``RLHFDataset`` renders it with the tokenizer's chat template when the
 tokenizer has one. The ground truth is the number after ``####`` in the reference answer, commas removed.
 
-``--tools`` writes the layout of verl's ``examples/data_preprocess/gsm8k_tool_agent_loop.py`` instead: each row
-also has ``"agent_name": "tool_agent"``, a system prompt asking for the answer-checking tool, and
-``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth``. Train on it with
+``--tools`` writes the tool-agent layout instead: each row also has ``"agent_name": "tool_agent"``, a system
+prompt asking for the answer-checking tool, and ``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.
+ground_truth``. Train on it with
 ``actor_rollout_ref.rollout.multi_turn.enable=true`` and ``...multi_turn.tool_config_path=conf/tools/gsm8k.yaml``.
 """
 
@@ -94,7 +94,7 @@ def load_split(local_dir: str | os.PathLike, split: str) -> list[dict[str, Any]]
 
 
 def make_row(question: str, answer: str, split: str, index: int) -> dict[str, Any]:
-    """One verl-layout GSM8K row; the ground truth is the number after ``####`` in ``answer``."""
+    """One GSM8K dataset row; the ground truth is the number after ``####`` in ``answer``."""
     ground_truth = extract_answer(answer, "strict")
     if ground_truth is None:
         raise ValueError(f"{split} row {index}: the answer has no '#### <number>' line: {answer[-80:]!r}")
@@ -108,7 +108,7 @@ def make_row(question: str, answer: str, split: str, index: int) -> dict[str, An
 
 
 def make_tool_row(question: str, answer: str, split: str, index: int) -> dict[str, Any]:
-    """``make_row`` in verl's tool-agent layout: a system prompt, ``agent_name`` and the tool's ``create_kwargs``."""
+    """``make_row`` in the tool-agent layout: a system prompt, ``agent_name`` and the tool's ``create_kwargs``."""
     row = make_row(question, answer, split, index)
     truth = row["reward_model"]["ground_truth"]
     return {
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--local_dir", required=True, help="local GSM8K copy with train/test splits")
     parser.add_argument("--out_dir", default="~/data/gsm8k", help="where train.parquet/test.parquet go")
     parser.add_argument("--splits", nargs="+", default=list(SPLITS), help="splits to convert (default: train test)")
-    parser.add_argument("--tools", action="store_true", help="verl's tool-agent layout (calc_gsm8k_reward)")
+    parser.add_argument("--tools", action="store_true", help="the tool-agent layout (calc_gsm8k_reward)")
     args = parser.parse_args(argv)
     try:
         written = preprocess(args.local_dir, args.out_dir, args.splits, args.tools)

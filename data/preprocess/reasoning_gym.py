@@ -1,5 +1,5 @@
-"""reasoning-gym's procedural tasks in verl's layout, offline: ``python -m data.preprocess.reasoning_gym --task NAME
---out_dir DIR``.
+"""reasoning-gym's procedural tasks in the dataset's layout, offline: ``python -m data.preprocess.reasoning_gym
+--task NAME --out_dir DIR``.
 
 reasoning-gym (PyPI ``reasoning-gym``, the ``reasoning_gym`` extra) generates problems from a seed, with no
 download: ``basic_arithmetic``, ``chain_sum``, ``countdown``, ``gsm_symbolic`` and about a hundred more

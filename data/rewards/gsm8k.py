@@ -1,7 +1,7 @@
 """GSM8K's rule-based reward: the final number of a response against the reference answer.
 
 GSM8K solutions end with ``#### <answer>`` (``... = 42 #### 42``), and the prompts ask the model to answer the
-same way. Two extraction modes, as in verl:
+same way. Two extraction modes:
 
 - ``strict``: the number after the last ``####`` (``$`` and thousands separators allowed); none -> no answer.
 - ``flexible``: the last number anywhere in the text (for models that do not follow the format).
@@ -59,5 +59,5 @@ def compute_score(
 def compute_score_by_source(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:
-    """The reward-manager signature: strict extraction, 1 for a correct answer and 0 otherwise (verl's default)."""
+    """The reward-manager signature: strict extraction, 1 for a correct answer and 0 otherwise (the default)."""
     return compute_score(solution_str, ground_truth)

@@ -22,12 +22,12 @@ class WorkerDict(Worker):
     """Every role's worker in one process: ``worker_dict[role]``, built in the order the roles were given.
 
     The roles come from class attributes, set by :func:`colocated_class` on a subclass per colocation:
-    ``raw_cls_dict`` (verl's name) maps each role to its worker class, ``role_inits`` to its arguments.
+    ``raw_cls_dict`` maps each role to its worker class, ``role_inits`` to its arguments.
     """
 
     raw_cls_dict: dict[str, type] = {}
     role_inits: dict[str, tuple[tuple, dict]] = {}
-    # verl's WorkerDict also offers role R's method M as "R_M" on the group it starts, before spawn
+    # a WorkerDict group also offers role R's method M as "R_M" on the group it starts, before spawn
     role_methods_on_group = True
 
     def __init__(self) -> None:

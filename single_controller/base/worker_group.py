@@ -8,7 +8,7 @@ from the worker class (``registered_methods``: the one ``dir()`` scan, in base/r
 - a role view of a colocated group (``spawn``): each registered method of that role's class, run on the
   role's worker (through ``WorkerDict.execute_role``, base/colocate.py);
 - a ``WorkerDict`` group itself: its own registered methods, plus ``<role>_<method>`` for every role's
-  method (verl's names for them before ``spawn``; compat, the trainer always spawns).
+  method (their names before ``spawn``, for ported code; the trainer always spawns).
 
 :class:`WorkerGroup` holds what does not depend on where the workers live: binding, dispatch, collect, views.
 A subclass says how a call reaches a worker (``_call``) and how its results are waited for (``wait``, ``get``):
@@ -59,7 +59,7 @@ def method_table(user_cls: type, role: str | None) -> dict[str, tuple[Target, di
     if getattr(user_cls, "role_methods_on_group", False):
         for each_role, cls in user_cls.raw_cls_dict.items():
             for name, attrs in registered_methods(cls).items():
-                table[f"{each_role}_{name}"] = (Target(each_role, name), attrs)  # verl's WorkerDict name
+                table[f"{each_role}_{name}"] = (Target(each_role, name), attrs)  # the name on a WorkerDict group
     return table
 
 
@@ -69,7 +69,7 @@ class WorkerGroup:
     call_name)`` (the ranks' values, failing fast on a dead rank) and ``get(outputs)`` (values, plainly)."""
 
     def __init__(self, cls_with_init: Any) -> None:
-        self.ray_cls_with_init = cls_with_init  # verl's attribute name, for either kind of group
+        self.ray_cls_with_init = cls_with_init  # the attribute ported code reads, for either kind of group
         self._role: str | None = None  # in a role view (spawn): the colocated role its calls run on
         self._methods = self._bind()  # before any worker starts: a name clash is refused at no cost
 
@@ -105,7 +105,7 @@ class WorkerGroup:
     # ---------------------------------------------------------------- execution
     def submit(self, target: Target, ranks: Iterable[int], args: tuple, kwargs: dict) -> list:
         """Start ``target`` on ``ranks``; returns one output per rank. Rank i gets item i of every argument when
-        each argument is a list of world_size items, else all of them (verl's rule)."""
+        each argument is a list of world_size items, else all of them."""
         outputs = []
         for rank in ranks:
             a, kw = self._args_for_rank(rank, args, kwargs)

@@ -3,8 +3,8 @@
 A group starts its workers (``_start_workers``: the environment each one reads is set there), then gets
 its methods from the workers' ``@register``-ed methods (single_controller/base/worker_group.py, the one place
 method names are decided, shared with the local group). ``spawn`` gives the per-role views of a colocated group.
-verl's further group methods (``from_detached``, ``fuse``, mesh queries) are the door's
-(``verl_compat.single_controller.ray``), never this module's.
+Further group methods that only ported code calls (``from_detached``, ``fuse``, mesh queries) are the door
+package's, never this module's.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class RayWorkerGroup(WorkerGroup):
                 "LOCAL_WORLD_SIZE": str(bundle.local_world_size),
                 "MASTER_ADDR": addr,
                 "MASTER_PORT": str(port),
-                # verl's names: the same local rank and size as Ray places them, and the group's identity
+                # the names ported workers read: the local rank and size as Ray places them, and the group's identity
                 "RAY_LOCAL_RANK": str(bundle.local_rank),
                 "RAY_LOCAL_WORLD_SIZE": str(bundle.local_world_size),
                 "WG_PREFIX": self.name_prefix,

@@ -81,8 +81,8 @@ class RayResourcePool:
     ) -> list:
         """The placement groups (one per node entry), created and waited for on first call.
 
-        ``strategy``: Ray's placement strategy of each group (verl's ``bin_pack=False`` is ``"PACK"``);
-        ``name``: the groups' name prefix; ``device_name`` is accepted for verl's signature (the bundles
+        ``strategy``: Ray's placement strategy of each group (``bin_pack=False`` in ported code is ``"PACK"``);
+        ``name``: the groups' name prefix; ``device_name`` is accepted for ported callers (the bundles
         follow ``use_gpu``).
         """
         if self.pgs is None:
@@ -144,7 +144,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
     def __init__(self, cls: Any, *args, **kwargs) -> None:
         super().__init__(cls if hasattr(cls, "__ray_actor_class__") else ray.remote(cls), *args, **kwargs)
-        self._options: dict[str, Any] = {}  # verl's update_options: extra Ray options for every worker
+        self._options: dict[str, Any] = {}  # update_options: extra Ray options for every worker
 
     @property
     def user_cls(self) -> type:

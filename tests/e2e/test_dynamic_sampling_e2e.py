@@ -49,14 +49,14 @@ def config(tmp_path, steps: int):
 
 def trained_rows(trainer) -> list[list[int]]:
     """Wrap the trainer's worker calls to note, at each update, the prompts (dataset index) of the rows it sends."""
-    seen, call = [], trainer._call
+    seen, call = [], trainer.step._call
 
     def recording(phase, batch, *args, **kwargs):
         if phase == "update_actor":
             seen.append([info["index"] for info in batch.non_tensor_batch["extra_info"]])
         return call(phase, batch, *args, **kwargs)
 
-    trainer._call = recording
+    trainer.step._call = recording
     return seen
 
 

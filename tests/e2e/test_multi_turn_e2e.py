@@ -91,7 +91,9 @@ def fit(cfg) -> list[dict]:
 @pytest.fixture(scope="module")
 def run(ray_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("multi_turn")
-    return fit(tool_config(tmp, save_tool_calling_model(tmp / "model")))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLORL_PRELOAD", "verl_compat.tools")  # as main.py sets it: the door serves verl's class name
+        return fit(tool_config(tmp, save_tool_calling_model(tmp / "model")))
 
 
 def test_two_grpo_steps_with_tools_log_the_tool_metrics(run):

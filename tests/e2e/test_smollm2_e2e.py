@@ -30,6 +30,7 @@ def test_two_grpo_steps_with_lora_on_the_real_model(ray_cluster, smollm2_model_d
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.n=2",
             "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.rollout.name=hf",  # ColoRL's loop, whether or not vLLM is installed
             "trainer.total_training_steps=2",
             "trainer.val_before_train=false",
             f"trainer.default_local_dir={tmp_path / 'run'}",
@@ -82,6 +83,7 @@ def test_two_dapo_steps_on_the_real_model(ray_cluster, smollm2_model_dir, tmp_pa
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.n=2",
             "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.rollout.name=hf",  # ColoRL's loop, whether or not vLLM is installed
             "trainer.total_training_steps=2",
             f"trainer.default_local_dir={tmp_path / 'run'}",
             "trainer.logger=[file]",
@@ -131,6 +133,7 @@ def test_two_opd_steps_on_the_real_model_with_itself_as_teacher(ray_cluster, smo
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.n=2",
             "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.rollout.name=hf",  # ColoRL's loop, whether or not vLLM is installed
             "trainer.total_training_steps=2",
             "trainer.val_before_train=false",
             f"trainer.default_local_dir={tmp_path / 'run'}",

@@ -101,3 +101,40 @@ def test_turn_sampler_tool_turns_on_meta():
     assert calls == {row: 2 if row % 2 == 0 else 1 for row in range(B)}
     # two reads: at position 0 (every row ends its turn), then at 4 (after the tool turn, fed as one chunk)
     assert READS["turn_sampler.ended_turns"] - before == 2
+
+
+def test_the_decode_step_through_its_buckets_on_meta():
+    """``rollout.compile_decode``'s step (``workers.compute.decode``, eager here: meta has no kernels to compile)
+    over a real Llama's weights on meta: the static cache, rows compacted to smaller buckets as half leave at each
+    check, the outputs on the device, one host read per check at most."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workers.compute import decode
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    with META:
+        model = LlamaForCausalLM(config)
+    assert decode.supports(model)
+    before = READS["rollout.live_rows"]
+    out = decode.generate(
+        model, *_prompts(), compiled=False, response_length=R, eos_token_id=EOS, pad_token_id=PAD,
+        do_sample=False, return_log_probs=True,
+    )  # fmt: skip
+    assert {k: (v.device, tuple(v.shape[1:])) for k, v in out.items() if k in ("responses", "rollout_log_probs")} == {
+        "responses": (META, (R,)),
+        "rollout_log_probs": (META, (R,)),
+    }
+    assert 0 < READS["rollout.live_rows"] - before <= R // rollout.EOS_CHECK_INTERVAL
+
+
+def test_the_decode_step_captures_cuda_graphs_on_cuda():
+    """On CUDA each bucket's compiled graph is captured as a CUDA graph (``reduce-overhead``), on a CPU not; the
+    two are separate compiled functions (a process may hold both)."""
+    from workers.compute import decode
+
+    assert decode.compile_mode(torch.device("cuda", 0)) == "reduce-overhead"
+    assert decode.compile_mode(torch.device("cpu")) == decode.compile_mode(META) == "default"
+    assert decode.compiled_step(torch.device("cuda", 0)) is not decode.compiled_step(torch.device("cpu"))

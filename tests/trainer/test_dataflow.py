@@ -128,12 +128,13 @@ def test_a_direct_call_carries_every_input_and_gets_every_output():
 
 def test_the_old_log_probs_come_to_the_driver_only_for_the_sampled_tokens():
     """The run report (and trainer.rollout_data_dir) show each sampled token's log-prob: then the rollout's come
-    back."""
-    on = make_plan(load_config([], config_name="smollm2_arith"), 1).flows["step"]
+    back (ColoRL's loop: vLLM's log-probs are not the old ones)."""
+    hf = "actor_rollout_ref.rollout.name=hf"
+    on = make_plan(load_config([hf], config_name="smollm2_arith"), 1).flows["step"]
     assert "old_log_probs" in on.route("gen").give and on.phase("dump_rollout_generations").reads == ("old_log_probs",)
-    off = make_plan(load_config(["trainer.report.enable=false"], config_name="smollm2_arith"), 1).flows["step"]
+    off = make_plan(load_config([hf, "trainer.report.enable=false"], config_name="smollm2_arith"), 1).flows["step"]
     assert "old_log_probs" not in off.route("gen").give
-    dumps = ["trainer.report.enable=false", "trainer.rollout_data_dir=dumps"]
+    dumps = [hf, "trainer.report.enable=false", "trainer.rollout_data_dir=dumps"]
     assert (
         "old_log_probs" in make_plan(load_config(dumps, config_name="smollm2_arith"), 1).flows["step"].route("gen").give
     )

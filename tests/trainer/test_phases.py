@@ -23,7 +23,7 @@ from trainer.preflight.dry_run import phase_batches
 from trainer.preflight.memory_estimate import model_sizes
 from trainer.preflight.memory_phases import PHASE_MEMORY, estimate_memory
 from trainer.running.faults import MEMORY_KEYS, OOM_ADVICE, _memory_hint
-from trainer.running.step import PhaseSteps, StepState
+from trainer.running.step import StepState, TrainStep
 from workers.roles.fsdp_workers import ActorRolloutRefWorker
 from workers.roles.scoring_workers import CriticWorker, RewardModelWorker, TeacherWorker
 
@@ -170,7 +170,7 @@ def test_the_dry_run_has_each_worker_phase_that_runs(planned):
     assert all(b.micro_batches >= 1 and b.tokens > 0 for b in batches)
 
 
-class _Recorder(PhaseSteps):
+class _Recorder(TrainStep):
     """The real step loop (``run_phases``) with each phase's code replaced by a note of its name and timer."""
 
     def __init__(self, plan):
@@ -196,7 +196,7 @@ def _noting(name):
     return code
 
 
-_Recorder.STEP_CODE = {name: _noting(name) for name in PhaseSteps.STEP_CODE}
+_Recorder.STEP_CODE = {name: _noting(name) for name in TrainStep.STEP_CODE}
 
 
 def test_train_step_runs_the_plans_phases_in_the_tables_order_each_on_its_timer(planned):
@@ -210,8 +210,8 @@ def test_train_step_runs_the_plans_phases_in_the_tables_order_each_on_its_timer(
     for name, timer in recorder.order:
         assert PHASES[name].timer in (timer, None), name
     assert set(state.timing) == {PHASES[name].timer for name in plan.step_phases} - {None}
-    assert set(PhaseSteps.STEP_CODE) <= set(PHASES)
-    for name in set(PHASES) - set(PhaseSteps.STEP_CODE):  # a phase without driver code is a worker call
+    assert set(TrainStep.STEP_CODE) <= set(PHASES)
+    for name in set(PHASES) - set(TrainStep.STEP_CODE):  # a phase without driver code is a worker call
         assert PHASES[name].on == WORKER, name
 
 

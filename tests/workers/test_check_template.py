@@ -1,5 +1,9 @@
 """python -m workers.tools.check_template: which chat templates build turn by turn, and where the others do not."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.data.gsm8k_fixture import printable_tokenizer
@@ -59,3 +63,16 @@ def test_the_command_exits_1_and_names_the_failing_check(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAIL conversation: two rounds, a system message: turn 4 (assistant)" in out
     assert out.endswith("cannot be built turn by turn\n")
+
+
+def test_the_command_reads_a_tool_yaml_that_uses_verls_class_names(tmp_path):
+    """conf/tools/gsm8k.yaml names verl's former ``Gsm8kTool``: the command has the door serve it, as main.py does
+    (a fresh interpreter without COLORL_PRELOAD, so nothing else imported the door first)."""
+    chatml_tokenizer().save_pretrained(tmp_path / "good")
+    env = {key: value for key, value in os.environ.items() if key != "COLORL_PRELOAD"}
+    command = [sys.executable, "-m", "workers.tools.check_template", str(tmp_path / "good")]
+    done = subprocess.run(
+        [*command, "--tool-config", "conf/tools/gsm8k.yaml"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.endswith("can be built turn by turn\n")

@@ -1,6 +1,6 @@
 """The compiled decode step (``workers.compute.decode``): the same tokens as the HF loop (greedy, fp32 exactly;
 rows leaving at bucket boundaries; shared prompts; partial rollouts' budgets and quotas), bf16 log-probs within the
-stated bound, buckets, and no recompilation after warm-up."""
+stated bound, buckets, no recompilation after warm-up, and (``gpu``) CUDA graphs replayed per bucket."""
 
 import copy
 import functools
@@ -149,6 +149,25 @@ def test_nothing_recompiles_after_warm_up(model, monkeypatch):
 def test_compile_decode_setting(model):
     assert decode.resolve(True, model) and not decode.resolve("auto", model)  # auto: the HF loop
     assert not decode.resolve(False, model) and not decode.resolve("false", model)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_give_the_hf_loops_greedy_tokens(tiny_model_dir):
+    """On CUDA each bucket's graph is captured and replayed (``reduce-overhead``): fp32, greedy, rows leaving
+    through the buckets 8 -> 2, the same tokens as the HF loop on the same device, log-probs to rounding."""
+    torch._dynamo.reset()
+    cuda = AutoModelForCausalLM.from_pretrained(tiny_model_dir).to("cuda").eval()
+    assert decode.compile_mode(next(cuda.parameters()).device) == "reduce-overhead"
+    prompts = _prompts()  # on the host, as a worker's batch arrives
+    eos = _eos_that_ends_most(cuda, prompts)
+    hf, ours = _both(cuda, prompts, compiled=True, eos_token_id=eos)
+    assert int((hf["response_mask"].sum(-1) <= 2).sum()) >= 4  # rows did leave
+    assert hf.keys() == ours.keys() and ours["responses"].is_cuda
+    for key in hf:
+        if key == "rollout_log_probs":
+            torch.testing.assert_close(ours[key], hf[key], atol=1e-4, rtol=0)
+        else:
+            assert torch.equal(ours[key], hf[key]), key
 
 
 @pytest.mark.slow

@@ -172,7 +172,7 @@ TOOLS_YAML = """tools:
     config: {type: native}
   - class_name: {path}:CounterTool
     config: {type: native, start: 5}
-  - class_name: verl.tools.gsm8k_tool.Gsm8kTool
+  - class_name: workers.tools.answer.AnswerTool
     config: {type: native}
 """
 USER_TOOLS = """

@@ -129,7 +129,7 @@ class Ahead:
         while self.buffer.wanted():
             self._ask(generating.prepare(next(more)), step, generating)
         dropped: list[Generation] = []
-        while True:  # drop: each evicted batch is replaced by a fresh one (verl's "evict k; refill k")
+        while True:  # drop: each evicted batch is replaced by a fresh one (evict k, refill k)
             taken, evicted = self.buffer.take(step)
             dropped += evicted
             for generation in evicted:

@@ -1,9 +1,8 @@
 """Partial rollouts (``trainer.v1.trainer_mode=colocate_async``): a step's generation stops once a batch of prompt
 groups has ended; the rows still decoding wait and go on at the next step, under the weights trained meanwhile.
 
-verl's colocated async trainer keeps its inference servers generating: once its replay buffer holds a batch of
-finished groups it aborts the requests still running, trains, syncs the weights and resumes them (their tokens so
-far become part of the prompt). ColoRL's rollout is a batch decode loop, so the same happens one step at a time:
+The rollout is a batch decode loop, so a step generates one piece of every row not ended; a row still decoding
+goes on at the next step, its tokens so far part of its prompt:
 
 1. the step's drawn batch (at the first step, ``num_warmup_batches`` more) joins the ``Pool`` of rows in flight;
 2. one piece of generation runs over every row not ended: its prompt followed by its tokens so far, with what is
@@ -11,10 +10,9 @@ far become part of the prompt). ColoRL's rollout is a batch decode loop, so the 
    (``workers.compute.rollout.Partial``), so the decode steps run on the pool's rows, not on one batch's tail;
 3. the oldest ended groups train; the others stay, their tokens and log-probs kept.
 
-Each row carries the first and the last version of the weights that generated it (verl's ``min/max_global_steps``).
-A group that generates at step ``s`` spans the versions from its first to ``s - 1``: ``drop`` evicts one whose
-span would pass ``max_off_policy_threshold`` (and draws fresh prompts), ``wait`` has the piece wait for its rows to
-end (verl blocks sampling on it).
+Each row carries the first and the last version of the weights that generated it. A group that generates at step
+``s`` spans the versions from its first to ``s - 1``: ``drop`` evicts one whose span would pass
+``max_off_policy_threshold`` (and draws fresh prompts), ``wait`` has the piece wait for its rows to end.
 """
 
 from __future__ import annotations
@@ -142,7 +140,7 @@ class Pool:
         return step - oldest[group]
 
     def _evict(self, step: int, dropped: Callable[[DataProto], None]) -> dict[str, float]:
-        """``drop``: the groups still generating whose span would pass the threshold leave the pool (verl's
+        """``drop``: the groups still generating whose span would pass the threshold leave the pool (an
         eviction), given to ``dropped``; their spans' metrics."""
         if self.strategy != "drop" or self.threshold is None or self.rows is None:
             return {}

@@ -1,16 +1,15 @@
 """The batches generation has been asked for ahead of training (``trainer.v1``'s async modes), oldest first.
 
-verl's ``ReplayBufferAsync`` keeps prompt groups in a store and samples the oldest finished ones; ColoRL's rollout
-group answers whole batches in the order they were asked for, so its buffer is a queue of them (``colocate_async``'s
-partial rollouts keep groups instead: ``trainer.asynchronous.partial``). Each ``Generation`` holds the step that asked
-for it (verl's prompt tag ``global_steps``) and the version of the weights that generate it: the number of training
-steps in them (verl's ``min/max_global_steps``; one version per batch).
+The rollout group answers whole batches in the order they were asked for, so the buffer is a queue of them
+(``colocate_async``'s partial rollouts keep groups instead: ``trainer.asynchronous.partial``). Each ``Generation``
+holds the step that asked for it and the version of the weights that generate it: the number of training steps in
+them (one version per batch).
 
-Off-policy bounds are verl's, over a batch's span ``step - asked_at + 1`` at the step that would train it:
+The off-policy bounds are over a batch's span ``step - asked_at + 1`` at the step that would train it:
 - ``drop``: a batch whose span exceeds ``max_off_policy_threshold`` is evicted, and the caller asks for as many
-  fresh prompts in its place (verl's "evict k; refill k");
+  fresh prompts in its place (evict k, refill k);
 - ``wait``: no batch is asked for so far ahead that it would exceed the threshold: training waits for generation.
-A null threshold bounds nothing. Metric names are verl's (``training/off_policy/...``).
+A null threshold bounds nothing. The metrics: ``training/off_policy/...``.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ class Generation:
     result: Any
 
     def span(self, step: int) -> int:
-        """verl's span: the versions between the step that asked for the batch and ``step``, both counted."""
+        """The span: the versions between the step that asked for the batch and ``step``, both counted."""
         return step - self.asked_at + 1
 
 
@@ -77,7 +76,7 @@ class ReplayBuffer:
 
 
 def staleness_metrics(step: int, versions: np.ndarray, first: np.ndarray | None = None) -> dict[str, float]:
-    """verl's off-policy metrics of the samples ``step`` trains on, from the last and first version of the weights
+    """The off-policy metrics of the samples ``step`` trains on, from the last and first version of the weights
     that generated each one (``versions``, ``first``: (N,) ints; one version when ``first`` is None).
     staleness = (step - 1) - last: 0 when the weights of the step before generated it (on-policy); the worst
     staleness counts from the first, and the span is the versions from first to last."""
@@ -91,14 +90,14 @@ def staleness_metrics(step: int, versions: np.ndarray, first: np.ndarray | None 
 
 
 def eviction_metrics(step: int, evicted: list[Generation], prompts_each: int) -> dict[str, float]:
-    """verl's eviction metrics: the prompt groups dropped for staleness, and their spans (empty when none were)."""
+    """The eviction metrics: the prompt groups dropped for staleness, and their spans (empty when none were)."""
     if not evicted:
         return {}
     return eviction_stats(np.array([g.span(step) for g in evicted for _ in range(prompts_each)]))
 
 
 def eviction_stats(spans: np.ndarray) -> dict[str, float]:
-    """verl's eviction metrics of evicted prompt groups with these spans (N,)."""
+    """The eviction metrics of evicted prompt groups with these spans (N,)."""
     return {f"{OFF_POLICY}/evicted_samples": float(len(spans)),
             **_stats(f"{OFF_POLICY}/evicted_samples_staleness", spans)}  # fmt: skip
 

@@ -1,14 +1,13 @@
-"""What the model wrote: verl's generation dumps and the samples of the run report, one format for both.
+"""What the model wrote: the generation dumps and the samples of the run report, one format for both.
 
 A dump is a directory of ``<step>.jsonl`` files, one JSON object per response (``write_generations``,
-``read_generations``). verl's fields come first: ``input`` and ``output`` (the prompt and the response, decoded with
-special tokens skipped), ``gts`` (``reward_model.ground_truth``), ``score`` (the reward's sum over the tokens) and
-``step``; then, as in verl, each per-row value the reward function returned under its own name (one named
-``score`` replaces the sum there, as in verl). ColoRL adds ``reward`` (the sum, always; verl's validation dumps have
-it too), ``data_source``, ``uid`` (a prompt's responses share it), ``response_length`` (every real token, tool
-turns included), ``clipped`` (the response reached ``data.max_response_length``) and for multi-turn rows
-``messages`` (the conversation: prompt, assistant turns, tool answers), ``num_turns``, ``tool_call_counts``,
-``tool_error_counts`` and ``stop_reason``.
+``read_generations``). The dump's own fields come first: ``input`` and ``output`` (the prompt and the response, decoded
+with special tokens skipped), ``gts`` (``reward_model.ground_truth``), ``score`` (the reward's sum over the tokens) and
+``step``; then each per-row value the reward function returned under its own name (one named ``score`` replaces the sum
+there). Then ``reward`` (the sum, always), ``data_source``, ``uid`` (a prompt's responses share it), ``response_length``
+(every real token, tool turns included), ``clipped`` (the response reached ``data.max_response_length``) and for
+multi-turn rows ``messages`` (the conversation: prompt, assistant turns, tool answers), ``num_turns``,
+``tool_call_counts``, ``tool_error_counts`` and ``stop_reason``.
 
 The rows the run report shows (``trainer.report.samples_per_step`` a step: the best and worst reward, a response
 cut at the length limit, one with a tool error, then one prompt's whole group, then others) also carry the tokens
@@ -48,7 +47,7 @@ SAMPLES_DIR = "samples"  # under trainer.default_local_dir: train/<step>.jsonl a
 
 
 def write_generations(directory: str | os.PathLike, step: int, records: Sequence[dict[str, Any]]) -> Path:
-    """``<directory>/<step>.jsonl``: one JSON line per record (verl's file name and layout); returns the path."""
+    """``<directory>/<step>.jsonl``: one JSON line per record; returns the path."""
     path = Path(directory) / f"{step}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r, ensure_ascii=False, default=_plain) + "\n" for r in records)
@@ -136,7 +135,7 @@ class GenerationLog:
 
     def drop_steps_after(self, step: int) -> None:
         """Remove what an earlier attempt wrote for the steps after ``step`` (a resumed run computes them again);
-        a fresh run (step 0) leaves the dump directories, which may be shared, as verl does."""
+        a fresh run (step 0) leaves the dump directories, which may be shared."""
         dumps = (self.rollout_dir, self.validation_dir) if step > 0 else ()
         for directory in (self.samples_dir / "train", self.samples_dir / "val", *dumps):
             if directory is not None:
@@ -149,7 +148,7 @@ class GenerationLog:
 
     def validation(self, parts: list[tuple[DataProto, Prompts, dict[str, list]]], step: int, logger: Any) -> None:
         """Write a validation's dump (``validation_data_dir``) and samples, and hand ``log_val_generations`` of them
-        to ``logger`` (verl's choice: sorted by prompt, shuffled with seed 42, the first N)."""
+        to ``logger`` (sorted by prompt, shuffled with seed 42, the first N: the same N for every validation)."""
         if not parts:
             return
         # each validation batch carries its own step token (meta_info): only the rows are joined
@@ -231,7 +230,7 @@ def _fill_text(
     step: int,
     tokenizer: Any,
 ) -> None:
-    """verl's fields and ColoRL's per-row ones into ``records`` (row -> record), one batched decode each."""
+    """The dump's fields and the per-row ones into ``records`` (row -> record), one batched decode each."""
     rows = list(records)
     valid = _response_tokens(batch).bool()
     ids, mask = prompts

@@ -1,6 +1,6 @@
 """Run health: whether training still learns, as metrics every step, and warnings, once and in words, when not.
 
-The driver's metrics carry the signals (verl's names): ``actor/entropy``, ``response_length/mean`` and
+The driver's metrics carry the signals: ``actor/entropy``, ``response_length/mean`` and
 ``/clip_ratio``, ``critic/score/mean``, ``actor/kl_loss`` / ``actor/ref_kl``, ``actor/pg_clipfrac``, the validation
 scores ``val-core/<source>/reward/mean@n`` and the scores the reward does not train ``val-aux/<source>/<key>/mean@n``
 (e.g. the flexible score beside the strict one), and ``health/frac_reward_zero_std`` (``trainer.observing.metrics``).

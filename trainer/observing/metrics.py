@@ -1,6 +1,7 @@
 """Per-step training metrics computed on the driver from a batch's tensors (a Mapping[str, Tensor]).
 
-Names follow verl's ``metric_utils`` so dashboards compare like for like. All results are Python floats.
+The metric names are part of the API: dashboards and the health checks read them by name (docs/verl_api.md,
+"Metrics, dumps and logs"). All results are Python floats.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def compute_data_metrics(batch: Mapping[str, Tensor], use_critic: bool) -> dict[
     response_length = batch["responses"].shape[-1]
     response_mask = batch["response_mask"].bool()
     prompt_mask = batch["attention_mask"][:, :-response_length].bool()
-    # a response's length counts every real token: with tool calls it holds tool turns the mask leaves out (verl)
+    # a response's length counts every real token: with tool calls it holds tool turns the mask leaves out
     response_tokens = batch["attention_mask"][:, -response_length:]
     valid_returns = batch["returns"][response_mask]
 
@@ -80,7 +81,7 @@ def compute_data_metrics(batch: Mapping[str, Tensor], use_critic: bool) -> dict[
 
 
 def rollout_probs_diff(batch: Mapping[str, Tensor]) -> dict[str, float]:
-    """verl's sampler-vs-learner gap (``training/rollout_probs_diff_*``): |π_rollout(y_t) − π_actor(y_t)| over the
+    """The sampler-vs-learner gap (``training/rollout_probs_diff_*``): |π_rollout(y_t) − π_actor(y_t)| over the
     sampled response tokens, from ``rollout_log_probs`` (the rollout engine's) and ``old_log_probs`` (the actor's
     forward) (B, R), and the Pearson correlation of the two probabilities (``training/rollout_actor_probs_
     pearson_corr``). ~0 when the rollout computes with the actor's own module; larger with another engine's
@@ -146,7 +147,7 @@ def compute_throughput_metrics(
 def multi_turn_metrics(rows: Mapping[str, Any]) -> dict[str, float]:
     """Tool-use statistics of a multi-turn rollout from its per-row values (``workers.compute.agent_loop``); {} without.
 
-    verl's ``num_turns/{mean,min,max}`` (user, assistant and tool turns) and ``tool_call_counts/{mean,min,max}``
+    ``num_turns/{mean,min,max}`` (user, assistant and tool turns) and ``tool_call_counts/{mean,min,max}``
     per trajectory; ColoRL's ``multi_turn/``: tool errors and tool-output tokens per trajectory, the share of
     calls that succeeded, of trajectories stopped by the turn or the length limit, and of trajectories whose
     turn-by-turn tokens differ from the whole conversation's tokenization, and the mean tool step reward.
@@ -184,7 +185,7 @@ def multi_turn_metrics(rows: Mapping[str, Any]) -> dict[str, float]:
 
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Mean of each list (e.g. one entry per micro-batch or worker); scalars pass through as floats. The
-    distillation's extremes (``distillation/*_min``, ``*_max``) take the least or largest, as verl aggregates them."""
+    distillation's extremes (``distillation/*_min``, ``*_max``) take the least or largest."""
     return {
         name: _reduce(name, [float(v) for v in value]) if isinstance(value, (list, tuple)) else float(value)
         for name, value in metrics.items()
@@ -232,12 +233,12 @@ def validation_metrics(
     n: int,
     extras: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, float]:
-    """verl's validation metrics per data source, over groups of ``n`` consecutive rows (one prompt's responses).
+    """The validation metrics per data source, over groups of ``n`` consecutive rows (one prompt's responses).
 
     ``val-core/<source>/reward/mean@n``; with n > 1 also ``best@n/mean`` and ``maj@n/mean`` (val-core), ``std@n``
     and ``worst@n/mean`` (val-aux). best/worst: the max/min reward among a prompt's n responses; maj: the reward
     of its most frequent ``answer`` (ties: the first seen); std: of the n rewards. Each is averaged over prompts
-    (verl bootstraps best/worst/maj from subsets; at the full n these are their exact values). Each other
+    (exact over all n responses, not bootstrapped from subsets). Each other
     numeric per-row value a reward function returned (``extras``, e.g. a flexible score) is ``val-aux/<source>/
     <key>/mean@n``.
     """

@@ -200,7 +200,7 @@ def _sample(record: dict[str, Any], prompts: dict[str, str]) -> dict[str, Any]:
 def preset_diff(config: Any) -> tuple[str, list[tuple[str, Any, Any]]] | None:
     """(the preset in ``conf/`` closest to ``config``, [(key, the preset's value, this run's value)] where they
     differ); None when no preset composes. Each preset is composed from its YAML, without the command line, and
-    loaded as a run's config is (verl's derived keys filled in: ``cli.normalize``)."""
+    loaded as a run's config is (``config.load.to_config``: the installed adapter fills in the derived keys)."""
     from hydra import compose, initialize_config_dir
 
     from config.load import CONF_DIR, to_config

@@ -9,7 +9,7 @@ Backends (``trainer.logger``):
   attempt that crashed or was killed; all of them when it left no checkpoint) are removed first, since they are
   computed again, and so is a partial last line (a full disk, a crash mid-write).
 ``log_generations`` shows validation samples (``trainer.log_val_generations``): printed on the console, and in wandb
-as verl's ``val/generations`` table (a row per validation: the step, then each sample's input, output and score).
+as the ``val/generations`` table (a row per validation: the step, then each sample's input, output and score).
 ``finish()`` also draws ``<local_dir>/reward_curve.png``: a grid of the run's health against step (reward and
 validation, response length, entropy and KL, prompt groups with all-equal rewards). matplotlib draws it; where it
 is not installed, one line says the plot is skipped, and the run is otherwise the same.
@@ -34,7 +34,7 @@ from workers.checkpoint.safe_files import write_atomically
 LOGGER_BACKENDS = get_args(LoggerBackend)
 
 TRAIN_SCORE = "critic/score/mean"
-GENERATION_COLUMNS = ("input", "output", "score")  # each sample's columns in wandb's val/generations (verl's)
+GENERATION_COLUMNS = ("input", "output", "score")  # each sample's columns in wandb's val/generations
 VAL_REWARD = re.compile(r"val-core/(.+)/reward/mean@1")  # group 1: the data source
 # (metric, label) pairs shown on the console line when present
 CONSOLE_METRICS = (
@@ -82,7 +82,7 @@ class Tracking:
         if "wandb" in backends:
             self._wandb_run = self._init_wandb(project_name, experiment_name, config, resume_id)
             self.wandb_run_id = self._wandb_run.id
-        self._generations_table: list[list[Any]] = []  # the wandb table's rows so far (verl's layout)
+        self._generations_table: list[list[Any]] = []  # the wandb table's rows so far
         self._finished = False
 
     def _open_history(self, resume_step: int) -> Any:
@@ -143,7 +143,7 @@ class Tracking:
 
     def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
         """Validation samples (input, output, score) of ``step``: printed on the console, and with wandb the
-        ``val/generations`` table logged again with this validation's row added (verl's columns)."""
+        ``val/generations`` table logged again with this validation's row added."""
         if self._bar is not None:
             for i, (prompt, output, score) in enumerate(samples, start=1):
                 self._bar.write(f"[val sample {i}/{len(samples)} step {step} score {score:.4g}]\n{prompt}\n→ {output}")

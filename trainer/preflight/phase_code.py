@@ -1,6 +1,6 @@
 """Where each phase of a step runs: the ``file:function`` a dry run prints beside the phase's name.
 
-A phase with driver code runs the method ``trainer.running.step.PhaseSteps.STEP_CODE`` names; any other is its entry's
+A phase with driver code runs the method ``trainer.running.step.TrainStep.STEP_CODE`` names; any other is its entry's
 worker method (``planner.phases.STEP_PHASES``) on its role's worker class in ``workers/roles/``. Both are read from
 the source with ``ast``, so a dry run imports neither Ray nor the trainer.
 """
@@ -20,7 +20,7 @@ STEP_FILE, ROLES = "trainer/running/step.py", "workers/roles"
 
 @cache
 def driver_code() -> dict[str, str]:
-    """phase name -> ``trainer/running/step.py:PhaseSteps._gen``, from the literal ``STEP_CODE`` table."""
+    """phase name -> ``trainer/running/step.py:TrainStep._gen``, from the literal ``STEP_CODE`` table."""
     for node in ast.walk(ast.parse((ROOT / STEP_FILE).read_text())):
         if isinstance(node, ast.ClassDef):
             for item in node.body:

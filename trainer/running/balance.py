@@ -3,7 +3,7 @@
 After generation the responses have different lengths; the workers split the batch into equal consecutive shares
 (the same number of rows each), so one worker may get the long ones and the others wait for it in every later
 phase. The driver reorders the rows (tensors and per-row columns) so that each consecutive share holds about the
-same number of tokens, as verl's ``trainer.balance_batch`` does. Advantages are computed per prompt group (uid),
+same number of tokens (``trainer.balance_batch``). Advantages are computed per prompt group (uid),
 so the order does not change them; the mini-batches of the update are drawn from the new order.
 
 With ``actor.use_prefix_grouper`` a prompt's rows must stay together (they share the prompt's forward), so whole
@@ -42,7 +42,7 @@ def balance_batch(
 ) -> dict[str, float]:
     """Reorder ``batch`` in place so each of the ``n_workers`` consecutive shares holds about the same number of
     tokens (``attention_mask`` sums), and the per-row lists of ``extras`` with it (the reward function's values,
-    when the reward ran first); ``keep_groups``: a prompt's rows (one ``uid``) move together. Returns verl's
+    when the reward ran first); ``keep_groups``: a prompt's rows (one ``uid``) move together. Returns the
     ``global_seqlen/*`` metrics: the token sums of the shares before (min, max, minmax_diff) and after
     (balanced_min, balanced_max), and their mean."""
     lengths = batch.batch["attention_mask"].sum(-1).tolist()

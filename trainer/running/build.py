@@ -119,8 +119,9 @@ def make_reward_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> R
 
 
 def _imported_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> ImportedRewardManager:
-    """The user's reward-manager class (``source=importlib``), built with verl's arguments (the whole config, the
-    tokenizer, the reward function); a class that is not there or cannot be built is a ``ConfigError``."""
+    """The user's reward-manager class (``source=importlib``), built with the manager protocol's arguments (the whole
+    config as a DictConfig, the tokenizer, the reward function); a class that is not there or cannot be built is a
+    ``ConfigError``."""
     manager = cfg.reward.reward_manager
     try:
         cls = load_manager_class(manager.module.path, manager.name)
@@ -132,7 +133,7 @@ def _imported_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> Imp
         raise ConfigError.invalid(
             "reward.reward_manager.module.path", manager.module.path, f"importing it raised {_first_line(exc)}"
         ) from None
-    config = OmegaConf.create(plain(asdict(cfg)))  # verl hands its managers the whole DictConfig
+    config = OmegaConf.create(plain(asdict(cfg)))  # a manager class takes the whole config, as a DictConfig
     try:
         return ImportedRewardManager(
             tokenizer,
@@ -153,7 +154,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _loop_arguments(cfg: PPOConfig, cls: type[RewardManager]) -> dict[str, Any]:
-    """The ``reward`` keys of verl's reward loop that manager ``cls`` reads (data.reward_loop)."""
+    """The ``reward`` keys of the reward loop that manager ``cls`` reads (data.reward_loop)."""
     reward = cfg.reward
     if cls is GDPORewardManager:
         return {"experiment_name": cfg.trainer.experiment_name}
@@ -167,7 +168,7 @@ def _loop_arguments(cfg: PPOConfig, cls: type[RewardManager]) -> dict[str, Any]:
 
 
 def _check_optimizers(cfg: PPOConfig) -> None:
-    """Each trained role's ``optim.optimizer`` must be a class of ``optim.optimizer_impl`` (verl's keys)."""
+    """Each trained role's ``optim.optimizer`` must be a class of ``optim.optimizer_impl``."""
     for role, optim in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.optim), ("critic", cfg.critic.optim)):
         try:
             module = importlib.import_module(optim.optimizer_impl)

@@ -12,9 +12,9 @@ The kept rows come from several generation batches, whose tensors the workers' s
 batch's own token: the step plan's ``filter_groups`` phase makes the generation phase give back every key a later
 phase reads (``planner.phases.declare_flows``), and the training phases start a new token on the collected batch.
 
-Metrics (verl's names): ``train/num_gen_batches`` (the DAPO recipe's), ``training/filter_groups/evicted_samples``
+Metrics: ``train/num_gen_batches`` (the DAPO recipe's), ``training/filter_groups/evicted_samples``
 (groups dropped for zero spread) and ``training/filter_groups/discarded_surplus_samples`` (groups with signal
-beyond the batch; both verl's sampler's, counted in prompt groups); ColoRL's
+beyond the batch; both counted in prompt groups); and
 ``training/filter_groups/frac_reward_zero_std``, the share of the *trained* groups whose rewards are all equal
 (``health/frac_reward_zero_std`` is over every group generated in the step).
 """
@@ -43,7 +43,7 @@ class DynamicSamplingError(RuntimeError):
 def metric_values(batch: DataProto, metric: str, reward_extras: dict[str, list]) -> np.ndarray:
     """(B,) the filter's ``metric`` per response: the summed score for ``reward``/``seq_reward``/
     ``seq_final_reward`` (the plan refuses the last with the in-reward KL), else the reward function's value of
-    that name (``acc`` is the score when the function returns a plain number, as verl's dapo manager records)."""
+    that name (``acc`` is the score when the function returns a plain number, as the dapo manager records)."""
     if metric in FILTER_TENSOR_METRICS:
         return batch.batch["token_level_scores"].sum(-1).double().numpy()
     if metric not in reward_extras and metric == "acc":
@@ -60,7 +60,7 @@ def metric_values(batch: DataProto, metric: str, reward_extras: dict[str, list])
 
 def groups_with_signal(uids: Sequence[Hashable], values: np.ndarray) -> np.ndarray:
     """(B,) bool: the rows of groups (rows sharing a uid) whose ``values`` are not all equal; a group of one row
-    is kept (verl's rule: it has no spread to measure)."""
+    is kept (it has no spread to measure)."""
     groups: dict[Hashable, list[int]] = {}
     for row, uid in enumerate(uids):
         groups.setdefault(uid, []).append(row)
@@ -91,7 +91,7 @@ def collect(
             if 0 < cap <= batches:
                 raise DynamicSamplingError(_short_message(filter_groups, batches, drawn, groups, train_batch_size))
             limit = f" of at most {cap}" if cap > 0 else ""
-            print(  # as verl's loop says: a step that keeps generating shows why
+            print(  # a step that keeps generating shows why
                 f"[colorl] dynamic sampling: {groups} of {train_batch_size} prompt groups after {batches} generation "
                 f"batch(es){limit}; drawing another",
                 flush=True,

@@ -6,7 +6,9 @@ by phase and computes rewards and advantages, which are cheap tensor maths over 
 (``trainer.running.step``) runs the plan's phases of the table ``planner.phases.STEP_PHASES`` in its order, one timed
 line each; a worker phase's role and method come from its entry. Tensors stay where they are next read: each call sends
 only what the driver holds of what the phase reads, and takes back only what a driver phase reads (the routes of
-``planner.phases.declare_flows``); the rest stays in the workers' step store.
+``planner.phases.declare_flows``); the rest stays in the workers' step store. The trainer holds the step
+(``self.step``, a ``trainer.running.step.TrainStep`` built with what its phases use) and places, loops, validates and
+checkpoints around it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,9 @@ import dataclasses
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import torch
 
 import algos
 from config.schema import PPOConfig
@@ -36,7 +36,7 @@ from trainer.observing.tracking import Tracking
 from trainer.running import console, groups
 from trainer.running.placement import placed_roles, role_classes
 from trainer.running.preemption import Ending, StopSignals
-from trainer.running.step import STEP_TOKEN, PhaseSteps
+from trainer.running.step import STEP_TOKEN, RewardFn, TrainStep
 from trainer.running.validation import ValidationTally
 from trainer.running.watchdog import PhaseWatchdog
 from trainer.state.checkpoint import CheckpointError, CheckpointManager, load_driver_state
@@ -46,10 +46,8 @@ from trainer.state.ledger import Ledger
 from trainer.state.run_dir import open_run
 from workers.runtime import malloc
 
-RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 
-
-class RayPPOTrainer(PhaseSteps):
+class RayPPOTrainer:
     """PPO / GRPO over colocated FSDP workers. ``fit`` is the algorithm; ``init_workers`` the placement."""
 
     def __init__(
@@ -66,7 +64,6 @@ class RayPPOTrainer(PhaseSteps):
         self.tokenizer = tokenizer
         self.train_dataloader = train_dataloader
         self.val_dataloader = val_dataloader
-        self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
         self.plan = plan  # which phases run, which keys travel, per-rank batch sizes (planner.plan)
         kl_ctrl = config.algorithm.kl_ctrl
@@ -94,8 +91,49 @@ class RayPPOTrainer(PhaseSteps):
             dump_fn=lambda: groups.stall_report(self.worker_groups()),
             teardown_fn=lambda: [groups.shutdown(group) for group in self.worker_groups()],
         )
-        # trainer.v1's async modes: the batches generated ahead (trainer.asynchronous.ahead)
-        self.ahead: Ahead | None = None
+        actor_rollout_ref = config.actor_rollout_ref
+        self.step = TrainStep(  # one PPO iteration: the plan's phases (trainer.running.step)
+            plan,
+            actor_rollout_ref.rollout,
+            config.algorithm,
+            train_batch_size=config.data.train_batch_size,
+            critic_warmup=config.trainer.critic_warmup,
+            keep_groups=actor_rollout_ref.actor.use_prefix_grouper,
+            groups=self._role_group,
+            reward_fn=reward_fn,
+            kl_ctrl=self.kl_ctrl_in_reward,
+            generations=self.generations,
+            watchdog=self.watchdog,
+            ledger=self.ledger,
+        )
+
+    @property
+    def reward_fn(self) -> RewardFn:
+        """The training reward (the step's: setting it here sets the one the step calls)."""
+        return self.step.reward_fn
+
+    @reward_fn.setter
+    def reward_fn(self, reward_fn: RewardFn) -> None:
+        self.step.reward_fn = reward_fn
+
+    @property
+    def ahead(self) -> Ahead | None:
+        """trainer.v1's async modes: the batches generated ahead (trainer.asynchronous.ahead); None until
+        ``init_workers`` starts the rollout group, and in the synchronous mode."""
+        return self.step.ahead
+
+    @ahead.setter
+    def ahead(self, ahead: Ahead | None) -> None:
+        self.step.ahead = ahead
+
+    def _role_group(self, role: str) -> Any:
+        """The worker group that computes ``role``'s phases (``planner.worker_roles.ROLES``): read at each call, so
+        that a group set on the trainer (``trainer.actor_rollout_wg = ...``) is the one called."""
+        return getattr(self, ROLE[role].group)
+
+    def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
+        """One PPO iteration at ``global_step`` (``TrainStep.run``); its metrics."""
+        return self.step.run(batch, more, self.global_step)
 
     # ------------------------------------------------------------------ placement
     def init_workers(self) -> None:
@@ -145,19 +183,7 @@ class RayPPOTrainer(PhaseSteps):
             self.ahead.begin(self.global_step)
         self.generations.drop_steps_after(self.global_step)  # a resumed run computes the later steps again
         start = time.monotonic()  # trainer.max_wall_time_s counts from here
-        self.logger = Tracking(
-            project_name=cfg.project_name,
-            experiment_name=cfg.experiment_name,
-            backends=list(cfg.logger),
-            config=dataclasses.asdict(self.config),
-            local_dir=cfg.default_local_dir,
-            total_steps=self.total_training_steps,
-            # the bar shows the budget that ends the run: the steps, or the wall time when that runs out first
-            wall_budget_s=cfg.max_wall_time_s,
-            started=start,
-            resume_id=self.wandb_run_id,
-            resume_step=self.global_step,  # steps logged after it are computed again: one history
-        )
+        self.logger = self._tracking(start)
         self.wandb_run_id = self.logger.wandb_run_id
         # <default_local_dir>/report.html, at each validation and the end; with the ledger's lines
         self.report = RunReport(self.config, ledger=self.ledger.summary)
@@ -177,11 +203,11 @@ class RayPPOTrainer(PhaseSteps):
                 last["training/epoch"] = float(self.data.epoch)
                 self.nonfinite.check(last, self.global_step, self.checkpoints.latest())
                 # with dynamic sampling and no total_training_steps, a run also ends once it has drawn total_epochs
-                # passes over the data (verl's DAPO loop), which may come before the step count
+                # passes over the data (the DAPO recipe's end), which may come before the step count
                 used_up = self.plan.dynamic_sampling and self.data.epochs_drawn() >= cfg.total_epochs
                 done = self.global_step >= self.total_training_steps or (used_up and cfg.total_training_steps is None)
                 out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - start > cfg.max_wall_time_s
-                last_step = done or out_of_time  # verl validates and saves at the last step when its freq > 0
+                last_step = done or out_of_time  # validate and save at the last step when the freq > 0
                 validated = self.val_dataloader is not None and _due(cfg.test_freq, self.global_step, last_step)
                 timing: dict[str, float] = {}
                 if validated:
@@ -189,7 +215,7 @@ class RayPPOTrainer(PhaseSteps):
                         last.update(self.validate())
                 preempted = stop.signal is not None  # read once: a signal after the save waits for the next step
                 if preempted or _due(cfg.save_freq, self.global_step, last_step):  # preempted: save to resume
-                    with self._phase("save_checkpoint", timing):
+                    with self.watchdog.phase("save_checkpoint"), timed("save_checkpoint", timing):
                         self.save_checkpoint()
                 last.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
                 last = self.health.observe(last, self.global_step)  # health metrics; warns once when a pattern holds
@@ -209,6 +235,23 @@ class RayPPOTrainer(PhaseSteps):
         if preempted:
             raise stop.preempted(self.global_step, self.checkpoints.checkpoints()[-1])
         return last
+
+    def _tracking(self, start: float) -> Tracking:
+        """The run's loggers (``trainer.logger``), continuing the history of a resumed run."""
+        cfg = self.config.trainer
+        return Tracking(
+            project_name=cfg.project_name,
+            experiment_name=cfg.experiment_name,
+            backends=list(cfg.logger),
+            config=dataclasses.asdict(self.config),
+            local_dir=cfg.default_local_dir,
+            total_steps=self.total_training_steps,
+            # the bar shows the budget that ends the run: the steps, or the wall time when that runs out first
+            wall_budget_s=cfg.max_wall_time_s,
+            started=start,
+            resume_id=self.wandb_run_id,
+            resume_step=self.global_step,  # steps logged after it are computed again: one history
+        )
 
     def _ending(self, start: float) -> Ending:
         """What the signal thread ends the run with when the step in progress is abandoned (preemption.Ending)."""
@@ -289,7 +332,7 @@ class RayPPOTrainer(PhaseSteps):
             "wandb_run_id": self.wandb_run_id,
             "config": config_record(self.config),  # compared on resume (trainer.state.fingerprint)
             "ledger": self.ledger.state(),  # the ledger's lines up to this step, checked on resume
-            **({"ahead": self.ahead.state(self._generating())} if self.ahead is not None else {}),
+            **({"ahead": self.ahead.state(self.step.generating())} if self.ahead is not None else {}),
         }
 
     def load_checkpoint(self) -> bool:
@@ -336,7 +379,7 @@ class RayPPOTrainer(PhaseSteps):
             batch = batch.repeat(val_kwargs.n, interleave=True)
             prompts = batch.batch["input_ids"], batch.batch["attention_mask"]
             with self.watchdog.phase("validate"):  # the user's reward function may hang as well
-                self._generate(batch, VALIDATION_FLOW, val_kwargs.sampling())
+                self.step.generate(batch, VALIDATION_FLOW, val_kwargs.sampling())
                 tally.add(batch, prompts, *self.val_reward_fn(batch))
                 tally.count_errors(getattr(self.val_reward_fn, "last_error_reasons", {}))
         self.generations.validation(tally.parts, self.global_step, getattr(self, "logger", None))
@@ -344,5 +387,5 @@ class RayPPOTrainer(PhaseSteps):
 
 
 def _due(freq: int, step: int, last_step: bool) -> bool:
-    """verl's rule for test_freq/save_freq: every ``freq`` steps and at the last one; never when ``freq <= 0``."""
+    """The rule of test_freq/save_freq: every ``freq`` steps and at the last one; never when ``freq <= 0``."""
     return freq > 0 and (last_step or step % freq == 0)

@@ -1,5 +1,5 @@
-"""One training step as the phase table: ``PhaseSteps.train_step`` runs the plan's phases of
-``planner.phases.STEP_PHASES`` in the table's order, one timed line each.
+"""One training step as the phase table: ``TrainStep.run`` runs the plan's phases of ``planner.phases.STEP_PHASES``
+in the table's order, one timed line each.
 
 A phase is either a worker phase, its entry's method on its role's worker group called with what its route moves
 (``_call``, ``trainer.running.routing``), or a phase with driver code, found by its name in ``STEP_CODE``. The step is
@@ -8,6 +8,10 @@ generation batch; another order (an asynchronous mode's generation on one group 
 list of the same names through ``run_phases``: with ``trainer.v1``'s async modes (``trainer.asynchronous.ahead``), the
 phases before ``gen`` run on each batch as it is drawn and its generation is asked for; the ``gen`` phase of the step
 takes back the oldest batch asked for, generated, and the phases after it run on that one.
+
+A ``TrainStep`` is built with what its phases use (the config sections, the plan, the worker groups, the reward
+function, the KL controller, the dumps, the watchdog, the ledger); the trainer holds one
+(``trainer.running.ppo_trainer.RayPPOTrainer.step``) and runs it once per step.
 """
 
 from __future__ import annotations
@@ -21,15 +25,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import torch
 
+from config.schema import AlgorithmConfig
+from config.sections.rollout import RolloutConfig
 from data.reward import RewardHandle
 from planner.dataflow import DRIVER
 from planner.phases import GREEDY_FLOW, PHASES, STEP_FLOW
-from planner.worker_roles import ROLE
+from planner.plan import StepPlan
 from single_controller.base.worker_group import StartedCall
 from single_controller.data_proto import DataProto
-from trainer.asynchronous.ahead import Generating
+from trainer.asynchronous.ahead import Ahead, Generating
 from trainer.asynchronous.replay_buffer import FIRST_VERSION, VERSION, staleness_metrics
+from trainer.observing.generations import GenerationLog
 from trainer.observing.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -44,48 +52,76 @@ from trainer.running.advantage import compute_advantage
 from trainer.running.balance import balance_batch
 from trainer.running.dynamic_sampling import collect
 from trainer.running.routing import STEP_TOKEN, request, take_back
+from trainer.running.watchdog import PhaseWatchdog
 from trainer.state.ledger import Ledger, prompts
+
+RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict]]
 
 
 @dataclasses.dataclass
 class StepState:
     """What a step's phases share on the driver: the batch (its rows change at the rollout and at the phases that
-    select rows), the next generation batches (dynamic sampling), the reward function's per-row extras, the
-    metrics and the timings."""
+    select rows), the next generation batches (dynamic sampling), the step's number, the reward function's per-row
+    extras, the metrics and the timings."""
 
     batch: DataProto
     more: Iterator[DataProto] | None = None
+    step: int = 0  # the trainer's global_step: the weights' version, the dumps' file, critic_warmup's count
     timing: dict[str, float] = dataclasses.field(default_factory=dict)
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     extras: dict[str, list] = dataclasses.field(default_factory=dict)
     scoring: RewardHandle | None = None  # the batch's rewards being computed (``reward``), until a phase reads them
 
 
-class PhaseSteps:
-    """The step of ``trainer.running.ppo_trainer.RayPPOTrainer``: its phases' driver code and worker calls. Reads the
-    trainer's ``config``, ``plan``, ``reward_fn``, ``kl_ctrl_in_reward``, ``generations``, ``watchdog``,
-    ``global_step`` and its worker groups (``planner.worker_roles.WorkerRole.group``); records what each step
-    trained, filtered and dropped in its ``ledger`` when it has one (``trainer.state.ledger``).
+class TrainStep:
+    """The step of ``trainer.running.ppo_trainer.RayPPOTrainer``: its phases' driver code and worker calls, built
+    with what they use. ``groups(role)`` is the worker group that computes a role's phases
+    (``planner.worker_roles.ROLES``), looked up at each call: a group set on the trainer after the step is built is
+    the one called. ``ahead`` is the batches generated ahead in ``trainer.v1``'s async modes (set once the rollout
+    group starts). The ``ledger``, when there is one, gets what each step trained, filtered and dropped
+    (``trainer.state.ledger``).
 
     ``phase_hook("before" | "after", phase, state)``, when set, is called around each phase (``trainer.replay``:
     the debugger before a phase, each phase's outputs for ``trainer.diff``)."""
 
     phase_hook: Callable[[str, str, StepState], None] | None = None
-    ledger: Ledger | None = None
+    ahead: Ahead | None = None
 
-    def train_step(self, batch: DataProto, more: Iterator[DataProto] | None = None) -> dict[str, float]:
-        """One PPO iteration on a batch of prompts: the plan's phases of ``planner.phases.STEP_PHASES`` in the
-        table's order (``run_phases``). With dynamic sampling (``trainer.running.dynamic_sampling``) ``batch`` is the
-        first generation batch and ``more`` gives the next ones: the ``filter_groups`` phase runs the table's prefix
-        (the phases before it) on each."""
-        state = StepState(batch, more)
+    def __init__(
+        self,
+        plan: StepPlan,
+        rollout: RolloutConfig,
+        algorithm: AlgorithmConfig,
+        train_batch_size: int,
+        critic_warmup: int,
+        keep_groups: bool,
+        groups: Callable[[str], Any],
+        reward_fn: RewardFn,
+        kl_ctrl: Any,
+        generations: GenerationLog,
+        watchdog: PhaseWatchdog,
+        ledger: Ledger | None = None,
+    ) -> None:
+        self.plan = plan  # which phases run, what each call moves (planner.plan)
+        self.rollout, self.algorithm = rollout, algorithm  # rollout.n and val_kwargs; the advantage, the filter
+        self.train_batch_size, self.critic_warmup = train_batch_size, critic_warmup
+        self.keep_groups = keep_groups  # the prefix grouper's: balancing moves a prompt's rows together
+        self.groups, self.reward_fn, self.kl_ctrl = groups, reward_fn, kl_ctrl
+        self.generations, self.watchdog, self.ledger = generations, watchdog, ledger
+
+    def run(self, batch: DataProto, more: Iterator[DataProto] | None = None, step: int = 0) -> dict[str, float]:
+        """Step ``step``, one PPO iteration on a batch of prompts: the plan's phases of ``planner.phases.STEP_PHASES``
+        in the table's order (``run_phases``). With dynamic sampling (``trainer.running.dynamic_sampling``) ``batch``
+        is the first generation batch and ``more`` gives the next ones: the ``filter_groups`` phase runs the table's
+        prefix (the phases before it) on each."""
+        state = StepState(batch, more, step)
         with timed("step", state.timing):
             self.run_phases(self.plan.step_phases, state)
         metrics, batch = state.metrics, state.batch
         self._record("trained", batch)
         metrics.update(compute_timing_metrics(batch.batch, state.timing))
         metrics.update(compute_throughput_metrics(batch.batch, state.timing, self.plan.n_workers))
-        metrics["training/global_step"] = self.global_step
+        metrics["training/global_step"] = step
         return {k: float(v) for k, v in metrics.items()}
 
     def run_phases(self, names: tuple[str, ...], state: StepState) -> None:
@@ -129,9 +165,9 @@ class PhaseSteps:
 
     def _gen_max(self, state: StepState) -> None:
         """ReMax's baseline: the reward of each prompt's greedy response (``rollout.val_kwargs`` sampling)."""
-        batch, greedy = state.batch, self.config.actor_rollout_ref.rollout.val_kwargs.sampling()
+        batch, greedy = state.batch, self.rollout.val_kwargs.sampling()
         prompts = batch.select(batch_keys=self.plan.flows[GREEDY_FLOW].route("gen").send)  # every non-tensor too
-        self._generate(prompts, GREEDY_FLOW, meta_info=greedy)
+        self.generate(prompts, GREEDY_FLOW, meta_info=greedy)
         batch.batch["reward_baselines"] = self.reward_fn(prompts)[0].sum(-1)
 
     def _gen(self, state: StepState) -> None:
@@ -141,12 +177,12 @@ class PhaseSteps:
         batch = self._repeated(state.batch)
         if self.ahead is None:
             state.batch = batch
-            state.metrics.update(self._generate(batch))
+            state.metrics.update(self.generate(batch))
             return
-        state.batch, generated = self.ahead.next(batch, state.more, self.global_step, self._generating())
+        state.batch, generated = self.ahead.next(batch, state.more, state.step, self.generating())
         state.metrics.update({**generated, **multi_turn_metrics(state.batch.non_tensor_batch)})
 
-    def _generating(self) -> Generating:
+    def generating(self) -> Generating:
         """How the batches generated ahead go through this step's phases (``trainer.asynchronous.ahead``)."""
         return Generating(
             prepare=self._drawn,
@@ -162,8 +198,8 @@ class PhaseSteps:
             self.ledger.record(kind, batch)
 
     def _repeated(self, batch: DataProto) -> DataProto:
-        batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
-        # the prompts as given, for the dumps (verl's "prompts"): the rollout rewrites input_ids and attention_mask
+        batch = batch.repeat(self.rollout.n, interleave=True)
+        # the prompts as given, for the dumps: the rollout rewrites input_ids and attention_mask
         batch.batch["prompts"], batch.batch["prompt_attention_mask"] = (
             batch.batch["input_ids"],
             batch.batch["attention_mask"],
@@ -177,13 +213,13 @@ class PhaseSteps:
         return self._repeated(part.batch)
 
     def _handover(self, state: StepState) -> None:
-        """A batch generated ahead reaches the training phases: verl's staleness of its samples."""
+        """A batch generated ahead reaches the training phases: the staleness of its samples."""
         columns = state.batch.non_tensor_batch
-        state.metrics.update(staleness_metrics(self.global_step, columns[VERSION], columns.get(FIRST_VERSION)))
+        state.metrics.update(staleness_metrics(state.step, columns[VERSION], columns.get(FIRST_VERSION)))
 
     def _update_weights(self, state: StepState) -> None:
         """The batches asked for from now on are generated with this step's weights (a rollout group takes them)."""
-        state.metrics.update(self.ahead.sync_weights(self.global_step))
+        state.metrics.update(self.ahead.sync_weights(state.step))
 
     def _balance_rows(self, state: StepState) -> None:
         state.metrics.update(self._balance(state.batch, state.extras or None))
@@ -223,38 +259,35 @@ class PhaseSteps:
         generated: list[tuple[int, int]] = []  # the prompts of every generation batch, for the ledger
 
         def sample(batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
-            part = StepState(batch, timing=state.timing)
+            part = StepState(batch, step=state.step, timing=state.timing)
             self.run_phases(prefix, part)
             generated.extend(prompts(part.batch))
             return part.batch, part.extras, part.metrics
 
-        cfg = self.config
-        n, train_batch_size = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
         batch, state.extras, sampled = collect(
-            state.batch, state.more, sample, train_batch_size, n, cfg.algorithm.filter_groups
+            state.batch, state.more, sample, self.train_batch_size, self.rollout.n, self.algorithm.filter_groups
         )
         if self.ledger is not None:  # dropped without signal, or beyond the step's batch
             kept = set(prompts(batch))
             self.ledger.add("filtered", [prompt for prompt in generated if prompt not in kept])
         batch.meta_info[STEP_TOKEN] = uuid.uuid4().hex  # the workers keep the training phases' under it
-        if self.plan.balance_batch:  # filter_groups balances the rows it keeps, as verl's DAPO loop
+        if self.plan.balance_batch:  # filter_groups balances the rows it keeps (the DAPO recipe's order)
             sampled.update(self._balance(batch, state.extras))
         state.batch = batch
         state.metrics.update(sampled)
 
     def _adv(self, state: StepState) -> None:
-        cfg = self.config.algorithm
-        compute_advantage(state.batch, cfg, self.plan, self.kl_ctrl_in_reward, state.metrics, state.extras)
+        compute_advantage(state.batch, self.algorithm, self.plan, self.kl_ctrl, state.metrics, state.extras)
 
     def _update_actor(self, state: StepState) -> None:
-        if self.global_step >= self.config.trainer.critic_warmup:  # verl's: the critic learns first
+        if state.step >= self.critic_warmup:  # the critic learns first
             state.metrics.update(self._call("update_actor", state.batch))
 
     def _dump(self, state: StepState) -> None:
-        """verl's generation dumps and the run report's samples."""
+        """The generation dumps and the run report's samples."""
         batch = state.batch
         prompts = batch.batch["prompts"], batch.batch["prompt_attention_mask"]
-        self.generations.training_step(batch, prompts, state.extras, self.global_step)
+        self.generations.training_step(batch, prompts, state.extras, state.step)
 
     def _data_metrics(self, state: StepState) -> None:
         state.metrics.update(compute_data_metrics(state.batch.batch, use_critic=self.plan.use_critic))
@@ -262,7 +295,7 @@ class PhaseSteps:
 
     # the driver's code of each phase that has some, by its name in planner.phases.STEP_PHASES; a worker phase
     # without an entry is its role's method, called with what its route moves (``_call``)
-    STEP_CODE: dict[str, Callable[[PhaseSteps, StepState], None]] = {
+    STEP_CODE: dict[str, Callable[[TrainStep, StepState], None]] = {
         "prompts": _prompts,
         "gen_max": _gen_max,
         "gen": _gen,
@@ -281,19 +314,13 @@ class PhaseSteps:
     def _balance(self, batch: DataProto, extras: dict[str, list] | None = None) -> dict[str, float]:
         """``trainer.balance_batch``: reorder the rows (and the per-row ``extras``) so each worker's share gets a
         similar number of tokens; whole prompt groups with the prefix grouper. Its metrics."""
-        keep_groups = self.config.actor_rollout_ref.actor.use_prefix_grouper
-        return balance_batch(batch, self.plan.n_workers, keep_groups, extras)
+        return balance_batch(batch, self.plan.n_workers, self.keep_groups, extras)
 
     @contextmanager
     def _phase(self, name: str, timing: dict[str, float]) -> Iterator[None]:
         """``timed(name, timing)`` under the hang watchdog's deadline for the phase."""
         with self.watchdog.phase(name), timed(name, timing):
             yield
-
-    def _role_group(self, role: str) -> Any:
-        """The worker group that computes ``role``'s phases (``planner.worker_roles.ROLES``): read at each call, so
-        that a group set on the trainer (verl's ``trainer.actor_rollout_wg = ...``) is the one called."""
-        return getattr(self, ROLE[role].group)
 
     def _call(
         self, phase: str, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None
@@ -307,9 +334,9 @@ class PhaseSteps:
     ) -> StartedCall:
         """Start worker ``phase`` of ``flow`` on ``batch`` (on ``group``, by default its role's), not waiting."""
         entry, route = PHASES[phase], self.plan.flows[flow].route(phase)
-        method = getattr(group if group is not None else self._role_group(entry.role), entry.method)
+        method = getattr(group if group is not None else self.groups(entry.role), entry.method)
         sent = request(batch, batch.meta_info[STEP_TOKEN], route, meta_info)
-        if not hasattr(method, "start"):  # a group set on the trainer (verl's tests do) with plain methods: now
+        if not hasattr(method, "start"):  # a group set on the trainer with plain methods (a test's): call it now
             out = method(sent)
             return SimpleNamespace(result=lambda: out)
         return method.start(sent)
@@ -321,7 +348,7 @@ class PhaseSteps:
         take_back(batch, self.plan.flows[flow].route(phase), out)
         return metrics
 
-    def _generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
+    def generate(self, batch: DataProto, flow: str = STEP_FLOW, meta_info: dict | None = None) -> dict[str, float]:
         """Responses to ``batch``'s prompts (its gen phase in ``flow``); the rollout's metrics, multi-turn's too."""
         metrics = self._call("gen", batch, flow, meta_info)
         return {**metrics, **multi_turn_metrics(batch.non_tensor_batch)}

@@ -1,4 +1,4 @@
-"""Validation's bookkeeping: each validation batch's scored rows, collected into verl's per-source metrics
+"""Validation's bookkeeping: each validation batch's scored rows, collected into the per-source metrics
 (``trainer.observing.metrics.validation_metrics``: ``val-core/<source>/reward/mean@n``, ``val-aux/...``) and the
 generation dumps' parts (``trainer.observing.generations``). The driver generates and scores
 (``RayPPOTrainer.validate``)."""

@@ -89,7 +89,7 @@ MAY_CHANGE = (
     # dynamic sampling's cap only decides when a step gives up: raising it after a failure and resuming is the fix
     "algorithm.filter_groups.max_num_gen_batches",
     "algorithm.filter_groups.max_inflight_gen_batches",
-    "distillation.n_gpus_per_node",  # verl's teacher pool and inference server: ColoRL's teacher is colocated
+    "distillation.n_gpus_per_node",  # a teacher pool of its own: the teacher is colocated
     "distillation.nnodes",
     "distillation.teacher_models.*.num_replicas",
     "distillation.teacher_models.*.inference.*",
@@ -153,7 +153,7 @@ def check_resume(saved: dict[str, Any] | None, cfg: PPOConfig, checkpoint: Path)
 def _in_current_places(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's record with the keys that have moved since it was saved in their current places
     (the installed adapter's ``current_place``, ``config.adapter``: ``ray_init.*``, ``critic.fsdp_config.*``, the
-    top-level reward sections). As verl migrates them, a null older value moves nothing, and a record that has the
+    top-level reward sections). A null older value moves nothing, and a record that has the
     current place too keeps that."""
     moved = {}
     for key, value in saved.items():
@@ -171,7 +171,7 @@ def _new_keys_set(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, t
         if installed().current_place(key) != key:  # an older spelling: its current place is compared
             continue
         default = defaults.get(key, _MISSING)
-        if isinstance(default, str) and default.startswith("${"):  # it follows another key (or verl's oc.select)
+        if isinstance(default, str) and default.startswith("${"):  # it follows another key (or an oc.select)
             default = current.get(default[2:-1], _MISSING) if re.fullmatch(r"\$\{[\w.]+\}", default) else current[key]
         if current[key] != default:
             changes[key] = (_UNSET, current[key])

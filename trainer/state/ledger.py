@@ -172,7 +172,7 @@ class Ledger:
         data position (``drawn_in_epoch``: its epoch, and the indices it drew in it) and the batches still
         ``in_flight`` (generated ahead). A mismatch is a ``LedgerError``."""
         lines = self.path.read_text().splitlines() if self.path.exists() else []
-        self._drawn, self._ended, self._failed = {}, {}, {}  # loading twice (a test, verl's scripts) starts over
+        self._drawn, self._ended, self._failed = {}, {}, {}  # loading twice (a test, a script) starts over
         if checkpoint is not None and (state is None or not self.path.exists()):  # it counts from here
             if state is not None:  # a checkpoint copied without its run's ledger (a cut file is refused below)
                 print(

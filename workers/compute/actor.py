@@ -36,7 +36,7 @@ class DataParallelPPOActor:
         use_fused_kernels: log-probs, entropies and the exact KL from hidden states in chunks of tokens, never the
             full-vocabulary logits (``actor_rollout_ref.model.use_fused_kernels``; ``workers.compute.logprob``).
         use_prefix_grouper: the rows of a micro-batch that repeat a prompt run it once, in packed rows
-            (``actor_rollout_ref.actor.use_prefix_grouper``, verl's key; ``packing.PromptUnits``).
+            (``actor_rollout_ref.actor.use_prefix_grouper``; ``packing.PromptUnits``).
         ref_module: the frozen reference policy in this process; needed only by ``kl_loss_type=full``, whose
             exact KL compares the two models' whole next-token distributions inside the update. A LoRA
             ``module`` may be its own reference: it then runs with its adapters disabled.
@@ -233,7 +233,7 @@ class DataParallelPPOActor:
         global_batch: dict[str, float],
         metrics: dict[str, Tensor],
     ) -> Tensor:
-        """The actor's loss with the distillation loss (verl's): the per-token divergence to the teacher
+        """The actor's loss with the distillation loss: the per-token divergence to the teacher
         (``algos.distillation``) from this forward's log-probs and the teacher's, aggregated like the policy loss
         (or as PPO's clipped loss with it as the reward), then added to ``loss`` × ``distillation_loss_coef``
         (``use_task_rewards``) or in its place. Its metrics (``distillation/*``) go into ``metrics``."""
@@ -270,7 +270,7 @@ class DataParallelPPOActor:
         along). ``meta_info["temperature"]`` (default 1) must be the sampling temperature. Without old_log_probs
         the update is on-policy: allowed only for a single optimizer step on unchanged weights (see
         :func:`is_single_step`), where the old log-probs equal this forward's, detached. The LR scheduler steps
-        once per call, i.e. once per training step (as verl does), so warm-up is counted in training steps.
+        once per call, i.e. once per training step, so warm-up is counted in training steps.
         Returns metric name -> list of floats.
         """
         if self.optimizer is None:

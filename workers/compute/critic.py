@@ -23,8 +23,8 @@ HEAD_PREFIXES = ("score.", "classifier.")  # token-classification head names in 
 
 
 def load_value_model(path: str, trust_remote_code: bool = False, override_config: dict | None = None) -> nn.Module:
-    """fp32 value model from an HF checkpoint, its config's attributes replaced by ``override_config`` (verl's
-    ``critic.model.override_config``); a freshly created head is zero-initialised (values start at 0)."""
+    """fp32 value model from an HF checkpoint, its config's attributes replaced by ``override_config``
+    (``critic.model.override_config``); a freshly created head is zero-initialised (values start at 0)."""
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **(override_config or {}))
     config.num_labels = 1
     config.classifier_dropout = 0.0  # values must not differ between compute_values and update_critic

@@ -159,15 +159,34 @@ _COMPILED: dict[str, Callable] = {}
 RECOMPILE_LIMIT = 64  # graphs per code object: one per bucket and model shape (torch's default, 8, is too few)
 
 
+def compile_mode(device: torch.device) -> str:
+    """``torch.compile``'s mode on ``device``: on CUDA ``reduce-overhead`` captures each bucket's graph as a CUDA
+    graph and replays it (a step's launches cost more there than its math at a rollout's rows); elsewhere the
+    default (a CPU has no graphs to capture)."""
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
 def compiled_step(device: torch.device) -> Callable:
-    """:func:`decode_step` under ``torch.compile(dynamic=False)``, one per process: each bucket's shapes compile
-    once (torch's inductor cache on disk keeps the kernels across runs and resumes). On CUDA ``reduce-overhead``
-    captures each bucket's graph as a CUDA graph."""
-    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    """:func:`decode_step` under ``torch.compile(dynamic=False)`` in :func:`compile_mode`, one per process and
+    mode: each bucket's shapes compile once (torch's inductor cache on disk keeps the kernels across runs and
+    resumes)."""
+    mode = compile_mode(device)
     if mode not in _COMPILED:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        _COMPILED[mode] = torch.compile(decode_step, dynamic=False, mode=mode)
+        step = torch.compile(decode_step, dynamic=False, mode=mode)
+        _COMPILED[mode] = _replayed(step) if mode == "reduce-overhead" else step
     return _COMPILED[mode]
+
+
+def _replayed(step: Callable) -> Callable:
+    """``step`` as a CUDA graph's replay: each call begins a new graph step, since the previous call's logits
+    (the graph's own output buffer, which this replay overwrites) were read before it."""
+
+    def run(*args: Any) -> Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return step(*args)
+
+    return run
 
 
 def resolve(setting: Any, model: nn.Module) -> bool:

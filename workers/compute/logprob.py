@@ -5,7 +5,7 @@ The model's forward runs only its decoder: its LM head is the identity inside :f
 forward returns final hidden states, and only at the positions that predict a valid response token (the padded
 batch's response positions, or the packed rows' predictors with remove-padding). The head is then applied by
 ``algos.linear_logprob.linear_log_probs`` in chunks of tokens, with the logits recomputed in backward
-(``actor_rollout_ref.model.use_fused_kernels``, verl's key), or, with fused kernels off, as one matmul over those
+(``actor_rollout_ref.model.use_fused_kernels``), or, with fused kernels off, as one matmul over those
 rows. A model whose logits are not the plain output of its head (softcapping, logit scaling, a LoRA adapter on
 the head) keeps its own head: the forward returns its logits at those rows.
 
@@ -97,7 +97,7 @@ def response_rows(
     Padded: the R positions before each response token are gathered inside the model (a contiguous (B, R, ·)
     output), then the valid ones. Remove-padding: packed rows (``packing.pack_batch``), only the columns that hold
     a predictor; with ``share_prompts`` the rows that repeat a prompt run it once (``packing.PromptUnits``), in
-    packed rows whether or not remove-padding is on (verl's grouper runs without it).
+    packed rows whether or not remove-padding is on (the prefix grouper runs without it).
     """
     input_ids, mask = micro["input_ids"], micro["attention_mask"]
     # the layout is planned on the host copies (``update.to_device``) when the micro-batch has them

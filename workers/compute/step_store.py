@@ -10,7 +10,7 @@ and the global index of each of its rows (``ROWS``); ``trainer.running.routing.t
 driver's batch. The first phase
 of a step that keeps something opens the store for that token and those rows; a phase that fetches must come
 with the same token and rows, else it fails loudly (a worker restarted, a run resumed on another world size, a
-call from another step) instead of computing on foreign data. A call without ``meta_info[STEP]`` (verl's way:
+call from another step) instead of computing on foreign data. A call without ``meta_info[STEP]`` (self-contained:
 tests, ported code) carries every input itself and gets every output back.
 """
 

@@ -4,7 +4,7 @@ A teacher is a frozen causal LM with the student's vocabulary (``trainer.preflig
 sequences the rollout wrote and returns, per response token, what the update's distillation loss reads
 (``config.distillation.teacher_outputs``): the sampled token's log-prob, or its k most likely tokens' ids and
 log-probs, computed from hidden states in chunks (``workers.compute.logprob.teacher_scores``), so only k values a
-token leave the forward. The teacher scores at temperature 1, as verl's does (its inference server returns the
+token leave the forward. The teacher scores at temperature 1 (a teacher served for inference returns the
 prompt's log-probs, on which the sampling temperature has no effect); the student's log-probs in the update are at
 the rollout's temperature, the distribution it sampled from.
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from algos.host_sync import host_read
+from workers.compute import decode
 from workers.compute.rollout import next_token_logits, prefill, sample_next_token, select_cache_rows, token_log_probs
 
 # {row: the ids it sampled in the turn that just ended, its stop token last} -> {row: tool-turn ids, or None}
@@ -45,6 +46,18 @@ class SampledTurns:
     valid: Tensor
     finished: Tensor
     log_probs: Tensor
+
+    @classmethod
+    def empty(cls, batch: int, length: int, pad_token_id: int, device: torch.device) -> SampledTurns:
+        """Nothing sampled yet: responses all padding, no row finished."""
+        zeros = lambda dtype: torch.zeros((batch, length), dtype=dtype, device=device)  # noqa: E731
+        return cls(
+            responses=torch.full((batch, length), pad_token_id, dtype=torch.long, device=device),
+            model_mask=zeros(torch.long),
+            valid=zeros(torch.long),
+            finished=torch.zeros(batch, dtype=torch.bool, device=device),
+            log_probs=zeros(torch.float32),
+        )
 
 
 class TurnSampler:
@@ -67,10 +80,18 @@ class TurnSampler:
 
 
 class HFTurnSampler(TurnSampler):
-    """Lockstep decoding with forced tool turns on a Hugging Face causal LM (``logits_processor``: tests only)."""
+    """Lockstep decoding with forced tool turns on a Hugging Face causal LM (``logits_processor``: tests only).
 
-    def __init__(self, model: nn.Module, logits_processor: LogitsProcessor | None = None) -> None:
+    ``compile_decode`` (``rollout.compile_decode``; ``workers.compute.decode.resolve``) decodes each sampled
+    position with ``decode``'s compiled step over the same static cache, the rows compacted to batch buckets
+    (finished rows fill a bucket's spare places), so nothing recompiles; a chunk of forced tokens still goes
+    through the HF forward, which is told the columns the step wrote."""
+
+    def __init__(
+        self, model: nn.Module, logits_processor: LogitsProcessor | None = None, compile_decode: bool | str = False
+    ) -> None:
         self.model, self.logits_processor = model, logits_processor
+        self.step = decode.compiled_step(_device(model)) if decode.resolve(compile_decode, model) else None
 
     @torch.no_grad()
     def __call__(
@@ -89,19 +110,15 @@ class HFTurnSampler(TurnSampler):
         model, device = self.model, next(self.model.parameters()).device
         (batch, prompt_length), length = input_ids.shape, response_length
         eos = torch.tensor(list(eos_token_id), dtype=torch.long, device=device)
-        out = SampledTurns(
-            responses=torch.full((batch, length), pad_token_id, dtype=torch.long, device=device),
-            model_mask=torch.zeros((batch, length), dtype=torch.long, device=device),
-            valid=torch.zeros((batch, length), dtype=torch.long, device=device),
-            finished=torch.zeros(batch, dtype=torch.bool, device=device),
-            log_probs=torch.zeros((batch, length), dtype=torch.float32, device=device),
-        )
+        out = SampledTurns.empty(batch, length, pad_token_id, device)
         forced = torch.full((batch, length), -1, dtype=torch.long, device=device)  # -1: sample this position
         plan = _HostPlan(batch)  # what the host decides (finished rows, forced spans, the rows decoding), mirrored
         cache, logits = prefill(model, input_ids, attention_mask, position_ids, prompt_length + length)
         input_ids, attention_mask, position_ids = (x.to(device) for x in (input_ids, attention_mask, position_ids))
         full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch, length)], dim=-1)
         rows, step_pos = torch.arange(batch, device=device), position_ids[:, -1:]
+        columns = torch.arange(prompt_length, prompt_length + length, device=device)  # position t's cache column
+        self.weights = decode.read_weights(model) if self.step is not None else None
         t = 0
         while True:
             live = ~out.finished[rows]
@@ -123,11 +140,11 @@ class HFTurnSampler(TurnSampler):
             live_rows = [i for i, row in enumerate(plan.rows) if not plan.finished[row]]
             if t == length - 1 or not live_rows:
                 return out
-            if 2 * len(live_rows) <= len(plan.rows):  # a finished row costs as much to decode as a live one
-                keep = torch.tensor(live_rows, dtype=torch.long, device=device)
+            if (kept := self._kept(live_rows, len(plan.rows), batch)) is not None:  # finished rows cost as live ones
+                keep = torch.tensor(kept, dtype=torch.long, device=device)
                 select_cache_rows(cache, keep)
                 rows, full_mask, step_pos, token = (x[keep] for x in (rows, full_mask, step_pos, token))
-                plan.rows = [plan.rows[i] for i in live_rows]
+                plan.rows = [plan.rows[i] for i in kept]
             live = ~out.finished[rows]
             span = 1  # the next positions every live row is forced at go into this forward too
             while t + span < length and all(plan.finished[r] or plan.forced(r, t + span) for r in plan.rows):
@@ -137,8 +154,40 @@ class HFTurnSampler(TurnSampler):
             full_mask[:, prompt_length + t : prompt_length + t + span] = 1
             positions = step_pos + torch.arange(1, span + 1, device=device)
             step_pos = positions[:, -1:]
-            logits = next_token_logits(model, torch.cat([token[:, None], chunk], dim=-1), full_mask, positions, cache)
+            logits = self._advance(cache, token, chunk, full_mask, positions, columns[t])
             t += span
+
+    def _kept(self, live: list[int], decoding: int, batch: int) -> list[int] | None:
+        """The places (of the ``decoding`` rows, in the cache's order) to keep when the ``live`` ones fit a smaller
+        batch, else None: at most half as many; with the compiled step a smaller bucket, its spare places the
+        first finished rows (they decode padding, as before they left)."""
+        if self.step is None:
+            return live if 2 * len(live) <= decoding else None
+        size = decode.bucket(len(live), batch)
+        if size >= decoding:
+            return None
+        spare = [i for i in range(decoding) if i not in set(live)][: size - len(live)]
+        return sorted(live + spare)
+
+    def _advance(
+        self, cache: Any, token: Tensor, chunk: Tensor, mask: Tensor, positions: Tensor, column: Tensor
+    ) -> Tensor:
+        """The logits after ``token`` (B,) and the forced ``chunk`` (B, span - 1) at ``positions`` (B, span), the
+        first written at cache ``column`` (0-d): one token through the compiled step when there is one, else (a
+        chunk too) the HF forward, whose cache first counts the columns the step wrote."""
+        if self.step is not None and chunk.shape[1] == 0:
+            keys, values = [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
+            decode.mark_static([*keys, *values])
+            spec, weights = self.weights
+            return self.step(token, positions[:, 0], column, mask.bool(), weights, keys, values, spec)
+        if self.step is not None:
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(column)
+        return next_token_logits(self.model, torch.cat([token[:, None], chunk], dim=-1), mask, positions, cache)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 class _HostPlan:

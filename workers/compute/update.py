@@ -129,7 +129,7 @@ def configured_update(
 ) -> dict[str, list[float]]:
     """:func:`minibatch_update` with an actor/critic config's settings, then one LR-scheduler step.
 
-    The scheduler steps once per call, i.e. once per training step (as verl does), so warm-up is counted in
+    The scheduler steps once per call, i.e. once per training step, so warm-up is counted in
     training steps. Returns metric name -> list of floats.
     """
     metrics = minibatch_update(

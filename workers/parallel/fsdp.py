@@ -135,8 +135,8 @@ def apply_fsdp(
 def block_units(blocks: list[nn.Module], min_num_params: int = 0) -> list[list[nn.Module]]:
     """Consecutive ``blocks`` grouped into FSDP units of at least ``min_num_params`` parameters each (0: one
     block per unit). Blocks after the last full unit stay in the root's group, so a model whose blocks together
-    hold fewer than ``min_num_params`` is one group. The key is verl's ``fsdp_config.wrap_policy.min_num_params``;
-    verl's FSDP1 path wraps any submodule of that size instead, and its FSDP2 path ignores it."""
+    hold fewer than ``min_num_params`` is one group. The key is ``fsdp_config.wrap_policy.min_num_params``
+    (grouping consecutive blocks, rather than wrapping any submodule of that size)."""
     units: list[list[nn.Module]] = []
     unit: list[nn.Module] = []
     size = 0

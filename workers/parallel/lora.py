@@ -3,7 +3,7 @@
 With ``actor_rollout_ref.model.lora_rank`` > 0 the actor trains low-rank adapters ΔW = (α/r)·B·A beside frozen
 base weights (peft initialises B = 0, so the adapted model starts as the base model). The reference policy is
 then the base model itself: the actor's module run inside :func:`as_reference`, so the base weights are held
-once (verl does the same). Checkpoints hold only the adapters (``workers.checkpoint.shards``: the trainable parameters'
+once. Checkpoints hold only the adapters (``workers.checkpoint.shards``: the trainable parameters'
 shards, and peft's ``adapter_config.json``, whose ``base_model_name_or_path`` names the base model);
 ``trainer.export`` merges them into the base weights.
 """

@@ -1,7 +1,7 @@
-"""Optimizer and learning-rate schedule for the actor and the critic (verl's ``optim`` section).
+"""Optimizer and learning-rate schedule for the actor and the critic (the ``optim`` section).
 
-``optimizer`` from ``optimizer_impl`` (verl's keys): torch.optim's AdamW is ColoRL's fused AdamW; any other class
-is imported and built as verl builds it (``lr``, ``weight_decay``, ``betas`` for Adam-like ones, then
+``optimizer`` from ``optimizer_impl``: torch.optim's AdamW is ColoRL's fused AdamW; any other class
+is imported and built with (``lr``, ``weight_decay``, ``betas`` for Adam-like ones, then
 ``override_optimizer_config``). The schedule: linear warm-up, then constant or cosine (``lr_scheduler_type``).
 """
 
@@ -47,9 +47,9 @@ def warmup_steps(optim_config: Any, total_training_steps: int) -> int:
 
 
 def lr_factor(step: int, optim_config: Any, total_training_steps: int) -> float:
-    """The learning rate of the k-th scheduler step (k from 0) as a share of ``lr`` (verl's schedules).
+    """The learning rate of the k-th scheduler step (k from 0) as a share of ``lr``.
 
-    With s = k (``zero_indexed_step``, verl's default) or k + 1, and W warm-up steps of T: s/W while s < W; then 1
+    With s = k (``zero_indexed_step``, the default) or k + 1, and W warm-up steps of T: s/W while s < W; then 1
     (constant), or cosine: max(m, (1+m)/2 + (1-m)/2 · cos(2π · c · (s-W)/(T-W))) with m = ``min_lr_ratio``,
     c = ``num_cycles`` (0.5: one half-wave from lr down to m·lr).
     """

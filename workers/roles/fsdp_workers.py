@@ -30,6 +30,7 @@ from workers.compute.actor import DataParallelPPOActor
 from workers.compute.agent_loop import build_agent_loop
 from workers.compute.rollout import generate_sequences, partial_piece
 from workers.compute.step_store import STORE
+from workers.compute.turn_sampler import HFTurnSampler
 from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler
 from workers.parallel import fsdp, lora
 from workers.roles.role import FrozenRole, TrainedRole
@@ -59,7 +60,7 @@ def check_world(worker: Worker, plan: StepPlan) -> None:
 
 def load_causal_lm(model_config: Any) -> nn.Module:
     """The fp32 causal LM of ``model_config`` (``actor_rollout_ref.model``), its config's attributes replaced by
-    ``override_config`` (verl's key), activation checkpointing as configured."""
+    ``override_config``, activation checkpointing as configured."""
     model = AutoModelForCausalLM.from_pretrained(
         model_config.path,
         dtype=torch.float32,
@@ -169,8 +170,9 @@ class ActorRolloutRefWorker(WeightSync, Worker):
         with self.trained.onloaded(), self._sampler() as module:
             ids = {"eos_token_id": eos_ids, "pad_token_id": pad_id if pad_id is not None else eos_ids[0]}
             if self.agent_loop is not None:  # multi-turn: rows with agent_name tool_agent call tools
+                turns = HFTurnSampler(module, compile_decode=rollout.compile_decode)  # compiled: decode.resolve
                 out, rows, metrics = self.agent_loop.generate(
-                    module if self.engine is None else VLLMTurnSampler(module),
+                    turns if self.engine is None else VLLMTurnSampler(module),
                     inputs.batch,
                     inputs.non_tensor_batch,
                     response_length=int(rollout.response_length),

@@ -2,7 +2,7 @@
 
 MFU = model FLOPs of the work done / (seconds × the device's peak FLOP/s). Model FLOPs count what the model
 needs, not what ran: padding, activation recomputation and re-read weights add time but no FLOPs, so they
-lower MFU (the PaLM paper's appendix B; torchtitan and verl count the same way). Per token a forward pass
+lower MFU (the PaLM paper's appendix B; torchtitan counts the same way). Per token a forward pass
 multiplies by every weight matrix once (2·N FLOPs, N = the matmul parameters) and, in each of L layers,
 attends to the sequence's s tokens (QKᵀ and AV: 4·d_attn·s, non-causal, as PaLM counts). Backward is twice the
 forward when every weight trains: the gradients of the activations (one forward's FLOPs) and of the weights

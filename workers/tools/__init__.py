@@ -1,8 +1,9 @@
 """Tools for multi-turn rollouts (``rollout.multi_turn``): the interface, the built-ins, loading and running them.
 
 Built-in: ``workers.tools.calculator.CalculatorTool`` (safe arithmetic) and ``workers.tools.answer.AnswerTool``
-(verl's former ``Gsm8kTool``). A user's tool subclasses ``BaseTool`` (this one, or verl's
-``verl.tools.base_tool.BaseTool``: a file written for verl runs unchanged, see docs/tools.md); a
+(GSM8K's answer checker). A user's tool subclasses ``BaseTool`` (this one, or the base class of a tool family
+a door package installs: ``registry.ToolFamily``; a file written for another trainer runs unchanged, see
+docs/tools.md); a
 stateless one can be a function marked with ``function_tool``. See docs/tools.md.
 """
 

@@ -1,11 +1,11 @@
-"""An answer-checking tool like verl's former ``Gsm8kTool`` (``calc_gsm8k_reward``): the model submits an answer,
+"""An answer-checking tool for GSM8K (``calc_gsm8k_reward``): the model submits an answer,
 the tool says if it is right.
 
 Each call's instance gets the row's ground truth from ``extra_info.tools_kwargs.calc_gsm8k_reward.
 create_kwargs.ground_truth`` (the layout ``data.preprocess.gsm8k_tools`` writes). The answer is right when its
-last number equals the ground truth as a number (GSM8K's flexible extraction, as verl's tool does). The step
-reward is 0 for a submission that improves on the trajectory's previous one and -0.05 otherwise (verl's penalty
-on resubmitting): instances live for one call (verl 0.9's lifecycle), so the trajectory's previous submission is kept in
+last number equals the ground truth as a number (GSM8K's flexible extraction). The step
+reward is 0 for a submission that improves on the trajectory's previous one and -0.05 otherwise (a penalty on
+resubmitting): instances live for one call (``workers.tools.base``), so the trajectory's previous submission is kept in
 ``agent_data.extra_fields``. ``calc_reward`` is 1 for a right submission, else 0; the trajectory's last one
 reaches the reward function as ``extra_info["rollout_reward_scores"]["calc_gsm8k_reward"]``.
 """

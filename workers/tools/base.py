@@ -1,21 +1,21 @@
-"""The tool interface in verl 0.9's shape: a tool object serves many trajectories, each call through an instance.
+"""The tool interface: a tool object serves many trajectories, each call through an instance.
 
-For every call the agent loop runs, as verl's ``ToolAgentLoop`` does, ``create(create_kwargs=...)`` (the row's
+For every call the agent loop runs ``create(create_kwargs=...)`` (the row's
 ``tools_kwargs[name]["create_kwargs"]``), ``execute(instance_id, parameters, agent_data=...)`` and, whatever
 happened, ``release(instance_id)``. ColoRL also reads ``calc_reward(instance_id)`` after a successful
 ``execute`` (before ``release``): the tool's score for the trajectory is its last call's
 (``extra_info["rollout_reward_scores"][name]``). State that must outlive one call goes in
-``agent_data.extra_fields`` (verl's place for it). Every method may be ``async def`` (verl's) or a plain
+``agent_data.extra_fields``. Every method may be ``async def`` or a plain
 ``def``; they run on the worker's one event loop (``workers.tools.runner``).
 
-A tool's schema is OpenAI's function-tool schema, as in verl's tool YAML::
+A tool's schema is OpenAI's function-tool schema, as in the tool YAML::
 
     {"type": "function", "function": {"name": "calculator", "description": "...",
      "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": [...]}}}
 
-The schema classes answer to verl's names (``OpenAIFunctionToolSchema`` is ``ToolSchema``) and to the part of
-pydantic's surface that tool code uses (``model_validate``, ``model_dump``, keyword construction), so a tool
-written against ``verl.tools.schemas`` runs on them when verl is not installed (docs/tools.md).
+The schema classes answer to the part of pydantic's surface that tool code uses (``model_validate``,
+``model_dump``, keyword construction), so tool code written against pydantic schema classes runs on them; the door
+package serves them under other libraries' names (docs/tools.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ToolConfigError(ConfigError):
 
 
 class _Model:
-    """``model_validate`` / ``model_dump`` over a dataclass (the pydantic calls verl's tool code makes)."""
+    """``model_validate`` / ``model_dump`` over a dataclass (the pydantic calls tool code makes)."""
 
     @classmethod
     def model_validate(cls, value: Any) -> Any:
@@ -71,7 +71,7 @@ def _plain(value: Any) -> Any:
 
 
 def as_dict(schema: Any) -> Any:
-    """A schema as a plain dict: ColoRL's, verl's pydantic one (``model_dump``) or a mapping (e.g. from YAML)."""
+    """A schema as a plain dict: ColoRL's, a pydantic one (``model_dump``) or a mapping (e.g. from YAML)."""
     if hasattr(schema, "model_dump"):
         return schema.model_dump(exclude_unset=True, exclude_none=True)
     return dict(schema) if isinstance(schema, dict) else schema
@@ -94,7 +94,7 @@ class ToolResponse(_Model):
 
 @dataclass
 class PropertySchema(_Model):
-    """One parameter (verl's ``OpenAIFunctionPropertySchema``)."""
+    """One parameter of a function's schema."""
 
     type: str | list[str]
     description: str | None = None
@@ -103,7 +103,7 @@ class PropertySchema(_Model):
 
 @dataclass
 class ParametersSchema(_Model):
-    """A function's parameters (verl's ``OpenAIFunctionParametersSchema``); ``properties`` may hold any JSON
+    """A function's parameters; ``properties`` may hold any JSON
     schema per parameter (dicts are kept whole) or ``PropertySchema`` objects."""
 
     type: str = "object"
@@ -113,7 +113,7 @@ class ParametersSchema(_Model):
 
 @dataclass
 class FunctionSchema(_Model):
-    """verl's ``OpenAIFunctionSchema``."""
+    """A function: its name, description and parameters."""
 
     name: str
     description: str = ""
@@ -123,7 +123,7 @@ class FunctionSchema(_Model):
 
 @dataclass
 class ToolSchema(_Model):
-    """OpenAI's function-tool schema (verl's ``OpenAIFunctionToolSchema``); ``model_dump`` is what the chat
+    """OpenAI's function-tool schema; ``model_dump`` is what the chat
     template receives (``tools=``)."""
 
     type: str
@@ -164,17 +164,12 @@ class ToolSchema(_Model):
         )
 
 
-def rollout_trace_op(function: Any) -> Any:
-    """verl's tracing decorator (``verl.utils.rollout_trace``): ColoRL does not trace, so it changes nothing."""
-    return function
-
-
 class BaseTool:
     """Subclass and override ``execute`` (and ``create``/``calc_reward``/``release`` for per-call state).
 
     ``config`` is the ``config:`` mapping of the tool's YAML entry; ``tool_schema`` its ``tool_schema:`` (a dict,
-    a ``ToolSchema`` or verl's pydantic schema), or None: then the class's ``default_schema``, else what the
-    class's ``get_openai_tool_schema()`` returns (a schema built in code, as verl allows).
+    a ``ToolSchema`` or a family's pydantic schema, ``workers.tools.registry.ToolFamily``), or None: then the
+    class's ``default_schema``, else what the class's ``get_openai_tool_schema()`` returns (a schema built in code).
     """
 
     default_schema: dict | None = None

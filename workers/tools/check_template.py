@@ -22,6 +22,7 @@ It prints one line per check and exits with 1 when one fails (2 cannot run witho
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,9 +138,11 @@ def _common(a: str, b: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a Hugging Face model directory (its tokenizer and generation_config.json)")
-    parser.add_argument("--tool-config", default=None, help="verl tool YAML: render with its tools' schemas")
+    parser.add_argument("--tool-config", default=None, help="a tool YAML: render with its tools' schemas")
     parser.add_argument("--function-tools", default=None, help="a Python file of @function_tool functions")
     args = parser.parse_args(argv)
+    # a command line, like main.py: a tool file may use verl's names, which the door serves (and installs its tools)
+    os.environ.setdefault("COLORL_PRELOAD", "verl_compat.tools")
     from transformers import AutoTokenizer, GenerationConfig
 
     from workers.tools.registry import load_tools

@@ -1,6 +1,6 @@
 """Hermes tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in an assistant turn's text.
 
-Unlike verl's parser, which drops a call it cannot decode (and so ends the trajectory as if it had answered),
+A call that cannot be decoded is not dropped (which would end the trajectory as if the model had answered):
 every attempted call is kept: a malformed one becomes a ``ToolCall`` with ``error`` set, which the agent loop
 turns into the tool's message, so the model sees what was wrong. An opening tag without a closing one (the
 turn ended inside the call) is malformed too. ``arguments`` may be an object or a JSON string of one.

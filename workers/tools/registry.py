@@ -1,22 +1,22 @@
-"""Loading the tools a run names: verl's tool YAML (``multi_turn.tool_config_path``) and function tools
+"""Loading the tools a run names: a tool YAML (``multi_turn.tool_config_path``) and function tools
 (``multi_turn.function_tool_path``).
 
-The YAML has verl's shape::
+The YAML lists one entry per tool::
 
     tools:
       - class_name: workers.tools.calculator.CalculatorTool   # or path/to/my_tools.py:MyTool
         config: {type: native}                               # passed to the class; type must be native
         tool_schema: {type: function, function: {name, description, parameters}}   # optional
 
-``class_name`` is an importable dotted path or a Python file and a class (``file.py:Class``); verl's own former
-built-in ``verl.tools.gsm8k_tool.Gsm8kTool`` maps to ColoRL's answer tool. The class may subclass ColoRL's
-``workers.tools.BaseTool`` or verl's ``verl.tools.base_tool.BaseTool``: a file importing ``verl.*`` gets verl's
-classes where verl is installed and ColoRL's otherwise (the modules ``COLORL_PRELOAD`` names serve them); a verl
-class gets verl's schema object. Without ``tool_schema`` the class's own schema is used (``default_schema`` or what
-``get_openai_tool_schema()`` returns). A function-tool file holds functions marked with ``@function_tool``
-(ColoRL's, or verl's ``verl.tools.function_tool.function_tool``); their schema comes from their signature and
-docstring (``transformers.utils.get_json_schema``). Naming a class or a file **runs that code** in the driver
-(to check it) and in every rollout worker, as ``reward.custom_reward_function`` does.
+``class_name`` is an importable dotted path or a Python file and a class (``file.py:Class``). The class subclasses
+``workers.tools.BaseTool``, or the base class of a tool family a door package installs (``ToolFamily``,
+``install_family``): a family adds its base class, the schema object its classes take, names of its former
+built-in classes and its own function-tool registry. The modules ``COLORL_PRELOAD`` names are imported before a
+user's file runs, so a door named there serves the import paths the file uses and installs its family. Without
+``tool_schema`` the class's own schema is used (``default_schema`` or what ``get_openai_tool_schema()`` returns).
+A function-tool file holds functions marked with ``@function_tool`` (or a family's decorator); their schema comes
+from their signature and docstring (``transformers.utils.get_json_schema``). Naming a class or a file **runs that
+code** in the driver (to check it) and in every rollout worker, as ``reward.custom_reward_function`` does.
 """
 
 from __future__ import annotations
@@ -35,14 +35,40 @@ import yaml
 from workers.tools.base import BaseTool, ToolConfigError, ToolResponse, ToolSchema
 from workers.tools.runner import in_thread
 
-# verl's former built-in tool classes -> ColoRL's, so verl's example tool configs load unchanged
-VERL_CLASSES = {
-    "verl.tools.gsm8k_tool.Gsm8kTool": "workers.tools.answer.AnswerTool",
-}
 _MARK = "__colorl_function_tool__"
 # Modules imported before a user's file runs (comma-separated): they may make names importable that the user's file
-# imports (main.py names the door to verl's module paths; Ray workers inherit the variable)
+# imports and install a tool family (main.py names its door; Ray workers inherit the variable)
 PRELOAD = "COLORL_PRELOAD"
+
+
+class ToolFamily:
+    """Another library's tool classes, taken beside ColoRL's: a door package subclasses this and installs it
+    (``install_family``) when imported. The base answers for no family: no classes, no aliases, no functions."""
+
+    # class_name a config may give -> the class ColoRL serves for it (a family's former built-ins)
+    aliases: dict[str, str] = {}
+    base_name = ""  # the dotted name of the family's base class, for the error that names the accepted ones
+
+    def base(self) -> type | None:
+        """The family's tool base class, or None while its code is not loaded."""
+        return None
+
+    def schema(self, schema: dict) -> Any:
+        """``schema`` as the schema object the family's classes take (raise on an invalid one)."""
+        raise NotImplementedError
+
+    def function_tools(self, module: Any) -> list[tuple[Callable, str, Any]]:
+        """(function, name, schema) of each function of ``module`` the family's own decorator registered."""
+        return []
+
+
+_families: list[ToolFamily] = []
+
+
+def install_family(family: ToolFamily) -> None:
+    """Make the loader take ``family``'s tools (once per family class: importing a door twice adds nothing)."""
+    if not any(type(known) is type(family) for known in _families):
+        _families.append(family)
 
 
 def _preload() -> None:
@@ -50,11 +76,8 @@ def _preload() -> None:
         importlib.import_module(name.strip())
 
 
-def _installed_module(name: str) -> Any:
-    """Module ``name`` if a user's file imported it from its own package; None if not imported, or if another
-    package serves it under that name (its module keeps its own ``__name__``)."""
-    module = sys.modules.get(name)
-    return module if module is not None and module.__name__ == name else None
+def _family_of(cls: type) -> ToolFamily | None:
+    return next((f for f in _families if (base := f.base()) is not None and issubclass(cls, base)), None)
 
 
 def _import_file(path: str) -> Any:
@@ -76,12 +99,13 @@ def _import_file(path: str) -> Any:
 
 def load_class(spec: str) -> type:
     """The class ``spec`` names: ``package.module.Class`` or ``path/to/file.py:Class``."""
-    spec = VERL_CLASSES.get(spec, spec)
+    _preload()
+    for family in _families:
+        spec = family.aliases.get(spec, spec)
     if ".py:" in spec:
         path, _, name = spec.rpartition(":")
         module = _import_file(path)
     else:
-        _preload()
         module_name, _, name = spec.rpartition(".")
         try:
             module = importlib.import_module(module_name)
@@ -97,23 +121,26 @@ def load_class(spec: str) -> type:
 
 
 def _schema_for(cls: type, schema: dict | None, where: str) -> Any:
-    """The schema object ``cls`` takes: ColoRL's ``ToolSchema``, or verl's for a subclass of verl's BaseTool."""
+    """The schema object ``cls`` takes: ColoRL's ``ToolSchema``, or its family's for a family's class."""
     if schema is None:
         return None
-    verl_base = _installed_module("verl.tools.base_tool")
-    if verl_base is not None and issubclass(cls, verl_base.BaseTool):
-        schemas = sys.modules["verl.tools.schemas"]
+    family = _family_of(cls)
+    if family is not None:
         try:
-            return schemas.OpenAIFunctionToolSchema.model_validate(schema)
-        except Exception as exc:  # pydantic's validation error, first line
+            return family.schema(schema)
+        except Exception as exc:  # the family's validation error, first line
             raise ToolConfigError(f"{where}.tool_schema: {str(exc).splitlines()[0]} ({schema!r})") from None
     return ToolSchema.from_dict(schema, f"{where}.tool_schema")
 
 
 def _is_tool(tool: Any) -> bool:
-    verl_base = _installed_module("verl.tools.base_tool")
-    kinds = (BaseTool,) + ((verl_base.BaseTool,) if verl_base is not None else ())
+    kinds = (BaseTool, *filter(None, (family.base() for family in _families)))
     return isinstance(tool, kinds) and isinstance(getattr(tool, "name", None), str)
+
+
+def _base_names() -> str:
+    names = [family.base_name for family in _families if family.base_name]
+    return f" (or of {', '.join(names)})" if names else ""
 
 
 def _tool_from_entry(entry: Any, where: str) -> Any:
@@ -129,20 +156,19 @@ def _tool_from_entry(entry: Any, where: str) -> Any:
         tool = cls(config=dict(config), tool_schema=schema)
     except ToolConfigError as exc:
         raise ToolConfigError(f"{where}: {exc}") from None
-    except Exception as exc:  # the user's constructor (or verl's BaseTool finding no schema)
+    except Exception as exc:  # the user's constructor (or a family's base class finding no schema)
         raise ToolConfigError(
             f"{where}: {entry['class_name']}(config, tool_schema) raised {type(exc).__name__}: {exc}"
         ) from None
     if not _is_tool(tool):
         raise ToolConfigError(
-            f"{where}: {entry['class_name']} is not a subclass of workers.tools.BaseTool "
-            "(or of verl.tools.base_tool.BaseTool)"
+            f"{where}: {entry['class_name']} is not a subclass of workers.tools.BaseTool{_base_names()}"
         )
     return tool
 
 
 def load_tool_config(path: str) -> list[Any]:
-    """The tools of a verl tool YAML."""
+    """The tools of a tool YAML."""
     if not os.path.isfile(path):
         raise ToolConfigError(f"{path!r}: no such tool config file")
     try:
@@ -157,7 +183,7 @@ def load_tool_config(path: str) -> list[Any]:
 
 
 def function_tool(name: str | Callable | None = None, *, schema: Any = None) -> Any:
-    """Mark a function as a tool, as verl's decorator does: ``@function_tool``, ``@function_tool("name")`` or
+    """Mark a function as a tool: ``@function_tool``, ``@function_tool("name")`` or
     ``@function_tool(schema=...)`` (a dict or a schema object; otherwise built from the signature and docstring)."""
     if callable(name):
         return function_tool(schema=schema)(name)
@@ -198,7 +224,7 @@ class FunctionTool(BaseTool):
 
 
 def function_result(value: Any) -> Any:
-    """verl's reading of a function tool's return value: a ``ToolResponse`` or a str as it is, a dict as its JSON,
+    """How a function tool's return value is read: a ``ToolResponse`` or a str as it is, a dict as its JSON,
     a tuple as (response, reward[, metrics]) with the response read the same way, anything else as its str."""
     if isinstance(value, tuple):
         return (function_result(value[0]), *value[1:]) if value else value
@@ -207,22 +233,12 @@ def function_result(value: Any) -> Any:
     return value if isinstance(value, (str, ToolResponse)) or hasattr(value, "text") else ToolResponse(text=str(value))
 
 
-def _verl_function_tools(module: Any) -> list[BaseTool]:
-    """The functions of ``module`` registered with the real verl's ``@function_tool`` (verl keeps a registry)."""
-    verl_functions = _installed_module("verl.tools.function_tool")
-    registry = getattr(verl_functions, "FUNCTION_TOOL_REGISTRY", {}) if verl_functions else {}
-    return [
-        FunctionTool(entry.fn, entry.name, entry.tool_schema)
-        for entry in registry.values()
-        if getattr(entry.fn, "__module__", None) == module.__name__
-    ]
-
-
 def load_function_tools(path: str) -> list[BaseTool]:
     """A ``FunctionTool`` for every ``@function_tool`` function in the Python file ``path``."""
     module = _import_file(path)
     marked = [value for value in vars(module).values() if callable(value) and hasattr(value, _MARK)]
-    tools = [FunctionTool(fn, *getattr(fn, _MARK)) for fn in marked] + _verl_function_tools(module)
+    tools = [FunctionTool(fn, *getattr(fn, _MARK)) for fn in marked]
+    tools += [FunctionTool(*entry) for family in _families for entry in family.function_tools(module)]
     if not tools:
         raise ToolConfigError(f"{path!r} has no @function_tool functions (from workers.tools import function_tool)")
     return tools

@@ -2,7 +2,7 @@
 
 Every tool call of a worker runs on one asyncio event loop that lives for the worker's lifetime, in a daemon
 thread (``ToolLoop``): the decode loop (synchronous torch code) hands it the calls of all trajectories whose
-turns ended at the same step and waits for them. One loop, as in verl's agent loop, so a tool may keep
+turns ended at the same step and waits for them. One loop for all of them, so a tool may keep
 loop-bound state across calls (an ``asyncio.Lock``, a client session). An ``async def`` method is awaited on
 the loop; a plain ``def`` one runs in a thread of its own, so a blocking tool never holds up the loop.
 
@@ -149,8 +149,8 @@ def tool_result(value: Any) -> tuple[str, float, dict]:
 
 
 def truncate(text: str, limit: int, side: str) -> str:
-    """verl 0.9's cut of a long tool response: ``left`` drops the start (keeps the end), ``right`` drops the end,
-    ``middle`` keeps both ends."""
+    """The cut of a long tool response (``multi_turn.tool_response_truncate_side``): ``left`` drops the start
+    (keeps the end), ``right`` drops the end, ``middle`` keeps both ends."""
     if len(text) <= limit:
         return text
     if side == "left":

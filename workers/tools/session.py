@@ -1,6 +1,6 @@
-"""One trajectory's record (``AgentData``, verl's) and the execution of assistant turns' calls, many at once.
+"""One trajectory's record (``AgentData``) and the execution of assistant turns' calls, many at once.
 
-verl 0.9's lifecycle, per call: ``create(create_kwargs=tools_kwargs[name]["create_kwargs"])``,
+A tool's lifecycle, per call: ``create(create_kwargs=tools_kwargs[name]["create_kwargs"])``,
 ``execute(instance_id, arguments, agent_data=agent_data)``, then ``release(instance_id)`` whatever happened;
 ColoRL reads ``calc_reward(instance_id)`` between the last two (``workers.tools.base``). A ``@function_tool``
 function has no lifecycle: it is called with the arguments. Every call of a turn, of every trajectory whose turn
@@ -8,7 +8,7 @@ ended at the same decoding step, runs at once on the worker's event loop (``work
 
 What the model is told, per executed call, is the tool's text, or for a failure ``Error: ...`` naming it: a
 malformed call, an unknown tool, a tool that raises, does not answer within ``timeout_s`` or returns something
-that is not a tool result. Only the first ``max_parallel_calls`` calls of a turn run (verl drops the rest).
+that is not a tool result. Only the first ``max_parallel_calls`` calls of a turn run (the rest are dropped).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ STAGES = 4  # create, execute, calc_reward, release: the most timeouts one call 
 
 @dataclass
 class AgentData:
-    """A trajectory as verl's ``AgentData`` shows it to tools (``execute(..., agent_data=...)``), with ColoRL's
+    """A trajectory as tools see it (``execute(..., agent_data=...)``), with ColoRL's
     counters. ``prompt_ids`` is the running token stream (prompt, then every turn's ids as fed to the model),
     ``response_mask`` 1 on the model's sampled tokens and 0 on tool turns, ``response_ids`` the last assistant
     turn's sampled ids; ``extra_fields`` is the tools' place for state across calls."""
@@ -43,7 +43,7 @@ class AgentData:
     response_mask: list[int] = field(default_factory=list)
     tool_rewards: list[float] = field(default_factory=list)  # each executed call's step reward
     turn_scores: list[float] = field(default_factory=list)
-    user_turns: int = 0  # tool-response turns (verl counts them as user turns)
+    user_turns: int = 0  # tool-response turns (counted as user turns)
     assistant_turns: int = 0
     tool_calls: list[ToolCall] = field(default_factory=list)  # the last assistant turn's calls
     image_data: Any = None
@@ -55,19 +55,19 @@ class AgentData:
     reward_scores: dict[str, float] = field(default_factory=dict)  # calc_reward per tool, after its last call
 
     def kwargs(self, tool: str, stage: str) -> dict[str, Any]:
-        """``tools_kwargs[tool][f"{stage}_kwargs"]`` (verl's layout), {} when absent or not a mapping."""
+        """``tools_kwargs[tool][f"{stage}_kwargs"]`` (the dataset's layout), {} when absent or not a mapping."""
         entry = self.tools_kwargs.get(tool) if isinstance(self.tools_kwargs, dict) else None
         value = entry.get(f"{stage}_kwargs") if isinstance(entry, dict) else None
         return dict(value) if isinstance(value, dict) else {}
 
 
 def schema_of(tool: Any) -> dict[str, Any]:
-    """A tool's schema as the chat template receives it (verl's ``model_dump(exclude_unset, exclude_none)``)."""
+    """A tool's schema as the chat template receives it (``model_dump(exclude_unset, exclude_none)``)."""
     return as_dict(tool.tool_schema)
 
 
 def _instance_id(value: Any) -> str:
-    """create returns (id, response) as verl's tools do, or just an id."""
+    """create returns (id, response), or just an id."""
     instance = value[0] if isinstance(value, tuple) and value else value
     if not isinstance(instance, str) or not instance:
         raise ToolResultError(f"create returned {value!r}; expected (instance_id, ToolResponse) or an id")

