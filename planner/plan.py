@@ -164,7 +164,7 @@ def _old_log_probs(cfg: Any, ahead: bool) -> tuple[bool, bool, bool]:
     own_log_probs = not needs_old and actor.skip_on_policy_old_log_prob and not algo.use_kl_in_reward and on_policy
     sum_pi_squared = estimator_needs(algo.adv_estimator, "sum_pi_squared") or actor.calculate_sum_pi_squared
     # the rollout's log-probs are the old ones, unless the forward must run anyway (Σπ²); vLLM samples with other
-    # kernels than the actor's, so there they are the old ones only in bypass mode (verl's rule), and the forward
+    # kernels than the actor's, so there they are the old ones only in bypass mode, and the forward
     # runs beside them (its gap to them is logged: trainer.observing.metrics.rollout_probs_diff)
     # generated ahead of the update, they are an older policy's: the old ones only in bypass mode too
     same_kernels = (rollout.name != "vllm" and not ahead) or actor.policy_loss.loss_mode == "bypass_mode"
@@ -205,7 +205,7 @@ def _balance(cfg: Any, n_workers: int) -> bool:
 
 def _check_micro_batches(cfg: Any, plan: StepPlan) -> None:
     """Each worker phase that runs and micro-batches by sequences needs its micro-batch size (its
-    ``planner.batching.PHASE_BATCHES`` entry): verl gives none a default."""
+    ``planner.batching.PHASE_BATCHES`` entry): none has a default."""
     for phase in plan.flows[STEP_FLOW].phases:
         batching = PHASE_BATCHES.get(phase.name)
         if batching is None or batching.section is None or batching.mini is not None:  # updates: _mini_batch_per_rank
@@ -243,7 +243,7 @@ def _mini_batch_per_rank(prefix: str, role: Any, n: tuple[str, int], train_batch
 
 
 def _require_micro(key: str, value: int | None, needed: bool, dynamic_key: str) -> None:
-    """verl's rule: a micro-batch size has no default; a phase that runs needs it, or micro-batches by tokens."""
+    """A micro-batch size has no default; a phase that runs needs it, or micro-batches by tokens."""
     if needed and value is None:
         raise ConfigError(
             f"{key}=null: set the sequences per forward on one worker (e.g. {key}=8), "
