@@ -10,6 +10,7 @@ import pytest
 from data.builtin import write_parquet
 from planner import load_config
 from tests.workers.agent_helpers import save_tool_calling_model
+from trainer.running import groups
 from trainer.running.build import build_trainer
 
 TOOL_CONFIG = """tools:
@@ -80,10 +81,15 @@ def tool_config(tmp, model: str, extra: tuple[str, ...] = ()):
 
 
 def fit(cfg) -> list[dict]:
-    """Train ``cfg``; its metrics.jsonl records."""
+    """Train ``cfg``; its metrics.jsonl records. Its workers are torn down after, as ``run_ppo`` does: an
+    in-process worker (``trainer.use_ray=false``) leaves no process group behind for the next test."""
     trainer = build_trainer(cfg)
-    trainer.init_workers()
-    trainer.fit()
+    try:
+        trainer.init_workers()
+        trainer.fit()
+    finally:
+        for group in trainer.worker_groups():
+            groups.shutdown(group)
     path = cfg.trainer.default_local_dir
     return [json.loads(line) for line in open(f"{path}/metrics.jsonl").read().splitlines()]
 
