@@ -25,9 +25,7 @@ from planner.dataflow import Dataflow
 from planner.phases import PHASES, STEP_FLOW, declare_flows, rollout_log_probs, uses_full_kl, uses_ref_log_prob
 from planner.trainer_modes import TrainerMode, trainer_mode
 
-ROLLOUT_LOG_PROBS = (
-    "needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (verl's key)"
-)
+ROLLOUT_LOG_PROBS = "needs the rollout's per-token log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true"
 
 
 def is_single_step(ppo_epochs: int, mini_batch_size: int, rows: int) -> bool:
@@ -277,7 +275,7 @@ def _check_estimator(cfg: Any) -> None:
     if estimator_needs(estimator, "index") and n < 2:  # the baseline comes from the prompt's group
         warnings.warn(
             f"actor_rollout_ref.rollout.n={n}: algorithm.adv_estimator={estimator} compares the responses to one "
-            "prompt; each is alone in its group, which (as in verl) counts as mean 0, std 1",
+            "prompt; each is alone in its group, which counts as mean 0, std 1",
             stacklevel=3,
         )
     needs_critic = estimator_needs_critic(estimator)
@@ -315,7 +313,7 @@ def _check_dynamic_sampling(cfg: Any, n_workers: int) -> tuple[int, str | None]:
     if n == 1:
         warnings.warn(
             "algorithm.filter_groups.enable=true with actor_rollout_ref.rollout.n=1: a group of one response has "
-            "no spread to measure and is always kept (verl's rule), so nothing is filtered",
+            "no spread to measure and is always kept, so nothing is filtered",
             stacklevel=3,
         )
     return gen_batch_size, groups.metric

@@ -353,7 +353,7 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
     inert = installed().warnings(cfg)  # keys set here that nothing honours (config.adapter)
     lines += [
         "",
-        "verl keys set that ColoRL does not use:" if inert else "verl keys set that ColoRL does not use: none",
+        "config keys set that ColoRL does not use:" if inert else "config keys set that ColoRL does not use: none",
     ]
     lines += [f"  {line}" for line in inert]
     return "\n".join(lines)

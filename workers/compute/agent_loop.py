@@ -1,4 +1,4 @@
-"""Multi-turn rollout with tools (verl's ``tool_agent``), token-exact: the conversation the model is trained on is
+"""Multi-turn rollout with tools (the ``tool_agent`` loop), token-exact: the conversation the model is trained on is
 the token stream it sampled from, turn by turn.
 
 A ``TurnSampler`` (``workers.compute.turn_sampler``: the actor's own module by default) samples each row's assistant
@@ -10,7 +10,7 @@ text). A row stops when its turn has no call (``answer``), at ``max_assistant_tu
 (``turn_limit``), or when the response budget cannot hold the next tool turn or is used up (``length_limit``).
 
 Each row's ``AgentData`` (what tools see) records the stream as it is built: ``prompt_ids`` (prompt, then every
-turn's ids) and ``response_mask``. At the end the training tensors are compared with it (verl's
+turn's ids) and ``response_mask``. At the end the training tensors are compared with it (by
 ``tokenization_sanity_check_mode``: ``strict`` ids, ``ignore_strippable`` text without whitespace, ``disable``):
 a difference is counted (``multi_turn/tokenization_mismatch_ratio``, 0 by construction) and the first printed.
 """
@@ -39,7 +39,7 @@ TOOL_AGENT = "tool_agent"
 
 @dataclass
 class Trajectory(AgentData):
-    """One row while it is rolled out: verl's ``AgentData`` (what its tools see) and the loop's own state."""
+    """One row while it is rolled out: its ``AgentData`` (what its tools see) and the loop's own state."""
 
     uses_tools: bool = False
     prompt_length: int = 0
@@ -183,8 +183,8 @@ class AgentLoop:
                 trajectory.messages.append({"role": "assistant", "content": text})
 
     def _check_tokens(self, tensors: dict[str, Tensor]) -> None:
-        """verl's sanity check, token-exact: each row's training ids (and which of them are trained on) equal the
-        stream its turns were built from (``AgentData.prompt_ids``, ``response_mask``)."""
+        """The tokenization sanity check, token-exact: each row's training ids (and which of them are trained on)
+        equal the stream its turns were built from (``AgentData.prompt_ids``, ``response_mask``)."""
         mode = self.config.tokenization_sanity_check_mode
         if mode == "disable":
             return

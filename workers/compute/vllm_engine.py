@@ -1,7 +1,7 @@
 """How ``rollout.name=vllm`` is set up: the checks made before any worker starts, the KV cache a CPU engine
 reserves, and the ``vllm.LLM`` arguments of a rollout section (the engine itself is ``vllm_rollout``).
 
-The engine's settings come from verl's keys (``ENGINE_KEYS``) and ``rollout.engine_kwargs["vllm"]`` (any other
+The engine's settings come from the rollout's keys (``ENGINE_KEYS``) and ``rollout.engine_kwargs["vllm"]`` (any other
 ``vllm.EngineArgs`` field, which wins). On a CPU, where vLLM reads ``gpu_memory_utilization`` as a share of host
 RAM, the KV cache is sized for the step's rows at full length instead (``cpu_kv_cache_bytes``), within that
 share of RAM over the machine's workers.
@@ -25,7 +25,7 @@ MISSING = (
 CPU_BLOCK_SIZE = 128  # vLLM's KV cache block on a CPU (tokens)
 # measured: a CPU worker's RSS grows by 0.26 GiB when it imports vLLM and starts an engine of a tiny model
 VLLM_RUNTIME_CPU_BYTES = int(0.3 * 2**30)
-# verl's rollout keys that become vLLM engine arguments (rollout key -> EngineArgs field)
+# the rollout keys that become vLLM engine arguments (rollout key -> EngineArgs field)
 ENGINE_KEYS = {
     "enforce_eager": "enforce_eager",
     "max_num_batched_tokens": "max_num_batched_tokens",
@@ -80,7 +80,7 @@ def engine_args(
     """The ``vllm.LLM`` arguments of ``rollout`` for one of ``workers`` workers on its machine, which samples
     ``rows`` sequences a step."""
     args: dict[str, Any] = {key: getattr(rollout, ours) for ours, key in ENGINE_KEYS.items()}
-    # verl's default "dummy" (random weights until the first sync) would leave vLLM's own derived tensors, which
+    # the "dummy" load format (random weights until the first sync) would leave vLLM's own derived tensors, which
     # no sync overwrites, random too in vLLM 0.32: the checkpoint is read once instead
     if args["load_format"] == "dummy":
         args["load_format"] = "auto"
@@ -91,11 +91,11 @@ def engine_args(
         seed=seed,
         max_model_len=max_model_len(rollout),
         skip_tokenizer_init=True,  # token ids in, token ids out
-        logprobs_mode="processed_logprobs",  # verl's: under the temperature-scaled policy
+        logprobs_mode="processed_logprobs",  # under the temperature-scaled policy
     )
     if device.type == "cuda":  # sleep mode frees weights and KV cache between rollouts
         args.update(gpu_memory_utilization=rollout.gpu_memory_utilization, enable_sleep_mode=True)
-        if args["tensor_parallel_size"] > 1:  # the TP group's ranks are the worker group's (verl's hybrid engine)
+        if args["tensor_parallel_size"] > 1:  # the TP group's ranks are the worker group's (a hybrid engine)
             args["distributed_executor_backend"] = "external_launcher"
     else:  # on a CPU, where vLLM reads the key as a share of host RAM: the step's rows at full length, within it
         from transformers import AutoConfig

@@ -1,4 +1,4 @@
-"""vLLM as the rollout engine, in the actor's own worker process (verl's hybrid engine, TRL's colocated mode).
+"""vLLM as the rollout engine, in the actor's own worker process (a hybrid engine: rollout and training share the GPUs).
 
 ``actor_rollout_ref.rollout.name=vllm``: each worker holds one in-process vLLM engine (``LLM``, v1, tensor
 parallel within the worker group on GPUs, 1 on a CPU) beside its FSDP actor. A rollout then
@@ -18,7 +18,7 @@ parallel within the worker group on GPUs, 1 on a CPU) beside its FSDP actor. A r
 Sampling means what it means for ``rollout.name=hf`` (``workers.rollout``): one request per row (the driver
 repeats each prompt n times; the prefix cache shares the repeats' prompt blocks), temperature / top-k / top-p,
 greedy when ``do_sample`` is off or the temperature 0, stop at the EOS ids of the generation config and the
-tokenizer, ``response_length`` new tokens at most. The log-probs are vLLM's ``processed_logprobs`` (verl's
+tokenizer, ``response_length`` new tokens at most. The log-probs are vLLM's ``processed_logprobs`` (the
 default ``logprobs_mode``): under the temperature-scaled policy, the same as the HF rollout's unless top-k /
 top-p filter (vLLM's are then of the filtered distribution, the HF rollout's of the unfiltered one).
 
@@ -132,7 +132,7 @@ class VLLMRollout:
         """The engine synced with ``module`` and holding its KV cache inside; freed again on exit."""
         start = time.perf_counter()
         self.sync_weights(module)
-        self.sync_seconds = time.perf_counter() - start  # verl's timing_s/update_weights
+        self.sync_seconds = time.perf_counter() - start  # reported as timing_s/update_weights
         self._restore_cache()
         try:
             yield self
