@@ -302,6 +302,15 @@ def training_steps(cfg: PPOConfig) -> tuple[int | None, float | None, int | None
     return total, epochs, prompts
 
 
+def rollout_engine_line(rollout: Any) -> str:
+    """Which engine generates, and (for the HF engine) whether its decode step is compiled per batch bucket."""
+    if rollout.name != "hf":
+        return f"rollout: {rollout.name} (rollout.name)"
+    compiled = rollout.compile_decode in (True, "true")
+    decode = "compiled per batch bucket" if compiled else "the HF loop"
+    return f"rollout: hf (rollout.name), decode step: {decode} (rollout.compile_decode={str(rollout.compile_decode).lower()})"
+
+
 def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estimate: MemoryEstimate) -> str:
     """The dry run's text: models, steps, each phase's batch arithmetic and memory per worker."""
     data, arr, trainer = cfg.data, cfg.actor_rollout_ref, cfg.trainer
@@ -325,6 +334,7 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
         f"a step: {data.train_batch_size} prompts × {arr.rollout.n} responses = "
         f"{data.train_batch_size * arr.rollout.n} sequences, {rows} per worker, each up to "
         f"{data.max_prompt_length} + {data.max_response_length} tokens",
+        rollout_engine_line(arr.rollout),
         *dynamic_sampling_lines(cfg, plan),
         *rollout_group_lines(cfg, plan, models, estimate.device),
         "",
