@@ -4,7 +4,7 @@ import pytest
 
 from benchmarks.generation_tail import fit
 from data.preprocess.arith import make_splits, write_splits
-from tests.benchmarks.test_benchmarks_smoke import run_benchmark
+from tests.benchmarks.runner import run_benchmark
 from tests.data.gsm8k_fixture import printable_tokenizer, save_tiny_model
 
 

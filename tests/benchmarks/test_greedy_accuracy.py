@@ -1,7 +1,7 @@
 """benchmarks.greedy_accuracy runs end to end on a tiny model and arithmetic problems and prints one JSON object."""
 
 from data.preprocess.arith import make_splits, write_splits
-from tests.benchmarks.test_benchmarks_smoke import run_benchmark
+from tests.benchmarks.runner import run_benchmark
 from tests.data.gsm8k_fixture import printable_tokenizer, save_tiny_model
 
 

@@ -7,7 +7,7 @@ import pytest
 from benchmarks.opd_race import held_out, problem, race_summary
 from data.builtin import build_tiny_model
 from data.preprocess.arith import make_splits, write_splits
-from tests.benchmarks.test_benchmarks_smoke import run_benchmark
+from tests.benchmarks.runner import run_benchmark
 from tests.data.gsm8k_fixture import printable_tokenizer, save_tiny_model
 
 STRICT = "val-core/colorl/arith/reward/mean@1"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from data.builtin import write_parquet
-from tests.benchmarks.test_benchmarks_smoke import run_benchmark
+from tests.benchmarks.runner import run_benchmark
 from tests.workers.agent_helpers import save_tool_calling_model
 
 REPO = Path(__file__).resolve().parents[2]

@@ -151,7 +151,7 @@ def test_vllm_reserves_gpu_memory_utilization_of_the_faked_device_in_the_dry_run
 
 
 def test_the_memory_check_compares_the_estimate_with_the_gpus_memory(cuda):
-    from trainer.preflight.dry_run import check_memory, memory_limit
+    from trainer.preflight.memory_check import check_memory, memory_limit
 
     assert memory_limit("cuda", 8) == (80 * GiB, "80.0 GiB of GPU memory per worker")  # each GPU's, not shared
     cfg, estimate = _estimate([])

@@ -3,7 +3,8 @@ estimate, and every run checks before any model loads that the estimate fits the
 
 Both come from the typed config, the step plan and the models' configs (``config.json``, or the built-in demo's
 config; the models are built on the meta device, so no weights are read): no Ray, no data loading, seconds.
-The memory model is ``trainer.preflight.memory_estimate``'s; its phases ``trainer.preflight.memory_phases``'.
+The memory model is ``trainer.preflight.memory_estimate``'s; its phases ``trainer.preflight.memory_phases``';
+whether it fits the device ``trainer.preflight.memory_check``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import torch
 from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -29,6 +29,7 @@ from planner.batching import PHASE_BATCHES
 from planner.phases import STEP_PHASES, Step
 from planner.plan import rollout_plan
 from planner.worker_roles import ACTOR, ROLES, TEACHER
+from trainer.preflight.memory_check import check_memory, verdict
 from trainer.preflight.memory_estimate import TERMS, GiB, MemoryEstimate, ModelSizes, model_sizes
 from trainer.preflight.memory_phases import estimate_memory
 from trainer.preflight.phase_code import phase_lines
@@ -177,78 +178,6 @@ def _config(key: str, path: str, trust_remote_code: bool) -> Any:
         raise ConfigError.invalid(key, path, f"no model config there ({str(exc).splitlines()[0]})") from None
 
 
-def memory_limit(device: str, workers_per_node: int) -> tuple[int, str] | None:
-    """(bytes one worker may use, what the limit is): host RAM (or the cgroup's limit) shared by the node's
-    workers on a CPU; each GPU's memory on CUDA; None when no such device is here."""
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            return None
-        total = torch.cuda.get_device_properties(0).total_memory
-        return total, f"{total / GiB:.1f} GiB of GPU memory per worker"
-    total = min(psutil.virtual_memory().total, _cgroup_limit())
-    return total // workers_per_node, f"{total / GiB:.1f} GiB of host RAM for {workers_per_node} worker(s)"
-
-
-def _cgroup_limit() -> int:
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            value = f.read().strip()
-    except OSError:
-        return 1 << 62
-    return int(value) if value.isdigit() else 1 << 62
-
-
-def lowering_keys(cfg: PPOConfig, estimate: MemoryEstimate) -> list[str]:
-    """The keys that would bring the peak phase down: for each of its large terms (15 % of it or more), largest
-    first."""
-    peak, arr = estimate.peak, cfg.actor_rollout_ref
-    keys: list[str] = []
-    large = [t for t in sorted(peak.terms, key=lambda t: -peak.terms[t]) if peak.terms[t] >= 0.15 * peak.total]
-    for term in large:
-        if term in ("activations", "logits") and peak.key:
-            keys.append(f"{peak.key} (lower)")
-        if (
-            term == "activations"
-            and peak.name.startswith("update")
-            and peak.activations_other is not None
-            and peak.activations_other < peak.terms["activations"]
-        ):
-            model = "critic.model" if peak.name == "update_critic" else f"{ARR}.model"
-            keys.append(f"{model}.enable_gradient_checkpointing=true")
-        if term == "kv_cache":
-            keys.append(
-                "data.val_batch_size (lower)"
-                if peak.name == "validate"
-                else f"data.train_batch_size or {ARR}.rollout.n or data.max_response_length (lower)"
-            )
-        if term in ("weights", "gradients", "optimizer"):
-            if arr.model.lora_rank == 0:
-                keys.append(f"{ARR}.model.lora_rank (LoRA trains adapters only)")
-            if estimate.device == "cuda":
-                keys += [
-                    "trainer.n_gpus_per_node (more GPUs shard the model)",
-                    "fsdp_config.param_offload / optimizer_offload=true (per role)",
-                ]
-        if term == "runtime":
-            keys.append("trainer.n_gpus_per_node (fewer workers per node)")
-    return list(dict.fromkeys(keys))
-
-
-def check_memory(cfg: PPOConfig, estimate: MemoryEstimate) -> None:
-    """ConfigError (one line: the estimate, the limit, the keys) when the peak per worker exceeds the device."""
-    limit = memory_limit(estimate.device, cfg.trainer.n_gpus_per_node)
-    peak = estimate.peak
-    if limit is None or peak.total <= limit[0]:
-        return
-    largest = max(peak.terms, key=lambda t: peak.terms[t])
-    raise ConfigError(
-        f"the estimated peak memory per worker, {peak.total / GiB:.1f} GiB in {peak.name} (largest: {largest} "
-        f"{peak.terms[largest] / GiB:.1f} GiB), exceeds {limit[1]}; to bring it down: "
-        f"{', '.join(lowering_keys(cfg, estimate))}. trainer.dry_run=true shows the breakdown; "
-        "trainer.check_memory=false skips this check"
-    )
-
-
 def dry_run(cfg: PPOConfig, plan: StepPlan) -> int:
     """``python main.py ... trainer.dry_run=true``: check the models, print the report; the exit status. Imports
     neither Ray nor the data pipeline nor the trainer, so it takes seconds (docs/benchmarks.md, "Memory estimate")."""
@@ -308,7 +237,8 @@ def rollout_engine_line(rollout: Any) -> str:
         return f"rollout: {rollout.name} (rollout.name)"
     compiled = rollout.compile_decode in (True, "true")
     decode = "compiled per batch bucket" if compiled else "the HF loop"
-    return f"rollout: hf (rollout.name), decode step: {decode} (rollout.compile_decode={str(rollout.compile_decode).lower()})"
+    setting = str(rollout.compile_decode).lower()
+    return f"rollout: hf (rollout.name), decode step: {decode} (rollout.compile_decode={setting})"
 
 
 def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estimate: MemoryEstimate) -> str:
@@ -358,7 +288,7 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
             both = f"{phase.terms['activations'] / GiB:.3f}|{phase.activations_other / GiB:.3f}"
             cells[TERMS.index("activations")] = f"{both:>{_width('activations')}s}"
         lines.append(f"  {phase.name:14s}" + "".join(cells) + f"{phase.total / GiB:12.3f}")
-    lines.append(_verdict(cfg, estimate))
+    lines.append(verdict(cfg, estimate))
     lines += ["", *phase_lines(plan)]
     inert = installed().warnings(cfg)  # keys set here that nothing honours (config.adapter)
     lines += [
@@ -387,14 +317,3 @@ def rollout_group_lines(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelS
 
 def _width(term: str) -> int:
     return 16 if term == "activations" else 12  # room for both of the activations' figures
-
-
-def _verdict(cfg: PPOConfig, estimate: MemoryEstimate) -> str:
-    peak = estimate.peak
-    limit = memory_limit(estimate.device, cfg.trainer.n_gpus_per_node)
-    head = f"peak: {peak.total / GiB:.2f} GiB per worker in {peak.name}"
-    if limit is None:
-        return f"{head}; no {estimate.device} device here to compare with"
-    if peak.total <= limit[0]:
-        return f"{head}; fits {limit[1]}"
-    return f"{head}; does NOT fit {limit[1]}: lower {', '.join(lowering_keys(cfg, estimate))}"
