@@ -1,4 +1,4 @@
-"""verl's trainer modes (``trainer.v1``), read with verl's defaults and checked before anything starts.
+"""The trainer modes (``trainer.v1``), read with their defaults and checked before anything starts.
 
 - ``sync``: each step generates its batch, then trains on it (ColoRL's loop).
 - ``separate_async``: a rollout group of its own (``actor_rollout_ref.rollout.nnodes × n_gpus_per_node`` workers,
@@ -24,7 +24,7 @@ from typing import Any
 from config.checks import ConfigError, is_int, is_number
 
 MODES = ("sync", "colocate_async", "separate_async")
-STRATEGIES = ("drop", "wait")  # verl's ReplayBuffer: evict and refill a too-old group, or train it before it gets so
+STRATEGIES = ("drop", "wait")  # past the threshold: evict and refill a batch, or generate none that would get so old
 V1 = "trainer.v1"
 
 
@@ -32,7 +32,7 @@ V1 = "trainer.v1"
 class TrainerMode:
     """What ``trainer.v1`` asks for, checked. ``lookahead``: batches generated ahead of the one training (0 in
     ``sync``); ``rollout_workers``: the rollout group's workers (``separate_async`` only, else 0);
-    ``max_off_policy_threshold``: null switches the version control off (verl's rule)."""
+    ``max_off_policy_threshold``: null switches the version control off."""
 
     mode: str = "sync"
     lookahead: int = 0
@@ -54,9 +54,9 @@ class TrainerMode:
 
 
 def trainer_mode(cfg: Any, trainer_workers: int) -> TrainerMode:
-    """``cfg.trainer.v1`` (a ``PPOConfig``'s) as a ``TrainerMode``; ConfigError, one line, for a mode verl does not
-    have, a strategy it does not have, ``parameter_sync_step <= 0``, a rollout group that cannot be placed beside
-    the trainer's ``trainer_workers``, or a look-ahead whose every batch the threshold would drop."""
+    """``cfg.trainer.v1`` (a ``PPOConfig``'s) as a ``TrainerMode``; ConfigError, one line, for an unknown mode or
+    strategy, ``parameter_sync_step <= 0``, a rollout group that cannot be placed beside the trainer's
+    ``trainer_workers``, or a look-ahead whose every batch the threshold would drop."""
     v1 = cfg.trainer.v1
     mode, sampler, separate = v1["trainer_mode"], v1["sampler"], v1["separate_async"]
     if mode not in MODES:
@@ -79,7 +79,7 @@ def trainer_mode(cfg: Any, trainer_workers: int) -> TrainerMode:
     if not (is_number(warmup) and warmup >= 0):
         raise ConfigError.invalid(f"{V1}.{mode}.num_warmup_batches", warmup, "must be a number >= 0")
     lookahead = math.floor(warmup)
-    # a batch trains lookahead steps after the step that asked for it: its span (verl's) is lookahead + 1
+    # a batch trains lookahead steps after the step that asked for it: its span is lookahead + 1
     if threshold is not None and lookahead + 1 > threshold and strategy == "drop":
         raise ConfigError(
             f"{V1}.{mode}.num_warmup_batches={warmup}: each batch would train {lookahead + 1} steps after it was asked "
@@ -111,7 +111,7 @@ def _warn_whole_batches(cfg: Any) -> None:
 
 def _rollout_group(cfg: Any, trainer_workers: int, sync_step: int) -> int:
     """The rollout group's workers, after checking that they exist, fit beside the trainer's and split the
-    batch; verl's rule that a step is ``parameter_sync_step`` updates of ``ppo_mini_batch_size`` prompts."""
+    batch: a step is ``parameter_sync_step`` updates of ``ppo_mini_batch_size`` prompts."""
     rollout, data = cfg.actor_rollout_ref.rollout, cfg.data
     workers = rollout.nnodes * rollout.n_gpus_per_node
     prefix = "actor_rollout_ref.rollout"
@@ -140,7 +140,7 @@ def _rollout_group(cfg: Any, trainer_workers: int, sync_step: int) -> int:
 
 
 def _sync_step_message(sync_step: int, mini: int, train_batch_size: int) -> str:
-    """verl's rule for separate_async: a step is parameter_sync_step updates of one mini-batch each, so
+    """A step of separate_async is parameter_sync_step updates of one mini-batch each, so
     parameter_sync_step × ppo_mini_batch_size = train_batch_size; each of the three values that would make it hold."""
     sync_key, mini_key = f"{V1}.separate_async.parameter_sync_step", "actor_rollout_ref.actor.ppo_mini_batch_size"
     fixes = [
@@ -150,6 +150,6 @@ def _sync_step_message(sync_step: int, mini: int, train_batch_size: int) -> str:
     ]
     return (
         f"{sync_key}={sync_step} × {mini_key}={mini} = {sync_step * mini} prompts, but data.train_batch_size="
-        f"{train_batch_size}: a step of separate_async is parameter_sync_step updates of one mini-batch each "
-        f"(verl's rule); set {' or '.join(fixes)}"
+        f"{train_batch_size}: a step of separate_async is parameter_sync_step updates of one mini-batch each; "
+        f"set {' or '.join(fixes)}"
     )

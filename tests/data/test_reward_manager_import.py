@@ -146,7 +146,8 @@ def test_the_core_batch_reaches_the_users_code_as_verls_dataproto(char_tokenizer
         (["reward.reward_manager.source=importlib", "reward.reward_manager.module.path=/no/such.py"],
          "reward.reward_manager.module.path", "no such file"),
         ("Missing", "reward.reward_manager.name", "no class 'Missing' with an async run_single"),
-        ("Broken", "reward.reward_manager.name", "building it as verl does raised RuntimeError: no judge configured"),
+        ("Broken", "reward.reward_manager.name",
+         "building it with the config, tokenizer and compute_score raised RuntimeError: no judge configured"),
     ],
 )  # fmt: skip
 def test_a_manager_that_is_not_there_or_cannot_be_built_is_one_config_line(

@@ -1,7 +1,7 @@
 """Per-step training metrics computed on the driver from a batch's tensors (a Mapping[str, Tensor]).
 
-The metric names are part of the API: dashboards and the health checks read them by name (docs/verl_api.md,
-"Metrics, dumps and logs"). All results are Python floats.
+The metric names are part of the API: dashboards and the health checks read them by name (the table
+"Metrics, dumps and logs" in docs/ lists them). All results are Python floats.
 """
 
 from __future__ import annotations

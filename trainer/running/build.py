@@ -145,7 +145,9 @@ def _imported_manager(cfg: PPOConfig, tokenizer: Any, compute_score: Any) -> Imp
         )
     except Exception as exc:
         raise ConfigError.invalid(
-            "reward.reward_manager.name", manager.name, f"building it as verl does raised {_first_line(exc)}"
+            "reward.reward_manager.name",
+            manager.name,
+            f"building it with the config, tokenizer and compute_score raised {_first_line(exc)}",
         ) from None
 
 
