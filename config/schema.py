@@ -25,25 +25,16 @@ from config.checks import (
     unit_interval,
 )
 from config.distillation import DistillationConfig
-from config.machinery import RayKwargsConfig, SkipTree, TrainerV1Tree, TransferQueueTree
+from config.machinery import RayKwargsConfig, TrainerV1Tree
 from config.sections import ActorRolloutRefConfig, CriticConfig, RewardConfig, RolloutCorrectionConfig
-from config.sections.profiler import GlobalProfilerTree
-from config.sections.reward import LegacyCustomRewardFunctionConfig, LegacyRewardModelConfig, LegacySandboxFusionConfig
-from config.tree import InertTree
 
 AdvEstimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]
 KLPenaltyType = Literal[KL_PENALTY_TYPES]  # type: ignore[valid-type]
 LoggerBackend = Literal["console", "wandb", "file"]
 
 
-class CustomClsTree(InertTree):
-    DEFAULTS: ClassVar[dict[str, Any]] = {"path": None, "name": None}
-
-
 @dataclass(frozen=True)
 class DataConfig:
-    tokenizer: str | None = None
-    use_shm: bool = False
     train_files: Any = None  # str or list[str] of parquet/jsonl; null -> the built-in task's files
     val_files: Any = None
     train_max_samples: int = -1  # > 0: use only the first this many prompts of the files (-1: all)
@@ -59,26 +50,13 @@ class DataConfig:
     val_batch_size: int | None = None  # null -> the whole validation set in one batch
     tool_config_path: str | None = "${actor_rollout_ref.rollout.multi_turn.tool_config_path}"  # type: ignore
     function_tool_path: str | None = "${actor_rollout_ref.rollout.multi_turn.function_tool_path}"  # type: ignore
-    return_raw_input_ids: bool = False
     return_raw_chat: bool = True  # ColoRL always keeps the untemplated prompt (non-tensor "raw_prompt")
-    return_full_prompt: bool = False
     shuffle: bool = True
     seed: int | None = None  # the training order's seed; null -> trainer.seed (verl: an unseeded order)
-    dataloader_num_workers: int = 8
-    image_patch_size: int = 14
-    validation_shuffle: bool = False
     filter_overlong_prompts: bool = False  # drop (and count) prompts longer than max_prompt_length
-    filter_overlong_prompts_workers: int = 1
     # what happens to a longer prompt that is not filtered: error, or keep its last/first/both-ends tokens
     truncation: Literal["error", "left", "right", "middle"] = "error"
-    image_key: str = "images"
-    video_key: str = "videos"
-    audio_key: str = "audios"
-    trust_remote_code: bool = False
-    custom_cls: CustomClsTree = field(default_factory=CustomClsTree.default)
-    return_multi_modal_inputs: bool = True
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking=false
-    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
     dataloader_drop_last: bool = True  # ColoRL: a last partial batch is dropped
 
     def __post_init__(self) -> None:
@@ -112,7 +90,6 @@ class BuiltinConfig:
 
 @dataclass(frozen=True)
 class KLCtrlConfig:
-    _target_: str = "verl.trainer.config.KLControlConfig"
     type: Literal["fixed", "adaptive"] = "fixed"
     kl_coef: float = 0.001
     target_kl: float = 0.1  # adaptive only
@@ -122,10 +99,6 @@ class KLCtrlConfig:
         non_negative(self, "kl_coef")
         positive(self, "target_kl")
         positive_int(self, "horizon")
-
-
-class PFPPOTree(InertTree):
-    DEFAULTS: ClassVar[dict[str, Any]] = {"reweight_method": "pow", "weight_pow": 2.0}
 
 
 # metrics computed from the batch's tensors; any other name is a value the reward function returns per response
@@ -146,21 +119,17 @@ class FilterGroupsConfig:
     after the in-reward KL), or a value the reward function returns (``acc``, ``score``, ...).
     """
 
-    _target_: str = "verl.trainer.config.FilterGroupsConfig"
     enable: bool = False
     metric: str = "reward"
     max_num_gen_batches: int = 0
-    max_inflight_gen_batches: int = 1  # verl's asynchronous sampler's; ColoRL generates one batch at a time
 
     def __post_init__(self) -> None:
         check(self, ["metric"], lambda v: isinstance(v, str) and v != "", "must name a metric (acc, score, ...)")
         check(self, ["max_num_gen_batches"], is_int, "must be an integer (0 or less: no limit)")
-        check(self, ["max_inflight_gen_batches"], lambda v: is_int(v) and v > 0, "must be a positive integer")
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    _target_: str = "verl.trainer.config.AlgoConfig"
     adv_estimator: AdvEstimator = "gae"
     gamma: float = 1.0
     lam: float = 1.0
@@ -172,8 +141,6 @@ class AlgorithmConfig:
     gdpo_reward_weights: list[float] | None = None  # gdpo: their weights (null: 1 each)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO's dynamic sampling
-    use_pf_ppo: bool = False  # verl's policy-filtered PPO (reweighting samples by reward): refused (cli.inert)
-    pf_ppo: PFPPOTree = field(default_factory=PFPPOTree.default)
     # what a rejected choice probably meant (shown with the error): the in-reward KL sees token log-probs only
     choice_hints: ClassVar[dict[str, str]] = {"kl_penalty": "'full' is for actor_rollout_ref.actor.kl_loss_type"}
 
@@ -255,18 +222,11 @@ class TrainerConfig:
     # saves when stopped by SIGTERM/SIGINT or trainer.max_wall_time_s, to resume from
     test_freq: int = -1
     save_freq: int = -1
-    esi_redundant_time: float = 0
-    checkpoint_callback_class: str | None = None
     val_before_train: bool = True
     val_only: bool = False  # validate (before training) and stop
-    del_local_ckpt_after_load: bool = False
-    ray_wait_register_center_timeout: int = 300
-    use_v1: bool = True  # verl's trainer implementation switch: ColoRL has one trainer (its v1 sync mode)
     v1: TrainerV1Tree = field(default_factory=TrainerV1Tree.default)
     critic_warmup: int = 0  # the actor is updated from step critic_warmup on; the critic from the first step
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    default_hdfs_dir: str | None = None  # verl's HDFS copy of checkpoints: not in ColoRL (cli.normalize)
-    use_legacy_worker_impl: Literal["auto", "enable", "disable"] = "auto"  # verl's worker switch: no meaning here
     seed: int = 1
     deterministic: bool = False  # deterministic kernels + RNG restored on resume: bitwise-repeatable runs on CPU
     # the workers as Ray actors (true), or one worker in the driver's process without Ray (false: breakpoint() in
@@ -332,13 +292,6 @@ class PPOConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     distillation: DistillationConfig = field(default_factory=DistillationConfig)  # on-policy distillation
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
-    global_profiler: GlobalProfilerTree = field(default_factory=GlobalProfilerTree.default)
-    transfer_queue: TransferQueueTree = field(default_factory=TransferQueueTree.default)
-    skip: SkipTree = field(default_factory=SkipTree.default)
-    # verl's older spellings of reward.* (null: not set; cli.normalize moves what is set into reward)
-    custom_reward_function: LegacyCustomRewardFunctionConfig = field(default_factory=LegacyCustomRewardFunctionConfig)
-    reward_model: LegacyRewardModelConfig = field(default_factory=LegacyRewardModelConfig)
-    sandbox_fusion: LegacySandboxFusionConfig = field(default_factory=LegacySandboxFusionConfig)
 
     def __post_init__(self) -> None:
         if self.data.apply_chat_template_kwargs and self.actor_rollout_ref.rollout.multi_turn.enable:

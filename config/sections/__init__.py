@@ -1,16 +1,16 @@
-"""verl's schema sections, one module each: model, engine (optimizer, FSDP), actor, rollout, reference, critic, rewards.
+"""The worker roles' schema sections, one module each: model, engine (optimizer, FSDP), actor, rollout, reference,
+critic, rewards.
 
 One frozen dataclass per component is the single home of its defaults (``config.schema`` holds the rest and the
-root); verl's subtrees of machinery ColoRL does not have are ``config.tree.InertTree``s. Choices are ``Literal``
-types, checked when the config is built (``config.load``); ranges are checked in ``__post_init__``. Key names
-and defaults are verl 0.9.1's; what ColoRL does with the keys it cannot honour is said in ``cli.inert``.
+root); each declares the keys ColoRL reads, with their defaults. Choices are ``Literal`` types, checked when the
+config is built (``config.load``); ranges are checked in ``__post_init__``. A command-line dialect's further keys
+are its own schema's (``config.adapter.Adapter.schema``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from config.checks import ConfigError
 from config.sections.actor import (
     ActorConfig,
     KLLossType,
@@ -41,20 +41,6 @@ class ActorRolloutRefConfig:
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    hybrid_engine: bool = True  # ColoRL's roles always share one process per device
-    nccl_timeout: int = 600
-
-    def __post_init__(self) -> None:
-        # a LoRA actor trains fp32 adapters over a frozen base, which verl's model_dtype may hold in bf16 (it is
-        # the compute dtype then, cli.normalize); a fully trained actor keeps fp32 masters
-        dtype = self.actor.fsdp_config.model_dtype
-        if dtype not in ("fp32", "float32") and self.model.lora_rank == 0:
-            raise ConfigError.invalid(
-                "actor.fsdp_config.model_dtype",
-                dtype,
-                "a trained role keeps fp32 master weights; fsdp_config.dtype (mixed_precision.param_dtype) sets "
-                "the compute dtype",
-            )
 
 
 __all__ = [

@@ -1,14 +1,13 @@
-"""The policy's training and reference roles: verl's ``actor`` and ``ref`` sections, and the policy loss.
+"""The policy's training and reference roles: the ``actor`` and ``ref`` sections, and the policy loss.
 
-Key names and defaults are verl 0.9.1's (``FSDPActorConfig``); keys of machinery ColoRL does not have are said in
-``cli.inert``, keys verl derives from others (``rollout_n``, ``use_remove_padding``) in ``cli.normalize``.
+The keys ColoRL reads; some follow others by default (``rollout_n``, ``use_remove_padding``).
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from algos.registry import KL_LOSS_TYPES, LOSS_AGG_MODES, POLICY_LOSS_SPECS
 from config.checks import (
@@ -20,14 +19,11 @@ from config.checks import (
     positive,
     positive_int,
 )
-from config.sections.engine import CheckpointTree, FSDPConfig, OptimConfig, RefFSDPConfig, Strategy
-from config.sections.profiler import ProfilerTree
-from config.tree import InertTree
+from config.sections.engine import FSDPConfig, OptimConfig, RefFSDPConfig
 
 LossAggMode = Literal[LOSS_AGG_MODES]  # type: ignore[valid-type]
 PolicyLossMode = Literal[tuple(POLICY_LOSS_SPECS)]  # type: ignore[valid-type]
 KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
-ACTOR_TARGET = "verl.workers.config.FSDPActorConfig"
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,6 @@ class RolloutCorrectionConfig:
 class PolicyLossConfig:
     """``actor.policy_loss``: which loss (``algos.registry.POLICY_LOSS_SPECS``) and the options only some read."""
 
-    _target_: str = "verl.workers.config.PolicyLossConfig"
     loss_mode: PolicyLossMode = "vanilla"
     clip_cov_ratio: float = 0.0002  # clip_cov: the fraction of tokens detached
     clip_cov_lb: float = 1.0  # clip_cov: the covariance band tokens are drawn from
@@ -72,26 +67,12 @@ class PolicyLossConfig:
             )
 
 
-class ActorQATTree(InertTree):
-    DEFAULTS: ClassVar[dict[str, Any]] = {
-        "enable": False,
-        "mode": "w4a16",
-        "group_size": 16,
-        "ignore_patterns": ["lm_head", "embed_tokens", "re:.*mlp.gate$"],
-        "activation_observer": "static_minmax",
-        "quantization_config_path": None,
-    }
-
-
 @dataclass(frozen=True)
 class ActorConfig:
-    _target_: str = ACTOR_TARGET
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
-    strategy: Strategy = "fsdp"
     ppo_mini_batch_size: int = 256  # prompts (global); × rollout.n / workers per rank (planner.plan)
-    ppo_micro_batch_size: int | None = None  # verl's global micro-batch: ÷ workers -> the per-GPU key (cli.normalize)
     ppo_micro_batch_size_per_gpu: int | None = None  # sequences per forward/backward on one worker
     use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu
     ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
@@ -100,34 +81,22 @@ class ActorConfig:
     clip_ratio_high: float | None = 0.2
     tau_pos: float = 1.0  # SAPO's gate temperature where the advantage is positive
     tau_neg: float = 1.05  # ... and where it is not
-    freeze_vision_tower: bool = False
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; DPPO's importance-weight truncation
     loss_agg_mode: LossAggMode = "token-mean"
     loss_scale_factor: float | None = None  # seq-mean-token-sum-norm's divisor; null -> the response length
     entropy_coeff: float = 0.0
-    calculate_entropy: bool = False  # ColoRL reports actor/entropy at every update anyway
     calculate_sum_pi_squared: bool = False  # return Σπ² with the old log-probs (on anyway when the estimator needs it)
     use_kl_loss: bool = False
     # the rows of a micro-batch that repeat a prompt (a GRPO group) run it once, its responses after it in one
     # packed row: the same log-probs and gradients, less compute (workers.compute.packing)
     use_prefix_grouper: bool = False
-    use_torch_compile: bool = True  # verl compiles its entropy/log-prob helpers; ColoRL's compute the same eagerly
     kl_loss_coef: float = 0.001
     kl_loss_type: KLLossType = "low_var_kl"
     ppo_epochs: int = 1
     shuffle: bool = False
-    data_loader_seed: int = 42
-    checkpoint: CheckpointTree = field(default_factory=CheckpointTree.default)
     use_fused_kernels: bool = "${actor_rollout_ref.model.use_fused_kernels}"  # type: ignore[assignment]
-    profiler: ProfilerTree = field(default_factory=ProfilerTree.default)
-    qat: ActorQATTree = field(default_factory=ActorQATTree.default)
     grad_clip: float = 1.0  # verl's actor key; optim.clip_grad is the same (cli.normalize)
-    ulysses_sequence_parallel_size: int = 1  # verl's sequence parallelism; ColoRL runs whole sequences per rank
-    entropy_from_logits_with_chunking: bool = False
-    entropy_from_logits_chunk_size: int = 2048
-    entropy_checkpointing: bool = False
-    pad_to_length: bool = False
     use_remove_padding: bool = "${actor_rollout_ref.model.use_remove_padding}"  # type: ignore[assignment]
     # ColoRL: one optimizer step per batch (ppo_epochs 1, one mini-batch) is on-policy: the update's own log-probs,
     # detached, are the old ones, so the separate old-log-prob forward is skipped (as TRL does)
@@ -137,10 +106,8 @@ class ActorConfig:
     compile_model: bool = False
 
     def __post_init__(self) -> None:
-        positive_int(
-            self, "ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu", "ulysses_sequence_parallel_size"
-        )
-        optional_positive_int(self, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size")
+        positive_int(self, "ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu")
+        optional_positive_int(self, "ppo_micro_batch_size_per_gpu")
         positive(self, "clip_ratio", "grad_clip")
         check(
             self,
@@ -165,22 +132,11 @@ class ActorConfig:
 @dataclass(frozen=True)
 class RefConfig:
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
-    strategy: Strategy = "${actor_rollout_ref.actor.strategy}"  # type: ignore[assignment]
-    use_torch_compile: bool = "${actor_rollout_ref.actor.use_torch_compile}"  # type: ignore[assignment]
-    log_prob_micro_batch_size: int | None = None  # verl's global micro-batch: ÷ workers -> the per-GPU key
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
-    profiler: ProfilerTree = field(default_factory=ProfilerTree.default)
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
-    _target_: str = ACTOR_TARGET
-    # verl's sequence parallelism, as the actor's: ColoRL runs whole sequences per rank (cli.inert)
-    ulysses_sequence_parallel_size: int = "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"  # type: ignore
-    entropy_from_logits_with_chunking: bool = False
-    entropy_from_logits_chunk_size: int = 2048
-    entropy_checkpointing: bool = False
-    pad_to_length: bool = "${actor_rollout_ref.actor.pad_to_length}"  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        positive_int(self, "log_prob_max_token_len_per_gpu", "ulysses_sequence_parallel_size")
-        optional_positive_int(self, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")
+        positive_int(self, "log_prob_max_token_len_per_gpu")
+        optional_positive_int(self, "log_prob_micro_batch_size_per_gpu")

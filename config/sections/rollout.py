@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from config.checks import ConfigError, check, check_sampling, is_number, optional_positive_int, positive, positive_int
-from config.sections.profiler import RolloutProfilerTree
 from config.tree import InertTree
 
 
@@ -221,7 +220,6 @@ class RolloutConfig:
     skip_tokenizer_init: bool = True
     enable_rollout_routing_replay: bool = False
     moe_load_balance_metrics_interval: int = 0
-    profiler: RolloutProfilerTree = field(default_factory=RolloutProfilerTree.default)
     prometheus: PrometheusTree = field(default_factory=PrometheusTree.default)
     quantization: str | None = None
     quantization_config_file: str | None = None

@@ -20,6 +20,7 @@ from typing import Any
 from config.checks import ConfigError, show
 from config.distillation import teacher_warnings
 from config.tree import flat
+from verl_compat.cli.schema import VerlPPOConfig
 
 ARR, RO = "actor_rollout_ref", "actor_rollout_ref.rollout"
 FSDP = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp",
@@ -272,9 +273,7 @@ def entry(key: str) -> Inert | None:
 @cache
 def _written_defaults() -> dict[str, Any]:
     """Each key's default as the schema writes it (``${...}`` where it follows another key)."""
-    from config.schema import PPOConfig  # the schema imports nothing of this module's; the loader imports both
-
-    return dict(flat(PPOConfig()))
+    return dict(flat(VerlPPOConfig()))
 
 
 def _set(cfg: Any) -> Iterator[tuple[str, Any, Any, Inert]]:

@@ -21,10 +21,14 @@ from config.schema import PPOConfig
 from planner import StepPlan
 from verl_compat.cli.inert import check_refused, inert_warnings
 from verl_compat.cli.normalize import current_place, normalize, rewrite_aliases
+from verl_compat.cli.schema import VerlPPOConfig
 
 
 class VerlAdapter(core_adapter.Adapter):
     """verl 0.9.1's keys: its older spellings, its start-up derivations, and the keys of machinery ColoRL lacks."""
+
+    def schema(self) -> type:
+        return VerlPPOConfig
 
     def overrides(self, overrides: Sequence[str]) -> list[str]:
         return rewrite_aliases(overrides)

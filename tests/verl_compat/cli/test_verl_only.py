@@ -1,0 +1,70 @@
+"""verl's keys ColoRL does not read live in the door's schema only (``verl_compat.cli.schema``): the core loader
+does not know them, the door's loads each with verl's default, and the door's config is the core's, section by
+section, so the core reads it as its own (and it travels to the workers pickled)."""
+
+import dataclasses
+import pickle
+
+import pytest
+
+from config import ConfigError
+from config.adapter import Adapter
+from config.schema import PPOConfig
+from config.tree import flat
+from planner import load_config as core_load
+from verl_compat import cli
+from verl_compat.cli.schema import VERL_ONLY, VerlPPOConfig
+
+
+def _paths(cls: type, found: type, prefix: str = "") -> list[str]:
+    """The dotted keys under which sections of type ``found`` (or a subclass) sit in ``cls``."""
+    paths = [prefix.rstrip(".")] if issubclass(cls, found) else []
+    for f in dataclasses.fields(cls):
+        tp = type(getattr(cls(), f.name))
+        if dataclasses.is_dataclass(tp):
+            paths += _paths(tp, found, f"{prefix}{f.name}.")
+    return paths
+
+
+VERL_KEYS = [
+    f"{path}.{spec[0]}".lstrip(".")
+    for section, keys in VERL_ONLY.items()
+    for path in _paths(PPOConfig, section)
+    for spec in keys.fields
+]
+
+
+def test_the_door_adds_every_listed_key_and_the_core_schema_has_none():
+    assert len(VERL_KEYS) >= len(VERL_ONLY)
+    core, door = dict(flat(PPOConfig())), dict(flat(VerlPPOConfig()))
+    assert set(core) < set(door)
+    for key in VERL_KEYS:
+        assert not any(k == key or k.startswith(f"{key}.") for k in core), key
+        assert any(k == key or k.startswith(f"{key}.") for k in door), key
+    assert {k: door[k] for k in core} == core  # the core's keys keep their defaults (critic.optim.lr among them)
+
+
+def _override(key: str) -> str:
+    """``key`` (or its first leaf, for a subtree) set to its default, as a command line writes it."""
+    value = dict(flat(VerlPPOConfig()))
+    leaf = next(k for k in value if k == key or k.startswith(f"{key}."))
+    return f"{leaf}={'null' if value[leaf] is None else value[leaf]}"
+
+
+@pytest.mark.parametrize("section", list(VERL_ONLY), ids=lambda section: section.__name__)
+def test_a_verl_only_key_is_unknown_to_the_core_loader(section):
+    key = f"{_paths(PPOConfig, section)[0]}.{VERL_ONLY[section].fields[-1][0]}".lstrip(".")
+    with pytest.raises(ConfigError, match="unknown config key"):
+        core_load([_override(key)], adapter=Adapter())
+
+
+def test_every_verl_only_key_loads_through_the_door_at_its_default_without_a_warning():
+    cfg = cli.load_config([_override(key) for key in VERL_KEYS])
+    assert cli.inert_warnings(cfg) == []
+
+
+def test_the_door_config_is_the_cores_section_by_section_and_pickles():
+    cfg = cli.load_config(["actor_rollout_ref.model.path=/m", "actor_rollout_ref.actor.use_dynamic_bsz=true"])
+    assert isinstance(cfg, PPOConfig)
+    assert isinstance(cfg.actor_rollout_ref.actor, type(PPOConfig().actor_rollout_ref.actor))
+    assert pickle.loads(pickle.dumps(cfg)) == cfg

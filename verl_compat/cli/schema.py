@@ -1,0 +1,325 @@
+"""verl's keys that ColoRL's schema does not declare, because nothing in ColoRL reads them; ``VerlPPOConfig``.
+
+ColoRL's schema (``config.schema``, ``config.sections``) holds the keys ColoRL honours. verl's configuration has
+more: subtrees of its machinery (``trees``) and typed keys of features ColoRL does not have. ``VERL_ONLY`` lists
+them, per core section, with verl's defaults. ``VerlPPOConfig`` is ColoRL's schema with them: each core section
+that has verl-only keys, or nests a section that has, gets a frozen subclass adding them (its nested sections
+swapped for theirs). The door's adapter (``load.VerlAdapter.schema``) has the loader compose, build and check
+against it, so every verl key loads with its default; ``inert`` warns about, or refuses, a value set away from it.
+ColoRL's code reads only the core sections' fields, which every subclass keeps, so its typing holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+from config import machinery, sections
+from config import schema as core
+from config.checks import ConfigError, optional_positive_int, positive, positive_int
+from config.tree import InertTree
+from verl_compat.cli import legacy, trees
+
+
+@dataclasses.dataclass(frozen=True)
+class Keys:
+    """A core section's verl-only keys: ``(name, type, default)`` each (an ``InertTree`` type alone: its
+    ``DEFAULTS``), and the range checks its ``__post_init__`` adds (``check(section)``, raising ``ConfigError``)."""
+
+    fields: tuple[tuple[Any, ...], ...]
+    check: Callable[[Any], None] | None = None
+
+
+Strategy = Literal["fsdp", "fsdp2"]  # ColoRL shards with FSDP2; verl's FSDP1 ("fsdp") computes the same numbers
+ACTOR_TARGET = "verl.workers.config.FSDPActorConfig"
+
+
+def _micro_batches(section: Any, *global_keys: str) -> None:
+    """verl's global micro-batches (÷ workers: the per-GPU keys) and its sequence parallelism's size."""
+    optional_positive_int(section, *global_keys)
+    positive_int(section, "ulysses_sequence_parallel_size")
+
+
+def _optimizer(optim: Any) -> None:
+    positive(optim, "clip_grad")
+    if optim.warmup_style is not None and optim.warmup_style != optim.lr_scheduler_type:
+        raise ConfigError.invalid(
+            "warmup_style",
+            optim.warmup_style,
+            f"contradicts lr_scheduler_type={optim.lr_scheduler_type} (its newer name)",
+        )
+
+
+def _fp32_masters(arr: Any) -> None:
+    """A LoRA actor trains fp32 adapters over a frozen base, which verl's model_dtype may hold in bf16 (it is the
+    compute dtype then, normalize); a fully trained actor keeps fp32 masters."""
+    dtype = arr.actor.fsdp_config.model_dtype
+    if dtype not in ("fp32", "float32") and arr.model.lora_rank == 0:
+        raise ConfigError.invalid(
+            "actor.fsdp_config.model_dtype",
+            dtype,
+            "a trained role keeps fp32 master weights; fsdp_config.dtype (mixed_precision.param_dtype) sets "
+            "the compute dtype",
+        )
+
+
+def _target(name: str) -> tuple[str, type, str]:
+    """verl's ``_target_`` key: the class verl builds the section as (recorded, not used)."""
+    return "_target_", str, name
+
+
+VERL_ONLY: dict[type, Keys] = {
+    core.PPOConfig: Keys(
+        (
+            ("global_profiler", trees.GlobalProfilerTree),
+            ("transfer_queue", trees.TransferQueueTree),
+            ("skip", trees.SkipTree),
+            # the older spellings of reward.* (null: not set; normalize moves what is set into reward)
+            ("custom_reward_function", legacy.LegacyCustomRewardFunctionConfig),
+            ("reward_model", legacy.LegacyRewardModelConfig),
+            ("sandbox_fusion", legacy.LegacySandboxFusionConfig),
+        )
+    ),
+    machinery.RayInitConfig: Keys((("runtime_env", trees.RuntimeEnvTree),)),
+    machinery.RayKwargsConfig: Keys((("timeline_json_file", str | None, None),)),
+    core.DataConfig: Keys(
+        (
+            ("tokenizer", str | None, None),
+            ("use_shm", bool, False),
+            ("return_raw_input_ids", bool, False),
+            ("return_full_prompt", bool, False),
+            ("dataloader_num_workers", int, 8),
+            ("image_patch_size", int, 14),
+            ("validation_shuffle", bool, False),
+            ("filter_overlong_prompts_workers", int, 1),
+            ("image_key", str, "images"),
+            ("video_key", str, "videos"),
+            ("audio_key", str, "audios"),
+            ("trust_remote_code", bool, False),
+            ("custom_cls", trees.CustomClsTree),
+            ("return_multi_modal_inputs", bool, True),
+            ("mm_processor_kwargs", dict[str, Any], {}),
+        )
+    ),
+    core.AlgorithmConfig: Keys(
+        (_target("verl.trainer.config.AlgoConfig"), ("use_pf_ppo", bool, False), ("pf_ppo", trees.PFPPOTree))
+    ),
+    core.KLCtrlConfig: Keys((_target("verl.trainer.config.KLControlConfig"),)),
+    core.FilterGroupsConfig: Keys(
+        (_target("verl.trainer.config.FilterGroupsConfig"), ("max_inflight_gen_batches", int, 1)),
+        lambda section: positive_int(section, "max_inflight_gen_batches"),
+    ),
+    core.TrainerConfig: Keys(
+        (
+            ("esi_redundant_time", float, 0),
+            ("checkpoint_callback_class", str | None, None),
+            ("del_local_ckpt_after_load", bool, False),
+            ("ray_wait_register_center_timeout", int, 300),
+            ("use_v1", bool, True),  # verl's trainer implementation switch: ColoRL has one (its v1 sync mode)
+            ("default_hdfs_dir", str | None, None),  # verl's HDFS copy of checkpoints
+            ("use_legacy_worker_impl", Literal["auto", "enable", "disable"], "auto"),
+        )
+    ),
+    sections.ActorRolloutRefConfig: Keys(
+        (("hybrid_engine", bool, True), ("nccl_timeout", int, 600)), lambda section: _fp32_masters(section)
+    ),
+    sections.ModelConfig: Keys(
+        (
+            _target("verl.workers.config.HFModelConfig"),
+            ("hf_config_path", str | None, None),
+            ("tokenizer_path", str | None, None),
+            ("use_shm", bool, False),
+            ("custom_chat_template", str | None, None),
+            ("external_lib", str | None, None),
+            ("enable_activation_offload", bool, False),
+            ("exclude_modules", Any, None),
+            ("lora_adapter_path", str | None, None),
+            ("use_liger", bool, False),
+            ("fused_kernel_options", trees.FusedKernelOptionsTree),
+            ("tiled_mlp", trees.TiledMLPTree),
+            ("mtp", trees.MtpTree),
+            ("lora", trees.MegatronLoraTree),  # Megatron's LoRA; ColoRL's is lora_rank, lora_alpha, target_modules
+        )
+    ),
+    sections.OptimConfig: Keys(
+        (
+            _target("verl.workers.config.FSDPOptimizerConfig"),
+            ("total_training_steps", int, -1),  # verl injects it at run time
+            ("clip_grad", float, 1.0),  # verl's engine key of the role's grad_clip (normalize makes them one)
+            ("warmup_style", Literal["constant", "cosine"] | None, None),  # the older name of lr_scheduler_type
+        ),
+        lambda section: _optimizer(section),
+    ),
+    sections.FSDPConfig: Keys(
+        (
+            _target("verl.workers.config.FSDPEngineConfig"),
+            ("offload_policy", bool, False),
+            ("fsdp_size", int, -1),
+            ("forward_prefetch", bool, False),
+            ("model_dtype", str, "fp32"),  # the dtype verl loads weights (and keeps trained roles' masters) in
+            ("use_orig_params", bool, False),
+            ("seed", int, 42),
+            ("full_determinism", bool, False),
+            ("ulysses_sequence_parallel_size", int, 1),
+            ("entropy_from_logits_with_chunking", bool, "${oc.select:..entropy_from_logits_with_chunking,false}"),
+            ("entropy_from_logits_chunk_size", int, "${oc.select:..entropy_from_logits_chunk_size,2048}"),
+            ("use_torch_compile", bool, True),
+            ("entropy_checkpointing", bool, "${oc.select:..entropy_checkpointing,false}"),
+            ("use_no_sync_for_gradient_accumulation", bool, False),
+            ("pad_to_length", bool, "${oc.select:..pad_to_length,false}"),
+            ("pad_to_length_bucket", int, 1024),
+            ("forward_only", bool, False),
+            ("strategy", Strategy, "fsdp"),
+            ("dtype", str, "bfloat16"),  # the compute dtype (normalize sets mixed_precision.param_dtype from it)
+            ("qat", trees.QATTree),
+            ("turbo_config", trees.TurboTree),
+        )
+    ),
+    sections.RefFSDPConfig: Keys(  # a forward-only engine's defaults
+        (
+            ("forward_only", bool, True),
+            ("pad_to_length_bucket", int, "${oc.select:actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket,1024}"),
+        )
+    ),
+    sections.ActorConfig: Keys(
+        (
+            _target(ACTOR_TARGET),
+            ("strategy", Strategy, "fsdp"),
+            ("ppo_micro_batch_size", int | None, None),  # the global micro-batch: normalize divides it by workers
+            ("freeze_vision_tower", bool, False),
+            ("calculate_entropy", bool, False),
+            ("use_torch_compile", bool, True),
+            ("data_loader_seed", int, 42),
+            ("checkpoint", trees.CheckpointTree),
+            ("profiler", trees.ProfilerTree),
+            ("qat", trees.ActorQATTree),
+            ("ulysses_sequence_parallel_size", int, 1),
+            ("entropy_from_logits_with_chunking", bool, False),
+            ("entropy_from_logits_chunk_size", int, 2048),
+            ("entropy_checkpointing", bool, False),
+            ("pad_to_length", bool, False),
+        ),
+        lambda section: _micro_batches(section, "ppo_micro_batch_size"),
+    ),
+    sections.PolicyLossConfig: Keys((_target("verl.workers.config.PolicyLossConfig"),)),
+    sections.RefConfig: Keys(
+        (
+            ("strategy", Strategy, "${actor_rollout_ref.actor.strategy}"),
+            ("use_torch_compile", bool, "${actor_rollout_ref.actor.use_torch_compile}"),
+            ("log_prob_micro_batch_size", int | None, None),
+            ("profiler", trees.ProfilerTree),
+            _target(ACTOR_TARGET),
+            ("ulysses_sequence_parallel_size", int, "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"),
+            ("entropy_from_logits_with_chunking", bool, False),
+            ("entropy_from_logits_chunk_size", int, 2048),
+            ("entropy_checkpointing", bool, False),
+            ("pad_to_length", bool, "${actor_rollout_ref.actor.pad_to_length}"),
+        ),
+        lambda section: _micro_batches(section, "log_prob_micro_batch_size"),
+    ),
+    sections.CriticConfig: Keys(
+        (
+            _target("verl.workers.config.FSDPCriticConfig"),
+            ("strategy", Strategy, "fsdp"),
+            ("ppo_micro_batch_size", int | None, None),
+            ("data_loader_seed", int, 42),
+            ("checkpoint", trees.CriticCheckpointTree),
+            ("profiler", trees.ProfilerTree),
+            ("forward_micro_batch_size", int | None, "${critic.ppo_micro_batch_size}"),
+            ("ulysses_sequence_parallel_size", int, 1),
+        ),
+        lambda section: _micro_batches(section, "ppo_micro_batch_size", "forward_micro_batch_size"),
+    ),
+    sections.RolloutConfig: Keys((("profiler", trees.RolloutProfilerTree),)),
+}
+_DOOR: dict[type, type] = {}  # a core section -> its subclass with verl's keys (itself where it needs none)
+
+
+def door(cls: type) -> type:
+    """``cls`` with the verl-only keys of ``VERL_ONLY`` added, to it and to the sections it nests (``cls`` itself
+    where neither has any); made once, and named in this module (``Verl<Name>``, so that a config pickles)."""
+    if cls not in _DOOR:
+        _DOOR[cls] = _made(cls)
+    return _DOOR[cls]
+
+
+def _made(cls: type) -> type:
+    hints = typing.get_type_hints(cls)
+    swapped = [
+        (f.name, _swapped(hints[f.name]), dataclasses.field(default_factory=_promoting(f, _swapped(hints[f.name]))))
+        for f in dataclasses.fields(cls)
+        if _swapped(hints[f.name]) is not hints[f.name]
+    ]
+    added = {}
+    for base in reversed(cls.__mro__):  # a subclass's entry (RefFSDPConfig's) overrides its base's (FSDPConfig's)
+        if base in VERL_ONLY:
+            added |= {spec[0]: spec for spec in VERL_ONLY[base].fields}
+    if not swapped and not added:
+        return cls
+    checks = [VERL_ONLY[base].check for base in cls.__mro__ if base in VERL_ONLY and VERL_ONLY[base].check]
+    namespace = {"__post_init__": _post_init(cls, checks)} if checks else {}
+    made = dataclasses.make_dataclass(
+        f"Verl{cls.__name__}",
+        [*swapped, *(_field(*spec) for spec in added.values())],
+        bases=(cls,),
+        frozen=True,
+        namespace={**namespace, "__doc__": f"``{cls.__name__}`` with verl's keys ColoRL does not read."},
+    )
+    made.__module__ = __name__
+    globals()[made.__name__] = made
+    return made
+
+
+def _swapped(tp: Any) -> Any:
+    """The door's type for annotation ``tp``: a section's subclass, a mapping of sections' (``teacher_models``)."""
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return door(tp)
+    if typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
+        key, value = typing.get_args(tp)
+        return tp if door(value) is value else dict[key, door(value)]  # type: ignore[valid-type]
+    return tp
+
+
+def _field(name: str, tp: Any, default: Any = dataclasses.MISSING) -> tuple[str, Any, Any]:
+    if isinstance(tp, type) and issubclass(tp, InertTree):
+        return name, tp, dataclasses.field(default_factory=tp.default)
+    if dataclasses.is_dataclass(tp) and default is dataclasses.MISSING:
+        return name, tp, dataclasses.field(default_factory=tp)
+    if isinstance(default, (list, dict)):
+        return name, tp, dataclasses.field(default_factory=lambda: copy.deepcopy(default))
+    return name, tp, dataclasses.field(default=default)
+
+
+def _promoting(f: dataclasses.Field, tp: Any) -> Callable[[], Any]:
+    """The default factory of a swapped field: the core default (``CriticConfig.optim``'s lr=1e-5 kept) as ``tp``."""
+    if f.default_factory is not dataclasses.MISSING:
+        return lambda: promote(f.default_factory(), tp)  # type: ignore[misc]
+    return lambda: promote(f.default, tp)
+
+
+def promote(value: Any, tp: Any) -> Any:
+    """A core section's instance ``value`` as the door's type ``tp`` (its verl-only keys at their defaults)."""
+    if isinstance(value, dict) and typing.get_origin(tp) is dict:
+        return {name: promote(item, typing.get_args(tp)[1]) for name, item in value.items()}
+    if not dataclasses.is_dataclass(value) or not isinstance(tp, type) or type(value) is tp:
+        return value  # a value, or an interpolation ("${algorithm.rollout_correction}")
+    hints = typing.get_type_hints(tp)
+    return tp(**{f.name: promote(getattr(value, f.name), hints[f.name]) for f in dataclasses.fields(value)})
+
+
+def _post_init(cls: type, checks: list[Callable[[Any], None]]) -> Callable[[Any], None]:
+    own = getattr(cls, "__post_init__", None)
+
+    def __post_init__(self: Any) -> None:
+        if own is not None:
+            own(self)
+        for check in checks:
+            check(self)
+
+    return __post_init__
+
+
+VerlPPOConfig: type[core.PPOConfig] = door(core.PPOConfig)
