@@ -1,23 +1,21 @@
-"""``distillation.*``: on-policy distillation (OPD) with verl 0.9.1's keys, defaults and checks.
+"""``distillation.*``: on-policy distillation (OPD), its keys, defaults and checks.
 
 The student (the actor) samples, a frozen teacher scores every sampled token, and the actor's loss gains a
-per-token divergence to the teacher (``algos.distillation``). verl runs each teacher as an inference server in a
-resource pool of its own (``n_gpus_per_node``, ``nnodes``, each teacher's ``num_replicas`` and ``inference.*``);
-ColoRL colocates the teacher with the other roles, so those keys are accepted and a value other than verl's
-default warns (``teacher_warnings``), as the rollout's engine keys do.
+per-token divergence to the teacher (``algos.distillation``). Each teacher is colocated with the other roles: one
+more frozen FSDP role on every worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from algos.registry import DISTILLATION_LOSS_SPECS
-from config.checks import ConfigError, check, is_int, non_negative, positive, show
+from config.checks import ConfigError, check, is_int, non_negative, positive
 
 DistillationLossMode = Literal[tuple(DISTILLATION_LOSS_SPECS)]  # type: ignore[valid-type]
-DEFAULT_TEACHER = "teacher_model"  # verl's entry for a single teacher; dropped when other teachers are named
+DEFAULT_TEACHER = "teacher_model"  # the entry of a single teacher; dropped when other teachers are named
 # what the teacher's phase writes for the actor's update: the sampled tokens' log-probs (B, R), or its top-k ids
 # (int64) and log-probs (B, R, k): k values per token, never the vocabulary
 TEACHER_LOG_PROBS = ("teacher_log_probs",)
@@ -28,7 +26,6 @@ TEACHER_TOPK = ("teacher_topk_ids", "teacher_topk_log_probs")
 class DistillationLossConfig:
     """``distillation.distillation_loss``: which divergence and how it enters the actor's loss."""
 
-    _target_: str = "verl.workers.config.DistillationLossConfig"
     loss_mode: DistillationLossMode = "k3"
     topk: int | None = 32  # teacher tokens per position for forward_kl_topk
     use_task_rewards: bool = True  # add to the task's policy loss (× distillation_loss_coef); else replace it
@@ -36,7 +33,6 @@ class DistillationLossConfig:
     loss_max_clamp: float | None = None  # per-token losses clamped to ±this
     log_prob_min_clamp: float | None = None  # forward_kl_topk: log-probs clamped below at this
     use_policy_gradient: bool = False  # the negative divergence as each token's reward (PG OPD); else backpropagated
-    policy_loss_mode: Literal["vanilla"] = "vanilla"  # verl supports only PPO's clipped loss here
     clip_ratio: float = 0.2
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
@@ -58,44 +54,11 @@ class DistillationLossConfig:
 
 
 @dataclass(frozen=True)
-class TeacherInferenceConfig:
-    """``teacher_models.<name>.inference``: verl's teacher inference server. ColoRL's teacher is a colocated FSDP
-    forward; these keys are accepted and warn when set (null ones follow the student's rollout in verl)."""
-
-    _target_: str = "verl.workers.config.RolloutConfig"
-    name: str | None = None
-    dtype: str | None = None
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
-    cudagraph_capture_sizes: Any = None
-    free_cache_engine: bool = True
-    data_parallel_size: int = 1
-    expert_parallel_size: int = 1
-    tensor_model_parallel_size: int = 2
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None
-    max_num_seqs: int = 1024
-    load_format: str = "auto"
-    engine_kwargs: Any = field(default_factory=dict)
-    limit_images: Any = None
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    disable_log_stats: bool = True
-    skip_tokenizer_init: bool = True
-    prompt_length: int | None = None
-    response_length: int | None = None
-    temperature: float | None = None
-
-
-@dataclass(frozen=True)
 class TeacherModelConfig:
     """``distillation.teacher_models.<name>``: one teacher; ``key`` routes rows to it among several."""
 
-    _target_: str = "verl.workers.config.DistillationTeacherModelConfig"
     key: str | None = None
     model_path: str | None = None
-    num_replicas: int = 0  # verl's inference replicas; ColoRL's teacher is one more role on every worker
-    inference: TeacherInferenceConfig = field(default_factory=TeacherInferenceConfig)
 
 
 @dataclass(frozen=True)
@@ -103,11 +66,8 @@ class DistillationConfig:
     """``distillation.*``. One teacher is ``teacher_models.teacher_model``; several are other names, each with a
     ``key`` matched against each row's ``teacher_key`` column (verl: ``teacher_model`` is then dropped)."""
 
-    _target_: str = "verl.workers.config.DistillationConfig"
     enabled: bool = False
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
-    n_gpus_per_node: int = 8  # verl's teacher resource pool; ColoRL colocates the teacher
-    nnodes: int = 0
     teacher_models: dict[str, TeacherModelConfig] = field(
         default_factory=lambda: {DEFAULT_TEACHER: TeacherModelConfig()}
     )
@@ -140,35 +100,6 @@ def active_teachers(config: DistillationConfig) -> dict[str, TeacherModelConfig]
     if len(teachers) > 1:
         teachers.pop(DEFAULT_TEACHER, None)
     return teachers
-
-
-def teacher_warnings(config: DistillationConfig) -> list[str]:
-    """One line per verl key of the teacher's own server or pool set away from verl's default (accepted, unused),
-    as ``cli.inert`` words its lines."""
-    if not config.enabled:
-        return []
-    colocated = "ColoRL's teacher is a frozen FSDP role on every worker, beside the actor"
-    found = [
-        (f"distillation.{key}", getattr(config, key), getattr(DistillationConfig(), key), "it has no pool of its own")
-        for key in ("n_gpus_per_node", "nnodes")
-    ]
-    for name, teacher in active_teachers(config).items():
-        prefix = f"distillation.teacher_models.{name}"
-        found.append((f"{prefix}.num_replicas", teacher.num_replicas, 0, "it is no inference server"))
-        found += [
-            (
-                f"{prefix}.inference.{f.name}",
-                getattr(teacher.inference, f.name),
-                getattr(TeacherInferenceConfig(), f.name),
-                "not an inference server",
-            )
-            for f in fields(TeacherInferenceConfig)
-        ]
-    return [
-        f"{key}={show(value)}: {colocated}, {why}; set {key}={show(default)} to silence this"
-        for key, value, default, why in found
-        if value != default
-    ]
 
 
 def teacher_roles(config: DistillationConfig) -> dict[str, str]:

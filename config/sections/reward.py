@@ -1,21 +1,18 @@
-"""Rewards: verl's ``reward`` section (``RewardConfig``) and its older top-level spellings.
+"""Rewards: the ``reward`` section.
 
 ``reward.custom_reward_function`` is a user's ``compute_score``, ``reward.reward_manager`` how it is called
 (``data.reward_loop.REWARD_MANAGERS``), ``reward.reward_model`` a learned reward model colocated with the other roles
-(its score is added to the rule-based reward). verl's older ``custom_reward_function``, ``reward_model`` and
-``sandbox_fusion`` sections load too: their non-null values move into ``reward`` as verl moves them
-(``cli.normalize.migrate_legacy_reward``), so ColoRL reads ``reward`` only.
+(its score is added to the rule-based reward). ColoRL reads ``reward`` only; a command-line dialect's older
+spellings move into it before the config is built (``config.adapter``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 from config.checks import ConfigError, check, is_int, non_negative, positive_int
 from config.sections.engine import RefFSDPConfig
-from config.sections.rollout import DisaggregationTree
-from config.tree import InertTree
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,6 @@ class CustomRewardFunctionConfig:
 
 @dataclass(frozen=True)
 class ModuleConfig:
-    _target_: str = "verl.trainer.config.config.ModuleConfig"
     path: str | None = None
     name: str = "custom_reward_manager"
 
@@ -49,10 +45,9 @@ class ModuleConfig:
 class RewardManagerConfig:
     """Which reward manager scores a batch: ``source=register`` picks ``name`` among ColoRL's
     (``data.reward_loop.REWARD_MANAGERS``: naive, batch, dapo, prime, gdpo, rate_limited, remote); ``importlib``
-    builds the user's verl reward-manager class ``name`` from ``module.path`` (``data.reward_loop``,
+    builds the user's reward-manager class ``name`` from ``module.path`` (``data.reward_loop``,
     ``ImportedRewardManager``)."""
 
-    _target_: str = "verl.workers.config.reward.RewardManagerConfig"
     source: Literal["register", "importlib"] = "register"
     name: str = "naive"
     module: ModuleConfig = field(default_factory=ModuleConfig)
@@ -67,64 +62,14 @@ class RewardManagerConfig:
             )
 
 
-class RewardRolloutTree(InertTree):
-    """verl serves its reward model with an inference engine; ColoRL runs it as an FSDP role (cli.inert)."""
-
-    DEFAULTS: ClassVar[dict[str, Any]] = {
-        "_target_": "verl.workers.config.RolloutConfig",
-        "name": None,
-        "dtype": "bfloat16",
-        "gpu_memory_utilization": 0.5,
-        "enforce_eager": True,
-        "cudagraph_capture_sizes": None,
-        "free_cache_engine": True,
-        "data_parallel_size": 1,
-        "expert_parallel_size": 1,
-        "tensor_model_parallel_size": 2,
-        "pipeline_model_parallel_size": 1,
-        "max_num_batched_tokens": 8192,
-        "max_model_len": None,
-        "max_num_seqs": 1024,
-        "load_format": "auto",
-        "layered_summon": False,
-        "scheduling_policy": "fcfs",
-        "full_determinism": False,
-        "seed": 42,
-        "multi_stage_wake_up": False,
-        "engine_kwargs": {},
-        "limit_images": None,
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": True,
-        "disable_log_stats": True,
-        "skip_tokenizer_init": False,
-        "ignore_eos": False,
-        "temperature": 1.0,
-        "top_k": -1,
-        "top_p": 1,
-        "do_sample": True,
-        "n": 1,
-        "prompt_length": 2048,
-        "response_length": 2048,
-        "quantization": None,
-        "quantization_config_file": None,
-        "mtp": None,
-        "disaggregation": dict(DisaggregationTree.DEFAULTS),  # the rollout's section of the same name
-    }
-
-
 @dataclass(frozen=True)
 class RewardModelConfig:
     """A learned reward model (an HF sequence-classification checkpoint, one score per sequence), colocated with
     the other roles; its score is added to the rule-based reward. It reads the policy's token ids as they are, so
     it must share the policy's tokenizer."""
 
-    _target_: str = "verl.workers.config.RewardModelConfig"
     enable: bool = False
-    enable_resource_pool: bool = False
-    n_gpus_per_node: int = 8
-    nnodes: int = 0
     model_path: str | None = None
-    rollout: RewardRolloutTree = field(default_factory=RewardRolloutTree.default)
     micro_batch_size_per_gpu: int = 16  # ColoRL: sequences per reward-model forward on one worker
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)  # ColoRL: how the reward model is sharded
 
@@ -134,16 +79,6 @@ class RewardModelConfig:
             raise ConfigError.invalid(
                 "model_path", self.model_path, "must name a sequence-classification checkpoint when enable=true"
             )
-
-
-@dataclass(frozen=True)
-class SandboxFusionConfig:
-    """verl's code-execution sandbox for code rewards: not in ColoRL (a url is refused, cli.inert)."""
-
-    _target_: str = "verl.workers.config.SandboxFusionConfig"
-    url: str | None = None
-    max_concurrent: int = 64
-    memory_limit_mb: int = 1024
 
 
 @dataclass(frozen=True)
@@ -169,7 +104,7 @@ class OverlongBufferConfig:
 
 @dataclass(frozen=True)
 class RewardKwargsConfig:
-    """``reward.reward_kwargs``: the reward manager's own keyword arguments (verl's scripts add them with ``+``);
+    """``reward.reward_kwargs``: the reward manager's own keyword arguments (scripts add them with ``+``);
     a manager gets those set away from their defaults (``trainer.running.build.make_reward_manager``)."""
 
     overlong_buffer_cfg: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # dapo
@@ -181,14 +116,12 @@ class RewardKwargsConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    _target_: str = "verl.workers.config.RewardConfig"
     num_workers: int = 8  # the remote reward manager's Ray workers (calls at a time)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
     reward_kwargs: RewardKwargsConfig = field(default_factory=RewardKwargsConfig)
-    # the rate_limited (and, but max_concurrent, remote) reward manager's; verl's scripts add them with +
+    # the rate_limited (and, but max_concurrent, remote) reward manager's; scripts add them with +
     max_concurrent: int = 1  # calls at a time
     max_rpm: int | None = None  # requests a minute (null: no limit)
     max_tpm: int | None = None  # tokens a minute, each request counted as estimated_tokens_per_request

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from config import ConfigError, PPOConfig, replace_keys, resolve_device, to_config
+from config.adapter import installed
 from config.schema import DataConfig
 from planner import load_config, make_plan, num_workers, uses_critic
 
@@ -20,7 +21,7 @@ def test_verls_preset_is_the_schema_and_the_demo_is_a_preset_on_it():
         config_name="ppo_trainer",
     )
     schema = replace_keys(
-        PPOConfig(),
+        installed().schema()(),  # the schema the loader composes on (with the door's keys: tests/conftest.py)
         {
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,

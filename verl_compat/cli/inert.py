@@ -10,6 +10,7 @@ A new machinery's keys (an inference engine's, say) are one edit of this table.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
 from collections.abc import Iterator
@@ -18,9 +19,10 @@ from functools import cache
 from typing import Any
 
 from config.checks import ConfigError, show
-from config.distillation import teacher_warnings
+from config.distillation import active_teachers
 from config.tree import flat
 from verl_compat.cli.schema import VerlPPOConfig
+from verl_compat.cli.servers import TeacherInferenceConfig
 
 ARR, RO = "actor_rollout_ref", "actor_rollout_ref.rollout"
 FSDP = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp",
@@ -304,9 +306,39 @@ def check_refused(cfg: Any) -> None:
 
 def inert_warnings(cfg: Any) -> list[str]:
     """One line per listed key set to a value ColoRL does not honour, naming what it does instead; then those of
-    the distillation teachers' server and pool keys (``config.distillation.teacher_warnings``)."""
+    the distillation teachers' server and pool keys (``teacher_warnings``)."""
     return [
         f"{key}={show(value)}: {found.instead or 'not used by ColoRL'}; set {key}={show(default)} to silence this"
         for key, value, default, found in _set(cfg)
         if not found.refuse
     ] + teacher_warnings(cfg.distillation)
+
+
+def teacher_warnings(config: Any) -> list[str]:
+    """One line per key of a distillation teacher's own server or pool (``distillation.*``) set away from its
+    default: accepted, unused, worded as ``INERT``'s lines."""
+    if not config.enabled:
+        return []
+    colocated = "ColoRL's teacher is a frozen FSDP role on every worker, beside the actor"
+    defaults = type(config)()
+    found = [
+        (f"distillation.{key}", getattr(config, key), getattr(defaults, key), "it has no pool of its own")
+        for key in ("n_gpus_per_node", "nnodes")
+    ]
+    for name, teacher in active_teachers(config).items():
+        prefix = f"distillation.teacher_models.{name}"
+        found.append((f"{prefix}.num_replicas", teacher.num_replicas, 0, "it is no inference server"))
+        found += [
+            (
+                f"{prefix}.inference.{f.name}",
+                getattr(teacher.inference, f.name),
+                getattr(TeacherInferenceConfig(), f.name),
+                "not an inference server",
+            )
+            for f in dataclasses.fields(TeacherInferenceConfig)
+        ]
+    return [
+        f"{key}={show(value)}: {colocated}, {why}; set {key}={show(default)} to silence this"
+        for key, value, default, why in found
+        if value != default
+    ]

@@ -17,11 +17,12 @@ import typing
 from collections.abc import Callable
 from typing import Any, Literal
 
-from config import machinery, sections
+from config import distillation, machinery, sections
 from config import schema as core
 from config.checks import ConfigError, optional_positive_int, positive, positive_int
+from config.sections import reward
 from config.tree import InertTree
-from verl_compat.cli import legacy, trees
+from verl_compat.cli import legacy, servers, trees
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,22 @@ def _fp32_masters(arr: Any) -> None:
             "a trained role keeps fp32 master weights; fsdp_config.dtype (mixed_precision.param_dtype) sets "
             "the compute dtype",
         )
+
+
+def _refused(section: Any, key: str, why: str) -> None:
+    """A path that would change what is trained if ignored: refused unless null."""
+    value = getattr(section, key)
+    if value is not None:
+        raise ConfigError.invalid(key, value, f"{why}; set it to null")
+
+
+def _agent_loop(agent: Any) -> None:
+    positive_int(agent, "num_workers")
+    _refused(
+        agent,
+        "agent_loop_config_path",
+        "custom agent loops are not in ColoRL (single_turn_agent and tool_agent are built in)",
+    )
 
 
 def _target(name: str) -> tuple[str, type, str]:
@@ -233,7 +250,95 @@ VERL_ONLY: dict[type, Keys] = {
         ),
         lambda section: _micro_batches(section, "ppo_micro_batch_size", "forward_micro_batch_size"),
     ),
-    sections.RolloutConfig: Keys((("profiler", trees.RolloutProfilerTree),)),
+    sections.RolloutConfig: Keys(
+        (
+            _target("verl.workers.config.RolloutConfig"),
+            ("mode", Literal["sync", "async"], "async"),  # either: each step's batch is generated before the update
+            ("full_determinism", bool, False),
+            ("seed", int, 42),
+            ("dtype", str, "bfloat16"),
+            ("ignore_eos", bool, False),
+            ("cudagraph_capture_sizes", Any, None),
+            ("data_parallel_size", int, 1),
+            ("expert_parallel_size", int, 1),
+            ("pipeline_model_parallel_size", int, 1),
+            ("logprobs_mode", str | None, "processed_logprobs"),
+            ("scheduling_policy", str, "fcfs"),
+            ("log_prob_micro_batch_size", int | None, None),  # the global micro-batch: normalize divides it
+            ("disable_log_stats", bool, True),
+            ("over_sample_rate", float, 0),
+            ("multi_stage_wake_up", bool, False),
+            ("router_config_path", str | None, None),
+            ("checkpoint_engine", servers.CheckpointEngineTree),
+            ("trace", servers.TraceTree),
+            ("skip_tokenizer_init", bool, True),
+            ("enable_rollout_routing_replay", bool, False),
+            ("moe_load_balance_metrics_interval", int, 0),
+            ("profiler", trees.RolloutProfilerTree),
+            ("prometheus", servers.PrometheusTree),
+            ("quantization", str | None, None),
+            ("quantization_config_file", str | None, None),
+            ("mtp", Any, None),  # verl copies the model's mtp section here
+            ("qat", Any, None),  # ... and the actor's fsdp_config.qat
+            ("disaggregation", servers.DisaggregationTree),
+        ),
+        lambda section: optional_positive_int(section, "log_prob_micro_batch_size"),
+    ),
+    sections.ValKwargs: Keys((_target("verl.workers.config.SamplingConfig"),)),
+    sections.MultiTurnConfig: Keys(
+        (
+            _target("verl.workers.config.MultiTurnConfig"),
+            ("interaction_config_path", str | None, None),  # a simulated user
+            ("use_inference_chat_template", bool, False),  # false: later turns see the recorded token ids
+            ("num_repeat_rollouts", int | None, None),
+        ),
+        lambda section: _refused(
+            section, "interaction_config_path", "verl's simulated-user interactions are not in ColoRL"
+        ),  # ignoring it would train without the simulated user
+    ),
+    sections.AgentLoopConfig: Keys(
+        (
+            _target("verl.workers.config.AgentLoopConfig"),
+            ("num_workers", int, 8),  # verl's agent-loop processes; ColoRL runs the loop in each rollout worker
+            ("agent_loop_config_path", str | None, None),  # custom agent-loop classes
+            ("custom_async_server", servers.CustomAsyncServerTree),
+        ),
+        lambda section: _agent_loop(section),
+    ),
+    distillation.DistillationConfig: Keys(
+        (
+            _target("verl.workers.config.DistillationConfig"),
+            ("n_gpus_per_node", int, 8),  # verl's teacher resource pool; ColoRL colocates the teacher
+            ("nnodes", int, 0),
+        )
+    ),
+    distillation.DistillationLossConfig: Keys(
+        (
+            _target("verl.workers.config.DistillationLossConfig"),
+            ("policy_loss_mode", Literal["vanilla"], "vanilla"),  # verl supports only PPO's clipped loss here
+        )
+    ),
+    distillation.TeacherModelConfig: Keys(
+        (
+            _target("verl.workers.config.DistillationTeacherModelConfig"),
+            ("num_replicas", int, 0),  # verl's inference replicas; ColoRL's teacher is one more role on every worker
+            ("inference", servers.TeacherInferenceConfig),
+        )
+    ),
+    sections.RewardConfig: Keys(
+        (_target("verl.workers.config.RewardConfig"), ("sandbox_fusion", servers.SandboxFusionConfig))
+    ),
+    reward.RewardManagerConfig: Keys((_target("verl.workers.config.reward.RewardManagerConfig"),)),
+    reward.ModuleConfig: Keys((_target("verl.trainer.config.config.ModuleConfig"),)),
+    sections.RewardModelConfig: Keys(
+        (
+            _target("verl.workers.config.RewardModelConfig"),
+            ("enable_resource_pool", bool, False),
+            ("n_gpus_per_node", int, 8),
+            ("nnodes", int, 0),
+            ("rollout", servers.RewardRolloutTree),  # verl serves its reward model; ColoRL's is an FSDP role
+        )
+    ),
 }
 _DOOR: dict[type, type] = {}  # a core section -> its subclass with verl's keys (itself where it needs none)
 

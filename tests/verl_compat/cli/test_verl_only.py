@@ -16,20 +16,24 @@ from verl_compat import cli
 from verl_compat.cli.schema import VERL_ONLY, VerlPPOConfig
 
 
-def _paths(cls: type, found: type, prefix: str = "") -> list[str]:
-    """The dotted keys under which sections of type ``found`` (or a subclass) sit in ``cls``."""
-    paths = [prefix.rstrip(".")] if issubclass(cls, found) else []
-    for f in dataclasses.fields(cls):
-        tp = type(getattr(cls(), f.name))
-        if dataclasses.is_dataclass(tp):
-            paths += _paths(tp, found, f"{prefix}{f.name}.")
+def _paths(section: object, found: type, prefix: str = "") -> list[str]:
+    """The dotted keys under which sections of type ``found`` (or a subclass) sit in the instance ``section``."""
+    paths = [prefix.rstrip(".")] if isinstance(section, found) else []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            paths += _paths(value, found, f"{prefix}{f.name}.")
+        elif isinstance(value, dict):  # named entries of one kind (distillation.teacher_models.<name>)
+            for name, entry in value.items():
+                if dataclasses.is_dataclass(entry):
+                    paths += _paths(entry, found, f"{prefix}{f.name}.{name}.")
     return paths
 
 
 VERL_KEYS = [
     f"{path}.{spec[0]}".lstrip(".")
     for section, keys in VERL_ONLY.items()
-    for path in _paths(PPOConfig, section)
+    for path in _paths(PPOConfig(), section)
     for spec in keys.fields
 ]
 
@@ -53,7 +57,7 @@ def _override(key: str) -> str:
 
 @pytest.mark.parametrize("section", list(VERL_ONLY), ids=lambda section: section.__name__)
 def test_a_verl_only_key_is_unknown_to_the_core_loader(section):
-    key = f"{_paths(PPOConfig, section)[0]}.{VERL_ONLY[section].fields[-1][0]}".lstrip(".")
+    key = f"{_paths(PPOConfig(), section)[0]}.{VERL_ONLY[section].fields[-1][0]}".lstrip(".")
     with pytest.raises(ConfigError, match="unknown config key"):
         core_load([_override(key)], adapter=Adapter())
 
