@@ -7,7 +7,7 @@ moved (``tree``), whether a value must be refused (``check``), and, later, the o
 nothing honours (``warnings``, printed when the trainer is built and by a dry run) and a recorded key's current place
 (``current_place``, for resuming).
 The base class answers for ColoRL's own keys: nothing moves, nothing warns. The door's command-line package
-installs its adapter when imported (``install``; docs/verl_api.md); the entry point and the tests import it, so the
+installs its adapter when imported (``install``); the entry point and the tests import it, so the
 core's loader speaks that dialect without importing it.
 """
 

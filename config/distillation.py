@@ -64,7 +64,7 @@ class TeacherModelConfig:
 @dataclass(frozen=True)
 class DistillationConfig:
     """``distillation.*``. One teacher is ``teacher_models.teacher_model``; several are other names, each with a
-    ``key`` matched against each row's ``teacher_key`` column (verl: ``teacher_model`` is then dropped)."""
+    ``key`` matched against each row's ``teacher_key`` column (``teacher_model`` is then dropped)."""
 
     enabled: bool = False
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
@@ -95,7 +95,7 @@ class DistillationConfig:
 
 
 def active_teachers(config: DistillationConfig) -> dict[str, TeacherModelConfig]:
-    """The teachers a run uses: ``teacher_model`` alone, or every other entry when there are several (verl's)."""
+    """The teachers a run uses: ``teacher_model`` alone, or every other entry when there are several."""
     teachers = dict(config.teacher_models)
     if len(teachers) > 1:
         teachers.pop(DEFAULT_TEACHER, None)
@@ -131,5 +131,5 @@ def teacher_columns(config: DistillationConfig) -> tuple[str, ...]:
 def teacher_fsdp_config(actor_rollout_ref: Any) -> Any:
     """How a teacher is placed: the reference's ``fsdp_config`` (precision, wrap policy, resharding), with its
     parameters offloaded between its forwards whatever ``ref.fsdp_config.param_offload`` says: the teacher computes
-    once a step (verl has no key for it: its teacher is an inference server of its own)."""
+    once a step (no key sets it)."""
     return dataclasses.replace(actor_rollout_ref.ref.fsdp_config, param_offload=True)

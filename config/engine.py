@@ -1,12 +1,12 @@
 """Which engine ``actor_rollout_ref.rollout.name=auto`` generates with, chosen once as the config loads.
 
-``auto`` is ColoRL's own value: verl's ``rollout.name`` has no default (its scripts name an engine), and a command
-line that names one means what it means in verl. ``auto`` is vLLM (``name=vllm``) where vLLM is installed, runs
-the model on this device, and the run asks for nothing only ColoRL's own loop does; else ColoRL's decode loop
-(``name=hf``). vLLM generated the SmolLM2 preset's tokens several times faster than the loop on a CPU, and its
-step was faster with the old-log-prob forward it needs (docs/benchmarks.md, "Rollout engines"), so the SmolLM2
-presets (``conf/smollm2_*.yaml``) ask for ``auto``. The typed config a run gets holds the engine chosen, never
-``auto``: the plan, the dry run and the workers read ``hf`` or ``vllm``. The choice is printed once, with why.
+``auto`` is ColoRL's own value: a command line that names an engine gets that engine. ``auto`` is vLLM
+(``name=vllm``) where vLLM is installed, runs the model on this device, and the run asks for nothing only ColoRL's
+own loop does; else ColoRL's decode loop (``name=hf``). vLLM generated the SmolLM2 preset's tokens several times
+faster than the loop on a CPU, and its step was faster with the old-log-prob forward it needs (docs/benchmarks.md,
+"Rollout engines"), so the SmolLM2 presets (``conf/smollm2_*.yaml``) ask for ``auto``. The typed config a run gets
+holds the engine chosen, never ``auto``: the plan, the dry run and the workers read ``hf`` or ``vllm``. The choice
+is printed once, with why.
 """
 
 from __future__ import annotations

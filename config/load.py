@@ -8,8 +8,9 @@ each component's ranges). The batch arithmetic is checked one layer up, by compu
 is valid, e.g. ``data.train_batch_size=0: must be a positive integer``.
 
 Which preset: a command line that names a model or data (``actor_rollout_ref.model.path``, ``data.train_files``)
-runs on ``conf/ppo_trainer.yaml``, verl's defaults, so a verl command line means what it means in verl; one that
-names neither runs the built-in offline demo, ``conf/demo.yaml``. ``--config-name`` picks one explicitly.
+runs on ``conf/ppo_trainer.yaml``, the schema's defaults alone, so a command line written against those defaults
+means the same here; one that names neither runs the built-in offline demo, ``conf/demo.yaml``. ``--config-name``
+picks one explicitly.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from config.schema import PPOConfig
 from config.tree import InertTree, plain
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-VERL_PRESET, DEMO_PRESET = "ppo_trainer", "demo"
+FULL_PRESET, DEMO_PRESET = "ppo_trainer", "demo"
 USER_ASSET_KEYS = ("actor_rollout_ref.model.path", "data.train_files")  # naming one of these leaves the demo
 T = TypeVar("T")
 
@@ -61,9 +62,9 @@ store_schema()  # for Hydra's own composing (a preset composed by name); the doo
 
 
 def preset_for(overrides: Sequence[str]) -> str:
-    """verl's defaults when the overrides name a model or data, else the built-in demo."""
+    """The schema's defaults when the overrides name a model or data, else the built-in demo."""
     keys = {override.lstrip("+~").partition("=")[0] for override in overrides}
-    return VERL_PRESET if keys & set(USER_ASSET_KEYS) else DEMO_PRESET
+    return FULL_PRESET if keys & set(USER_ASSET_KEYS) else DEMO_PRESET
 
 
 def split_command_line(args: Sequence[str], adapter: Adapter | None = None) -> tuple[str, list[str], bool]:
@@ -111,7 +112,7 @@ def compose_config(
 
 
 def _plain_if_known(override: str, schema: type) -> str:
-    """``+key=value`` for a key the schema has is ``key=value`` (verl's scripts add some keys its config has)."""
+    """``+key=value`` for a key the schema has is ``key=value`` (scripts add with + some keys the schema has)."""
     if override.startswith("+") and not override.startswith("++"):
         key = override[1:].partition("=")[0]
         parent, _, name = key.rpartition(".")
@@ -208,7 +209,7 @@ def _typed(owner: type, tp: Any, value: Any, key: str) -> Any:
             raise ConfigError.invalid(key, value, f"must be one of {', '.join(args)}" + (f" ({hint})" if hint else ""))
         return value
     if origin in (list, list):
-        if isinstance(value, str):  # verl takes a single name for a list (trainer.logger=console)
+        if isinstance(value, str):  # a single name is a list of it (trainer.logger=console)
             value = [value]
         if not isinstance(value, list):
             raise ConfigError.invalid(key, value, f"expected {_type_name(tp)}")

@@ -52,7 +52,7 @@ class DataConfig:
     function_tool_path: str | None = "${actor_rollout_ref.rollout.multi_turn.function_tool_path}"  # type: ignore
     return_raw_chat: bool = True  # ColoRL always keeps the untemplated prompt (non-tensor "raw_prompt")
     shuffle: bool = True
-    seed: int | None = None  # the training order's seed; null -> trainer.seed (verl: an unseeded order)
+    seed: int | None = None  # the training order's seed; null -> trainer.seed
     filter_overlong_prompts: bool = False  # drop (and count) prompts longer than max_prompt_length
     # what happens to a longer prompt that is not filtered: error, or keep its last/first/both-ends tokens
     truncation: Literal["error", "left", "right", "middle"] = "error"
@@ -102,14 +102,14 @@ class KLCtrlConfig:
 
 
 # metrics computed from the batch's tensors; any other name is a value the reward function returns per response
-# ("acc" falls back to the score when the function returns a plain number, as verl's dapo reward manager records)
+# ("acc" falls back to the score when the function returns a plain number, as the dapo reward manager records)
 FILTER_TENSOR_METRICS = ("reward", "seq_reward", "seq_final_reward")
 
 
 @dataclass(frozen=True)
 class FilterGroupsConfig:
     """``algorithm.filter_groups``: DAPO's dynamic sampling, keeping only prompt groups whose ``metric`` differs
-    between their responses (verl's ``FilterGroupsConfig``).
+    between their responses.
 
     A group whose responses all score the same gives GRPO-style estimators zero advantage: it trains nothing.
     With ``enable``, generation repeats in batches of ``data.gen_batch_size`` prompts until
@@ -215,10 +215,10 @@ class TrainerConfig:
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
     log_val_generations: int = 0  # validation samples printed (console) and logged as wandb's val/generations table
-    # verl's generation dumps: one JSONL file per step (trainer.observing.generations); null: none
+    # generation dumps: one JSONL file per step (trainer.observing.generations); null: none
     rollout_data_dir: str | None = None  # every training response of each step: <dir>/<step>.jsonl
     validation_data_dir: str | None = None  # every validation response: <dir>/<step>.jsonl
-    # > 0: validate (save) every this many steps and at the last step; <= 0: never (verl's meaning); ColoRL still
+    # > 0: validate (save) every this many steps and at the last step; <= 0: never; ColoRL still
     # saves when stopped by SIGTERM/SIGINT or trainer.max_wall_time_s, to resume from
     test_freq: int = -1
     save_freq: int = -1

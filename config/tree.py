@@ -1,9 +1,9 @@
-"""Subtrees of verl's configuration that ColoRL accepts as they are: verl's machinery ColoRL does not have.
+"""Subtrees kept as given, and flattening configs.
 
-A profiler, quantisation-aware training, the transfer queue, an inference server's settings: each is one
-``InertTree`` subclass whose ``DEFAULTS`` are verl's (the one home of those defaults). The loader checks a user's
-keys against them (an unknown key is an error naming the valid ones, as for typed sections) and keeps the values
-as given; ``cli.inert`` warns about, or refuses, values other than the defaults. ColoRL code never reads them.
+An ``InertTree`` is a subtree of keys whose ``DEFAULTS`` are its one home: another trainer's subtrees a
+command-line dialect's schema declares (``config.adapter.Adapter.schema``), or a free-form section such as the
+trainer modes (``config.machinery``). The loader checks a user's keys against the defaults (an unknown key is an
+error naming the valid ones, as for typed sections) and keeps the values as given.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 
 from config.checks import ConfigError
 
-ARR = "actor_rollout_ref"  # verl's section of the policy's three roles, the prefix of most keys
+ARR = "actor_rollout_ref"  # the section of the policy's three roles, the prefix of most keys
 
 
 class InertTree(dict):
-    """A plain ``dict`` (so ``dataclasses.asdict`` and Hydra see a nested mapping) of one of verl's subtrees."""
+    """A plain ``dict`` (so ``dataclasses.asdict`` and Hydra see a nested mapping) of a subtree kept as given."""
 
     DEFAULTS: ClassVar[dict[str, Any]] = {}
     OPEN: ClassVar[bool] = False  # True: keys beyond DEFAULTS are taken too (a free-form section, Ray's runtime_env)
@@ -37,7 +37,7 @@ class InertTree(dict):
 
 
 def _check_keys(value: Any, defaults: Any, key: str) -> None:
-    if not isinstance(defaults, dict) or not defaults:  # a leaf, or verl's free-form {} (engine kwargs)
+    if not isinstance(defaults, dict) or not defaults:  # a leaf, or a free-form {} (engine kwargs)
         return
     if not isinstance(value, Mapping):
         raise ConfigError.invalid(key, value, "expected a config group, not a value")
@@ -49,7 +49,7 @@ def _check_keys(value: Any, defaults: Any, key: str) -> None:
 
 
 def flat(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every leaf under ``value``: a config's dataclasses and nested mappings (verl's
+    """(dotted key, value) of every leaf under ``value``: a config's dataclasses and nested mappings (inert
     subtrees, ``dataclasses.asdict``'s); an empty mapping is a leaf. The one flattener of configs."""
     if dataclasses.is_dataclass(value):
         items: Iterator[tuple[str, Any]] = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))

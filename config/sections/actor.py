@@ -28,7 +28,7 @@ KLLossType = Literal[KL_LOSS_TYPES]  # type: ignore[valid-type]
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    """verl's ``algorithm.rollout_correction``: importance weights and rejection between the rollout engine's
+    """``algorithm.rollout_correction``: importance weights and rejection between the rollout engine's
     policy and the trained one (``algos.rollout_correction``). Every switch needs the rollout's per-token
     log-probs (``rollout.calculate_log_probs``; ``planner.plan`` checks). ColoRL's rollout is the pre-update policy
     itself, so its log-probs are the old ones whenever computed: bypass mode is the only mode."""
@@ -37,7 +37,7 @@ class RolloutCorrectionConfig:
     rollout_is_threshold: Any = 2.0  # truncate at it, or "lower_upper": zero weights outside (IcePop)
     rollout_rs: str | None = None  # rejection options, comma-separated (e.g. "token_k1,seq_mean_k3")
     rollout_rs_threshold: Any = None
-    # the rollout's log-probs are the old policy's; as in verl, it makes the policy loss bypass_mode (cli.normalize)
+    # the rollout's log-probs are the old policy's; it makes the policy loss bypass_mode (as the config loads)
     bypass_mode: bool = False
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode's loss
     rollout_is_batch_normalize: bool = False
@@ -54,7 +54,7 @@ class PolicyLossConfig:
     kl_cov_ratio: float = 0.0002  # kl_cov: the fraction of tokens penalised
     ppo_kl_coef: float = 0.1  # kl_cov: the penalty's coefficient
     dro_beta: float | None = None  # dro: the quadratic log-ratio penalty's β (required)
-    # bypass_mode reads these; verl copies algorithm.rollout_correction here when bypass mode is on
+    # bypass_mode reads these: algorithm.rollout_correction's
     rollout_correction: RolloutCorrectionConfig = "${algorithm.rollout_correction}"  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -77,7 +77,7 @@ class ActorConfig:
     use_dynamic_bsz: bool = False  # micro-batches by token budget instead of ppo_micro_batch_size_per_gpu
     ppo_max_token_len_per_gpu: int = 16384  # valid tokens per micro-batch with use_dynamic_bsz
     clip_ratio: float = 0.2  # read only where clip_ratio_low/high are null
-    clip_ratio_low: float | None = 0.2  # verl's default: 0.2 (not clip_ratio); null -> clip_ratio
+    clip_ratio_low: float | None = 0.2  # 0.2 (not clip_ratio); null -> clip_ratio
     clip_ratio_high: float | None = 0.2
     tau_pos: float = 1.0  # SAPO's gate temperature where the advantage is positive
     tau_neg: float = 1.05  # ... and where it is not
@@ -96,7 +96,7 @@ class ActorConfig:
     ppo_epochs: int = 1
     shuffle: bool = False
     use_fused_kernels: bool = "${actor_rollout_ref.model.use_fused_kernels}"  # type: ignore[assignment]
-    grad_clip: float = 1.0  # verl's actor key; optim.clip_grad is the same (cli.normalize)
+    grad_clip: float = 1.0  # the gradient-norm clip
     use_remove_padding: bool = "${actor_rollout_ref.model.use_remove_padding}"  # type: ignore[assignment]
     # ColoRL: one optimizer step per batch (ppo_epochs 1, one mini-batch) is on-policy: the update's own log-probs,
     # detached, are the old ones, so the separate old-log-prob forward is skipped (as TRL does)
@@ -123,7 +123,7 @@ class ActorConfig:
         if self.clip_ratio != 0.2 and low is not None and high is not None and (low, high) != (self.clip_ratio,) * 2:
             warnings.warn(
                 f"actor_rollout_ref.actor.clip_ratio={self.clip_ratio} is not used: clip_ratio_low={low} "
-                f"and clip_ratio_high={high} are set (verl's defaults are 0.2, not clip_ratio); set them, "
+                f"and clip_ratio_high={high} are set (they default to 0.2, not clip_ratio); set them, "
                 "or null to follow clip_ratio",
                 stacklevel=2,
             )

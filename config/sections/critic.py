@@ -14,7 +14,7 @@ from config.sections.model import CriticModelConfig
 @dataclass(frozen=True)
 class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # verl's older critic.model.fsdp_config (an alias)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # how the critic is sharded
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
     enable: bool | None = None  # null -> used iff the advantage estimator needs values (gae)
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
@@ -28,7 +28,7 @@ class CriticConfig:
     loss_agg_mode: LossAggMode = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
     loss_scale_factor: float | None = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
     forward_micro_batch_size_per_gpu: int | None = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore
-    grad_clip: float = 1.0  # verl's critic key; optim.clip_grad is the same (cli.normalize)
+    grad_clip: float = 1.0  # the gradient-norm clip
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
 
     def __post_init__(self) -> None:

