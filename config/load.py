@@ -1,10 +1,11 @@
 """Loading ColoRL's configuration: compose with Hydra, build the typed config, check what spans components.
 
 ``compose_config`` composes ``conf/<name>.yaml`` and the command-line overrides on top of the schema's defaults
-(``config.schema``), then builds the frozen, fully resolved ``PPOConfig``: every key is checked against the schema
-(unknown keys, types, ``Literal`` choices, each component's ranges). The batch arithmetic is checked one layer up,
-by computing the step plan (``planner.load_config``). Every problem is a ``ConfigError`` whose message names the
-full key, the value and what is valid, e.g. ``data.train_batch_size=0: must be a positive integer``.
+(the adapter's ``schema``: ``config.schema.PPOConfig`` unless a dialect declares more keys), then builds the
+frozen, fully resolved config: every key is checked against the schema (unknown keys, types, ``Literal`` choices,
+each component's ranges). The batch arithmetic is checked one layer up, by computing the step plan
+(``planner.load_config``). Every problem is a ``ConfigError`` whose message names the full key, the value and what
+is valid, e.g. ``data.train_batch_size=0: must be a positive integer``.
 
 Which preset: a command line that names a model or data (``actor_rollout_ref.model.path``, ``data.train_files``)
 runs on ``conf/ppo_trainer.yaml``, verl's defaults, so a verl command line means what it means in verl; one that
@@ -14,6 +15,7 @@ names neither runs the built-in offline demo, ``conf/demo.yaml``. ``--config-nam
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -37,8 +39,25 @@ VERL_PRESET, DEMO_PRESET = "ppo_trainer", "demo"
 USER_ASSET_KEYS = ("actor_rollout_ref.model.path", "data.train_files")  # naming one of these leaves the demo
 T = TypeVar("T")
 
-# The schema's defaults as the base of every composition; the YAML presets and overrides go on top of them.
-ConfigStore.instance().store(name="ppo_config_schema", node=plain(dataclasses.asdict(PPOConfig())))
+SCHEMA_NODE = "ppo_config_schema"  # the presets' base (conf/*.yaml's defaults list)
+_stored: list[type | None] = [None]  # the schema whose defaults Hydra's ConfigStore holds now
+
+
+def store_schema(adapter: Adapter | None = None) -> None:
+    """Put the defaults of ``adapter``'s schema (default: the installed adapter's) in Hydra's ConfigStore as
+    ``ppo_config_schema``, the base the YAML presets and overrides go on top of; composing does it first."""
+    schema = (adapter or installed()).schema()
+    if _stored[0] is not schema:
+        ConfigStore.instance().store(name=SCHEMA_NODE, node=_defaults(schema))
+        _stored[0] = schema
+
+
+@functools.cache
+def _defaults(schema: type) -> dict:
+    return plain(dataclasses.asdict(schema()))
+
+
+store_schema()  # for Hydra's own composing (a preset composed by name); the door's install stores its schema
 
 
 def preset_for(overrides: Sequence[str]) -> str:
@@ -64,8 +83,11 @@ def split_command_line(args: Sequence[str], adapter: Adapter | None = None) -> t
             config_name = arg.partition("=")[2]
         else:
             overrides.append(arg)
-    overrides = (adapter or installed()).overrides(overrides)
+    adapter = adapter or installed()
+    overrides = adapter.overrides(overrides)
     hydra_app = any(arg.startswith("-") or arg.lstrip("+~").startswith("hydra.") for arg in overrides)
+    if hydra_app:  # Hydra's application composes on the schema's defaults
+        store_schema(adapter)
     return config_name or preset_for(overrides), overrides, hydra_app
 
 
@@ -77,26 +99,28 @@ def compose_config(
     installed one), checked against the schema. The batch arithmetic spans components: the step planner checks it
     (``planner.load_config``)."""
     adapter = adapter or installed()
-    overrides = [_plain_if_known(o) for o in adapter.overrides(overrides)]
+    schema = adapter.schema()
+    overrides = [_plain_if_known(o, schema) for o in adapter.overrides(overrides)]
+    store_schema(adapter)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             composed = compose(config_name=config_name or preset_for(overrides), overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise _composition_error(exc) from exc
+        raise _composition_error(exc, schema) from exc
     return to_config(composed, adapter)
 
 
-def _plain_if_known(override: str) -> str:
+def _plain_if_known(override: str, schema: type) -> str:
     """``+key=value`` for a key the schema has is ``key=value`` (verl's scripts add some keys its config has)."""
     if override.startswith("+") and not override.startswith("++"):
         key = override[1:].partition("=")[0]
         parent, _, name = key.rpartition(".")
-        holder = _schema_type(parent) if parent else PPOConfig
-        known = name in holder if isinstance(holder, dict) else _schema_type(key) is not None
+        holder = _schema_type(parent, schema) if parent else schema
+        known = name in holder if isinstance(holder, dict) else _schema_type(key, schema) is not None
         if known:
             return override[1:]
     elif not override.startswith(("+", "~")):  # a key of a free-form section (engine_kwargs.vllm.x) is added
-        holder = _schema_type(override.partition("=")[0].rpartition(".")[0])
+        holder = _schema_type(override.partition("=")[0].rpartition(".")[0], schema)
         if holder == {} or typing.get_origin(holder) is dict:
             return "++" + override  # add, or replace what a preset set
     return override
@@ -130,7 +154,7 @@ def _built(node: DictConfig | Mapping, adapter: Adapter) -> PPOConfig:
     except OmegaConfBaseException as exc:  # e.g. an interpolation that does not resolve
         message = str(exc).splitlines()[0]
         raise ConfigError(f"{exc.full_key}: {message}" if exc.full_key else message) from exc
-    return _build(PPOConfig, resolved, "")
+    return _build(adapter.schema(), resolved, "")
 
 
 def replace_keys(cfg: T, updates: Mapping[str, Any]) -> T:
@@ -151,7 +175,7 @@ def _build(cls: type, node: Mapping, path: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     for key in node.keys():
         if key not in names:
-            raise ConfigError(_unknown_key_message(_join(path, str(key))))
+            raise ConfigError(_unknown_key_message(_join(path, str(key)), cls))
     kwargs = {name: _typed(cls, hints[name], node[name], _join(path, name)) for name in names if name in node}
     try:
         return cls(**kwargs)
@@ -210,7 +234,7 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _composition_error(exc: BaseException) -> ConfigError:
+def _composition_error(exc: BaseException, schema: type) -> ConfigError:
     """Turn Hydra's 'Could not override ...' / OmegaConf's errors into a one-line ConfigError."""
     if isinstance(exc, OverrideParseException) and exc.override:
         return ConfigError(_unparsed_override_message(exc.override, exc.message))
@@ -218,7 +242,8 @@ def _composition_error(exc: BaseException) -> ConfigError:
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
-        return ConfigError(_unknown_key_message(cause.full_key))
+        parent = cause.full_key.rpartition(".")[0]
+        return ConfigError(_unknown_key_message(cause.full_key, _schema_type(parent, schema) if parent else schema))
     lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("See http")]
     return ConfigError(": ".join(lines[:2]))
 
@@ -238,9 +263,9 @@ def _unparsed_override_message(override: str, message: str) -> str:
     return f"{override}: {why} (Hydra's override grammar){fix}"
 
 
-def _unknown_key_message(full_key: str) -> str:
+def _unknown_key_message(full_key: str, schema: Any) -> str:
+    """``full_key`` is not a key of ``schema``, the type (or an inert subtree's defaults) of its parent key."""
     parent, _, _ = full_key.rpartition(".")
-    schema = _schema_type(parent) if parent else PPOConfig
     where = f"under {parent}" if parent else "top-level keys"
     if dataclasses.is_dataclass(schema):
         valid = ", ".join(f.name for f in dataclasses.fields(schema))
@@ -249,9 +274,9 @@ def _unknown_key_message(full_key: str) -> str:
     return f"unknown config key {full_key!r} (valid {where}: {valid})"
 
 
-def _schema_type(full_key: str) -> Any:
-    """The annotated type of ``full_key`` in the schema (inside verl's subtrees: their defaults); None if unknown."""
-    tp: Any = PPOConfig
+def _schema_type(full_key: str, schema: type) -> Any:
+    """The annotated type of ``full_key`` in ``schema`` (inside inert subtrees: their defaults); None if unknown."""
+    tp: Any = schema
     for part in full_key.split("."):
         if isinstance(tp, type) and issubclass(tp, InertTree):
             tp = tp.DEFAULTS

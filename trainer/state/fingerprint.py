@@ -166,7 +166,7 @@ def _in_current_places(saved: dict[str, Any]) -> dict[str, Any]:
 def _new_keys_set(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """key -> (unset, value) for each key the checkpoint's record lacks (new in the schema since it was saved)
     whose value is not the schema's default; a new key at its default does not change the run."""
-    defaults, changes = config_record(PPOConfig()), {}
+    defaults, changes = config_record(installed().schema()()), {}
     for key in sorted(current.keys() - saved.keys()):
         if installed().current_place(key) != key:  # an older spelling: its current place is compared
             continue

@@ -44,6 +44,7 @@ class VerlAdapter(core_adapter.Adapter):
 
 VERL = VerlAdapter()
 core_adapter.install(VERL)  # the trainer's warnings and resuming use it too (they never import this package)
+core.store_schema(VERL)  # a preset composed by name (Hydra's application, the run report's) gets its keys too
 
 
 def split_command_line(args: Sequence[str]) -> tuple[str, list[str], bool]:
