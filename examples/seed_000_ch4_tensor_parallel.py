@@ -13,10 +13,10 @@ import ray
 import torch
 from omegaconf import OmegaConf
 
+from single_controller import RayClassWithInitArgs, RayResourcePool, register
 from verl_compat.models.llama.megatron.layers import LlamaMLP, ParallelLlamaMLP, local_shards, merge_tp_shards
-from verl_compat.single_controller.base.decorator import Dispatch, register
+from verl_compat.single_controller.base.decorator import Dispatch  # the door's enum: MEGATRON_COMPUTE
 from verl_compat.single_controller.base.megatron.worker import MegatronWorker
-from verl_compat.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool
 from verl_compat.single_controller.ray.megatron import NVMegatronRayWorkerGroup
 from verl_compat.utils.megatron_utils import init_model_parallel_config
 

@@ -6,14 +6,9 @@ Run: python -m examples.seed_000_ray_api [--device cuda]   (8 worker processes; 
 import ray
 import torch
 
-from verl_compat.single_controller.base import Worker
-from verl_compat.single_controller.base.decorator import Dispatch, Execute, collect_all_to_all, register
-from verl_compat.single_controller.ray.base import (
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-    merge_resource_pool,
-)
+from single_controller import Dispatch, Execute, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, Worker, register
+from single_controller.base.dispatch import collect_all_to_all
+from verl_compat.single_controller.ray.base import merge_resource_pool  # pools made from pools: the door's
 
 DEVICE = "cpu"
 

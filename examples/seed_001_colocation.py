@@ -1,4 +1,4 @@
-"""Seed 001: two models on disjoint worker groups, and verl-style colocation with WorkerDict + spawn.
+"""Seed 001: two models on disjoint worker groups, and two roles colocated in one process (WorkerDict + spawn).
 
 Run: python -m examples.seed_001_colocation [--device cuda]   (4 + 2 worker processes)
 """
@@ -8,15 +8,16 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from verl_compat import DataProto
-from verl_compat.single_controller.base import Worker
-from verl_compat.single_controller.base.decorator import Dispatch, register
-from verl_compat.single_controller.ray.base import (
+from single_controller import (
+    DataProto,
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
+    Worker,
     create_colocated_worker_cls,
+    register,
 )
+from verl_compat.single_controller.base.decorator import Dispatch  # the door's enum: the seed's DP_COMPUTE too
 
 
 class DummyAttn(nn.Module):

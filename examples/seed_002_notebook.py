@@ -6,7 +6,7 @@ Run: python -m examples.seed_002_notebook [--device cuda]   (2 worker processes)
 import ray
 
 from examples.seed_000_ray_api import GPUAccumulator, GPUAccumulatorDecorator
-from verl_compat.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
 
 @ray.remote

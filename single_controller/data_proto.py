@@ -25,7 +25,7 @@ import torch
 
 from single_controller.errors import ContractError
 from single_controller.merge import merge_meta, union_numpy_dict, union_tensor_dict
-from single_controller.padding import AUTO_PADDING_KEY, padding_choice
+from single_controller.padding import DataProtoConfig, padding_choice
 from single_controller.tensor_batch import TensorBatch, cat, is_tensordict, pack, unpack
 
 __all__ = ["DataProto"]
@@ -91,7 +91,7 @@ class DataProto:
         }
         meta = dict(meta_info or {})
         if auto_padding is not None:
-            meta[AUTO_PADDING_KEY] = auto_padding
+            meta[DataProtoConfig.auto_padding_key] = auto_padding
         batch = TensorBatch(tensors) if tensors else None
         return cls(batch=batch, non_tensor_batch=columns, meta_info=meta)
 

@@ -9,13 +9,19 @@ package; what it supports and how: docs/verl_api.md.
 Importing it also installs a finder (``_finder.py``) so that, where the verl package is not installed,
 ``import verl.X`` itself gives ``verl_compat.X``: a tool file or ported code runs with its imports unchanged.
 Where verl is installed, ``import verl`` gets verl.
+
+It also gives the core's padding switch (single_controller/padding.py) verl's names: a batch's
+``meta_info["_verl_auto_padding"]``, which ``DataProto.from_dict(..., auto_padding=...)`` then writes, and
+``VERL_AUTO_PADDING`` in the environment, each honoured after ColoRL's own.
 """
 
 from importlib import import_module
 
+from single_controller.padding import add_spelling
 from verl_compat._finder import install
 
 install()
+add_spelling("_verl_auto_padding", "VERL_AUTO_PADDING")
 
 __all__ = ["DataProto"]
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from single_controller import DataProto
-from single_controller.padding import pad_dataproto_to_divisor, unpad_dataproto
+from single_controller.padding import DataProtoConfig, pad_dataproto_to_divisor, unpad_dataproto
 
 
 def make(n: int = 6) -> DataProto:
@@ -145,3 +145,15 @@ def test_save_and_load(tmp_path):
     loaded = DataProto.load_from_disk(str(path))
     assert_same(loaded, d)
     assert loaded.meta_info == d.meta_info
+
+
+def test_padding_choice_batch_first_then_the_environment(monkeypatch):
+    """A batch's own auto_padding wins over COLORL_AUTO_PADDING; the environment turns uneven chunks on."""
+    monkeypatch.setenv("COLORL_AUTO_PADDING", "1")
+    assert [len(p) for p in DataProto.from_dict({"x": torch.arange(3)}).chunk(2)] == [2, 1]
+    refused = DataProto.from_dict({"x": torch.arange(3)}, auto_padding=False)
+    assert refused.meta_info == {DataProtoConfig.auto_padding_key: False}
+    with pytest.raises(ValueError, match="size 3 into 2"):
+        refused.chunk(2)
+    monkeypatch.setenv("COLORL_AUTO_PADDING", "no")
+    assert not DataProto.from_dict({"x": torch.arange(3)}).is_padding_enabled()

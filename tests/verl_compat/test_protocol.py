@@ -119,6 +119,20 @@ def test_chunk_is_even_unless_padding_was_turned_on(padding_switch):
     assert [p.batch["x"].tolist() for p in uneven] == [[0, 1], [2]]
 
 
+def test_verls_names_of_the_padding_switch(monkeypatch):
+    """The door gives the switch verl's names: from_dict writes meta_info["_verl_auto_padding"], a batch carrying
+    it by hand chooses for itself, and VERL_AUTO_PADDING chooses after COLORL_AUTO_PADDING."""
+    assert DataProtoConfig.auto_padding_key == "_verl_auto_padding"
+    assert DataProto.from_dict({"x": torch.arange(3)}, auto_padding=True).meta_info == {"_verl_auto_padding": True}
+    by_hand = DataProto.from_dict({"x": torch.arange(3)}, meta_info={"_verl_auto_padding": True})
+    assert [len(p) for p in by_hand.chunk(2)] == [2, 1]
+    monkeypatch.delenv("COLORL_AUTO_PADDING", raising=False)
+    monkeypatch.setenv("VERL_AUTO_PADDING", "0")
+    assert DataProtoConfig.auto_padding is False and not rows(3).is_padding_enabled()
+    monkeypatch.setenv("COLORL_AUTO_PADDING", "1")
+    assert DataProtoConfig.auto_padding is True
+
+
 def test_empty_batch_keeps_its_size_through_pickle():
     d = DataProto(batch=TensorDict({}, batch_size=[5]))
     back = pickle.loads(pickle.dumps(d))
