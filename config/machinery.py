@@ -30,32 +30,14 @@ class RayKwargsConfig:
 
 
 class TrainerV1Tree(InertTree):
-    """The trainer modes, kept as given and read by ``planner.trainer_modes`` (the command-line adapter warns about
-    the keys it does not honour, ``config.adapter``)."""
+    """The trainer modes, kept as given and read by ``planner.trainer_modes``: ``trainer_mode`` (sync, or generation
+    ahead of training), each mode's look-ahead, the rollout group's updates per weight sync, and how old a batch
+    may train (``sampler``)."""
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "trainer_mode": "sync",
         "sync": {},
         "colocate_async": {"num_warmup_batches": 1},
-        "separate_async": {
-            "num_warmup_batches": 1,
-            "parameter_sync_step": 4,
-            "hybrid_rollout": {
-                "_target_": "verl.trainer.config.HybridRolloutSwitchConfig",
-                "enable_switch": False,
-                "switch_threshold_ratio": 0.4,
-                "adaptive_switch_threshold": True,
-                "switch_threshold_step_up": 0.05,
-                "switch_threshold_step_down": 0.03,
-                "switch_threshold_release_steps": 2,
-                "switch_cost_window_size": 3,
-            },
-        },
-        "sampler": {
-            "max_off_policy_threshold": 8,
-            "max_off_policy_strategy": "drop",
-            "sync_refill_failed_groups": False,
-            "custom_sampler": {"path": None, "name": None},
-            "sampler_kwargs": {},
-        },
+        "separate_async": {"num_warmup_batches": 1, "parameter_sync_step": 4},
+        "sampler": {"max_off_policy_threshold": 8, "max_off_policy_strategy": "drop"},
     }

@@ -50,7 +50,6 @@ class DataConfig:
     val_batch_size: int | None = None  # null -> the whole validation set in one batch
     tool_config_path: str | None = "${actor_rollout_ref.rollout.multi_turn.tool_config_path}"  # type: ignore
     function_tool_path: str | None = "${actor_rollout_ref.rollout.multi_turn.function_tool_path}"  # type: ignore
-    return_raw_chat: bool = True  # ColoRL always keeps the untemplated prompt (non-tensor "raw_prompt")
     shuffle: bool = True
     seed: int | None = None  # the training order's seed; null -> trainer.seed
     filter_overlong_prompts: bool = False  # drop (and count) prompts longer than max_prompt_length

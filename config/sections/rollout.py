@@ -14,10 +14,10 @@ from config.tree import InertTree
 
 
 class EngineKwargsTree(InertTree):
-    """Keyword arguments of each inference engine (``+rollout.engine_kwargs.vllm.swap_space=4``); ``vllm``'s are
+    """Keyword arguments of the inference engine (``+rollout.engine_kwargs.vllm.swap_space=4``): ``vllm``'s are
     ``vllm.EngineArgs`` fields, read by ``rollout.name=vllm`` (``workers.compute.vllm_rollout``)."""
 
-    DEFAULTS: ClassVar[dict[str, Any]] = {"vllm": {}, "sglang": {}, "trtllm": {}}
+    DEFAULTS: ClassVar[dict[str, Any]] = {"vllm": {}}
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,6 @@ class RolloutConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     load_format: str = "dummy"
-    layered_summon: bool = False
     log_prob_micro_batch_size_per_gpu: int | None = None  # rows per old-log-prob forward on one worker
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore

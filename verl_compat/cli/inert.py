@@ -138,7 +138,11 @@ INERT: dict[str, Inert] = {
         Inert("ColoRL saves model, optimizer and extra state; trainer/export.py writes a Hugging Face model"),
     ),  # fmt: skip
     **_each(TRAINED + (f"{ARR}.ref",), "ulysses_sequence_parallel_size", Inert("each worker runs whole sequences")),
-    **_each(TRAINED[:1] + (f"{ARR}.ref",), "entropy_*", Inert("model.use_fused_kernels computes entropy in chunks")),
+    **{
+        f"{section}.{key}": Inert("model.use_fused_kernels computes entropy in chunks")
+        for section in TRAINED[:1] + (f"{ARR}.ref",)
+        for key in ("entropy_from_logits_*", "entropy_checkpointing")  # not entropy_coeff: the loss reads it
+    },
     **_each(TRAINED[:1] + (f"{ARR}.ref",), "pad_to_length", Inert("packed micro-batches keep their length")),
     f"{ARR}.actor.freeze_vision_tower": Inert("ColoRL trains text models"),
     f"{ARR}.actor.calculate_entropy": Inert("actor/entropy is reported at every update", never=True),

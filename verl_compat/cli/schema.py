@@ -49,14 +49,17 @@ def _made(cls: type) -> type:
         return cls
     checks = [VERL_ONLY[base].check for base in cls.__mro__ if base in VERL_ONLY and VERL_ONLY[base].check]
     namespace = {"__post_init__": _post_init(cls, checks)} if checks else {}
+    fields = {name: (name, tp, spec) for name, tp, spec in swapped}
+    fields |= {name: _field(*spec) for name, spec in added.items()}  # a core key's own subtree grown (trainer.v1)
     made = dataclasses.make_dataclass(
         f"Verl{cls.__name__}",
-        [*swapped, *(_field(*spec) for spec in added.values())],
+        list(fields.values()),
         bases=(cls,),
         frozen=True,
         namespace={**namespace, "__doc__": f"``{cls.__name__}`` with verl's keys ColoRL does not read."},
     )
     made.__module__ = __name__
+    made._overrides = frozenset(added) & {f.name for f in dataclasses.fields(cls)}  # type: ignore[attr-defined]
     globals()[made.__name__] = made
     return made
 
@@ -94,8 +97,14 @@ def promote(value: Any, tp: Any) -> Any:
         return {name: promote(item, typing.get_args(tp)[1]) for name, item in value.items()}
     if not dataclasses.is_dataclass(value) or not isinstance(tp, type) or type(value) is tp:
         return value  # a value, or an interpolation ("${algorithm.rollout_correction}")
-    hints = typing.get_type_hints(tp)
-    return tp(**{f.name: promote(getattr(value, f.name), hints[f.name]) for f in dataclasses.fields(value)})
+    hints, overrides = typing.get_type_hints(tp), getattr(tp, "_overrides", frozenset())
+    return tp(
+        **{
+            f.name: promote(getattr(value, f.name), hints[f.name])
+            for f in dataclasses.fields(value)
+            if f.name not in overrides  # a core key whose subtree the door grows: the door's default
+        }
+    )
 
 
 def _post_init(cls: type, checks: list[Callable[[Any], None]]) -> Callable[[Any], None]:

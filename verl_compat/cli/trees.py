@@ -1,8 +1,10 @@
 """verl's subtrees of machinery ColoRL does not have, with verl's defaults (``config.tree.InertTree``s).
 
 Profilers (Nsight, the NPU and torch profilers, memory snapshots, the precision debugger), Ray's ``runtime_env``,
-the transfer queue and the rollout dumps replayed instead of generating. The loader checks a user's keys against
-their defaults and keeps the values as given; ``inert`` warns about, or refuses, values other than the defaults.
+the transfer queue, the rollout dumps replayed instead of generating, quantisation-aware training, torchtitan's
+plan, Megatron's LoRA, multi-token prediction, the roles' checkpoint contents; and the core's ``trainer.v1`` and
+``rollout.engine_kwargs`` with verl's further keys. The loader checks a user's keys against their defaults and keeps
+the values as given; ``inert`` warns about, or refuses, values other than the defaults.
 ColoRL's timing is the one line per phase of every step and ``benchmarks/`` (py-spy, the memory estimate).
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from config import machinery, sections
 from config.tree import InertTree
 
 
@@ -311,3 +314,41 @@ class FusedKernelOptionsTree(InertTree):
 
 class TiledMLPTree(InertTree):
     DEFAULTS: ClassVar[dict[str, Any]] = {"enabled": False, "num_shards": 4}
+
+
+class TrainerV1Tree(machinery.TrainerV1Tree):
+    """``trainer.v1`` with verl's keys ColoRL does not read: the hybrid rollout switch, the sampler's refill and
+    custom sampler."""
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "trainer_mode": "sync",
+        "sync": {},
+        "colocate_async": {"num_warmup_batches": 1},
+        "separate_async": {
+            "num_warmup_batches": 1,
+            "parameter_sync_step": 4,
+            "hybrid_rollout": {
+                "_target_": "verl.trainer.config.HybridRolloutSwitchConfig",
+                "enable_switch": False,
+                "switch_threshold_ratio": 0.4,
+                "adaptive_switch_threshold": True,
+                "switch_threshold_step_up": 0.05,
+                "switch_threshold_step_down": 0.03,
+                "switch_threshold_release_steps": 2,
+                "switch_cost_window_size": 3,
+            },
+        },
+        "sampler": {
+            "max_off_policy_threshold": 8,
+            "max_off_policy_strategy": "drop",
+            "sync_refill_failed_groups": False,
+            "custom_sampler": {"path": None, "name": None},
+            "sampler_kwargs": {},
+        },
+    }
+
+
+class EngineKwargsTree(sections.rollout.EngineKwargsTree):
+    """``rollout.engine_kwargs`` with the sections of verl's other inference engines (SGLang, TensorRT-LLM)."""
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {"vllm": {}, "sglang": {}, "trtllm": {}}

@@ -101,6 +101,7 @@ VERL_ONLY: dict[type, Keys] = {
             ("use_shm", bool, False),
             ("return_raw_input_ids", bool, False),
             ("return_full_prompt", bool, False),
+            ("return_raw_chat", bool, True),  # ColoRL always keeps the untemplated prompt (non-tensor "raw_prompt")
             ("dataloader_num_workers", int, 8),
             ("image_patch_size", int, 14),
             ("validation_shuffle", bool, False),
@@ -131,6 +132,7 @@ VERL_ONLY: dict[type, Keys] = {
             ("use_v1", bool, True),  # verl's trainer implementation switch: ColoRL has one (its v1 sync mode)
             ("default_hdfs_dir", str | None, None),  # verl's HDFS copy of checkpoints
             ("use_legacy_worker_impl", Literal["auto", "enable", "disable"], "auto"),
+            ("v1", trees.TrainerV1Tree),  # the core's keys and verl's others
         )
     ),
     sections.ActorRolloutRefConfig: Keys(
@@ -261,6 +263,7 @@ VERL_ONLY: dict[type, Keys] = {
             ("disable_log_stats", bool, True),
             ("over_sample_rate", float, 0),
             ("multi_stage_wake_up", bool, False),
+            ("layered_summon", bool, False),  # vLLM takes the actor's weights one FSDP unit at a time anyway
             ("router_config_path", str | None, None),
             ("checkpoint_engine", servers.CheckpointEngineTree),
             ("trace", servers.TraceTree),
@@ -274,6 +277,7 @@ VERL_ONLY: dict[type, Keys] = {
             ("mtp", Any, None),  # verl copies the model's mtp section here
             ("qat", Any, None),  # ... and the actor's fsdp_config.qat
             ("disaggregation", servers.DisaggregationTree),
+            ("engine_kwargs", trees.EngineKwargsTree),  # vllm's and verl's other engines'
         ),
         lambda section: optional_positive_int(section, "log_prob_micro_batch_size"),
     ),

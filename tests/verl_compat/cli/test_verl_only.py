@@ -35,6 +35,7 @@ VERL_KEYS = [
     for section, keys in VERL_ONLY.items()
     for path in _paths(PPOConfig(), section)
     for spec in keys.fields
+    if spec[0] not in {f.name for f in dataclasses.fields(section)}  # not a core key whose subtree the door grows
 ]
 
 
@@ -46,6 +47,8 @@ def test_the_door_adds_every_listed_key_and_the_core_schema_has_none():
         assert not any(k == key or k.startswith(f"{key}.") for k in core), key
         assert any(k == key or k.startswith(f"{key}.") for k in door), key
     assert {k: door[k] for k in core} == core  # the core's keys keep their defaults (critic.optim.lr among them)
+    grown = "trainer.v1.separate_async.hybrid_rollout.enable_switch"  # a core subtree with verl's keys added
+    assert grown in door and grown not in core and "trainer.v1.separate_async.parameter_sync_step" in core
 
 
 def _override(key: str) -> str:
@@ -57,7 +60,9 @@ def _override(key: str) -> str:
 
 @pytest.mark.parametrize("section", list(VERL_ONLY), ids=lambda section: section.__name__)
 def test_a_verl_only_key_is_unknown_to_the_core_loader(section):
-    key = f"{_paths(PPOConfig(), section)[0]}.{VERL_ONLY[section].fields[-1][0]}".lstrip(".")
+    core = {f.name for f in dataclasses.fields(section)}
+    name = next(spec[0] for spec in reversed(VERL_ONLY[section].fields) if spec[0] not in core)
+    key = f"{_paths(PPOConfig(), section)[0]}.{name}".lstrip(".")
     with pytest.raises(ConfigError, match="unknown config key"):
         core_load([_override(key)], adapter=Adapter())
 
@@ -72,3 +77,12 @@ def test_the_door_config_is_the_cores_section_by_section_and_pickles():
     assert isinstance(cfg, PPOConfig)
     assert isinstance(cfg.actor_rollout_ref.actor, type(PPOConfig().actor_rollout_ref.actor))
     assert pickle.loads(pickle.dumps(cfg)) == cfg
+
+
+def test_a_key_colorl_honours_does_not_warn_as_unused():
+    """``entropy_coeff`` is the actor's entropy bonus, not one of verl's chunked-entropy switches (``entropy_*``)."""
+    cfg = cli.load_config(
+        ["actor_rollout_ref.model.path=/m", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+        + ["actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.entropy_checkpointing=true"]
+    )
+    assert [w.split("=")[0] for w in cli.inert_warnings(cfg)] == ["actor_rollout_ref.actor.entropy_checkpointing"]
