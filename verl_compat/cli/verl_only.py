@@ -248,6 +248,7 @@ VERL_ONLY: dict[type, Keys] = {
     sections.RolloutConfig: Keys(
         (
             _target("verl.workers.config.RolloutConfig"),
+            ("name", Literal["hf", "vllm", "sglang", "auto"], "hf"),  # sglang loads and warns (inert)
             ("mode", Literal["sync", "async"], "async"),  # either: each step's batch is generated before the update
             ("full_determinism", bool, False),
             ("seed", int, 42),
