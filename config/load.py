@@ -108,6 +108,8 @@ def compose_config(
             composed = compose(config_name=config_name or preset_for(overrides), overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc, schema) from exc
+    finally:  # a preset composed by name later (the run report's) is the installed adapter's again
+        store_schema()
     return to_config(composed, adapter)
 
 
