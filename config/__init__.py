@@ -2,8 +2,8 @@
 
 Below the step planner, the workers and the driver, which all import it: ``config.schema``/``config.sections``
 (the frozen dataclasses, home of every default), ``config.load`` (compose, build, check each key). What a step runs,
-and the checks that span components, are the step planner's (``planner``). Comments that name ``cli.inert`` or
-``cli.normalize`` mean the door's command-line adapter (``config.adapter``).
+and the checks that span components, are the step planner's (``planner``). A command-line dialect reaches the loader
+through ``config.adapter``: its older spellings, its own keys (a schema of its own) and its warnings.
 """
 
 from config.checks import ConfigError
