@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from config import ConfigError, PPOConfig, replace_keys, to_config
+from config.adapter import installed
 from planner import make_plan
 from trainer.observing.tracking import read_metrics
 from trainer.state.checkpoint import CheckpointError, CheckpointManager, load_driver_state
+from trainer.state.fingerprint import config_record
 
 # time, memory and throughput differ from run to run; health/ reads the steps before (not in a checkpoint)
 UNCOMPARED = ("timing_s/", "timing_per_token_ms/", "perf/", "health/")
@@ -66,7 +68,7 @@ def replay_config(run_dir: Path, step: int, workdir: Path) -> PPOConfig:
     before = [p for p in found if number[p] < step]
     at_or_after = [p for p in found if number[p] >= step]
     record = load_driver_state(at_or_after[0] if at_or_after else found[-1])["config"]
-    cfg = to_config(_nested(record))
+    cfg = to_config(_nested(_honoured(record)))
     if before:
         _link_tree(before[-1], workdir / before[-1].name)
     return replace_keys(
@@ -195,6 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"step {step}: the replay equals the log ({shown} metrics; time, memory and health/ keys not compared)")
     return 0
+
+
+def _honoured(record: dict[str, Any]) -> dict[str, Any]:
+    """The record's keys the installed schema has. A run loaded through a dialect (main.py reads verl's) records
+    that dialect's keys too; those ColoRL's schema lacks change nothing it runs, so the replay, which does not
+    import the dialect, leaves them out."""
+    known = config_record(installed().schema()())
+    return {key: value for key, value in record.items() if key in known}
 
 
 def _nested(record: dict[str, Any]) -> dict[str, Any]:
