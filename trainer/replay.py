@@ -200,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _honoured(record: dict[str, Any]) -> dict[str, Any]:
-    """The record's keys the installed schema has. A run loaded through a dialect (main.py reads another trainer's) records
-    that dialect's keys too; those ColoRL's schema lacks change nothing it runs, so the replay, which does not
-    import the dialect, leaves them out."""
+    """The record's keys the installed schema has. A run loaded through a dialect (main.py reads another
+    trainer's keys) records that dialect's keys too; those ColoRL's schema lacks change nothing it runs, so the
+    replay, which does not import the dialect, leaves them out."""
     known = config_record(installed().schema()())
     return {key: value for key, value in record.items() if key in known}
 
