@@ -2,7 +2,7 @@
 
 Run: python -m examples.seed_000_ch4_tensor_parallel [--device cuda]   (4 worker processes, tp=4; 4 GPUs with cuda)
 
-The seed runs Megatron-LM's parallel state and verl's ParallelLlamaMLP; here the layer of the same name
+The seed runs Megatron-LM's parallel state and a ParallelLlamaMLP on top of it; here the layer of the same name
 (verl_compat.models.llama.megatron.layers) does the same with PyTorch's own tensor parallelism (DeviceMesh +
 parallelize_module) on gloo or nccl. With cuda the layer has the seed's sizes; on CPU it is small. The driver
 passes a list of dp_size inputs and gets one output per dp rank back: which ranks hold which shard stays inside

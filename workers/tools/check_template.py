@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tool-config", default=None, help="a tool YAML: render with its tools' schemas")
     parser.add_argument("--function-tools", default=None, help="a Python file of @function_tool functions")
     args = parser.parse_args(argv)
-    # a command line, like main.py: a tool file may use verl's names, which the door serves (and installs its tools)
+    # a command line, like main.py: it preloads the door, so a tool file that main.py loads loads here too
     os.environ.setdefault("COLORL_PRELOAD", "verl_compat.tools")
     from transformers import AutoTokenizer, GenerationConfig
 
