@@ -21,8 +21,8 @@ from torch import Tensor
 # name -> where it is read, how often, and why it cannot stay on the device
 HOST_SYNCS: dict[str, str] = {
     "rollout.live_rows": (
-        "decode loop, once every rollout.EOS_CHECK_INTERVAL tokens: how many rows are still decoding, to stop when "
-        "none is and to drop ended rows from the batch (a new batch shape is a host decision); in a partial "
+        "decode loop, once every decode_loop.EOS_CHECK_INTERVAL tokens: how many rows are still decoding, to stop "
+        "when none is and to drop ended rows from the batch (a new batch shape is a host decision); in a partial "
         "rollout's piece, with how many groups have ended, to stop at its quota"
     ),
     "turn_sampler.ended_turns": (

@@ -5,9 +5,10 @@ step (``workers.compute.decode``), on one model, one precision at a time, in one
         --response-length 64] [--dtype bf16 fp32] [--threads N] [--repeats 3] [--profile] [--all-buckets]
 
 Every row decodes ``--response-length`` tokens (no EOS: the batch stays at ``--rows``, one bucket), greedy. A decode
-step's time is (generation − prefill) / (response length − 1): the prefill is timed on its own (``rollout.prefill``),
-sampling and the cache writes are in the step, as in the rollout. The best of ``--repeats`` generations after a
-warm-up one (which, compiled, also compiles the bucket: ``compile_s`` is its time over a warm one's).
+step's time is (generation − prefill) / (response length − 1): the prefill is timed on its own
+(``decode_loop.prefill``), sampling and the cache writes are in the step, as in the rollout. The best of
+``--repeats`` generations after a warm-up one (which, compiled, also compiles the bucket: ``compile_s`` is its time
+over a warm one's).
 
 Prints JSON per dtype: ``step_ms`` (hf, eager own step, compiled), the step's FLOPs (2 · matmul parameters · rows,
 attention's 4 · layers · heads · head dim · context · rows at the mean context), ``fraction_of_matmul`` (FLOP/s of the
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import emit, machine
-from workers.compute import decode, rollout
+from workers.compute import decode, decode_loop, rollout
 from workers.runtime import perf
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -98,7 +99,7 @@ PROFILED = ("compiled", "eager")
 def steps(model: torch.nn.Module, batch: tuple, args: argparse.Namespace, compiled: bool) -> Any:
     """A function that runs 8 decode steps (at most ``--response-length``; :func:`decode.decode_step`, compiled
     or not) after one prefill."""
-    cache, logits = rollout.prefill(model, *batch, args.prompt_length + args.response_length)
+    cache, logits = decode_loop.prefill(model, *batch, args.prompt_length + args.response_length)
     spec, weights = decode.read_weights(model)
     keys, values = [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
     mask = torch.cat([batch[1].bool(), torch.ones(args.rows, args.response_length, dtype=torch.bool)], -1)
@@ -122,7 +123,7 @@ def measure(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
     common = dict(response_length=r, eos_token_id=None, pad_token_id=0, do_sample=False)
     with torch.no_grad():
         runs = {
-            "prefill": lambda: rollout.prefill(model, *batch, length),
+            "prefill": lambda: decode_loop.prefill(model, *batch, length),
             "hf": lambda: rollout.generate_sequences(model, *batch, **common, compile_decode=False),
             "eager": lambda: decode.generate(model, *batch, **common, compiled=False),
             "compiled": lambda: decode.generate(model, *batch, **common, compiled=True),

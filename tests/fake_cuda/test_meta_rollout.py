@@ -14,7 +14,7 @@ import torch
 from algos.host_sync import READS
 from tests.fake_cuda.standin import StandinLM
 from tests.workers.helpers import EOS, PAD, make_prompts
-from workers.compute import rollout
+from workers.compute import decode_loop
 from workers.compute.rollout import generate_sequences
 from workers.compute.turn_sampler import HFTurnSampler
 
@@ -59,7 +59,7 @@ def test_generate_sequences_on_meta(attention, sampling):
     shapes.update(position_ids=(B, P + R), rollout_log_probs=(B, R))
     assert {k: (v.device, tuple(v.shape)) for k, v in out.items()} == {k: (META, s) for k, s in shapes.items()}
     # one read per EOS_CHECK_INTERVAL tokens at most (here: 8 -> 4 -> 2 live rows, then none)
-    assert 0 < READS["rollout.live_rows"] - before <= R // rollout.EOS_CHECK_INTERVAL
+    assert 0 < READS["rollout.live_rows"] - before <= R // decode_loop.EOS_CHECK_INTERVAL
 
 
 def test_a_partial_rollouts_piece_on_meta():
@@ -67,12 +67,12 @@ def test_a_partial_rollouts_piece_on_meta():
     rows it must end are counted on the device and read with the live rows, in the same one read per check."""
     before = READS["rollout.live_rows"]
     group, budget = torch.arange(B) // 2, torch.full((B,), R)
-    piece = rollout.Partial(budget, group, quota=2, required=torch.zeros(B, dtype=torch.bool))
+    piece = decode_loop.Partial(budget, group, quota=2, required=torch.zeros(B, dtype=torch.bool))
     out = generate_sequences(
         _model(), *_prompts(), response_length=R, eos_token_id=EOS, pad_token_id=PAD, partial=piece
     )
     assert (out["ended"].device, tuple(out["ended"].shape)) == (META, (B,))
-    assert 0 < READS["rollout.live_rows"] - before <= R // rollout.EOS_CHECK_INTERVAL
+    assert 0 < READS["rollout.live_rows"] - before <= R // decode_loop.EOS_CHECK_INTERVAL
 
 
 def test_turn_sampler_tool_turns_on_meta():
@@ -127,7 +127,7 @@ def test_the_decode_step_through_its_buckets_on_meta():
         "responses": (META, (R,)),
         "rollout_log_probs": (META, (R,)),
     }
-    assert 0 < READS["rollout.live_rows"] - before <= R // rollout.EOS_CHECK_INTERVAL
+    assert 0 < READS["rollout.live_rows"] - before <= R // decode_loop.EOS_CHECK_INTERVAL
 
 
 def test_the_decode_step_captures_cuda_graphs_on_cuda():

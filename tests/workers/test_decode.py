@@ -12,9 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from single_controller import DataProto
 from tests.workers.helpers import PAD, actor_config, make_prompts
-from workers.compute import decode, rollout
+from workers.compute import decode, decode_loop
 from workers.compute.actor import DataParallelPPOActor
-from workers.compute.rollout import Partial, generate_sequences
+from workers.compute.decode_loop import Partial
+from workers.compute.rollout import generate_sequences
 from workers.parallel import lora
 
 P, R = 6, 12
@@ -28,7 +29,7 @@ def model(tiny_model_dir):
 @pytest.fixture(autouse=True)
 def often(monkeypatch):
     """Check for ended rows every 2 tokens, so the tiny responses cross bucket boundaries."""
-    monkeypatch.setattr(rollout, "EOS_CHECK_INTERVAL", 2)
+    monkeypatch.setattr(decode_loop, "EOS_CHECK_INTERVAL", 2)
 
 
 def _prompts(batch=8, n=1, seed=4):

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.workers.helpers import PAD, make_prompts
-from workers.compute import decode, rollout
+from workers.compute import decode, decode_loop
 from workers.compute.rollout import generate_sequences
 from workers.compute.turn_sampler import HFTurnSampler
 
@@ -31,7 +31,7 @@ def steps(monkeypatch):
         return compiled(*args)
 
     monkeypatch.setitem(decode._COMPILED, "default", step)
-    monkeypatch.setattr(rollout, "EOS_CHECK_INTERVAL", 2)
+    monkeypatch.setattr(decode_loop, "EOS_CHECK_INTERVAL", 2)
     return calls
 
 

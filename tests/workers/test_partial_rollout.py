@@ -1,6 +1,6 @@
-"""Partial rollouts' pieces (trainer.asynchronous.partial, workers.compute.rollout.Partial) on a tiny model: a response
-generated in pieces, each continuing the rows from their tokens so far, is the response generated whole; a piece stops
-at its quota of ended groups, waits for the rows it must end, and gives no row more than its budget."""
+"""Partial rollouts' pieces (trainer.asynchronous.partial, workers.compute.decode_loop.Partial) on a tiny model: a
+response generated in pieces, each continuing the rows from their tokens so far, is the response generated whole; a
+piece stops at its quota of ended groups, waits for the rows it must end, and gives no row more than its budget."""
 
 import pytest
 import torch
@@ -8,7 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from tests.workers.helpers import PAD, make_prompts
 from trainer.asynchronous.partial import ENDED, FIRST, LAST, LENGTH, LOG_PROBS, TOKENS, append, continuation
-from workers.compute.rollout import EOS_CHECK_INTERVAL, Partial, generate_sequences
+from workers.compute.decode_loop import EOS_CHECK_INTERVAL, Partial
+from workers.compute.rollout import generate_sequences
 
 N, P, R = 2, 6, 24  # rows per prompt group, prompt width, response_length
 

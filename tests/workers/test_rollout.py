@@ -13,9 +13,10 @@ from planner import make_plan
 from planner.phases import STEP_FLOW
 from single_controller import DataProto
 from tests.workers.helpers import PAD, VOCAB, actor_config, make_prompts, worker_config
-from workers.compute import rollout
+from workers.compute import decode_loop
 from workers.compute.actor import DataParallelPPOActor
-from workers.compute.rollout import filter_logits, generate_sequences, sample_next_token
+from workers.compute.decode_loop import filter_logits, sample_next_token
+from workers.compute.rollout import generate_sequences
 
 P, R = 6, 8
 
@@ -156,7 +157,7 @@ def _naive_prefill(model, input_ids, attention_mask, position_ids, max_cache_len
     """Every row prefilled as it is, left padding included: what the rollout did before prompt groups."""
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     mask = torch.cat([attention_mask, attention_mask.new_zeros(len(attention_mask), max_cache_len - P)], dim=-1)
-    return cache, rollout.next_token_logits(model, input_ids, mask, position_ids, cache)
+    return cache, decode_loop.next_token_logits(model, input_ids, mask, position_ids, cache)
 
 
 def _grouped_prompts(n=3, prompts=4, seed=5, extra_padding=0):
@@ -183,7 +184,7 @@ def test_a_prompt_group_shares_one_prefill_and_generates_the_same(model, monkeyp
         hook.remove()
     # the 4 distinct prompts once, in rows no wider than the longest: at most its padding, not the batch's
     assert int(mask[::3].sum()) <= prefill_inputs[0].numel() <= 4 * int(mask.sum(-1).max()) < mask[::3].numel()
-    monkeypatch.setattr(rollout, "prefill", _naive_prefill)
+    monkeypatch.setattr(decode_loop, "prefill", _naive_prefill)
     alone = generate_sequences(model, ids, mask, pos, generator=torch.Generator().manual_seed(0), **kwargs)
     assert torch.equal(shared["responses"], alone["responses"])
     torch.testing.assert_close(shared["rollout_log_probs"], alone["rollout_log_probs"], rtol=1e-5, atol=1e-5)
@@ -194,7 +195,7 @@ def test_a_prompt_group_shares_one_prefill_and_generates_the_same(model, monkeyp
 def test_prefill_lays_out_the_padded_batch_cache(model):
     """The packed prefill's keys and values sit where a padded prefill puts them; its logits are the same."""
     ids, mask, pos = _grouped_prompts(n=2)
-    cache, logits = rollout.prefill(model, ids, mask, pos, P + R)
+    cache, logits = decode_loop.prefill(model, ids, mask, pos, P + R)
     want_cache, want_logits = _naive_prefill(model, ids, mask, pos, P + R)
     torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
     valid = mask.bool()[:, None, :, None]  # (B, 1, P, 1): padding columns hold nothing either way

@@ -27,7 +27,8 @@ from tests.workers.agent_helpers import (  # noqa: E402
     teach_tool_call,
 )
 from tests.workers.test_agent_loop import model_text, tool_text  # noqa: E402
-from workers.compute.rollout import generate_sequences, token_log_probs  # noqa: E402
+from workers.compute.decode_loop import token_log_probs  # noqa: E402
+from workers.compute.rollout import generate_sequences  # noqa: E402
 from workers.compute.vllm_rollout import VLLMRollout, VLLMTurnSampler  # noqa: E402
 from workers.parallel import lora  # noqa: E402
 

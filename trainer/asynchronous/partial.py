@@ -7,7 +7,7 @@ goes on at the next step, its tokens so far part of its prompt:
 1. the step's drawn batch (at the first step, ``num_warmup_batches`` more) joins the ``Pool`` of rows in flight;
 2. one piece of generation runs over every row not ended: its prompt followed by its tokens so far, with what is
    left of ``response_length`` as its budget, until ``train_batch_size`` groups have ended
-   (``workers.compute.rollout.Partial``), so the decode steps run on the pool's rows, not on one batch's tail;
+   (``workers.compute.decode_loop.Partial``), so the decode steps run on the pool's rows, not on one batch's tail;
 3. the oldest ended groups train; the others stay, their tokens and log-probs kept.
 
 Each row carries the first and the last version of the weights that generated it. A group that generates at step
@@ -31,7 +31,8 @@ from single_controller.padding import pad_dataproto_to_divisor
 from trainer.asynchronous.replay_buffer import FIRST_VERSION, VERSION, eviction_stats
 from trainer.observing.metrics import reduce_metrics
 from trainer.running.routing import STEP_TOKEN
-from workers.compute.rollout import PARTIAL_KEYS, QUOTA, rollout_batch
+from workers.compute.decode_loop import rollout_batch
+from workers.compute.rollout import PARTIAL_KEYS, QUOTA
 
 TOKENS, LOG_PROBS, LENGTH, ENDED = "partial_tokens", "partial_log_probs", "partial_length", "partial_ended"
 FIRST, LAST = "partial_first", "partial_last"

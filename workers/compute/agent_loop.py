@@ -27,7 +27,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from planner.phases import PROMPT
-from workers.compute.rollout import rollout_batch
+from workers.compute.decode_loop import rollout_batch
 from workers.compute.turn_sampler import HFTurnSampler, LogitsProcessor, TurnSampler
 from workers.tools import AgentData, ToolBox, ToolConfigError, load_tools
 from workers.tools.parser import parse_tool_calls

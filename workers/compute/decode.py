@@ -7,9 +7,9 @@ math is one pure function over the weights (:func:`decode_step`), which ``torch.
 - **Weights read, not copied.** Embedding, each layer's q/k/v/o, gate/up/down and RMSNorm weights, the rotary
   frequencies and the (tied) LM head are the module's own tensors (a LoRA linear's merged copy inside
   ``lora.merged_adapters``: ``lora.linear_weight``).
-- **A static KV cache.** The prefill (``rollout.prefill``, shared prompts run once) fills a cache preallocated at the
-  longest sequence (prompt + response length); each step writes its keys and values at one column (a 0-d tensor,
-  so the graph does not specialise on it) and attends over the whole cache under a boolean mask.
+- **A static KV cache.** The prefill (``decode_loop.prefill``, shared prompts run once) fills a cache preallocated
+  at the longest sequence (prompt + response length); each step writes its keys and values at one column (a 0-d
+  tensor, so the graph does not specialise on it) and attends over the whole cache under a boolean mask.
 - **Batch buckets.** The rows decoded are a bucket: 1, 2, 4, 8, … up to the batch (:func:`buckets`). Every
   ``EOS_CHECK_INTERVAL`` tokens, when the live rows fit a smaller bucket, the cache is compacted to them; a
   bucket's spare rows repeat a live row and write to a scratch row of the output. So a compiled step sees at most
@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from workers.compute import decode_loop
 from workers.parallel import lora
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")  # decoder blocks of the same shape: pre-norm, rotary, GQA, SwiGLU
@@ -216,21 +217,19 @@ def generate(
     pad_token_id: int,
     compiled: bool = True,
     return_log_probs: bool = False,
-    partial: Any = None,
+    partial: decode_loop.Partial | None = None,
     **sampling: Any,
 ) -> dict[str, Tensor]:
     """``rollout.generate_sequences``'s contract (same arguments, same outputs) with :func:`decode_step` per token,
     compiled per bucket when ``compiled``; ``sampling``: temperature, top_p, top_k, do_sample, generator."""
-    from workers.compute import rollout as hf  # the HF loop's pieces (it imports this module lazily)
-
     device = next(model.parameters()).device
     batch, prompt_length = input_ids.shape
-    cache, logits = hf.prefill(model, input_ids, attention_mask, position_ids, prompt_length + response_length)
+    cache, logits = decode_loop.prefill(model, input_ids, attention_mask, position_ids, prompt_length + response_length)
     input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
     spec, weights = read_weights(model)
     keys, values = [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
     step = compiled_step(device) if compiled else decode_step
-    eos = hf._eos_tensor(eos_token_id, device)
+    eos = decode_loop.eos_tensor(eos_token_id, device)
     # row ``batch`` is scratch: a bucket's spare rows write there
     responses = torch.full((batch + 1, response_length), pad_token_id, dtype=input_ids.dtype, device=device)
     response_mask = torch.zeros((batch + 1, response_length), dtype=attention_mask.dtype, device=device)
@@ -244,21 +243,21 @@ def generate(
     budget = full if partial is None else partial.budget.to(device)
     temperature = sampling.get("temperature", 1.0)
     for t in range(response_length):
-        token = hf.sample_next_token(logits, **sampling)
+        token = decode_loop.sample_next_token(logits, **sampling)
         if return_log_probs:
-            log_probs[rows, t] = hf.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
+            log_probs[rows, t] = decode_loop.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
         token = torch.where(finished, pad_token_id, token)
         responses[rows, t] = token
         response_mask[rows, t] = (~finished).to(response_mask.dtype)
         finished |= torch.isin(token, eos) | (budget <= t + 1)
         if t == response_length - 1:
             break
-        if (t + 1) % hf.EOS_CHECK_INTERVAL == 0:
-            live, enough = hf._live_rows(finished[:real], rows[:real], batch, partial)
+        if (t + 1) % decode_loop.EOS_CHECK_INTERVAL == 0:
+            live, enough = decode_loop.count_live_rows(finished[:real], rows[:real], batch, partial)
             if live == 0 or enough:
                 break
             if (size := bucket(live, batch)) < len(rows):  # compact the cache to the live rows' bucket
-                keep = hf.live_rows(finished[:real], live)
+                keep = decode_loop.live_rows(finished[:real], live)
                 index = torch.cat([keep, keep[:1].expand(size - live)])  # spare rows repeat a live row
                 keys, values = ([c.index_select(0, index) for c in cache] for cache in (keys, values))
                 mask, position, token, budget = (x[index] for x in (mask, position, token, budget))
@@ -269,9 +268,9 @@ def generate(
         position = position + 1
         mark_static([*keys, *values])
         logits = step(token, position, columns[t], mask, weights, keys, values, spec)
-    out = hf.rollout_batch(input_ids, attention_mask, position_ids, responses[:batch], response_mask[:batch])
+    out = decode_loop.rollout_batch(input_ids, attention_mask, position_ids, responses[:batch], response_mask[:batch])
     if return_log_probs:
         out["rollout_log_probs"] = log_probs[:batch]
     if partial is not None:
-        out["ended"] = hf._ended(finished[:real], rows[:real], batch)
+        out["ended"] = decode_loop.ended_rows(finished[:real], rows[:real], batch)
     return out

@@ -27,7 +27,13 @@ from torch import Tensor, nn
 
 from algos.host_sync import host_read
 from workers.compute import decode
-from workers.compute.rollout import next_token_logits, prefill, sample_next_token, select_cache_rows, token_log_probs
+from workers.compute.decode_loop import (
+    next_token_logits,
+    prefill,
+    sample_next_token,
+    select_cache_rows,
+    token_log_probs,
+)
 
 # {row: the ids it sampled in the turn that just ended, its stop token last} -> {row: tool-turn ids, or None}
 EndTurns = Callable[[dict[int, list[int]]], dict[int, list[int] | None]]

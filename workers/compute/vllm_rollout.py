@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from workers.compute.rollout import rollout_batch
+from workers.compute.decode_loop import rollout_batch
 from workers.compute.turn_sampler import EndTurns, SampledTurns, TurnSampler
 from workers.compute.vllm_engine import MISSING, engine_args
 from workers.parallel import fsdp, lora
