@@ -14,8 +14,11 @@ Prints JSON per dtype: ``step_ms`` (hf, eager own step, compiled), the step's FL
 attention's 4 · layers · heads · head dim · context · rows at the mean context), ``fraction_of_matmul`` (FLOP/s of the
 step over the machine's measured 1024³ matmul rate in that dtype, ``perf.measured_matmul_flops``; also the rate of a
 matmul of the step's own shapes: rows × hidden against the LM head); ``--all-buckets``: the seconds to compile
-every bucket of ``--rows`` (a fresh process's first rollout when rows end at different lengths); ``--profile``: the
-compiled and eager steps' top operators (8 steps after a prefill) by self CPU time (torch.profiler).
+every bucket of ``--rows`` (a fresh process's first rollout when rows end at different lengths); ``roofline``: what
+bounds the step from below, the bytes it reads (the matmul weights, the KV cache) over the machine's streaming rate,
+and its matmuls and attention timed alone from memory (:func:`roofline`), with the fraction of the matmul rate each
+would allow; ``--profile``: the compiled and eager steps' top operators (8 steps after a prefill) by self CPU
+time (torch.profiler).
 """
 
 from __future__ import annotations
@@ -77,6 +80,42 @@ def step_flops(model: torch.nn.Module, rows: int, context: float) -> float:
     matmul = head.numel() + sum(w.numel() for layer in layers for w in layer if w is not None and w.dim() == 2)
     attention = 4 * len(layers) * spec.heads * spec.head_dim * context
     return rows * (2 * matmul + attention)
+
+
+def best_of(fn: Any, repeats: int = 5) -> float:
+    """The fastest of ``repeats`` calls of ``fn`` after one warm-up, in seconds."""
+    return timed(fn, repeats)[1]
+
+
+def roofline(model: torch.nn.Module, rows: int, cache_length: int) -> dict[str, float]:
+    """What bounds a decode step from below: the bytes it reads (every matmul weight once, and each layer's
+    keys and values over the whole cache) against the rate this machine streams memory, and the step's matmuls
+    and attention timed alone on the model's own weights, in the step's order (so they come from memory, not
+    from a warm cache, as in the step)."""
+    spec, (_, _, _, head, layers) = decode.read_weights(model)
+    linears = [w for layer in layers for w in layer if w is not None and w.dim() == 2] + [head]
+    dtype, size = head.dtype, head.element_size()
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]).to(dtype) for w in linears}
+    shape = (rows, spec.kv_heads, cache_length, spec.head_dim)
+    caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in layers]
+    q = torch.randn(rows, spec.kv_heads, spec.heads // spec.kv_heads, spec.head_dim).to(dtype)
+    probs = torch.randn(rows, spec.kv_heads, spec.heads // spec.kv_heads, cache_length).to(dtype)
+    weight_bytes = sum(w.numel() for w in linears) * size
+    cache_bytes = sum(k.numel() + v.numel() for k, v in caches) * size
+    big = torch.ones(2 * (weight_bytes + cache_bytes) // size, dtype=dtype)  # larger than any cache level
+    stream = big.numel() * size / best_of(big.sum)
+    linears_s = best_of(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in linears])
+    attention_s = best_of(lambda: [(q @ k.transpose(-1, -2), probs @ v) for k, v in caches])
+    return {
+        "weight_bytes": weight_bytes,
+        "cache_bytes": cache_bytes,
+        "stream_gb_s": round(stream / 1e9, 1),
+        "bytes_over_stream_ms": round((weight_bytes + cache_bytes) / stream * 1e3, 2),
+        "linears_alone_ms": round(linears_s * 1e3, 2),
+        "linears_gb_s": round(weight_bytes / linears_s / 1e9, 1),
+        "attention_alone_ms": round(attention_s * 1e3, 2),
+        "attention_gb_s": round(cache_bytes / attention_s / 1e9, 1),
+    }
 
 
 def top_ops(fn: Any, rows: int = 8) -> list[list[Any]]:
@@ -148,6 +187,10 @@ def measure(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
             "compile_s": round(times["compiled"][0] - times["compiled"][1], 2),
             "generation_s": {k: round(times[k][1], 3) for k in ("hf", "compiled")},
         }
+        bound = out["roofline"] = roofline(model, args.rows, length)
+        kernels_s = (bound["linears_alone_ms"] + bound["attention_alone_ms"]) / 1e3
+        bound["fraction_of_matmul_at_stream_rate"] = round(flops / (bound["bytes_over_stream_ms"] / 1e3) / matmul, 3)
+        bound["fraction_of_matmul_at_kernels_alone"] = round(flops / kernels_s / matmul, 3)
         if args.all_buckets:
             start = time.perf_counter()
             for size in decode.buckets(args.rows)[:-1]:  # the largest compiled above
