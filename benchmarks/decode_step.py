@@ -87,6 +87,9 @@ def best_of(fn: Any, repeats: int = 5) -> float:
     return timed(fn, repeats)[1]
 
 
+STREAMED = 1 << 29  # bytes the streaming rate is measured over at least: more than a CPU's last-level cache
+
+
 def roofline(model: torch.nn.Module, rows: int, cache_length: int) -> dict[str, float]:
     """What bounds a decode step from below: the bytes it reads (every matmul weight once, and each layer's
     keys and values over the whole cache) against the rate this machine streams memory, and the step's matmuls
@@ -102,7 +105,7 @@ def roofline(model: torch.nn.Module, rows: int, cache_length: int) -> dict[str, 
     probs = torch.randn(rows, spec.kv_heads, spec.heads // spec.kv_heads, cache_length).to(dtype)
     weight_bytes = sum(w.numel() for w in linears) * size
     cache_bytes = sum(k.numel() + v.numel() for k, v in caches) * size
-    big = torch.ones(2 * (weight_bytes + cache_bytes) // size, dtype=dtype)  # larger than any cache level
+    big = torch.ones(max(2 * (weight_bytes + cache_bytes), STREAMED) // size, dtype=dtype)  # beyond any cache level
     stream = big.numel() * size / best_of(big.sum)
     linears_s = best_of(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in linears])
     attention_s = best_of(lambda: [(q @ k.transpose(-1, -2), probs @ v) for k, v in caches])
