@@ -64,6 +64,9 @@ FINITE = ("actor/pg_loss", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "
 PEAK_LINE = re.compile(r"peak: ([0-9.]+) GiB per worker in (\w+)")
 MIN_PART_S = 10  # a part is not started with less of the budget left
 MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+# the modules the Hydra entry points import, and those the Ray trainer adds
+HYDRA = ("hydra", "omegaconf", "tensordict", "transformers")
+TRAINER = (*HYDRA, "ray", "pyarrow")
 
 
 @dataclasses.dataclass
@@ -247,33 +250,19 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
         "model": model,
         "data": [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet"],
     }
-    quick = "--quick uses the built-in tiny model" if args.quick else None
-    cpu = "--device cpu" if args.device == "cpu" else None
-    hydra = ("hydra", "omegaconf", "tensordict", "transformers")
-    trainer = (*hydra, "ray", "pyarrow")
     ray_free = args.no_ray or bool(missing_modules(("ray",)))  # the GRPO runs then run without Ray
-    grpo_needs = (*hydra, "pyarrow") if ray_free else trainer
-    model_args = ["--hidden", "32", "--layers", "1", "--sft-warmup-steps", "0", "--cache-dir", str(assets_dir)]
-    if not args.quick:
-        model_args = ["--model-path", model]
-    batch = ["--prompts", str(PROMPTS), "--n", str(N), "--prompt-length", str(PROMPT_LENGTH)]
-    batch += ["--response-length", str(RESPONSE_LENGTH), "--device", args.device]
-    if args.quick:
-        batch = [
-            "--prompts",
-            "2",
-            "--n",
-            "2",
-            "--prompt-length",
-            "8",
-            "--response-length",
-            "4",
-            "--device",
-            args.device,
-        ]
-    lora = ["--set", "actor_rollout_ref.model.lora_rank=16", "--set", "actor_rollout_ref.model.lora_alpha=32"]
-    hf_dir, vllm_dir = out / "grpo_hf", out / "grpo_vllm"
-    dry = grpo_overrides(args, assets, hf_dir, "hf", ray_free) + ["trainer.dry_run=true"]
+    dry = grpo_overrides(args, assets, out / "grpo_hf", "hf", ray_free) + ["trainer.dry_run=true"]
+    return [
+        *_asset_parts(args, model, data_dir),
+        Part("dry_run", ["main.py", *dry], 120, HYDRA, read=read_dry_run),
+        *_benchmark_parts(args, model, assets_dir),
+        *_training_parts(args, assets, out, ray_free),
+    ]
+
+
+def _asset_parts(args: argparse.Namespace, model: str, data_dir: Path) -> list[Part]:
+    """``model`` and ``data``: SmolLM2 converted from its GGUF and the arithmetic problems (skipped by --quick)."""
+    quick = "--quick uses the built-in tiny model" if args.quick else None
     return [
         Part(
             "model",
@@ -283,22 +272,44 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
             skip=quick or ("--model-path given" if args.model_path else None),
         ),
         Part("data", ["-m", "data.preprocess.arith", "--out_dir", str(data_dir)], 120, ("pyarrow",), skip=quick),
-        Part("dry_run", ["main.py", *dry], 120, hydra, read=read_dry_run),
+    ]
+
+
+def _benchmark_parts(args: argparse.Namespace, model: str, assets_dir: Path) -> list[Part]:
+    """``memory`` and ``floor`` on the model at the preset's batch (--quick: the tiny model at a tiny batch)."""
+    if args.quick:
+        model_args = ["--hidden", "32", "--layers", "1", "--sft-warmup-steps", "0", "--cache-dir", str(assets_dir)]
+        shape = {"--prompts": 2, "--n": 2, "--prompt-length": 8, "--response-length": 4}
+    else:
+        model_args = ["--model-path", model]
+        shape = {"--prompts": PROMPTS, "--n": N, "--prompt-length": PROMPT_LENGTH, "--response-length": RESPONSE_LENGTH}
+    batch = [*(arg for flag, value in shape.items() for arg in (flag, str(value))), "--device", args.device]
+    lora = ["--set", "actor_rollout_ref.model.lora_rank=16", "--set", "actor_rollout_ref.model.lora_alpha=32"]
+    return [
         Part(
             "memory",
             ["-m", "benchmarks.memory", *model_args, *batch, "--world", "1", "--updates", "2"],
             300,
-            hydra,
+            HYDRA,
             read=read_memory,
         ),
         Part(
             "floor",
             ["-m", "benchmarks.floor", *model_args, *batch, *lora, "--steps", "3", "--warmup", "1"],
             300,
-            trainer,
+            TRAINER,
             ray=True,
             read=read_floor,
         ),
+    ]
+
+
+def _training_parts(args: argparse.Namespace, assets: dict[str, Any], out: Path, ray_free: bool) -> list[Part]:
+    """``grpo_hf`` and ``grpo_vllm`` (two GRPO steps of main.py each; without Ray where ``ray_free``), ``gpu_tests``."""
+    grpo_needs = (*HYDRA, "pyarrow") if ray_free else TRAINER
+    cpu = "--device cpu" if args.device == "cpu" else None
+    hf_dir, vllm_dir = out / "grpo_hf", out / "grpo_vllm"
+    return [
         Part(
             "grpo_hf",
             ["main.py", *grpo_overrides(args, assets, hf_dir, "hf", ray_free)],
@@ -322,7 +333,7 @@ def parts(args: argparse.Namespace, out: Path) -> list[Part]:
             "gpu_tests",
             ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
             600,
-            (*trainer, "pytest"),
+            (*TRAINER, "pytest"),
             ray=True,
             skip=cpu and "--device cpu (the gpu tests need CUDA)",
         ),
