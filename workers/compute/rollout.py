@@ -29,6 +29,7 @@ finish decoding at different steps never wait on each other. Its pieces, shared 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,70 +71,148 @@ def generate_sequences(
       ``compile_decode`` (``rollout.compile_decode``: true, false or auto) decodes with
       ``workers.compute.decode``'s compiled step per batch bucket instead, where it applies (``decode.resolve``).
     """
-    if decode.resolve(compile_decode, model):
-        return decode.generate(
-            model,
-            input_ids,
-            attention_mask,
-            position_ids,
-            response_length=response_length,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            return_log_probs=return_log_probs,
-            partial=partial,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            do_sample=do_sample,
-            generator=generator,
-        )
-    device = next(model.parameters()).device
-    cache, logits = decode_loop.prefill(
-        model, input_ids, attention_mask, position_ids, input_ids.shape[1] + response_length
-    )
-    input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
-    batch_size, prompt_length = input_ids.shape
-    eos = decode_loop.eos_tensor(eos_token_id, device)
-    responses = torch.full((batch_size, response_length), pad_token_id, dtype=input_ids.dtype, device=device)
-    response_mask = torch.zeros((batch_size, response_length), dtype=attention_mask.dtype, device=device)
-    log_probs = torch.zeros((batch_size, response_length), dtype=torch.float32, device=device)
-    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, do_sample=do_sample, generator=generator)
-    # the mask covers the whole cache; each step switches on the position of the token it feeds in
-    full_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch_size, response_length)], dim=-1)
-    step_pos = position_ids[:, -1:]
-    rows = torch.arange(batch_size, device=device)  # the batch row of each row still being decoded
-    budget = torch.full((batch_size,), response_length, device=device) if partial is None else partial.budget.to(device)
+    loop = decode.generate if decode.resolve(compile_decode, model) else _hf_loop
+    return loop(
+        model,
+        input_ids,
+        attention_mask,
+        position_ids,
+        response_length=response_length,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        return_log_probs=return_log_probs,
+        partial=partial,
+        **sampling,
+    )
+
+
+def _hf_loop(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    *,
+    response_length: int,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int,
+    return_log_probs: bool = False,
+    partial: decode_loop.Partial | None = None,
+    **sampling: Any,
+) -> dict[str, Tensor]:
+    """:func:`generate_sequences` with the HF module's forward per token (``sampling``: temperature, top_p, top_k,
+    do_sample, generator): prefill, then sample, record and feed in each token, every ``EOS_CHECK_INTERVAL`` tokens
+    checking whether to stop or to drop the ended rows."""
+    device = next(model.parameters()).device
+    prompt_length = input_ids.shape[1]
+    cache, logits = decode_loop.prefill(model, input_ids, attention_mask, position_ids, prompt_length + response_length)
+    input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
+    eos = decode_loop.eos_tensor(eos_token_id, device)
+    state = _Decoding.start(input_ids, attention_mask, position_ids, response_length, pad_token_id, partial)
+    scoring = sampling.get("temperature", 1.0) if return_log_probs else None  # the temperature log-probs take
     for t in range(response_length):
         token = decode_loop.sample_next_token(logits, **sampling)
-        if return_log_probs:
-            log_probs[rows, t] = decode_loop.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
-        token = torch.where(finished, pad_token_id, token)
-        responses[rows, t] = token
-        response_mask[rows, t] = (~finished).to(response_mask.dtype)
-        finished |= torch.isin(token, eos) | (budget <= t + 1)
+        state.record(t, token, logits, eos, pad_token_id, scoring)
         if t == response_length - 1:
             break
-        if (t + 1) % decode_loop.EOS_CHECK_INTERVAL == 0:
-            live, enough = decode_loop.count_live_rows(finished, rows, batch_size, partial)
-            if live == 0 or enough:
-                break
-            if 2 * live <= len(rows):  # a finished row costs as much to decode as a live one: drop the finished
-                keep = decode_loop.live_rows(finished, live)
-                decode_loop.select_cache_rows(cache, keep)
-                rows, full_mask, step_pos, token, finished, budget = (
-                    x[keep] for x in (rows, full_mask, step_pos, token, finished, budget)
-                )
-        # the finished rows left keep decoding (batched) but their tokens are overwritten with pad above
-        full_mask[:, prompt_length + t] = 1
-        step_pos = step_pos + 1
-        logits = decode_loop.next_token_logits(model, token.unsqueeze(-1), full_mask, step_pos, cache)
-    out = decode_loop.rollout_batch(input_ids, attention_mask, position_ids, responses, response_mask)
-    if return_log_probs:
-        out["rollout_log_probs"] = log_probs
-    if partial is not None:
-        out["ended"] = decode_loop.ended_rows(finished, rows, batch_size)
-    return out
+        if (t + 1) % decode_loop.EOS_CHECK_INTERVAL == 0 and state.stops(cache, partial):
+            break
+        logits = state.advance(model, cache, prompt_length + t)
+    return state.batch(input_ids, attention_mask, position_ids, return_log_probs, partial)
+
+
+@dataclass
+class _Decoding:
+    """The HF loop's state. The outputs (B, R): ``responses``, ``response_mask`` and ``log_probs``; and, for the rows
+    still in the loop (the others ended and left it), each one's batch row (``rows``), its mask over the whole cache
+    (``full_mask``), the position of the token it feeds in next (``step_pos``) and that token, whether it ended
+    (``finished``) and its budget of tokens."""
+
+    responses: Tensor
+    response_mask: Tensor
+    log_probs: Tensor
+    rows: Tensor
+    full_mask: Tensor
+    step_pos: Tensor
+    token: Tensor
+    finished: Tensor
+    budget: Tensor
+
+    @classmethod
+    def start(
+        cls,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        response_length: int,
+        pad_token_id: int,
+        partial: decode_loop.Partial | None,
+    ) -> _Decoding:
+        """Nothing sampled yet, every row in the loop, the prompts (B, P) on the model's device."""
+        (batch_size, _), device = input_ids.shape, input_ids.device
+        budget = torch.full((batch_size,), response_length, device=device) if partial is None else partial.budget
+        return cls(
+            responses=torch.full((batch_size, response_length), pad_token_id, dtype=input_ids.dtype, device=device),
+            response_mask=torch.zeros((batch_size, response_length), dtype=attention_mask.dtype, device=device),
+            log_probs=torch.zeros((batch_size, response_length), dtype=torch.float32, device=device),
+            rows=torch.arange(batch_size, device=device),
+            # the mask covers the whole cache; each step switches on the position of the token it feeds in
+            full_mask=torch.cat([attention_mask, attention_mask.new_zeros(batch_size, response_length)], dim=-1),
+            step_pos=position_ids[:, -1:],
+            token=input_ids.new_zeros(batch_size),
+            finished=torch.zeros(batch_size, dtype=torch.bool, device=device),
+            budget=budget.to(device),
+        )
+
+    def record(
+        self, t: int, token: Tensor, logits: Tensor, eos: Tensor, pad_token_id: int, temperature: float | None
+    ) -> None:
+        """Write the sampled ``token`` at response position t (pad where a row had ended), with its log-prob under
+        ``logits`` when a ``temperature`` is given; a row ends at an EOS or at its budget."""
+        rows, finished = self.rows, self.finished
+        if temperature is not None:
+            self.log_probs[rows, t] = decode_loop.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
+        self.token = torch.where(finished, pad_token_id, token)
+        self.responses[rows, t] = self.token
+        self.response_mask[rows, t] = (~finished).to(self.response_mask.dtype)
+        self.finished |= torch.isin(self.token, eos) | (self.budget <= t + 1)
+
+    def stops(self, cache: Any, partial: decode_loop.Partial | None) -> bool:
+        """Whether the loop stops (no row live, or a partial rollout's piece has enough ended), one host read;
+        else, once half of the rows have ended, they leave the loop and the cache (a finished row costs as much to
+        decode as a live one)."""
+        live, enough = decode_loop.count_live_rows(self.finished, self.rows, len(self.responses), partial)
+        if live == 0 or enough:
+            return True
+        if 2 * live <= len(self.rows):
+            keep = decode_loop.live_rows(self.finished, live)
+            decode_loop.select_cache_rows(cache, keep)
+            for name in ("rows", "full_mask", "step_pos", "token", "finished", "budget"):
+                setattr(self, name, getattr(self, name)[keep])
+        return False
+
+    def advance(self, model: nn.Module, cache: Any, column: int) -> Tensor:
+        """Feed each row's last token in at cache ``column``: the next-token logits (rows, V). The finished rows
+        left keep decoding (batched), their tokens overwritten with pad when recorded."""
+        self.full_mask[:, column] = 1
+        self.step_pos = self.step_pos + 1
+        return decode_loop.next_token_logits(model, self.token.unsqueeze(-1), self.full_mask, self.step_pos, cache)
+
+    def batch(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        return_log_probs: bool,
+        partial: decode_loop.Partial | None,
+    ) -> dict[str, Tensor]:
+        """The rollout batch, with ``rollout_log_probs`` and (a partial rollout's piece) ``ended`` when asked."""
+        out = decode_loop.rollout_batch(input_ids, attention_mask, position_ids, self.responses, self.response_mask)
+        if return_log_probs:
+            out["rollout_log_probs"] = self.log_probs
+        if partial is not None:
+            out["ended"] = decode_loop.ended_rows(self.finished, self.rows, len(self.responses))
+        return out
 
 
 PARTIAL_KEYS = ("response_budget", "prompt_group", "required_rows")  # a piece's tensors (B,) as the worker gets them
