@@ -64,25 +64,9 @@ def grpo_settings(cfg: Any, device: str, kl: bool, steps: int, output_dir: str) 
 
     arr, data = cfg.actor_rollout_ref, cfg.data
     actor, rollout, model, optim = arr.actor, arr.rollout, arr.model, arr.actor.optim
-    if kl and actor.kl_loss_type not in ("low_var_kl", "k3"):
-        raise SystemExit(
-            f"benchmarks.trl --kl: TRL's KL is k3; actor_rollout_ref.actor.kl_loss_type="
-            f"{actor.kl_loss_type!r} has no TRL equivalent (use low_var_kl or k3)"
-        )
-    if actor.loss_agg_mode not in LOSS_TYPES:
-        raise SystemExit(f"benchmarks.trl: actor.loss_agg_mode={actor.loss_agg_mode!r} has no TRL loss type")
+    _check_trl_has(actor, kl)
     mini_batches = data.train_batch_size // actor.ppo_mini_batch_size  # optimizer steps per batch and epoch
     bf16 = fsdp.compute_dtype(torch.device(device), actor.fsdp_config.mixed_precision) == torch.bfloat16
-    targets = model.target_modules
-    lora = (
-        {
-            "r": int(model.lora_rank),
-            "lora_alpha": float(model.lora_alpha),
-            "target_modules": targets if isinstance(targets, str) else list(targets),
-        }
-        if model.lora_rank
-        else None
-    )
     warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else 0  # ColoRL counts batches, TRL steps
     clip_low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
     clip_high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
@@ -120,7 +104,30 @@ def grpo_settings(cfg: Any, device: str, kl: bool, steps: int, output_dir: str) 
         max_steps=steps,
         seed=cfg.trainer.seed,
     )
-    return {"grpo": grpo, "lora": lora}
+    return {"grpo": grpo, "lora": _lora_settings(model)}
+
+
+def _check_trl_has(actor: Any, kl: bool) -> None:
+    """Exit where the actor's KL (with ``kl``) or loss aggregation has no TRL equivalent."""
+    if kl and actor.kl_loss_type not in ("low_var_kl", "k3"):
+        raise SystemExit(
+            f"benchmarks.trl --kl: TRL's KL is k3; actor_rollout_ref.actor.kl_loss_type="
+            f"{actor.kl_loss_type!r} has no TRL equivalent (use low_var_kl or k3)"
+        )
+    if actor.loss_agg_mode not in LOSS_TYPES:
+        raise SystemExit(f"benchmarks.trl: actor.loss_agg_mode={actor.loss_agg_mode!r} has no TRL loss type")
+
+
+def _lora_settings(model: Any) -> dict[str, Any] | None:
+    """peft ``LoraConfig`` arguments for the model's adapters; None without them (``lora_rank`` 0)."""
+    if not model.lora_rank:
+        return None
+    targets = model.target_modules
+    return {
+        "r": int(model.lora_rank),
+        "lora_alpha": float(model.lora_alpha),
+        "target_modules": targets if isinstance(targets, str) else list(targets),
+    }
 
 
 def run_trl(
