@@ -256,34 +256,25 @@ def _rs_metrics(
             }
         )
     m[f"{p}_std"] = _clamped_std(stat, mask, low if two_sided else 0.0, high)
-    if seq.numel():
-        m.update(
-            {
-                f"{p}_seq_mean": seq.mean(),
-                f"{p}_seq_std": seq.std() if seq.numel() > 1 else zero,
-                f"{p}_seq_max": seq.max(),
-                f"{p}_seq_min": seq.min(),
-                f"{p}_seq_max_deviation": seq.abs().max(),
-                f"{p}_seq_fraction_high": (seq > high).float().mean(),
-            }
-        )
-        if two_sided:
-            m[f"{p}_seq_fraction_low"] = (seq < low).float().mean()
-    else:
-        m.update(
-            {
-                f"{p}_{k}": zero
-                for k in (
-                    "seq_mean",
-                    "seq_std",
-                    "seq_max",
-                    "seq_min",
-                    "seq_max_deviation",
-                    "seq_fraction_high",
-                    "seq_fraction_low",
-                )
-            }
-        )
+    m.update(_rs_seq_metrics(p, seq, high, low, two_sided, zero))
+    return m
+
+
+def _rs_seq_metrics(p: str, seq: Tensor, high: float, low: float, two_sided: bool, zero: Tensor) -> dict[str, Tensor]:
+    """The ``<p>_seq_*`` diagnostics over the valid sequences' statistics ``seq``; ``zero`` for each where none is."""
+    if not seq.numel():
+        keys = ("mean", "std", "max", "min", "max_deviation", "fraction_high", "fraction_low")
+        return {f"{p}_seq_{k}": zero for k in keys}
+    m = {
+        f"{p}_seq_mean": seq.mean(),
+        f"{p}_seq_std": seq.std() if seq.numel() > 1 else zero,
+        f"{p}_seq_max": seq.max(),
+        f"{p}_seq_min": seq.min(),
+        f"{p}_seq_max_deviation": seq.abs().max(),
+        f"{p}_seq_fraction_high": (seq > high).float().mean(),
+    }
+    if two_sided:
+        m[f"{p}_seq_fraction_low"] = (seq < low).float().mean()
     return m
 
 
