@@ -127,17 +127,7 @@ class HFTurnSampler(TurnSampler):
         self.weights = decode.read_weights(model) if self.step is not None else None
         t = 0
         while True:
-            live = ~out.finished[rows]
-            sampled = live & (forced[rows, t] < 0)
-            policy_logits = logits
-            if self.logits_processor is not None:
-                logits = self.logits_processor(rows, t, logits, sampled)
-            sample = sample_next_token(logits, **sampling)
-            token = torch.where(live, torch.where(forced[rows, t] < 0, sample, forced[rows, t]), pad_token_id)
-            out.responses[rows, t], out.valid[rows, t], out.model_mask[rows, t] = token, live.long(), sampled.long()
-            if return_log_probs:
-                scored = token_log_probs(policy_logits, token, sampling.get("temperature", 1.0))
-                out.log_probs[rows, t] = scored.masked_fill(~sampled, 0.0)
+            token, sampled = self._position(t, rows, logits, forced, out, pad_token_id, sampling, return_log_probs)
             # the one read per position: a meta batch (no data) reads as every row ending its turn
             stops = host_read("turn_sampler.ended_turns", sampled & torch.isin(token, eos), [True] * len(plan.rows))
             ended = [row for row, stop in zip(plan.rows, stops) if stop and plan.samples(row, t)]
@@ -151,17 +141,40 @@ class HFTurnSampler(TurnSampler):
                 select_cache_rows(cache, keep)
                 rows, full_mask, step_pos, token = (x[keep] for x in (rows, full_mask, step_pos, token))
                 plan.rows = [plan.rows[i] for i in kept]
-            live = ~out.finished[rows]
-            span = 1  # the next positions every live row is forced at go into this forward too
-            while t + span < length and all(plan.finished[r] or plan.forced(r, t + span) for r in plan.rows):
-                span += 1
-            chunk = torch.where(live[:, None], forced[rows, t + 1 : t + span], pad_token_id)
-            out.responses[rows, t + 1 : t + span], out.valid[rows, t + 1 : t + span] = chunk, live[:, None].long()
+            chunk = _forced_chunk(t, rows, forced, out, plan, pad_token_id)
+            span = 1 + chunk.shape[1]
             full_mask[:, prompt_length + t : prompt_length + t + span] = 1
             positions = step_pos + torch.arange(1, span + 1, device=device)
             step_pos = positions[:, -1:]
             logits = self._advance(cache, token, chunk, full_mask, positions, columns[t])
             t += span
+
+    def _position(
+        self,
+        t: int,
+        rows: Tensor,
+        logits: Tensor,
+        forced: Tensor,
+        out: SampledTurns,
+        pad_token_id: int,
+        sampling: dict[str, Any],
+        return_log_probs: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """Position t of the ``rows`` decoding, written to ``out``: a live row's sampled token from ``logits``, or
+        the token of the tool turn it is fed (``forced``), a finished row's pad. Returns (the tokens (rows,), which
+        rows sampled theirs)."""
+        live = ~out.finished[rows]
+        sampled = live & (forced[rows, t] < 0)
+        policy_logits = logits
+        if self.logits_processor is not None:
+            logits = self.logits_processor(rows, t, logits, sampled)
+        sample = sample_next_token(logits, **sampling)
+        token = torch.where(live, torch.where(forced[rows, t] < 0, sample, forced[rows, t]), pad_token_id)
+        out.responses[rows, t], out.valid[rows, t], out.model_mask[rows, t] = token, live.long(), sampled.long()
+        if return_log_probs:
+            scored = token_log_probs(policy_logits, token, sampling.get("temperature", 1.0))
+            out.log_probs[rows, t] = scored.masked_fill(~sampled, 0.0)
+        return token, sampled
 
     def _kept(self, live: list[int], decoding: int, batch: int) -> list[int] | None:
         """The places (of the ``decoding`` rows, in the cache's order) to keep when the ``live`` ones fit a smaller
@@ -213,6 +226,20 @@ class _HostPlan:
 
     def samples(self, row: int, t: int) -> bool:
         return not self.finished[row] and not self.forced(row, t)
+
+
+def _forced_chunk(
+    t: int, rows: Tensor, forced: Tensor, out: SampledTurns, plan: _HostPlan, pad_token_id: int
+) -> Tensor:
+    """The tokens (rows, span - 1) after position t that go into the next forward with its token: the next positions
+    every live row is forced at (a finished row's pad), written to ``out``."""
+    live = ~out.finished[rows]
+    length, span = forced.shape[1], 1
+    while t + span < length and all(plan.finished[r] or plan.forced(r, t + span) for r in plan.rows):
+        span += 1
+    chunk = torch.where(live[:, None], forced[rows, t + 1 : t + span], pad_token_id)
+    out.responses[rows, t + 1 : t + span], out.valid[rows, t + 1 : t + span] = chunk, live[:, None].long()
+    return chunk
 
 
 def _end_turns(
