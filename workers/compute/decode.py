@@ -223,54 +223,152 @@ def generate(
     """``rollout.generate_sequences``'s contract (same arguments, same outputs) with :func:`decode_step` per token,
     compiled per bucket when ``compiled``; ``sampling``: temperature, top_p, top_k, do_sample, generator."""
     device = next(model.parameters()).device
-    batch, prompt_length = input_ids.shape
+    prompt_length = input_ids.shape[1]
     cache, logits = decode_loop.prefill(model, input_ids, attention_mask, position_ids, prompt_length + response_length)
     input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
-    spec, weights = read_weights(model)
-    keys, values = [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
-    step = compiled_step(device) if compiled else decode_step
+    prompts = (input_ids, attention_mask, position_ids)
+    state = _Buckets.start(model, cache, compiled, prompts, response_length, pad_token_id, partial)
     eos = decode_loop.eos_tensor(eos_token_id, device)
-    # row ``batch`` is scratch: a bucket's spare rows write there
-    responses = torch.full((batch + 1, response_length), pad_token_id, dtype=input_ids.dtype, device=device)
-    response_mask = torch.zeros((batch + 1, response_length), dtype=attention_mask.dtype, device=device)
-    log_probs = torch.zeros((batch + 1, response_length), dtype=torch.float32, device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    mask = torch.cat([attention_mask.bool(), attention_mask.new_zeros(batch, response_length, dtype=torch.bool)], -1)
-    position = position_ids[:, -1]
-    columns = torch.arange(prompt_length, prompt_length + response_length, device=device)
-    rows, real = torch.arange(batch, device=device), batch  # rows[:real] are batch rows, the rest spare
-    full = torch.full((batch,), response_length, device=device)
-    budget = full if partial is None else partial.budget.to(device)
-    temperature = sampling.get("temperature", 1.0)
+    scoring = sampling.get("temperature", 1.0) if return_log_probs else None  # the temperature log-probs take
     for t in range(response_length):
         token = decode_loop.sample_next_token(logits, **sampling)
-        if return_log_probs:
-            log_probs[rows, t] = decode_loop.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
-        token = torch.where(finished, pad_token_id, token)
-        responses[rows, t] = token
-        response_mask[rows, t] = (~finished).to(response_mask.dtype)
-        finished |= torch.isin(token, eos) | (budget <= t + 1)
+        state.record(t, token, logits, eos, pad_token_id, scoring)
         if t == response_length - 1:
             break
-        if (t + 1) % decode_loop.EOS_CHECK_INTERVAL == 0:
-            live, enough = decode_loop.count_live_rows(finished[:real], rows[:real], batch, partial)
-            if live == 0 or enough:
-                break
-            if (size := bucket(live, batch)) < len(rows):  # compact the cache to the live rows' bucket
-                keep = decode_loop.live_rows(finished[:real], live)
-                index = torch.cat([keep, keep[:1].expand(size - live)])  # spare rows repeat a live row
-                keys, values = ([c.index_select(0, index) for c in cache] for cache in (keys, values))
-                mask, position, token, budget = (x[index] for x in (mask, position, token, budget))
-                rows = torch.cat([rows[keep], rows.new_full((size - live,), batch)])
-                finished = torch.cat([finished[keep], finished.new_ones(size - live)])
-                real = live
-        mask[:, prompt_length + t] = True
-        position = position + 1
-        mark_static([*keys, *values])
-        logits = step(token, position, columns[t], mask, weights, keys, values, spec)
-    out = decode_loop.rollout_batch(input_ids, attention_mask, position_ids, responses[:batch], response_mask[:batch])
-    if return_log_probs:
-        out["rollout_log_probs"] = log_probs[:batch]
-    if partial is not None:
-        out["ended"] = decode_loop.ended_rows(finished[:real], rows[:real], batch)
-    return out
+        if (t + 1) % decode_loop.EOS_CHECK_INTERVAL == 0 and state.stops(partial):
+            break
+        logits = state.advance(t)
+    return state.batch(input_ids, attention_mask, position_ids, return_log_probs, partial)
+
+
+@dataclass
+class _Buckets:
+    """:func:`generate`'s state. The outputs (B + 1, R), row B scratch (a bucket's spare rows write there):
+    ``responses``, ``response_mask`` and ``log_probs``. The bucket's rows: each one's batch row (``rows``;
+    ``rows[:real]`` are batch rows, the rest spare), its cache (``keys``/``values`` per layer) and mask over it
+    (``mask``), the position of the token it feeds in next and that token, whether it ended (``finished``; a spare
+    row has) and its budget of tokens. And the step: the function, the weights it reads, the model's :class:`Spec`,
+    and the cache column of each response position (``columns``, from ``prompt_length``)."""
+
+    responses: Tensor
+    response_mask: Tensor
+    log_probs: Tensor
+    rows: Tensor
+    real: int
+    keys: list[Tensor]
+    values: list[Tensor]
+    mask: Tensor
+    position: Tensor
+    token: Tensor
+    finished: Tensor
+    budget: Tensor
+    step: Callable
+    weights: tuple
+    spec: Spec
+    prompt_length: int
+    columns: Tensor
+
+    @classmethod
+    def start(
+        cls,
+        model: nn.Module,
+        cache: Any,
+        compiled: bool,
+        prompts: tuple[Tensor, Tensor, Tensor],
+        response_length: int,
+        pad_token_id: int,
+        partial: decode_loop.Partial | None,
+    ) -> _Buckets:
+        """Nothing sampled yet, every row in the bucket of the whole batch: the ``prompts`` (input_ids,
+        attention_mask, position_ids (B, P), on the model's device) prefilled into ``cache``."""
+        input_ids, attention_mask, position_ids = prompts
+        (batch, prompt_length), device = input_ids.shape, input_ids.device
+        budget = torch.full((batch,), response_length, device=device) if partial is None else partial.budget
+        spec, weights = read_weights(model)
+        keys, values = [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
+        outputs = (batch + 1, response_length)
+        return cls(
+            responses=torch.full(outputs, pad_token_id, dtype=input_ids.dtype, device=device),
+            response_mask=torch.zeros(outputs, dtype=attention_mask.dtype, device=device),
+            log_probs=torch.zeros(outputs, dtype=torch.float32, device=device),
+            rows=torch.arange(batch, device=device),
+            real=batch,
+            keys=keys,
+            values=values,
+            mask=torch.cat(
+                [attention_mask.bool(), attention_mask.new_zeros(batch, response_length, dtype=torch.bool)], -1
+            ),
+            position=position_ids[:, -1],
+            token=input_ids.new_zeros(batch),
+            finished=torch.zeros(batch, dtype=torch.bool, device=device),
+            budget=budget.to(device),
+            step=compiled_step(device) if compiled else decode_step,
+            weights=weights,
+            spec=spec,
+            prompt_length=prompt_length,
+            columns=torch.arange(prompt_length, prompt_length + response_length, device=device),
+        )
+
+    def record(
+        self, t: int, token: Tensor, logits: Tensor, eos: Tensor, pad_token_id: int, temperature: float | None
+    ) -> None:
+        """Write the sampled ``token`` at response position t (pad where a row had ended), with its log-prob under
+        ``logits`` when a ``temperature`` is given; a row ends at an EOS or at its budget."""
+        rows, finished = self.rows, self.finished
+        if temperature is not None:
+            self.log_probs[rows, t] = decode_loop.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
+        self.token = torch.where(finished, pad_token_id, token)
+        self.responses[rows, t] = self.token
+        self.response_mask[rows, t] = (~finished).to(self.response_mask.dtype)
+        self.finished |= torch.isin(self.token, eos) | (self.budget <= t + 1)
+
+    def stops(self, partial: decode_loop.Partial | None) -> bool:
+        """Whether the loop stops (no row live, or a partial rollout's piece has enough ended), one host read;
+        else, when the live rows fit a smaller bucket, the cache is compacted to them."""
+        batch = len(self.responses) - 1
+        live, enough = decode_loop.count_live_rows(self.finished[: self.real], self.rows[: self.real], batch, partial)
+        if live == 0 or enough:
+            return True
+        if (size := bucket(live, batch)) < len(self.rows):
+            self._compact(live, size)
+        return False
+
+    def _compact(self, live: int, size: int) -> None:
+        """Keep the ``live`` rows in a bucket of ``size``: its spare rows repeat a live row and write to scratch."""
+        keep = decode_loop.live_rows(self.finished[: self.real], live)
+        index = torch.cat([keep, keep[:1].expand(size - live)])
+        self.keys, self.values = ([c.index_select(0, index) for c in cache] for cache in (self.keys, self.values))
+        self.mask, self.position, self.token, self.budget = (
+            x[index] for x in (self.mask, self.position, self.token, self.budget)
+        )
+        self.rows = torch.cat([self.rows[keep], self.rows.new_full((size - live,), len(self.responses) - 1)])
+        self.finished = torch.cat([self.finished[keep], self.finished.new_ones(size - live)])
+        self.real = live
+
+    def advance(self, t: int) -> Tensor:
+        """Feed each row's token of response position t in through the step: the next-token logits (rows, V)."""
+        self.mask[:, self.prompt_length + t] = True
+        self.position = self.position + 1
+        mark_static([*self.keys, *self.values])
+        return self.step(
+            self.token, self.position, self.columns[t], self.mask, self.weights, self.keys, self.values, self.spec
+        )
+
+    def batch(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        return_log_probs: bool,
+        partial: decode_loop.Partial | None,
+    ) -> dict[str, Tensor]:
+        """The rollout batch, with ``rollout_log_probs`` and (a partial rollout's piece) ``ended`` when asked."""
+        batch = len(self.responses) - 1
+        out = decode_loop.rollout_batch(
+            input_ids, attention_mask, position_ids, self.responses[:batch], self.response_mask[:batch]
+        )
+        if return_log_probs:
+            out["rollout_log_probs"] = self.log_probs[:batch]
+        if partial is not None:
+            out["ended"] = decode_loop.ended_rows(self.finished[: self.real], self.rows[: self.real], batch)
+        return out
