@@ -76,6 +76,17 @@ class RLHFDataset(Dataset):
         rows = [
             self._make_row(record, path, i) for path in self.files for i, record in enumerate(read_rows(path, columns))
         ]
+        keep = self._fit_to_length(rows, filter_overlong_prompts, truncation)
+        self.rows = keep[:max_samples] if max_samples > 0 else keep
+        self.num_tool_agent_rows = sum(row["agent_name"] == TOOL_AGENT for row in self.rows)
+
+    def _fit_to_length(
+        self, rows: list[dict[str, Any]], filter_overlong_prompts: bool, truncation: str
+    ) -> list[dict[str, Any]]:
+        """The rows whose prompts fit ``max_prompt_length`` (after ``truncation`` where overlong ones are not
+        filtered); ``num_filtered`` counts those dropped. Raises where none fits, or where some do not and
+        filtering is off."""
+        max_prompt_length = self.max_prompt_length
         if not filter_overlong_prompts and truncation != "error":
             rows = [{**row, "input_ids": _truncate(row["input_ids"], max_prompt_length, truncation)} for row in rows]
         keep = [row for row in rows if len(row["input_ids"]) <= max_prompt_length]
@@ -100,8 +111,7 @@ class RLHFDataset(Dataset):
                 max_prompt_length,
                 self.files,
             )
-        self.rows = keep[:max_samples] if max_samples > 0 else keep
-        self.num_tool_agent_rows = sum(row["agent_name"] == TOOL_AGENT for row in self.rows)
+        return keep
 
     def _prompt_text(self, prompt: Any, tools: list[dict] | None = None) -> str:
         if isinstance(prompt, str):
