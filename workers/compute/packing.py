@@ -236,18 +236,7 @@ def pack_batch(
     valid = attention_mask.bool()
     batch, length = valid.shape
     units = units or PromptUnits.of(input_ids, attention_mask, response_length, share_prompts=False)
-    if width is None:
-        if units.shared:
-            raise ValueError("shared prompts need rows of a width (a dense mask per row), not one varlen row")
-        width, bins = max(sum(units.lengths), 1), [list(range(len(units.lengths)))]
-    else:
-        width = max(width, *units.lengths)
-        bins = best_fit_decreasing(units.lengths, width)
-    first = [0] * len(units.lengths)  # each unit's first slot in (K·W)
-    for b, members in enumerate(bins):
-        offset = b * width
-        for u in members:
-            first[u], offset = offset, offset + units.lengths[u]
+    width, bins, first = _unit_rows(units, width)
     prompt_length = length - response_length
     first_slot = torch.tensor(first, dtype=torch.long, device=valid.device)[units.unit]
     position = valid.long().cumsum(-1) - 1  # (B, L): index among the row's valid tokens
@@ -279,6 +268,24 @@ def pack_batch(
         kept_index=predictors // width * len(keep_columns) + rank[column],
         attention_mask=_shared_prompt_mask(slot, units.unit, prompt_length, len(bins), width) if units.shared else None,
     )
+
+
+def _unit_rows(units: PromptUnits, width: int | None) -> tuple[int, list[list[int]], list[int]]:
+    """(the rows' width, the units in each row, each unit's first slot in (K·W)): every unit in one row with
+    ``width=None``, else in rows of ``width`` tokens (raised to the longest unit), best-fit decreasing."""
+    if width is None:
+        if units.shared:
+            raise ValueError("shared prompts need rows of a width (a dense mask per row), not one varlen row")
+        width, bins = max(sum(units.lengths), 1), [list(range(len(units.lengths)))]
+    else:
+        width = max(width, *units.lengths)
+        bins = best_fit_decreasing(units.lengths, width)
+    first = [0] * len(units.lengths)
+    for b, members in enumerate(bins):
+        offset = b * width
+        for u in members:
+            first[u], offset = offset, offset + units.lengths[u]
+    return width, bins, first
 
 
 def _shared_prompt_mask(slot: Tensor, unit: Tensor, prompt_length: int, rows: int, width: int) -> Tensor:
