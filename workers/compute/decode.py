@@ -242,7 +242,7 @@ def generate(
 
 
 @dataclass
-class _Buckets:
+class _Buckets(decode_loop.LoopRows):
     """:func:`generate`'s state. The outputs (B + 1, R), row B scratch (a bucket's spare rows write there):
     ``responses``, ``response_mask`` and ``log_probs``. The bucket's rows: each one's batch row (``rows``;
     ``rows[:real]`` are batch rows, the rest spare), its cache (``keys``/``values`` per layer) and mask over it
@@ -250,18 +250,11 @@ class _Buckets:
     row has) and its budget of tokens. And the step: the function, the weights it reads, the model's :class:`Spec`,
     and the cache column of each response position (``columns``, from ``prompt_length``)."""
 
-    responses: Tensor
-    response_mask: Tensor
-    log_probs: Tensor
-    rows: Tensor
     real: int
     keys: list[Tensor]
     values: list[Tensor]
     mask: Tensor
     position: Tensor
-    token: Tensor
-    finished: Tensor
-    budget: Tensor
     step: Callable
     weights: tuple
     spec: Spec
@@ -308,19 +301,6 @@ class _Buckets:
             prompt_length=prompt_length,
             columns=torch.arange(prompt_length, prompt_length + response_length, device=device),
         )
-
-    def record(
-        self, t: int, token: Tensor, logits: Tensor, eos: Tensor, pad_token_id: int, temperature: float | None
-    ) -> None:
-        """Write the sampled ``token`` at response position t (pad where a row had ended), with its log-prob under
-        ``logits`` when a ``temperature`` is given; a row ends at an EOS or at its budget."""
-        rows, finished = self.rows, self.finished
-        if temperature is not None:
-            self.log_probs[rows, t] = decode_loop.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
-        self.token = torch.where(finished, pad_token_id, token)
-        self.responses[rows, t] = self.token
-        self.response_mask[rows, t] = (~finished).to(self.response_mask.dtype)
-        self.finished |= torch.isin(self.token, eos) | (self.budget <= t + 1)
 
     def stops(self, partial: decode_loop.Partial | None) -> bool:
         """Whether the loop stops (no row live, or a partial rollout's piece has enough ended), one host read;

@@ -10,7 +10,7 @@ compiled step and ``workers.compute.turn_sampler``'s multi-turn loop build on th
   the policy (:func:`token_log_probs`), and the stop tokens as a tensor (:func:`eos_tensor`).
 - **The rows still decoding**, read on the host once every ``EOS_CHECK_INTERVAL`` tokens
   (:func:`count_live_rows`), with a partial rollout's stopping rule (:class:`Partial`); :func:`live_rows` and
-  :func:`ended_rows` index them.
+  :func:`ended_rows` index them, and :class:`LoopRows` records each sampled token.
 - **The output batch**: :func:`rollout_batch` joins the prompts and the responses (the vLLM rollout's and the agent
   loop's too).
 """
@@ -137,6 +137,35 @@ def live_rows(finished: Tensor, live: int) -> Tensor:
     """The indices (ascending) of the ``live`` rows not ``finished`` (B,): ``nonzero``'s, with the count read
     already (a stable sort instead of a data-dependent shape)."""
     return torch.argsort(finished.to(torch.uint8), stable=True)[:live]
+
+
+@dataclass
+class LoopRows:
+    """What a decode loop records per response position: the outputs ``responses``, ``response_mask`` and
+    ``log_probs`` (R wide), and for each row in the loop its output row (``rows``), the token it feeds in next
+    (``token``), whether it ended (``finished``) and its budget of tokens (``budget``). Each loop's state extends it
+    with its cache and how rows leave."""
+
+    responses: Tensor
+    response_mask: Tensor
+    log_probs: Tensor
+    rows: Tensor
+    token: Tensor
+    finished: Tensor
+    budget: Tensor
+
+    def record(
+        self, t: int, token: Tensor, logits: Tensor, eos: Tensor, pad_token_id: int, temperature: float | None
+    ) -> None:
+        """Write the sampled ``token`` at response position t (pad where a row had ended), with its log-prob under
+        ``logits`` when a ``temperature`` is given; a row ends at an EOS or at its budget."""
+        rows, finished = self.rows, self.finished
+        if temperature is not None:
+            self.log_probs[rows, t] = token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
+        self.token = torch.where(finished, pad_token_id, token)
+        self.responses[rows, t] = self.token
+        self.response_mask[rows, t] = (~finished).to(self.response_mask.dtype)
+        self.finished |= torch.isin(self.token, eos) | (self.budget <= t + 1)
 
 
 def select_cache_rows(cache: Any, index: Tensor) -> None:

@@ -122,21 +122,14 @@ def _hf_loop(
 
 
 @dataclass
-class _Decoding:
+class _Decoding(decode_loop.LoopRows):
     """The HF loop's state. The outputs (B, R): ``responses``, ``response_mask`` and ``log_probs``; and, for the rows
     still in the loop (the others ended and left it), each one's batch row (``rows``), its mask over the whole cache
     (``full_mask``), the position of the token it feeds in next (``step_pos``) and that token, whether it ended
     (``finished``) and its budget of tokens."""
 
-    responses: Tensor
-    response_mask: Tensor
-    log_probs: Tensor
-    rows: Tensor
     full_mask: Tensor
     step_pos: Tensor
-    token: Tensor
-    finished: Tensor
-    budget: Tensor
 
     @classmethod
     def start(
@@ -163,19 +156,6 @@ class _Decoding:
             finished=torch.zeros(batch_size, dtype=torch.bool, device=device),
             budget=budget.to(device),
         )
-
-    def record(
-        self, t: int, token: Tensor, logits: Tensor, eos: Tensor, pad_token_id: int, temperature: float | None
-    ) -> None:
-        """Write the sampled ``token`` at response position t (pad where a row had ended), with its log-prob under
-        ``logits`` when a ``temperature`` is given; a row ends at an EOS or at its budget."""
-        rows, finished = self.rows, self.finished
-        if temperature is not None:
-            self.log_probs[rows, t] = decode_loop.token_log_probs(logits, token, temperature).masked_fill(finished, 0.0)
-        self.token = torch.where(finished, pad_token_id, token)
-        self.responses[rows, t] = self.token
-        self.response_mask[rows, t] = (~finished).to(self.response_mask.dtype)
-        self.finished |= torch.isin(self.token, eos) | (self.budget <= t + 1)
 
     def stops(self, cache: Any, partial: decode_loop.Partial | None) -> bool:
         """Whether the loop stops (no row live, or a partial rollout's piece has enough ended), one host read;
