@@ -10,7 +10,7 @@ manager (``data.tasks.default_compute_score``: strict ``#### N`` for the arithme
 mean of every extra value the score gives (``flexible``), ``tool_call_rate`` (share of problems with a call),
 calls, errors and turns per problem, the stop reasons, seconds, and the first ``--show`` conversations.
 
-The tools benchmark of docs/benchmarks.md evaluates the untrained model and the models exported
+The tools benchmark of docs/benchmarks_learning.md evaluates the untrained model and the models exported
 (``python -m trainer.export RUN_DIR --out DIR``) from 30-minute runs of ``conf/smollm2_tools.yaml`` (with the
 calculator) and ``conf/smollm2_arith.yaml`` on the same two-step problems without tools.
 """

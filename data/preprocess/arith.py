@@ -42,7 +42,8 @@ SYSTEM = (
 )
 # The calculator variant: an example as earlier turns of the conversation (a question, the call, the calculator's
 # turn). So untrained SmolLM2-135M-Instruct sometimes calls; with the format only described in the system message it
-# does not, and with the example's answer turn too it copies that answer instead (docs/benchmarks.md, "Tool use")
+# does not, and with the example's answer turn too it copies that answer instead
+# (docs/benchmarks_learning.md, "Tool use")
 TOOL_SYSTEM = (
     "You solve arithmetic word problems with a calculator: call it with the problem's calculation, then "
     'reply with "#### <result>".'
