@@ -85,6 +85,17 @@ def test_a_partial_piece_stops_as_the_hf_loop_does(model):
         _assert_same(hf, ours)
 
 
+def test_a_partial_piece_ends_in_a_bucket_with_spare_rows_as_the_hf_loop_does(model):
+    """Five of eight rows end at their budget, so three decode on in a bucket of four (one spare row): ``ended``
+    and the outputs cover the batch's rows only."""
+    prompts = _prompts(batch=8, n=2)
+    budget = torch.tensor([3, 3, 3, 3, 3, R, R, R])
+    piece = Partial(budget, torch.arange(8) // 2, 4, torch.zeros(8, dtype=torch.bool))
+    hf, ours = _both(model, prompts, eos_token_id=None, partial=piece)
+    _assert_same(hf, ours)
+    assert ours["ended"].tolist() == [True] * 8
+
+
 def test_bf16_log_probs_stay_within_the_stated_bound(model):
     """bf16: the rollout's log-probs within 0.1 of the HF loop's (docs' bf16 bound), most tokens the same."""
     bf16 = copy.deepcopy(model).to(torch.bfloat16)

@@ -302,6 +302,10 @@ class _Buckets(decode_loop.LoopRows):
             columns=torch.arange(prompt_length, prompt_length + response_length, device=device),
         )
 
+    def batch_rows(self) -> int:
+        """``rows[:real]`` are batch rows; the rest are the bucket's spare rows."""
+        return self.real
+
     def stops(self, partial: decode_loop.Partial | None) -> bool:
         """Whether the loop stops (no row live, or a partial rollout's piece has enough ended), one host read;
         else, when the live rows fit a smaller bucket, the cache is compacted to them."""
@@ -333,22 +337,3 @@ class _Buckets(decode_loop.LoopRows):
         return self.step(
             self.token, self.position, self.columns[t], self.mask, self.weights, self.keys, self.values, self.spec
         )
-
-    def batch(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        position_ids: Tensor,
-        return_log_probs: bool,
-        partial: decode_loop.Partial | None,
-    ) -> dict[str, Tensor]:
-        """The rollout batch, with ``rollout_log_probs`` and (a partial rollout's piece) ``ended`` when asked."""
-        batch = len(self.responses) - 1
-        out = decode_loop.rollout_batch(
-            input_ids, attention_mask, position_ids, self.responses[:batch], self.response_mask[:batch]
-        )
-        if return_log_probs:
-            out["rollout_log_probs"] = self.log_probs[:batch]
-        if partial is not None:
-            out["ended"] = decode_loop.ended_rows(self.finished[: self.real], self.rows[: self.real], batch)
-        return out

@@ -167,6 +167,28 @@ class LoopRows:
         self.response_mask[rows, t] = (~finished).to(self.response_mask.dtype)
         self.finished |= torch.isin(self.token, eos) | (self.budget <= t + 1)
 
+    def batch_rows(self) -> int:
+        """How many of ``rows`` are batch rows (all of them, unless a loop keeps spare rows after them)."""
+        return len(self.rows)
+
+    def batch(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        return_log_probs: bool,
+        partial: Partial | None,
+    ) -> dict[str, Tensor]:
+        """The rollout batch of the prompts (B, P) and the first B output rows, with ``rollout_log_probs`` and (a
+        partial rollout's piece) ``ended`` when asked."""
+        batch, real = input_ids.shape[0], self.batch_rows()
+        out = rollout_batch(input_ids, attention_mask, position_ids, self.responses[:batch], self.response_mask[:batch])
+        if return_log_probs:
+            out["rollout_log_probs"] = self.log_probs[:batch]
+        if partial is not None:
+            out["ended"] = ended_rows(self.finished[:real], self.rows[:real], batch)
+        return out
+
 
 def select_cache_rows(cache: Any, index: Tensor) -> None:
     """Keep the cache rows ``index`` (in that order), in every layer. ``Cache.reorder_cache`` would first read the

@@ -178,22 +178,6 @@ class _Decoding(decode_loop.LoopRows):
         self.step_pos = self.step_pos + 1
         return decode_loop.next_token_logits(model, self.token.unsqueeze(-1), self.full_mask, self.step_pos, cache)
 
-    def batch(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        position_ids: Tensor,
-        return_log_probs: bool,
-        partial: decode_loop.Partial | None,
-    ) -> dict[str, Tensor]:
-        """The rollout batch, with ``rollout_log_probs`` and (a partial rollout's piece) ``ended`` when asked."""
-        out = decode_loop.rollout_batch(input_ids, attention_mask, position_ids, self.responses, self.response_mask)
-        if return_log_probs:
-            out["rollout_log_probs"] = self.log_probs
-        if partial is not None:
-            out["ended"] = decode_loop.ended_rows(self.finished, self.rows, len(self.responses))
-        return out
-
 
 PARTIAL_KEYS = ("response_budget", "prompt_group", "required_rows")  # a piece's tensors (B,) as the worker gets them
 QUOTA = "partial_quota"  # meta_info: the piece's quota of complete groups
