@@ -302,8 +302,9 @@ def _build_dataloaders(cfg: PPOConfig, tokenizer: Any, tool_schemas: list[dict] 
     key, size = (
         ("gen_batch_size", data.gen_batch_size) if data.gen_batch_size else ("train_batch_size", data.train_batch_size)
     )
+    seed = cfg.trainer.seed if data.seed is None else data.seed  # null: trainer.seed (config.schema.DataConfig)
     train_dataloader = make_dataloader(
-        train, size, shuffle=data.shuffle, seed=data.seed, drop_last=data.dataloader_drop_last
+        train, size, shuffle=data.shuffle, seed=seed, drop_last=data.dataloader_drop_last
     )
     if len(train_dataloader) == 0:
         raise ConfigError(
