@@ -1,13 +1,15 @@
-"""Shared fixtures: one real local Ray cluster for the whole test session."""
+"""Shared fixtures: one real local Ray cluster for the whole test session, and the core's own dialect per test."""
 
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 import ray
 import torch
 
-import verl_compat.cli  # noqa: F401  installs verl's adapter: the tests load verl command lines through config
+from config import adapter
+from config.load import store_schema
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,6 +22,24 @@ def pytest_collection_modifyitems(config, items):
         need = marker.kwargs.get("n", 1)
         if n_cuda < need:
             item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA device(s), found {n_cuda}"))
+
+
+def speak(dialect: adapter.Adapter) -> Iterator[None]:
+    """Install ``dialect`` (and its schema's defaults in Hydra's ConfigStore), then, after, the one before."""
+    before = adapter.installed()
+    adapter.install(dialect)
+    store_schema(dialect)
+    yield
+    adapter.install(before)
+    store_schema(before)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def dialect():
+    """Each test module loads with ColoRL's own keys only: importing ``verl_compat.cli`` (as collecting the door's
+    tests does) installs verl's adapter, and a core test must not lean on it (tests/verl_compat/conftest.py
+    overrides). Per module, and autouse, so it is in place before the module's own fixtures load a config."""
+    yield from speak(adapter.Adapter())
 
 
 @pytest.fixture(scope="session")

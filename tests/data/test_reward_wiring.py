@@ -1,6 +1,6 @@
 """trainer.running.build.build_trainer's reward wiring: several train/val files with different data sources mix,
-validation reports each source, and custom_reward_function.{path,name} replaces the built-in rewards (or is a one-line
-ConfigError).
+validation reports each source, and reward.custom_reward_function.{path,name} replaces the built-in rewards (or is a
+one-line ConfigError).
 
 Generation is scripted (``ScriptedRollout`` answers from a table) so that no Ray worker starts; everything else
 is the real path: config, parquet files, tokenizer from disk, datasets, reward managers, ``validate``.
@@ -107,7 +107,10 @@ def test_custom_reward_function_scores_train_and_val(assets, tmp_path):
         "    return len(solution_str) / 100 if data_source == 'openai/gsm8k' else 0.25\n"
     )
     trainer = _trainer(
-        assets, tmp_path, f"custom_reward_function.path={path}", "custom_reward_function.name=length_score"
+        assets,
+        tmp_path,
+        f"reward.custom_reward_function.path={path}",
+        "reward.custom_reward_function.name=length_score",
     )
     assert trainer.reward_fn.compute_score.__name__ == "length_score"
     assert trainer.val_reward_fn.compute_score is trainer.reward_fn.compute_score
@@ -138,8 +141,8 @@ def test_bad_custom_reward_function_is_a_config_error(tmp_path, file_text, name,
         path.write_text(file_text)
     cfg = load_config(
         [
-            f"custom_reward_function.path={path}",
-            f"custom_reward_function.name={name}",
+            f"reward.custom_reward_function.path={path}",
+            f"reward.custom_reward_function.name={name}",
             f"builtin.cache_dir={tmp_path / 'never_built'}",
         ]
     )

@@ -40,7 +40,7 @@ def config(tmp_path, steps: int):
             "algorithm.adv_estimator=grpo",
             "algorithm.filter_groups.enable=true",
             "algorithm.filter_groups.metric=acc",  # a plain number's acc is its score (verl's dapo manager)
-            f"custom_reward_function.path={reward}",
+            f"reward.custom_reward_function.path={reward}",
             "trainer.n_gpus_per_node=2",
             *run_keys(tmp_path, steps),
         ]

@@ -80,9 +80,9 @@ def rm_run(ray_cluster, tmp_path_factory):
         tmp_path,
         "gae",
         extra=(
-            "reward_model.enable=true",
-            f"reward_model.model.path={tmp_path / 'rm'}",
-            "reward_model.micro_batch_size_per_gpu=3",
+            "reward.reward_model.enable=true",
+            f"reward.reward_model.model_path={tmp_path / 'rm'}",
+            "reward.reward_model.micro_batch_size_per_gpu=3",
             "actor_rollout_ref.model.use_remove_padding=true",
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",  # a few rows per micro-batch
@@ -91,7 +91,7 @@ def rm_run(ray_cluster, tmp_path_factory):
             "critic.ppo_max_token_len_per_gpu=40",
         ),
     )
-    build_constant_rm(cfg.reward_model.model.path, len(build_char_tokenizer()))  # the built-in model's vocabulary
+    build_constant_rm(cfg.reward.reward_model.model_path, len(build_char_tokenizer()))  # the built-in model's vocabulary
     trainer = build_trainer(cfg)  # fills actor_rollout_ref.model.path with the built-in tiny model
     assert AutoConfig.from_pretrained(trainer.config.actor_rollout_ref.model.path).vocab_size == len(
         build_char_tokenizer()

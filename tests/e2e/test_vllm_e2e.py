@@ -13,8 +13,7 @@ from tests.e2e.test_multi_turn_e2e import fit, tool_config
 from tests.e2e.test_ppo_e2e import read_jsonl, tiny_config
 from tests.workers.agent_helpers import save_tool_calling_model
 from trainer.running.build import build_trainer
-from verl_compat.cli.inert import VLLM_KEYS, inert_warnings
-from workers.compute.vllm_engine import ENGINE_KEYS, MISSING, check_vllm
+from workers.compute.vllm_engine import MISSING, check_vllm
 
 VLLM = (
     "actor_rollout_ref.rollout.name=vllm",
@@ -92,29 +91,6 @@ def test_the_plan_reads_vllms_log_probs_as_verl_does():
     assert vllm.recompute_old_log_prob and not vllm.old_log_prob_from_rollout
     assert {"rollout_log_probs", "old_log_probs"} <= set(vllm.flows["step"].phase("metrics").reads)  # the gap
     assert bypass_plan.old_log_prob_from_rollout and not bypass_plan.recompute_old_log_prob
-
-
-def test_the_keys_the_engine_reads_warn_only_without_it():
-    """Every vLLM key set away from verl's default: with rollout.name=hf each warns once, with vllm none does."""
-    assert set(ENGINE_KEYS) <= set(VLLM_KEYS) and "gpu_memory_utilization" in VLLM_KEYS
-    ro = "actor_rollout_ref.rollout"
-    changed = [
-        f"{ro}.tensor_model_parallel_size=4",
-        f"{ro}.gpu_memory_utilization=0.3",
-        f"{ro}.enforce_eager=true",
-        f"{ro}.free_cache_engine=false",
-        f"{ro}.max_num_batched_tokens=1024",
-        f"{ro}.max_model_len=64",
-        f"{ro}.max_num_seqs=8",
-        f"{ro}.enable_chunked_prefill=false",
-        f"{ro}.enable_prefix_caching=false",
-        f"{ro}.load_format=auto",
-        f"{ro}.layered_summon=true",
-        f"+{ro}.engine_kwargs.vllm.block_size=32",
-    ]
-    warned = {line.split("=")[0] for line in inert_warnings(load_config([*changed, f"{ro}.name=hf"]))}
-    assert warned == {key.split("=")[0].removeprefix("+") for key in changed}
-    assert inert_warnings(load_config([*changed, f"{ro}.name=vllm"])) == []
 
 
 def test_what_cannot_run_is_one_line(tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ def build(tmp_path, assets, *overrides: str):
             ],
         ),
         (
-            "reward_model.enable=true reward_model.model.path=/no/such/rm",
+            "reward.reward_model.enable=true reward.reward_model.model_path=/no/such/rm",
             ["reward.reward_model.model_path='/no/such/rm': no such directory", "Hugging Face model directory"],
         ),
         (
@@ -143,8 +143,8 @@ def test_a_reward_function_that_returns_no_score_is_refused_before_any_model_loa
         build(
             tmp_path,
             assets,
-            f"custom_reward_function.path={tmp_path / 'rewards.py'}",
-            f"custom_reward_function.name={name}",
+            f"reward.custom_reward_function.path={tmp_path / 'rewards.py'}",
+            f"reward.custom_reward_function.name={name}",
         )
     assert str(info.value) == (
         f"reward.custom_reward_function.name='{name}': returned {shown} for the first prompt (with an empty response); "

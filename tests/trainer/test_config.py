@@ -263,7 +263,8 @@ def test_mixed_precision_dtypes_are_checked_by_name():
 
 
 def test_fsdp_wrap_policy_is_verls_key_and_is_checked():
-    cfg = load_config(["critic.fsdp_config.wrap_policy.min_num_params=0"])  # ColoRL's older spelling
+    """(The critic's older critic.fsdp_config spelling: tests/verl_compat/cli/test_verl_spellings.py.)"""
+    cfg = load_config(["critic.fsdp.wrap_policy.min_num_params=0"])
     assert cfg.critic.fsdp.wrap_policy.min_num_params == 0
     assert cfg.actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params > 0  # the CPU demo's preset
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.fsdp_config\.wrap_policy\.min_num_params=-1"):

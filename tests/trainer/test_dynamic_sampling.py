@@ -20,7 +20,6 @@ from trainer.running.dynamic_sampling import (
     metric_values,
 )
 from trainer.state.fingerprint import check_resume, config_record
-from verl_compat.cli.inert import inert_warnings
 
 N = 2  # responses per prompt in these batches
 
@@ -118,8 +117,8 @@ DEMO += ["actor_rollout_ref.rollout.n=2"]
 
 def test_the_filter_makes_the_generation_give_back_what_the_training_phases_read():
     cfg, plan = load_with_plan(
-        [*DEMO, "algorithm.filter_groups.enable=true", "data.gen_batch_size=2", "reward_model.enable=true"]
-        + ["reward_model.model.path=/models/rm"]
+        [*DEMO, "algorithm.filter_groups.enable=true", "data.gen_batch_size=2", "reward.reward_model.enable=true"]
+        + ["reward.reward_model.model_path=/models/rm"]
     )
     flow = plan.flows["step"]
     names = [phase.name for phase in flow.phases]
@@ -201,11 +200,3 @@ def test_a_run_stopped_by_the_cap_resumes_with_a_higher_cap_but_not_other_batche
         check_resume(
             saved, load_config([*DEMO, "algorithm.filter_groups.enable=true", "data.gen_batch_size=2"]), tmp_path
         )
-
-
-def test_verls_asynchronous_sampler_key_is_accepted_and_warns():
-    lines = inert_warnings(load_config([*DEMO, "algorithm.filter_groups.max_inflight_gen_batches=4"]))
-    assert lines == [
-        "algorithm.filter_groups.max_inflight_gen_batches=4: dynamic sampling generates one batch at a time; "
-        "set algorithm.filter_groups.max_inflight_gen_batches=1 to silence this"
-    ]

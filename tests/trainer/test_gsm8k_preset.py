@@ -54,7 +54,7 @@ def test_preset_has_the_quickstart_hyper_parameters(monkeypatch, tmp_path):
     assert cfg.data.train_files == f"{tmp_path}/data/gsm8k/train.parquet"  # where data.preprocess.gsm8k writes
     assert cfg.data.val_files == f"{tmp_path}/data/gsm8k/test.parquet"
     assert cfg.actor_rollout_ref.model.path == f"{tmp_path}/models/Qwen2.5-0.5B-Instruct"  # local, not a hub id
-    assert cfg.custom_reward_function.path is None  # GSM8K's reward comes from its data source
+    assert cfg.reward.custom_reward_function.path is None  # GSM8K's reward comes from its data source
 
 
 @pytest.mark.parametrize("n_gpus", [2, 4, 8])
@@ -116,11 +116,10 @@ def test_cli_without_the_model_is_one_line(tmp_path):
 
 
 def test_custom_reward_function_keys():
+    """Their defaults and their checks (verl's older top-level place: tests/verl_compat/cli/test_verl_spellings.py)."""
     cfg = load_config([])
     assert dataclasses.asdict(cfg.reward.custom_reward_function) == {"path": None, "name": "compute_score"}
-    assert dataclasses.asdict(cfg.custom_reward_function) == {"path": None, "name": None}  # verl's older place
-    # the older place's values move into reward.custom_reward_function, where they are checked
     with pytest.raises(ConfigError, match=r"^reward\.custom_reward_function\.name='1x': must be a Python function"):
-        load_config(["custom_reward_function.name=1x"])
+        load_config(["reward.custom_reward_function.name=1x"])
     with pytest.raises(ConfigError, match=r"^reward\.custom_reward_function\.path='': must be null"):
-        load_config(["custom_reward_function.path=''"])
+        load_config(["reward.custom_reward_function.path=''"])

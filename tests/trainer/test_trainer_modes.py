@@ -1,5 +1,5 @@
 """trainer.v1's modes: read with verl's defaults; each bad value one line before anything starts; the replay buffer's
-off-policy bounds and verl's staleness metrics."""
+off-policy bounds and verl's staleness metrics (which keys warn: tests/verl_compat/cli/test_verl_warnings.py)."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,6 @@ import pytest
 from config import ConfigError
 from planner import load_with_plan
 from trainer.asynchronous.replay_buffer import Generation, ReplayBuffer, eviction_metrics, staleness_metrics
-from verl_compat.cli.inert import inert_warnings
 
 ONE_EACH = ["trainer.device=cpu", "trainer.n_gpus_per_node=1", "data.train_batch_size=4"]
 ONE_EACH += ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2"]
@@ -20,10 +19,9 @@ def _plan(*overrides):
 
 
 def test_verls_defaults_are_sync_and_a_separate_group_is_read():
-    cfg, plan = _plan()
+    _, plan = _plan()
     assert (plan.mode.mode, plan.mode.lookahead, plan.mode.rollout_workers) == ("sync", 0, 0)
-    assert inert_warnings(cfg) == []
-    cfg, plan = _plan(*SEPARATE)
+    _, plan = _plan(*SEPARATE)
     mode = plan.mode
     assert (mode.mode, mode.lookahead, mode.rollout_workers, mode.max_off_policy_threshold) == (
         "separate_async",
@@ -31,14 +29,6 @@ def test_verls_defaults_are_sync_and_a_separate_group_is_read():
         1,
         8,
     )
-    assert inert_warnings(cfg) == []  # the rollout group's keys and the mode's are honoured, so no warning
-
-
-def test_keys_of_a_mode_not_chosen_warn():
-    cfg, _ = _plan("trainer.v1.colocate_async.num_warmup_batches=2", "actor_rollout_ref.rollout.nnodes=1")
-    lines = inert_warnings(cfg)
-    assert any(line.startswith("trainer.v1.colocate_async.num_warmup_batches=2") for line in lines)
-    assert any(line.startswith("actor_rollout_ref.rollout.nnodes=1") for line in lines)
 
 
 @pytest.mark.parametrize(
@@ -87,7 +77,11 @@ def test_async_old_log_probs_are_the_rollouts_only_in_bypass_mode():
     logprobs = ["actor_rollout_ref.rollout.calculate_log_probs=true", *two]  # two updates: not on-policy
     _, sync = _plan(*logprobs)
     _, separate = _plan(*SEPARATE, *logprobs)
-    _, bypass = _plan(*SEPARATE, *logprobs, "algorithm.rollout_correction.bypass_mode=true")
+    bypass_mode = [
+        "algorithm.rollout_correction.bypass_mode=true",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+    ]
+    _, bypass = _plan(*SEPARATE, *logprobs, *bypass_mode)  # verl's loader derives the loss: test_verl_schema.py
     assert sync.old_log_prob_from_rollout and not sync.recompute_old_log_prob
     assert not separate.old_log_prob_from_rollout and separate.recompute_old_log_prob
     assert bypass.old_log_prob_from_rollout and not bypass.recompute_old_log_prob

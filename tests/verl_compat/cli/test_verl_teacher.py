@@ -1,7 +1,10 @@
 """verl's keys of a distillation teacher's own inference server and resource pool: they load with verl's defaults
-and a value away from one warns in one line (ColoRL's teacher is colocated: a frozen FSDP role on every worker)."""
+and a value away from one warns in one line (ColoRL's teacher is colocated: a frozen FSDP role on every worker);
+verl's loss key of the distillation takes only the one loss verl supports there."""
 
-from verl_compat.cli import load_config
+import pytest
+
+from verl_compat.cli import ConfigError, load_config
 from verl_compat.cli.inert import teacher_warnings
 
 
@@ -28,3 +31,9 @@ def test_the_teachers_server_and_pool_keys_load_and_warn_when_set():
         w.startswith("distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=4")
         for w in warnings
     )
+
+
+def test_the_distillation_policy_loss_is_ppos_clipped_one_only():
+    assert load_config([]).distillation.distillation_loss.policy_loss_mode == "vanilla"
+    with pytest.raises(ConfigError, match=r"distillation_loss\.policy_loss_mode='gspo': must be one of vanilla"):
+        load_config(["distillation.distillation_loss.policy_loss_mode=gspo"])
