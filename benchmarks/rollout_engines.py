@@ -3,18 +3,21 @@ in-process vLLM engine in each worker), on one preset, in one sitting.
 
     python -m benchmarks.rollout_engines --model-path ~/models/SmolLM2-135M-Instruct --data-dir ~/data/arith
                                          [--config-name smollm2_arith] [--steps 6] [--rounds 2] [--set KEY=VALUE ...]
+                                         [--decode false auto true] [--no-vllm]
 
-Each round runs ``main.py --config-name <preset>`` once per engine (hf first, then vllm; never two at once), for
-``--steps`` training steps without validation or checkpoints, each from its own launch, and reads the file
-logger's ``metrics.jsonl``. The first step of each run (warm-up: vLLM's first sync and its kernels' first calls)
-is left out. Prints JSON: per engine and round the medians of the generation seconds (``timing_s/gen``: the
-driver's whole phase, with vLLM the weight sync included), response tokens/s (non-pad response tokens of the
-step ÷ ``timing_s/gen``), the step's seconds, the weight sync's seconds (``timing_s/update_weights``) and its
-share of the step, and the peak RSS of a worker (``perf/cpu_memory_peak_gb``, the largest over the run); then
-each engine's medians over rounds and ``vllm_over_hf`` ratios (generation seconds, response tokens/s, step
-seconds). vLLM's extra forward for the old log-probs (it runs whenever the rollout's log-probs come from another
-engine than the actor, as in verl) is in its step time. Also the first step's ``training/rollout_probs_diff_mean``
-under vLLM: the sampler-learner gap of the setting.
+Each round runs ``main.py --config-name <preset>`` once per contender (never two at once): ``hf:<setting>`` for
+each ``--decode`` setting of ``rollout.compile_decode`` (the HF loop, the own step eager, compiled), then
+``vllm``, for ``--steps`` training steps without validation or checkpoints, each from its own launch, and reads
+the file logger's ``metrics.jsonl``. The first step of each run (warm-up: vLLM's first sync and its kernels' first
+calls, the compiled step's first bucket) is left out. Prints JSON: per contender and round the medians of the
+generation seconds (``timing_s/gen``: the driver's whole phase, with vLLM the weight sync included), response
+tokens/s (non-pad response tokens of the step ÷ ``timing_s/gen``), the step's seconds, the weight sync's seconds
+(``timing_s/update_weights``) and its share of the step, and the peak RSS of a worker
+(``perf/cpu_memory_peak_gb``, the largest over the run); then each contender's medians over rounds and
+``vllm_over`` each ``hf:`` contender (ratios of generation seconds, response tokens/s, step seconds). vLLM's extra
+forward for the old log-probs (it runs whenever the rollout's log-probs come from another engine than the actor,
+as in verl) is in its step time. Also the first step's ``training/rollout_probs_diff_mean`` under vLLM: the
+sampler-learner gap of the setting.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from typing import Any
 from benchmarks.common import emit, machine
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINES = ("hf", "vllm")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,11 +49,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="runs per engine, alternating")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--decode", nargs="+", default=["auto"], choices=["false", "auto", "true"], help="rollout.compile_decode of hf"
+    )
+    parser.add_argument("--no-vllm", action="store_true", help="the hf contenders only")
     return parser.parse_args(argv)
 
 
-def overrides(args: argparse.Namespace, engine: str, out_dir: str) -> list[str]:
-    paths = []
+def contenders(args: argparse.Namespace) -> list[str]:
+    """``hf:<compile_decode>`` per ``--decode`` setting, then ``vllm`` unless ``--no-vllm``."""
+    return [f"hf:{setting}" for setting in args.decode] + ([] if args.no_vllm else ["vllm"])
+
+
+def overrides(args: argparse.Namespace, contender: str, out_dir: str) -> list[str]:
+    engine, _, decode = contender.partition(":")
+    paths = [f"actor_rollout_ref.rollout.compile_decode={decode}"] if decode else []
     if args.model_path:
         paths.append(f"actor_rollout_ref.model.path={Path(args.model_path).expanduser().resolve()}")
     if args.data_dir:
@@ -72,10 +84,10 @@ def overrides(args: argparse.Namespace, engine: str, out_dir: str) -> list[str]:
     ]
 
 
-def run(args: argparse.Namespace, engine: str) -> dict[str, Any]:
-    """One launch of the preset on ``engine``; its steps' figures (the warm-up step left out of the medians)."""
-    with tempfile.TemporaryDirectory(prefix=f"colorl-engines-{engine}-") as out_dir:
-        command = [sys.executable, "main.py", f"--config-name={args.config_name}", *overrides(args, engine, out_dir)]
+def run(args: argparse.Namespace, contender: str) -> dict[str, Any]:
+    """One launch of the preset as ``contender``; its steps' figures (the warm-up step left out of the medians)."""
+    with tempfile.TemporaryDirectory(prefix=f"colorl-engines-{contender.replace(':', '-')}-") as out_dir:
+        command = [sys.executable, "main.py", f"--config-name={args.config_name}", *overrides(args, contender, out_dir)]
         subprocess.run(command, cwd=REPO, stdout=sys.stderr, stderr=sys.stderr, check=True)
         steps = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "timing_s/gen" in s]
@@ -104,16 +116,17 @@ def summarize(steps: list[dict[str, float]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    rounds = [{engine: run(args, engine) for engine in ENGINES} for _ in range(args.rounds)]
+    names = contenders(args)
+    rounds = [{name: run(args, name) for name in names} for _ in range(args.rounds)]
     medians = {
-        engine: {
-            key: float(f"{statistics.median(r[engine][key] for r in rounds):.4g}")
-            for key in rounds[0][engine]
-            if all(key in r[engine] for r in rounds)
+        name: {
+            key: float(f"{statistics.median(r[name][key] for r in rounds):.4g}")
+            for key in rounds[0][name]
+            if all(key in r[name] for r in rounds)
         }
-        for engine in ENGINES
+        for name in names
     }
-    hf, vllm = medians["hf"], medians["vllm"]
+    vllm = medians.get("vllm")
     emit(
         {
             "benchmark": "rollout_engines",
@@ -122,8 +135,10 @@ def main(argv: list[str] | None = None) -> None:
             "overrides": args.overrides,
             "rounds": rounds,
             "median": medians,
-            "vllm_over_hf": {
-                key: round(vllm[key] / hf[key], 3) for key in ("gen_s", "response_tokens_per_s", "step_s")
+            "vllm_over": {
+                name: {key: round(vllm[key] / hf[key], 3) for key in ("gen_s", "response_tokens_per_s", "step_s")}
+                for name, hf in medians.items()
+                if vllm is not None and name != "vllm"
             },
             "machine": machine(args.device),
         }

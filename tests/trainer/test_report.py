@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from config import engine
 from planner import load_config
 from trainer.observing.generations import GenerationLog, write_generations
 from trainer.observing.report import RunReport, preset_diff, write_report
@@ -220,6 +221,14 @@ def test_the_config_is_compared_with_the_closest_preset():
     assert name == "demo" and diff == [("data.train_batch_size", 16, 32), ("trainer.total_training_steps", 700, 5)]
     name, diff = preset_diff(load_config(["trainer.test_freq=3"], config_name="smollm2_tools"))
     assert name == "smollm2_tools" and diff == [("trainer.test_freq", 10, 3)]
+
+
+def test_comparing_with_the_presets_says_no_engine_choice(monkeypatch, capsys):
+    """The SmolLM2 presets ask for ``rollout.name=auto``; composing them only to compare (a run on ``hf``, the
+    demo) must not print an engine choice the run never made."""
+    monkeypatch.setattr(engine, "_said", set())
+    preset_diff(load_config([]))
+    assert "rollout.name=auto" not in capsys.readouterr().err
 
 
 def test_a_disabled_report_writes_nothing(tmp_path):

@@ -10,12 +10,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from config.sections.rollout import RolloutConfig
 from single_controller import DataProto
 from tests.workers.helpers import PAD, actor_config, make_prompts
 from workers.compute import decode, decode_loop
 from workers.compute.actor import DataParallelPPOActor
 from workers.compute.decode_loop import Partial
 from workers.compute.rollout import generate_sequences
+from workers.compute.turn_sampler import HFTurnSampler
 from workers.parallel import lora
 
 P, R = 6, 12
@@ -159,8 +161,14 @@ def test_nothing_recompiles_after_warm_up(model, monkeypatch):
 
 
 def test_compile_decode_setting(model):
-    assert decode.resolve(True, model) and not decode.resolve("auto", model)  # auto: the HF loop
-    assert not decode.resolve(False, model) and not decode.resolve("false", model)
+    """true compiles the own step, auto runs it eager on a CPU, false keeps the HF loop; and ``auto`` is what
+    the rollout and the multi-turn sampler run when nothing is set."""
+    assert decode.resolve(True, model) == decode.resolve("true", model) == "compiled"
+    assert decode.resolve("auto", model) == "eager"
+    assert decode.resolve(False, model) == decode.resolve("false", model) == "hf"
+    assert RolloutConfig().compile_decode == "auto"
+    assert HFTurnSampler(model, compile_decode="auto").step is decode.decode_step
+    assert HFTurnSampler(model, compile_decode=False).step is None
 
 
 @pytest.mark.gpu

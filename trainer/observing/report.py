@@ -210,7 +210,7 @@ def preset_diff(config: Any) -> tuple[str, list[tuple[str, Any, Any]]] | None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for path in sorted(CONF_DIR.glob("*.yaml")):
             try:
-                preset = dict(flat(to_config(compose(config_name=path.stem))))
+                preset = dict(flat(to_config(compose(config_name=path.stem), announce=False)))
             except Exception:  # noqa: BLE001 - a preset that needs an environment this run lacks is no candidate
                 continue
             diff = [(k, preset.get(k), v) for k, v in run.items() if not _same(preset.get(k), v)]

@@ -231,13 +231,15 @@ def training_steps(cfg: PPOConfig) -> tuple[int | None, float | None, int | None
     return total, epochs, prompts
 
 
-def rollout_engine_line(rollout: Any) -> str:
-    """Which engine generates, and (for the HF engine) whether its decode step is compiled per batch bucket."""
+def rollout_engine_line(rollout: Any, device: str) -> str:
+    """Which engine generates, and (for the HF engine) which decode step on ``device``: ColoRL's own per batch
+    bucket, compiled or eager, or the HF loop (``workers.compute.decode.resolve``; a model the own step does not
+    read takes the HF loop)."""
     if rollout.name != "hf":
         return f"rollout: {rollout.name} (rollout.name)"
-    compiled = rollout.compile_decode in (True, "true")
-    decode = "compiled per batch bucket" if compiled else "the HF loop"
     setting = str(rollout.compile_decode).lower()
+    eager = "the own step, eager per batch bucket" if device == "cpu" else "the HF loop"
+    decode = {"true": "the own step, compiled per batch bucket", "false": "the HF loop"}.get(setting, eager)
     return f"rollout: hf (rollout.name), decode step: {decode} (rollout.compile_decode={setting})"
 
 
@@ -264,7 +266,7 @@ def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estima
         f"a step: {data.train_batch_size} prompts × {arr.rollout.n} responses = "
         f"{data.train_batch_size * arr.rollout.n} sequences, {rows} per worker, each up to "
         f"{data.max_prompt_length} + {data.max_response_length} tokens",
-        rollout_engine_line(arr.rollout),
+        rollout_engine_line(arr.rollout, estimate.device),
         *dynamic_sampling_lines(cfg, plan),
         *rollout_group_lines(cfg, plan, models, estimate.device),
         "",

@@ -190,12 +190,22 @@ def _replayed(step: Callable) -> Callable:
     return run
 
 
-def resolve(setting: Any, model: nn.Module) -> bool:
-    """Whether the rollout decodes with the compiled step: ``rollout.compile_decode`` true, for the models
-    :func:`supports`. ``auto`` is the HF loop: on a CPU the step is faster at SmolLM2's size, but
-    compiling every bucket takes minutes, more than a short run saves (docs/benchmarks.md, "The compiled decode
-    step"); on CUDA it is unmeasured."""
-    return setting in (True, "true") and supports(model)
+def resolve(setting: Any, model: nn.Module) -> str:
+    """How the rollout decodes, from ``rollout.compile_decode``: ``"compiled"`` (true: :func:`decode_step` compiled
+    per batch bucket), ``"eager"`` (auto on a CPU: the same step and buckets, not compiled) or ``"hf"`` (false, auto
+    on CUDA, or a model :func:`supports` refuses: the HF module's forward per token). On a CPU the eager step is
+    faster than the HF loop at every size measured and costs no compiling; compiling pays only over a long run;
+    on CUDA both are unmeasured (docs/benchmarks.md, "The compiled decode step")."""
+    if setting in (False, "false") or not supports(model):
+        return "hf"
+    if setting in (True, "true"):
+        return "compiled"
+    return "eager" if next(model.parameters()).device.type == "cpu" else "hf"
+
+
+def step_for(mode: str, device: torch.device) -> Callable:
+    """The step a ``resolve`` mode other than ``"hf"`` runs: :func:`compiled_step` or :func:`decode_step`."""
+    return compiled_step(device) if mode == "compiled" else decode_step
 
 
 def mark_static(tensors: Sequence[Tensor]) -> None:

@@ -28,6 +28,7 @@ finish decoding at different steps never wait on each other. Its pieces, shared 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,10 +70,12 @@ def generate_sequences(
       rollout's piece) each row stops at its own budget too, the loop may stop early (``decode_loop.Partial``), and
       ``ended`` (B,) bool says which rows ended (EOS or budget); the others' responses so far are to be continued.
       ``compile_decode`` (``rollout.compile_decode``: true, false or auto) decodes with
-      ``workers.compute.decode``'s compiled step per batch bucket instead, where it applies (``decode.resolve``).
+      ``workers.compute.decode``'s own step per batch bucket instead, compiled (true) or eager (auto on a CPU),
+      where it applies (``decode.resolve``).
     """
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, do_sample=do_sample, generator=generator)
-    loop = decode.generate if decode.resolve(compile_decode, model) else _hf_loop
+    mode = decode.resolve(compile_decode, model)
+    loop = _hf_loop if mode == "hf" else functools.partial(decode.generate, compiled=mode == "compiled")
     return loop(
         model,
         input_ids,

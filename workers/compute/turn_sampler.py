@@ -89,15 +89,16 @@ class HFTurnSampler(TurnSampler):
     """Lockstep decoding with forced tool turns on a Hugging Face causal LM (``logits_processor``: tests only).
 
     ``compile_decode`` (``rollout.compile_decode``; ``workers.compute.decode.resolve``) decodes each sampled
-    position with ``decode``'s compiled step over the same static cache, the rows compacted to batch buckets
-    (finished rows fill a bucket's spare places), so nothing recompiles; a chunk of forced tokens still goes
-    through the HF forward, which is told the columns the step wrote."""
+    position with ``decode``'s own step over the same static cache, compiled (true) or eager (auto on a CPU), the
+    rows compacted to batch buckets (finished rows fill a bucket's spare places), so nothing recompiles; a chunk of
+    forced tokens still goes through the HF forward, which is told the columns the step wrote."""
 
     def __init__(
         self, model: nn.Module, logits_processor: LogitsProcessor | None = None, compile_decode: bool | str = False
     ) -> None:
         self.model, self.logits_processor = model, logits_processor
-        self.step = decode.compiled_step(_device(model)) if decode.resolve(compile_decode, model) else None
+        mode = decode.resolve(compile_decode, model)
+        self.step = None if mode == "hf" else decode.step_for(mode, _device(model))
 
     @torch.no_grad()
     def __call__(
