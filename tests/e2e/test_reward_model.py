@@ -91,7 +91,8 @@ def rm_run(ray_cluster, tmp_path_factory):
             "critic.ppo_max_token_len_per_gpu=40",
         ),
     )
-    build_constant_rm(cfg.reward.reward_model.model_path, len(build_char_tokenizer()))  # the built-in model's vocabulary
+    # the built-in model's vocabulary
+    build_constant_rm(cfg.reward.reward_model.model_path, len(build_char_tokenizer()))
     trainer = build_trainer(cfg)  # fills actor_rollout_ref.model.path with the built-in tiny model
     assert AutoConfig.from_pretrained(trainer.config.actor_rollout_ref.model.path).vocab_size == len(
         build_char_tokenizer()
