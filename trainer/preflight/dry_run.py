@@ -35,6 +35,7 @@ from trainer.preflight.memory_phases import estimate_memory
 from trainer.preflight.phase_code import phase_lines
 from trainer.preflight.teacher_checks import check_teachers
 from trainer.running.dynamic_sampling import dynamic_sampling_lines
+from workers.compute import decode
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,13 @@ def training_steps(cfg: PPOConfig) -> tuple[int | None, float | None, int | None
     return total, epochs, prompts
 
 
+DECODE_STEPS = {  # workers.compute.decode.mode_for's modes, as the dry run names them
+    "compiled": "the own step, compiled per batch bucket",
+    "eager": "the own step, eager per batch bucket",
+    "hf": "the HF loop",
+}
+
+
 def rollout_engine_line(rollout: Any, device: str) -> str:
     """Which engine generates, and (for the HF engine) which decode step on ``device``: ColoRL's own per batch
     bucket, compiled or eager, or the HF loop (``workers.compute.decode.resolve``; a model the own step does not
@@ -238,9 +246,8 @@ def rollout_engine_line(rollout: Any, device: str) -> str:
     if rollout.name != "hf":
         return f"rollout: {rollout.name} (rollout.name)"
     setting = str(rollout.compile_decode).lower()
-    eager = "the own step, eager per batch bucket" if device == "cpu" else "the HF loop"
-    decode = {"true": "the own step, compiled per batch bucket", "false": "the HF loop"}.get(setting, eager)
-    return f"rollout: hf (rollout.name), decode step: {decode} (rollout.compile_decode={setting})"
+    step = DECODE_STEPS[decode.mode_for(rollout.compile_decode, device)]
+    return f"rollout: hf (rollout.name), decode step: {step} (rollout.compile_decode={setting})"
 
 
 def report(cfg: PPOConfig, plan: StepPlan, models: dict[str, ModelSizes], estimate: MemoryEstimate) -> str:

@@ -190,22 +190,27 @@ def _replayed(step: Callable) -> Callable:
     return run
 
 
-def resolve(setting: Any, model: nn.Module) -> str:
-    """How the rollout decodes, from ``rollout.compile_decode``: ``"compiled"`` (true: :func:`decode_step` compiled
-    per batch bucket), ``"eager"`` (auto on a CPU: the same step and buckets, not compiled) or ``"hf"`` (false, auto
-    on CUDA, or a model :func:`supports` refuses: the HF module's forward per token). On a CPU the eager step is
-    faster than the HF loop at every size measured and costs no compiling; compiling pays only over a long run;
-    on CUDA both are unmeasured (docs/benchmarks.md, "The compiled decode step")."""
-    if setting in (False, "false") or not supports(model):
+def mode_for(setting: Any, device_type: str) -> str:
+    """How a rollout on ``device_type`` decodes from ``rollout.compile_decode``, for a model :func:`supports`:
+    ``"compiled"`` (true: :func:`decode_step` compiled per batch bucket), ``"eager"`` (auto on a CPU: the same step
+    and buckets, not compiled) or ``"hf"`` (false, auto on CUDA: the HF module's forward per token). On a CPU the
+    eager step is faster than the HF loop at every size measured and costs no compiling; compiling pays only over a
+    long run; on CUDA both are unmeasured (docs/benchmarks.md, "The compiled decode step")."""
+    if setting in (False, "false"):
         return "hf"
     if setting in (True, "true"):
         return "compiled"
-    return "eager" if next(model.parameters()).device.type == "cpu" else "hf"
+    return "eager" if device_type == "cpu" else "hf"
 
 
-def step_for(mode: str, device: torch.device) -> Callable:
-    """The step a ``resolve`` mode other than ``"hf"`` runs: :func:`compiled_step` or :func:`decode_step`."""
-    return compiled_step(device) if mode == "compiled" else decode_step
+def resolve(setting: Any, model: nn.Module) -> str:
+    """:func:`mode_for` ``model``'s device; ``"hf"`` for a model :func:`supports` refuses."""
+    return mode_for(setting, next(model.parameters()).device.type) if supports(model) else "hf"
+
+
+def step_for(compiled: bool, device: torch.device) -> Callable:
+    """The own step a rollout runs: :func:`compiled_step` when ``compiled``, else :func:`decode_step`."""
+    return compiled_step(device) if compiled else decode_step
 
 
 def mark_static(tensors: Sequence[Tensor]) -> None:
@@ -305,7 +310,7 @@ class _Buckets(decode_loop.LoopRows):
             token=input_ids.new_zeros(batch),
             finished=torch.zeros(batch, dtype=torch.bool, device=device),
             budget=budget.to(device),
-            step=compiled_step(device) if compiled else decode_step,
+            step=step_for(compiled, device),
             weights=weights,
             spec=spec,
             prompt_length=prompt_length,

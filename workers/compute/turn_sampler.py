@@ -98,7 +98,7 @@ class HFTurnSampler(TurnSampler):
     ) -> None:
         self.model, self.logits_processor = model, logits_processor
         mode = decode.resolve(compile_decode, model)
-        self.step = None if mode == "hf" else decode.step_for(mode, _device(model))
+        self.step = None if mode == "hf" else decode.step_for(mode == "compiled", _device(model))
 
     @torch.no_grad()
     def __call__(
