@@ -49,6 +49,20 @@ def own_step_reads(hf_config: Any) -> bool:
     )
 
 
+def mode_for(setting: Any, device_type: str) -> str:
+    """How a rollout on ``device_type`` decodes from ``rollout.compile_decode``, for a model :func:`own_step_reads`:
+    ``"compiled"`` (true: ``workers.compute.decode``'s own step compiled per batch bucket), ``"eager"`` (auto on a
+    CPU: the same step and buckets, not compiled) or ``"hf"`` (false, auto on CUDA: the HF module's forward per
+    token). On a CPU the
+    eager step is faster than the HF loop at every size measured and costs no compiling; compiling pays only over a
+    long run; on CUDA both are unmeasured (docs/benchmarks.md, "The compiled decode step")."""
+    if setting in (False, "false"):
+        return "hf"
+    if setting in (True, "true"):
+        return "compiled"
+    return "eager" if device_type == "cpu" else "hf"
+
+
 def choose(cfg: Any, device: str) -> tuple[str, str]:
     """(the engine ``auto`` means for ``cfg`` on ``device`` ("cpu" or "cuda"), why)."""
     rollout, model = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
@@ -63,7 +77,8 @@ def choose(cfg: Any, device: str) -> tuple[str, str]:
         return "hf", f"vLLM takes tensor_model_parallel_size={tp} neither on a CPU nor with multi_turn"
     if device == "cpu":
         hf_config = _model_config(model)
-        if rollout.compile_decode not in (False, "false") and hf_config is not None and own_step_reads(hf_config):
+        own_step = mode_for(rollout.compile_decode, device) != "hf"
+        if own_step and hf_config is not None and own_step_reads(hf_config):
             return "hf", "ColoRL's own decode step, a step as fast as vLLM's or faster on a CPU (docs/benchmarks.md)"
         if hf_config is not None and head_size(hf_config) not in CPU_HEAD_SIZES:
             return "hf", f"vLLM's CPU attention does not take this model's heads of {head_size(hf_config)}"

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from config import ConfigError, PPOConfig
+from config import ConfigError, PPOConfig, engine
 from config.adapter import installed
 from config.tree import ARR
 from planner import StepPlan
@@ -35,7 +35,6 @@ from trainer.preflight.memory_phases import estimate_memory
 from trainer.preflight.phase_code import phase_lines
 from trainer.preflight.teacher_checks import check_teachers
 from trainer.running.dynamic_sampling import dynamic_sampling_lines
-from workers.compute import decode
 
 
 @dataclass(frozen=True)
@@ -232,7 +231,7 @@ def training_steps(cfg: PPOConfig) -> tuple[int | None, float | None, int | None
     return total, epochs, prompts
 
 
-DECODE_STEPS = {  # workers.compute.decode.mode_for's modes, as the dry run names them
+DECODE_STEPS = {  # config.engine.mode_for's modes, as the dry run names them
     "compiled": "the own step, compiled per batch bucket",
     "eager": "the own step, eager per batch bucket",
     "hf": "the HF loop",
@@ -246,7 +245,7 @@ def rollout_engine_line(rollout: Any, device: str) -> str:
     if rollout.name != "hf":
         return f"rollout: {rollout.name} (rollout.name)"
     setting = str(rollout.compile_decode).lower()
-    step = DECODE_STEPS[decode.mode_for(rollout.compile_decode, device)]
+    step = DECODE_STEPS[engine.mode_for(rollout.compile_decode, device)]
     return f"rollout: hf (rollout.name), decode step: {step} (rollout.compile_decode={setting})"
 
 

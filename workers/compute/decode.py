@@ -187,22 +187,9 @@ def _replayed(step: Callable) -> Callable:
     return run
 
 
-def mode_for(setting: Any, device_type: str) -> str:
-    """How a rollout on ``device_type`` decodes from ``rollout.compile_decode``, for a model :func:`supports`:
-    ``"compiled"`` (true: :func:`decode_step` compiled per batch bucket), ``"eager"`` (auto on a CPU: the same step
-    and buckets, not compiled) or ``"hf"`` (false, auto on CUDA: the HF module's forward per token). On a CPU the
-    eager step is faster than the HF loop at every size measured and costs no compiling; compiling pays only over a
-    long run; on CUDA both are unmeasured (docs/benchmarks.md, "The compiled decode step")."""
-    if setting in (False, "false"):
-        return "hf"
-    if setting in (True, "true"):
-        return "compiled"
-    return "eager" if device_type == "cpu" else "hf"
-
-
 def resolve(setting: Any, model: nn.Module) -> str:
-    """:func:`mode_for` ``model``'s device; ``"hf"`` for a model :func:`supports` refuses."""
-    return mode_for(setting, next(model.parameters()).device.type) if supports(model) else "hf"
+    """``config.engine.mode_for`` ``model``'s device; ``"hf"`` for a model :func:`supports` refuses."""
+    return engine.mode_for(setting, next(model.parameters()).device.type) if supports(model) else "hf"
 
 
 def step_for(compiled: bool, device: torch.device) -> Callable:
