@@ -80,8 +80,8 @@ def choose(cfg: Any, device: str) -> tuple[str, str]:
         own_step = mode_for(rollout.compile_decode, device) != "hf"
         if own_step and hf_config is not None and own_step_reads(hf_config):
             return "hf", "ColoRL's own decode step, a step as fast as vLLM's or faster on a CPU (docs/benchmarks.md)"
-        if hf_config is not None and head_size(hf_config) not in CPU_HEAD_SIZES:
-            return "hf", f"vLLM's CPU attention does not take this model's heads of {head_size(hf_config)}"
+        if hf_config is not None and (size := head_size(hf_config)) not in CPU_HEAD_SIZES:
+            return "hf", f"vLLM's CPU attention does not take this model's heads of {size}"
     return "vllm", f"vLLM is installed and runs this model on {device}, and generates faster (docs/benchmarks.md)"
 
 
